@@ -1,0 +1,159 @@
+"""The resolved configuration of one run, read from TOML and overridden by the CLI.
+
+Every key is a field of :class:`RunConfig`; an unknown key or an impossible value raises
+:class:`ConfigError` naming the key.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+import tomli_w
+
+from .errors import ConfigError
+
+__all__ = ["RunConfig", "load_config", "config_from_dict", "write_config", "config_fields"]
+
+METHODS = ("vanilla", "lot", "got", "icfm", "otcfm")
+PARTITIONS = ("disjoint", "iid", "dirichlet")
+WEIGHTINGS = ("size", "uniform")
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """All settings of a run. Units: rounds are communication rounds (one global step each)."""
+
+    method: str = "got"
+    protocol: str = "plaintext"
+    data: str = "8gaussians-moons"
+    clients: int = 2
+    partition: str = "disjoint"
+    dirichlet_alpha: float = 0.5
+    shard_size: int = 10_000
+    rounds: int = 3_000
+    batch_size: int = 256
+    lr: float = 1e-3
+    hidden: int = 64
+    weighting: str = "size"
+    ema_decay: float = 0.999
+    # FFM-GOT: dual potential f_phi and its c-transform.
+    potential_hidden: int = 128
+    potential_lr: float = 1e-4
+    potential_every: int = 5
+    candidates: int = 256
+    ctransform_steps: int = 0
+    ctransform_lr: float = 0.1
+    # Evaluation.
+    eval_samples: int = 10_000
+    nfe: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 100)
+    adaptive_solver: str = "dopri5"
+    adaptive_tol: float = 1e-5
+    trajectories: int = 1_000
+    seed: int = 0
+    device: str = "auto"
+    out: str = "runs/latest"
+    progress: bool = True
+
+    def __post_init__(self) -> None:
+        _validate(self)
+
+    def to_dict(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        data["nfe"] = list(self.nfe)
+        return data
+
+
+def _validate(c: RunConfig) -> None:
+    def need(ok: bool, key: str, what: str) -> None:
+        if not ok:
+            raise ConfigError(f"{key} = {getattr(c, key)!r}: {what}")
+
+    need(c.method in METHODS, "method", f"choose one of {', '.join(METHODS)}")
+    need(c.partition in PARTITIONS, "partition", f"choose one of {', '.join(PARTITIONS)}")
+    need(c.weighting in WEIGHTINGS, "weighting", f"choose one of {', '.join(WEIGHTINGS)}")
+    for key in ("clients", "shard_size", "rounds", "batch_size", "hidden", "potential_hidden",
+                "potential_every", "candidates", "eval_samples", "trajectories"):
+        need(getattr(c, key) >= 1, key, "must be a positive integer")
+    need(c.ctransform_steps >= 0, "ctransform_steps", "must be >= 0")
+    for key in ("lr", "potential_lr", "ctransform_lr", "dirichlet_alpha", "adaptive_tol"):
+        need(getattr(c, key) > 0, key, "must be > 0")
+    need(0.0 <= c.ema_decay < 1.0, "ema_decay", "must be in [0, 1); 0 disables the average")
+    need(len(c.nfe) > 0 and all(int(n) >= 1 for n in c.nfe), "nfe", "list positive step counts")
+    need(c.batch_size <= c.shard_size, "batch_size", "cannot exceed shard_size")
+
+
+def _coerce(name: str, value: Any, default: Any) -> Any:
+    """Convert a TOML or CLI value to the field's type, or name the key that is wrong."""
+    if isinstance(default, bool):
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("true", "false"):
+            return value.lower() == "true"
+        raise ConfigError(f"{name} = {value!r}: expected true or false")
+    if isinstance(default, tuple):
+        items = value.split(",") if isinstance(value, str) else value
+        if not isinstance(items, (list, tuple)):
+            raise ConfigError(f"{name} = {value!r}: expected a list such as [1, 2, 4]")
+        try:
+            return tuple(int(v) for v in items)
+        except (TypeError, ValueError):
+            raise ConfigError(f"{name} = {value!r}: expected a list of integers") from None
+    kind = type(default)
+    if kind is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if isinstance(value, str) and kind is not str:
+        try:
+            return kind(value)
+        except ValueError:
+            raise ConfigError(f"{name} = {value!r}: expected {kind.__name__}") from None
+    if not isinstance(value, kind) or isinstance(value, bool):
+        raise ConfigError(f"{name} = {value!r}: expected {kind.__name__}")
+    return value
+
+
+def config_from_dict(values: dict[str, Any], base: RunConfig | None = None) -> RunConfig:
+    """Build a config from ``values`` on top of ``base`` (defaults when None)."""
+    base = base or RunConfig()
+    known = {f.name: f for f in fields(RunConfig)}
+    changes = {}
+    for name, value in values.items():
+        if name not in known:
+            raise ConfigError(
+                f"unknown config key {name!r}; known keys: {', '.join(sorted(known))}"
+            )
+        changes[name] = _coerce(name, value, getattr(base, name))
+    return dataclasses.replace(base, **changes)
+
+
+def load_config(path: str | Path | None, overrides: dict[str, Any] | None = None) -> RunConfig:
+    """Read ``path`` (TOML, flat keys) if given, then apply ``overrides`` (the CLI's options)."""
+    config = RunConfig()
+    if path is not None:
+        path = Path(path)
+        try:
+            values = tomllib.loads(path.read_text())
+        except FileNotFoundError:
+            raise ConfigError(f"config file {str(path)!r} does not exist") from None
+        except tomllib.TOMLDecodeError as err:
+            raise ConfigError(f"config file {str(path)!r} is not valid TOML: {err}") from None
+        nested = [k for k, v in values.items() if isinstance(v, dict)]
+        if nested:
+            raise ConfigError(f"config file {str(path)!r}: tables are not used, move the keys "
+                              f"of [{nested[0]}] to the top level")
+        config = config_from_dict(values, config)
+    return config_from_dict(overrides or {}, config)
+
+
+def write_config(config: RunConfig, path: Path) -> None:
+    """Write the resolved config so that ``--config path`` reproduces the run."""
+    path.write_text(tomli_w.dumps(config.to_dict()))
+
+
+def config_fields() -> list[dataclasses.Field]:
+    """The config's fields, in declaration order (the CLI builds one option per field)."""
+    return list(fields(RunConfig))
+

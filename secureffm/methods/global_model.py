@@ -1,0 +1,50 @@
+"""The server's side of a trained network: parameters, optimizer, and an EMA for evaluation."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch import nn
+from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
+
+from ..models.params import flat_params, set_flat_grad
+
+__all__ = ["GlobalModel"]
+
+
+class GlobalModel:
+    """Holds ``module`` and applies aggregated gradients with Adam.
+
+    ``ema_decay`` > 0 keeps an exponential moving average of the parameters (``averaged``).
+    """
+
+    def __init__(self, module: nn.Module, lr: float, ema_decay: float = 0.0):
+        self.module = module
+        self.optimizer = torch.optim.Adam(module.parameters(), lr=lr)
+        self.ema = (
+            AveragedModel(module, multi_avg_fn=get_ema_multi_avg_fn(ema_decay))
+            if ema_decay > 0 else None
+        )
+
+    def apply(self, gradient: np.ndarray) -> None:
+        """One optimizer step along ``gradient`` (flat, shape [P])."""
+        set_flat_grad(self.module, gradient)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        if self.ema is not None:
+            self.ema.update_parameters(self.module)
+
+    @property
+    def averaged(self) -> nn.Module:
+        """The module to evaluate: the EMA when kept, else the live parameters."""
+        return self.ema.module if self.ema is not None else self.module
+
+    def flat(self) -> np.ndarray:
+        return flat_params(self.module)
+
+    def state_dict(self) -> dict:
+        return {
+            "module": self.module.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "ema": self.ema.state_dict() if self.ema is not None else None,
+        }
