@@ -54,9 +54,10 @@ def _build(config: RunConfig, device: torch.device, log: MessageLog):
                          alpha=config.dirichlet_alpha, min_size=config.batch_size)
     protocol = load_protocol(config.protocol)
     if config.method in CENTRALIZED:
-        if config.protocol != "plaintext":
+        if protocol.spec.stages:
             raise ConfigError(f"method = {config.method!r} is a centralized baseline and sends "
-                              "no messages; use protocol = 'plaintext'")
+                              f"no messages, so protocol {protocol.name!r} protects nothing; "
+                              "use protocol = 'plaintext'")
         pooled = Client("central", torch.cat(shards).to(device),
                         party_generator(config.seed, 1, device))
         return pair, shards, CentralizedFlowMatching(config, pair, pooled, device)

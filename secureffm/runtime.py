@@ -17,7 +17,8 @@ def resolve_device(name: str) -> torch.device:
         return torch.device("cpu")
     if name.startswith("cuda"):
         if not torch.cuda.is_available():
-            raise ConfigError(f"device = {name!r} but CUDA is not available here; use 'auto' or 'cpu'")
+            raise ConfigError(
+                f"device = {name!r} but CUDA is not available here; use 'auto' or 'cpu'")
         return torch.device(name)
     raise ConfigError(f"device = {name!r} is unknown; use 'auto', 'cpu' or 'cuda'")
 

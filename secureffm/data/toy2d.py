@@ -14,8 +14,8 @@ Conventions (stated once, in docs/results.md too):
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 

@@ -1,4 +1,7 @@
-"""The message log: one JSON line per delivery, hash-chained (``prev`` = sha256 of the line before)."""
+"""The message log: one JSON line per delivery, hash-chained.
+
+``prev`` in each record is the sha256 of the line before it (64 zeros for the first).
+"""
 
 from __future__ import annotations
 

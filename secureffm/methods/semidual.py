@@ -39,7 +39,7 @@ def c_transform(
             objective = (0.5 * (x - x1).pow(2).flatten(1).sum(1) - potential(x)).sum()
             (grad,) = torch.autograd.grad(objective, x)
             x = (x - lr * grad).detach().requires_grad_(True)
-        for p, r in zip(potential.parameters(), requires):
+        for p, r in zip(potential.parameters(), requires, strict=False):
             p.requires_grad_(r)
         best = x.detach()
     return 0.5 * (best - x1).pow(2).flatten(1).sum(1) - potential(best)

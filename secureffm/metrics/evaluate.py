@@ -95,7 +95,7 @@ def evaluate_flow(
     labels = [f"euler-{n}" for n in nfes] + ["adaptive"]
     distances = w2_many([(generated[k], target.cpu()) for k in labels])
     report = EvalReport(
-        w2=dict(zip(nfes, distances[:-1])),
+        w2=dict(zip(nfes, distances[:-1], strict=False)),
         inference_seconds=seconds,
         adaptive={"solver": adaptive_solver, "nfe": used, "w2": distances[-1],
                   "seconds": adaptive_seconds},

@@ -1,0 +1,23 @@
+import pytest
+import torch
+
+from secureffm.config import RunConfig
+
+
+@pytest.fixture
+def small_config(tmp_path):
+    """A run that finishes in seconds: few rounds, small shards, small evaluation."""
+
+    def make(**changes) -> RunConfig:
+        values = dict(rounds=20, shard_size=400, batch_size=64, candidates=64, eval_samples=300,
+                      nfe=(1, 4), trajectories=50, progress=False, device="cpu",
+                      out=str(tmp_path / "run"))
+        values.update(changes)
+        return RunConfig(**values)
+
+    return make
+
+
+@pytest.fixture(autouse=True)
+def _threads():
+    torch.set_num_threads(1)

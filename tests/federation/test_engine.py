@@ -1,0 +1,107 @@
+import hashlib
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from secureffm.errors import MessageError
+from secureffm.federation import (
+    Client,
+    InProcessEngine,
+    MessageLog,
+    deserialize_payload,
+    serialize_payload,
+)
+from secureffm.methods.ffm import client_weights
+from secureffm.models import VelocityMLP, flat_grad, flat_params, load_flat_params
+from secureffm.protocols import load_protocol
+
+
+def make_clients(sizes, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    return [Client(f"client-{i}", torch.randn(n, 2, generator=gen), torch.Generator())
+            for i, n in enumerate(sizes, start=1)]
+
+
+def test_weighted_aggregation_equals_gradient_of_pooled_weighted_loss(tmp_path):
+    torch.manual_seed(0)
+    clients = make_clients([30, 70, 120])
+    model = VelocityMLP(2, 16)
+    engine = InProcessEngine(clients, load_protocol("plaintext"), MessageLog(tmp_path / "m.jsonl"))
+    weights = client_weights(clients, "size")
+    gen = torch.Generator().manual_seed(1)
+    fixed = {c.id: (torch.randn(c.size, 2, generator=gen), torch.rand(c.size, generator=gen))
+             for c in clients}
+
+    def loss(m, client):
+        x0, t = fixed[client.id]
+        xt = (1 - t[:, None]) * x0 + t[:, None] * client.data
+        return (m(xt, t) - (client.data - x0)).pow(2).mean()
+
+    def compute(client):
+        replica = VelocityMLP(2, 16)
+        load_flat_params(replica, engine_params)
+        loss(replica, client).backward()
+        return {"gradient": flat_grad(replica)}
+
+    engine_params = flat_params(model)
+    aggregated = engine.aggregate(1, "gradient", compute, weights)["gradient"]
+    pooled = sum(weights[c.id] * loss(model, c) for c in clients)
+    pooled.backward()
+    np.testing.assert_allclose(aggregated, flat_grad(model), rtol=1e-5, atol=1e-7)
+    assert weights["client-3"] == pytest.approx(120 / 220)
+
+
+def test_every_delivery_is_logged_with_hash_and_chain(tmp_path):
+    clients = make_clients([5, 5, 5])
+    log = MessageLog(tmp_path / "m.jsonl")
+    engine = InProcessEngine(clients, load_protocol("plaintext"), log)
+    payload = {"theta": np.arange(4, dtype=np.float32)}
+    engine.broadcast(1, "global_model", payload)
+    engine.aggregate(1, "gradient", lambda c: {"gradient": c.data[0].numpy()},
+                     client_weights(clients, "uniform"))
+    log.close()
+    lines = (tmp_path / "m.jsonl").read_text().splitlines()
+    records = [json.loads(line) for line in lines]
+    assert [(r["sender"], r["recipient"], r["kind"]) for r in records] == (
+        [("server", c.id, "global_model") for c in clients]
+        + [(c.id, "server", "gradient") for c in clients])
+    assert records[0]["sha256"] == hashlib.sha256(serialize_payload(payload)).hexdigest()
+    assert records[0]["bytes"] == len(serialize_payload(payload))
+    for prev_line, record in zip(lines, records[1:], strict=False):
+        assert record["prev"] == hashlib.sha256(prev_line.encode()).hexdigest()
+    assert [r["seq"] for r in records] == list(range(6))
+    assert all(c.inbox["global_model"]["theta"].tolist() == [0, 1, 2, 3] for c in clients)
+
+
+def test_payload_roundtrip_and_malformed_bytes():
+    payload = {"a": np.random.default_rng(0).normal(size=(3, 4)).astype(np.float32),
+               "b": np.array([1, 2], dtype=np.int64)}
+    back = deserialize_payload(serialize_payload(payload))
+    assert set(back) == {"a", "b"} and all(np.array_equal(back[k], payload[k]) for k in payload)
+    with pytest.raises(MessageError, match="client-9"):
+        deserialize_payload(b"not a payload", "client-9")
+
+
+@pytest.mark.parametrize("bad, reason", [
+    (np.array([1.0, np.nan, 0.0], dtype=np.float32), "NaN"),
+    (np.zeros(4, dtype=np.float32), "shape"),
+    (np.zeros(3, dtype=np.float64), "float64"),
+])
+def test_aggregation_names_the_client_with_a_bad_update(tmp_path, bad, reason):
+    clients = make_clients([5, 5])
+    engine = InProcessEngine(clients, load_protocol("plaintext"), MessageLog(tmp_path / "m.jsonl"))
+
+    def compute(client):
+        return {"gradient": bad if client.id == "client-2" else np.zeros(3, dtype=np.float32)}
+
+    with pytest.raises(MessageError, match=f"client-2.*{reason}|{reason}.*client-2|client-2"):
+        engine.aggregate(1, "gradient", compute, client_weights(clients, "uniform"))
+
+
+def test_client_ids_must_be_unique(tmp_path):
+    clients = make_clients([3, 3])
+    clients[1].id = clients[0].id
+    with pytest.raises(MessageError, match="unique"):
+        InProcessEngine(clients, load_protocol("plaintext"), MessageLog(tmp_path / "m.jsonl"))
