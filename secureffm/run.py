@@ -27,7 +27,7 @@ from .plots import plot_trajectories, plot_w2_nfe
 from .protocols.protocol import load_protocol
 from .runtime import party_generator, resolve_device
 
-__all__ = ["run", "RunResult", "run_folder"]
+__all__ = ["run", "RunResult", "run_folder", "load_velocity"]
 
 EVALUATOR = 1_000_000  # party index of the evaluator's generator (outside the federation)
 
@@ -126,3 +126,21 @@ def run(config: RunConfig) -> RunResult:
     plot_trajectories(out / "trajectories.png", shards, paths, f"trajectories: {label}")
     plot_w2_nfe(out / "w2_nfe.png", {config.method: report.w2}, f"W2 against NFE: {label}")
     return RunResult(out, metrics)
+
+
+def load_velocity(run_dir: str | Path, device: str = "cpu") -> torch.nn.Module:
+    """The evaluated velocity field of a finished run (its EMA when one was kept)."""
+    from .models.mlp import VelocityMLP
+
+    run_dir = Path(run_dir)
+    checkpoint = torch.load(run_dir / "checkpoint.pt", map_location=device, weights_only=False)
+    config = checkpoint["config"]
+    model = VelocityMLP(get_pair(config["data"]).dim, config["hidden"])
+    saved = checkpoint["state"]["velocity"]
+    if saved["ema"] is not None:
+        prefix = "module."
+        model.load_state_dict({k[len(prefix):]: v for k, v in saved["ema"].items()
+                               if k.startswith(prefix)})
+    else:
+        model.load_state_dict(saved["module"])
+    return model.to(device).eval()

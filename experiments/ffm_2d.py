@@ -1,0 +1,163 @@
+"""Reproduce the FFM paper's Fig. 7(a): W2 against NFE on 8 Gaussians -> moons, two disjoint
+clients, for FFM-vanilla, FFM-LOT, FFM-GOT and the centralized I-CFM and OT-CFM, over seeds.
+
+    .venv/bin/python experiments/ffm_2d.py                 # 40k rounds, 3 seeds (about 45 min)
+    .venv/bin/python experiments/ffm_2d.py --rounds 2000   # a quick look
+
+Runs go to runs/ffm_2d/<method>-s<seed>; a finished run (metrics.json present) is reused, so an
+interrupted sweep resumes. Writes the table between the ffm_2d markers of docs/results.md and
+the figures docs/figures/ffm_2d_*.png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import torch  # noqa: E402
+
+from secureffm.config import load_config  # noqa: E402
+from secureffm.data import get_pair  # noqa: E402
+from secureffm.metrics.sampling import trajectories  # noqa: E402
+from secureffm.metrics.w2 import w2  # noqa: E402
+from secureffm.plots import plot_w2_nfe  # noqa: E402
+from secureffm.run import load_velocity, run  # noqa: E402
+
+METHODS = ("vanilla", "lot", "got", "icfm", "otcfm")
+LABELS = {"vanilla": "FFM-vanilla", "lot": "FFM-LOT", "got": "FFM-GOT",
+          "icfm": "I-CFM (centralized)", "otcfm": "OT-CFM (centralized)"}
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _one(job: tuple[str, int, dict]) -> dict:
+    method, seed, settings = job
+    torch.set_num_threads(1)
+    out = Path(settings["root"]) / f"{method}-s{seed}"
+    if (out / "metrics.json").exists():
+        return json.loads((out / "metrics.json").read_text())
+    overrides = {k: v for k, v in settings.items() if k != "root"}
+    config = load_config(None, {**overrides, "method": method, "seed": seed, "out": str(out),
+                                "progress": False})
+    print(f"start {method} seed {seed}", flush=True)
+    metrics = run(config).metrics
+    print(f"done  {method} seed {seed}: W2@NFE1 {metrics['eval']['w2']['1']:.3f}", flush=True)
+    return metrics
+
+
+def _mean_std(values: list[float]) -> tuple[float, float]:
+    return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else 0.0
+
+
+def _table(results: dict[str, list[dict]], nfes: list[str]) -> str:
+    head = ("| method | " + " | ".join(f"NFE {n}" for n in nfes)
+            + " | dopri5 W2 (NFE) | straightness | ms/round |")
+    lines = [head, "|" + " --- |" * (len(nfes) + 4)]
+    for method, runs in results.items():
+        cells = []
+        for n in nfes:
+            mean, std = _mean_std([r["eval"]["w2"][n] for r in runs])
+            cells.append(f"{mean:.3f} ± {std:.3f}")
+        ad_w2 = _mean_std([r["eval"]["adaptive"]["w2"] for r in runs])
+        ad_nfe = statistics.fmean(r["eval"]["adaptive"]["nfe"] for r in runs)
+        straight = _mean_std([r["eval"]["straightness"] for r in runs])
+        ms = statistics.fmean(1000 * r["seconds_per_round"] for r in runs)
+        lines.append(f"| {LABELS[method]} | " + " | ".join(cells)
+                     + f" | {ad_w2[0]:.3f} ± {ad_w2[1]:.3f} ({ad_nfe:.0f}) "
+                     f"| {straight[0]:.4f} ± {straight[1]:.4f} | {ms:.1f} |")
+    return "\n".join(lines)
+
+
+def _trajectory_grid(root: Path, methods: list[str], seed: int, data: str, path: Path) -> None:
+    pair = get_pair(data)
+    gen = torch.Generator().manual_seed(1234)
+    x0 = pair.source.sample(600, gen, torch.device("cpu"))[0]
+    target = pair.target.sample(3000, gen, torch.device("cpu"))[0]
+    fig, axes = plt.subplots(1, len(methods), figsize=(4 * len(methods), 4.2),
+                             sharex=True, sharey=True)
+    for ax, method in zip(axes, methods, strict=True):
+        paths = trajectories(load_velocity(root / f"{method}-s{seed}"), x0).numpy()
+        ax.scatter(target[:, 0], target[:, 1], s=1, color="lightgray")
+        ax.plot(paths[:, :, 0], paths[:, :, 1], color="olive", alpha=0.2, linewidth=0.5)
+        ax.scatter(paths[0, :, 0], paths[0, :, 1], s=2, color="black")
+        ax.scatter(paths[-1, :, 0], paths[-1, :, 1], s=2, color="tab:blue")
+        ax.set_title(LABELS[method])
+        ax.set_aspect("equal")
+    fig.suptitle(f"{data}: learned trajectories (seed {seed}; black x0, blue x1, gray target)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _write_block(doc: Path, name: str, text: str) -> None:
+    begin, end = f"<!-- {name}:begin -->", f"<!-- {name}:end -->"
+    current = doc.read_text() if doc.exists() else f"# Results\n\n{begin}\n{end}\n"
+    if begin not in current:
+        current += f"\n{begin}\n{end}\n"
+    head, rest = current.split(begin, 1)
+    tail = rest.split(end, 1)[1]
+    doc.write_text(f"{head}{begin}\n{text}\n{end}{tail}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=40_000)
+    parser.add_argument("--seeds", default="0,1,2")
+    parser.add_argument("--methods", default=",".join(METHODS))
+    parser.add_argument("--data", default="8gaussians-moons")
+    parser.add_argument("--eval-samples", type=int, default=10_000)
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--root", default=str(ROOT / "runs" / "ffm_2d"))
+    parser.add_argument("--docs", default=str(ROOT / "docs"))
+    args = parser.parse_args()
+    methods = args.methods.split(",")
+    seeds = [int(s) for s in args.seeds.split(",")]
+    settings = {"rounds": args.rounds, "data": args.data, "eval_samples": args.eval_samples,
+                "partition": "disjoint", "clients": 2, "root": args.root}
+    jobs = [(m, s, settings) for s in seeds for m in methods]
+    with ProcessPoolExecutor(max_workers=args.workers) as pool:
+        finished = list(pool.map(_one, jobs))
+    results: dict[str, list[dict]] = {m: [] for m in methods}
+    for (method, _, _), metrics in zip(jobs, finished, strict=True):
+        results[method].append(metrics)
+    nfes = list(finished[0]["eval"]["w2"])
+
+    docs = Path(args.docs)
+    figures = docs / "figures"
+    figures.mkdir(parents=True, exist_ok=True)
+    name = f"ffm_2d_{args.data}"
+    curves, errors = {}, {}
+    for method, runs in results.items():
+        stats = {int(n): _mean_std([r["eval"]["w2"][n] for r in runs]) for n in nfes}
+        curves[LABELS[method]] = {n: s[0] for n, s in stats.items()}
+        errors[LABELS[method]] = {n: s[1] for n, s in stats.items()}
+    plot_w2_nfe(figures / f"{name}_w2_nfe.png", curves,
+                f"{args.data}, 2 disjoint clients, mean ± std over {len(seeds)} seeds", errors)
+    _trajectory_grid(Path(args.root), methods, seeds[0], args.data,
+                     figures / f"{name}_trajectories.png")
+    gen = torch.Generator().manual_seed(99)
+    target = get_pair(args.data).target
+    floor = w2(*(target.sample(args.eval_samples, gen, torch.device("cpu"))[0] for _ in "ab"))
+    text = (
+        f"W2 to a held-out target sample ({args.eval_samples} generated vs {args.eval_samples} "
+        f"target points, exact OT) against Euler NFE, `{args.data}`, two clients with disjoint "
+        f"data, {args.rounds} rounds, mean ± std over seeds {seeds}. Written by "
+        f"`experiments/ffm_2d.py --rounds {args.rounds} --data {args.data}`.\n\n"
+        + _table(results, nfes)
+        + f"\n\nThe i.i.d. floor (W2 between two independent target samples of this size): "
+        f"{floor:.3f}.\n"
+        + f"\n\n![W2 against NFE](figures/{name}_w2_nfe.png)\n"
+        f"![trajectories](figures/{name}_trajectories.png)\n"
+    )
+    _write_block(docs / "results.md", name, text)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
