@@ -14,6 +14,7 @@ from typing import Any
 
 import tomli_w
 
+from .data.pairs import PAIRS
 from .errors import ConfigError
 
 __all__ = ["RunConfig", "load_config", "config_from_dict", "write_config", "config_fields"]
@@ -21,6 +22,7 @@ __all__ = ["RunConfig", "load_config", "config_from_dict", "write_config", "conf
 METHODS = ("vanilla", "lot", "got", "icfm", "otcfm")
 PARTITIONS = ("disjoint", "iid", "dirichlet")
 WEIGHTINGS = ("size", "uniform")
+ADAPTIVE_SOLVERS = ("dopri5", "dopri8", "bosh3", "fehlberg2", "adaptive_heun")
 
 
 @dataclass(frozen=True)
@@ -74,6 +76,9 @@ def _validate(c: RunConfig) -> None:
 
     need(c.method in METHODS, "method", f"choose one of {', '.join(METHODS)}")
     need(c.partition in PARTITIONS, "partition", f"choose one of {', '.join(PARTITIONS)}")
+    need(c.data in PAIRS, "data", f"choose one of {', '.join(PAIRS)}")
+    need(c.adaptive_solver in ADAPTIVE_SOLVERS, "adaptive_solver",
+         f"choose one of {', '.join(ADAPTIVE_SOLVERS)} (torchdiffeq's adaptive solvers)")
     need(c.weighting in WEIGHTINGS, "weighting", f"choose one of {', '.join(WEIGHTINGS)}")
     for key in ("clients", "shard_size", "rounds", "batch_size", "hidden", "potential_hidden",
                 "potential_every", "candidates", "eval_samples", "trajectories"):

@@ -25,6 +25,8 @@ def test_unknown_toml_key_is_named(tmp_path):
     ("ema_decay", 1.0, "ema_decay"),
     ("batch_size", "many", "batch_size"),
     ("nfe", "1,x", "nfe"),
+    ("data", "mnist", "data = 'mnist'"),
+    ("adaptive_solver", "rk45", "adaptive_solver"),
 ])
 def test_bad_values_name_the_key(key, value, fragment):
     with pytest.raises(ConfigError, match=fragment):
