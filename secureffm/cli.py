@@ -14,6 +14,8 @@ __all__ = ["main", "build_parser"]
 _HELP = {
     "method": "vanilla | lot | got (federated FFM) or icfm | otcfm (centralized baselines)",
     "protocol": "protocol name (shipped spec) or path to a .toml spec",
+    "threat_model": "fault injection: a threat_models/ name or a .toml path (default none)",
+    "keep_payloads": "also keep every delivered payload in payloads.bin for audits",
     "data": "source-target pair, e.g. 8gaussians-moons, uniform-8gaussians",
     "partition": "disjoint | iid | dirichlet",
     "rounds": "communication rounds (one global step each)",

@@ -31,6 +31,8 @@ class RunConfig:
 
     method: str = "got"
     protocol: str = "plaintext"
+    threat_model: str = ""
+    keep_payloads: bool = False
     data: str = "8gaussians-moons"
     clients: int = 2
     partition: str = "disjoint"

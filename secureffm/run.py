@@ -18,6 +18,7 @@ from .config import RunConfig, write_config
 from .data.pairs import get_pair, make_shards
 from .errors import ConfigError
 from .federation.engine import InProcessEngine
+from .federation.faults import load_threat_model
 from .federation.log import MessageLog
 from .federation.parties import Client
 from .methods import CENTRALIZED, CentralizedFlowMatching, FederatedFlowMatching
@@ -63,7 +64,8 @@ def _build(config: RunConfig, device: torch.device, log: MessageLog):
         return pair, shards, CentralizedFlowMatching(config, pair, pooled, device)
     clients = [Client(f"client-{i}", shard.to(device), party_generator(config.seed, i, device))
                for i, shard in enumerate(shards, start=1)]
-    engine = InProcessEngine(clients, protocol, log)
+    faults = load_threat_model(config.threat_model) if config.threat_model else None
+    engine = InProcessEngine(clients, protocol, log, faults)
     return pair, shards, FederatedFlowMatching(config, pair, engine, device)
 
 
@@ -74,19 +76,22 @@ def run(config: RunConfig) -> RunResult:
     out.mkdir(parents=True, exist_ok=True)
     write_config(config, out / "config.toml")
     torch.manual_seed(config.seed)  # network initialisation only; parties use their generators
-    log = MessageLog(out / "messages.jsonl")
+    log = MessageLog(out / "messages.jsonl", keep_payloads=config.keep_payloads)
     try:
         pair, shards, trainer = _build(config, device, log)
         curves: dict[str, list[list[float]]] = {"loss": [], "dual": []}
+        aborted = 0
         every = max(1, config.rounds // 200)
         start = time.perf_counter()
         bar = tqdm(range(1, config.rounds + 1), desc=f"{config.method} rounds",
                    disable=not config.progress, unit="round", dynamic_ncols=True)
         for round_ in bar:
             report = trainer.train_round(round_)
-            if round_ % every == 0 or round_ == config.rounds:
+            aborted += int(report.pop("aborted", 0))
+            if "loss" in report and (round_ % every == 0 or round_ == config.rounds):
                 curves["loss"].append([round_, report["loss"]])
-                bar.set_postfix({k: f"{v:.3f}" for k, v in report.items()})
+                bar.set_postfix({**{k: f"{v:.3f}" for k, v in report.items()},
+                                 "aborted": aborted})
             if "dual" in report:
                 curves["dual"].append([round_, report["dual"]])
         train_seconds = time.perf_counter() - start
@@ -117,6 +122,7 @@ def run(config: RunConfig) -> RunResult:
         "seconds_per_round": train_seconds / config.rounds,
         "eval": report.to_dict(),
         "messages": log.summary(),
+        "aborted_aggregations": aborted,
         "curves": curves,
     }
     (out / "metrics.json").write_text(json.dumps(metrics, indent=2))

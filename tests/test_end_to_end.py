@@ -50,12 +50,6 @@ def test_got_dual_ascent_raises_the_held_out_dual_value(small_config):
     assert after["unused_candidates"] < 0.9
 
 
-def test_centralized_baseline_refuses_a_protective_protocol(small_config, tmp_path,
-                                                            monkeypatch):
-    import secureffm.protocols.protocol as protocol_module
-
-    monkeypatch.setitem(protocol_module.STAGES, "noop", object)
-    spec = tmp_path / "p.toml"
-    spec.write_text('name = "p"\n[[stages]]\nstage = "noop"\n')
+def test_centralized_baseline_refuses_a_protective_protocol(small_config):
     with pytest.raises(ConfigError, match="centralized baseline"):
-        run(small_config(method="icfm", protocol=str(spec)))
+        run(small_config(method="icfm", protocol="secagg"))

@@ -1,58 +1,151 @@
-"""The in-process engine: moves serialized messages between parties through a `Protocol`.
+"""The in-process engine: moves serialized messages between parties and logs every delivery.
 
-It knows neither the method nor what payloads mean. Every delivery is logged.
+It knows neither the method nor what payloads mean: protocols call :meth:`send` for each
+message of each phase; the engine signs the record with the sender's identity, applies injected
+faults, checks the message on receipt (known sender, unaltered bytes, valid signature, not a
+duplicate) and logs a server event for everything it rejects.
 """
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 from ..errors import MessageError
-from .log import MessageLog
+from ..protocols.crypto import Identity, verify_signature
+from .faults import FaultPlan
+from .log import MessageLog, canonical
 from .message import SERVER, Envelope, Payload, serialize_payload
 from .parties import Client
 
 if TYPE_CHECKING:
     from ..protocols.protocol import Protocol
 
-__all__ = ["InProcessEngine"]
+__all__ = ["InProcessEngine", "Aggregate", "Template"]
+
+# Expected payload of an aggregation: field name -> (shape, dtype).
+Template = dict[str, tuple[tuple[int, ...], np.dtype]]
+
+
+@dataclass
+class Aggregate:
+    """What the server obtained from one aggregation.
+
+    ``payload``: sum_i w_i x_i / sum_i w_i over the ``included`` clients, or None when the
+    round aborted (``reason`` says why); ``dropped``: client id -> why it was left out.
+    """
+
+    payload: Payload | None
+    included: list[str]
+    dropped: dict[str, str] = field(default_factory=dict)
+    reason: str = ""
 
 
 class InProcessEngine:
-    """Parties are objects in this process; messages cross as bytes and are logged."""
+    """Parties are objects in this process; messages cross as bytes, signed and logged."""
 
-    def __init__(self, clients: list[Client], protocol: Protocol, log: MessageLog):
+    def __init__(self, clients: list[Client], protocol: Protocol, log: MessageLog,
+                 faults: FaultPlan | None = None):
         ids = [c.id for c in clients]
         if len(set(ids)) != len(ids) or SERVER in ids:
             raise MessageError(f"client ids must be unique and not {SERVER!r}: {ids}")
         self.clients = clients
         self.protocol = protocol
         self.log = log
+        self.faults = faults or FaultPlan()
+        self.faults.check_phases(protocol.phases, ids)
+        self.identities = {SERVER: Identity(), **{c.id: c.identity for c in clients}}
+        self.public_keys = {party: ident.public for party, ident in self.identities.items()}
+        log.register(self.public_keys)
+        self._seen: set[tuple] = set()
+        self._injected: set[tuple] = set()
+        protocol.validate_for(len(clients))
+
+    # -- transport -------------------------------------------------------------------------
+
+    def alive(self, party: str, round_: int, phase: str) -> bool:
+        """False once an injected ``drop`` took ``party`` offline in this round."""
+        return party == SERVER or not self.faults.dropped(party, round_, phase,
+                                                          self.protocol.phases)
+
+    def send(self, round_: int, phase: str, kind: str, sender: str, recipient: str,
+             data: bytes, stages: tuple[str, ...] = ()) -> bytes | None:
+        """Deliver ``data``; returns the bytes the recipient accepted, or None when the sender
+        is offline or the recipient rejected the message (a logged event says why)."""
+        if not self.alive(sender, round_, phase):
+            return None
+        self._inject_unknown_sender(round_, phase, recipient)
+        envelope = Envelope(kind, sender, recipient, round_, phase, data, stages)
+        record = self.log.append(envelope, self.identities[sender])
+        if self.faults.find("delay", sender, round_, phase):
+            self.reject(round_, phase, sender, f"{kind} message seq {record['seq']} arrived "
+                        "after the phase closed")
+            return None
+        received = data
+        if self.faults.find("corrupt", sender, round_, phase) and data:
+            received = bytes([data[0] ^ 0xFF]) + data[1:]
+        accepted = self._receive(record, received)
+        if self.faults.find("replay", sender, round_, phase):
+            self._receive(record, data)
+        return accepted
+
+    def _receive(self, record: dict, received: bytes) -> bytes | None:
+        sender, round_, phase = record["sender"], record["round"], record["phase"]
+        if hashlib.sha256(received).hexdigest() != record["sha256"]:
+            self.reject(round_, phase, sender, f"message seq {record['seq']} was altered in "
+                        "transit (sha256 of the bytes received does not match the signed one)")
+            return None
+        if not verify_signature(self.public_keys[sender], bytes.fromhex(record["sig"]),
+                                canonical(record)):
+            self.reject(round_, phase, sender, f"message seq {record['seq']} has an invalid "
+                        "signature")
+            return None
+        key = (round_, phase, record["kind"], sender, record["recipient"])
+        if key in self._seen:
+            self.reject(round_, phase, sender, f"duplicate or replayed {record['kind']} message "
+                        f"(round {round_}, phase {phase}); the first copy stands")
+            return None
+        self._seen.add(key)
+        return received
+
+    def _inject_unknown_sender(self, round_: int, phase: str, recipient: str) -> None:
+        for fault in self.faults.faults:
+            key = (fault.party, round_, phase)
+            if (fault.action == "unknown_sender" and fault.phase == phase and fault.hits(round_)
+                    and recipient == SERVER and key not in self._injected):
+                self._injected.add(key)
+                self.reject(round_, phase, fault.party, "message from a party that is not "
+                            "registered in this federation")
+
+    def reject(self, round_: int, phase: str, party: str, reason: str,
+               by: str = SERVER) -> None:
+        """Log that ``by`` rejected (or, for a client, withheld) a message of ``party``."""
+        self.log.event(round_, phase, "rejected", party, reason, self.identities[by], sender=by)
+
+    # -- what methods call -----------------------------------------------------------------
 
     def broadcast(self, round_: int, kind: str, payload: Payload) -> None:
         """Server to every client: state the server publishes (global model, potential)."""
         data = serialize_payload(payload)
         for client in self.clients:
-            envelope = Envelope(kind, SERVER, client.id, round_, "broadcast", data)
-            self.log.append(envelope)
-            client.inbox[kind] = self.protocol.decode(envelope)
+            received = self.send(round_, "broadcast", kind, SERVER, client.id, data)
+            if received is not None:
+                client.inbox[kind] = self.protocol.decode_public(received, SERVER)
 
-    def aggregate(
-        self,
-        round_: int,
-        kind: str,
-        compute: Callable[[Client], Payload],
-        weights: dict[str, float],
-    ) -> Payload:
-        """Every client computes a payload; the server obtains only what the protocol reveals.
-
-        ``weights``: lambda_i by client id. Returns sum_i lambda_i * payload_i.
+    def aggregate(self, round_: int, kind: str, compute: Callable[[Client], Payload],
+                  weights: dict[str, float], template: Template) -> Aggregate:
+        """Each client computes a payload matching ``template``; the server obtains, through
+        the protocol, only the weighted mean over the clients that made it through the round.
         """
-        envelopes = []
-        for client in self.clients:
-            data, stages = self.protocol.encode(compute(client))
-            envelope = Envelope(kind, client.id, SERVER, round_, "upload", data, stages)
-            self.log.append(envelope)
-            envelopes.append(envelope)
-        return self.protocol.aggregate(envelopes, weights)
+        result = self.protocol.aggregate(self, round_, kind, compute, weights, template)
+        for client_id, why in result.dropped.items():
+            self.log.event(round_, "aggregate", "dropped", client_id, why,
+                           self.identities[SERVER])
+        if result.payload is None:
+            self.log.event(round_, "aggregate", "aborted", "*", result.reason,
+                           self.identities[SERVER])
+        return result

@@ -1,6 +1,10 @@
-"""The message log: one JSON line per delivery, hash-chained.
+"""The message log: one signed, hash-chained JSON line per delivery or server event.
 
-``prev`` in each record is the sha256 of the line before it (64 zeros for the first).
+Each record holds seq, round, phase, kind, sender, recipient, stages, bytes, sha256 (of the
+payload bytes as sent), prev (sha256 of the previous line, 64 zeros for the first) and sig (the
+sender's Ed25519 signature, hex, over the canonical JSON of every other field). Server events
+(a rejected message, a dropped client, an aborted round) are records of kind ``event`` signed by
+the server. ``parties.json`` beside the log holds every party's public key.
 """
 
 from __future__ import annotations
@@ -10,28 +14,62 @@ import json
 from collections import Counter
 from pathlib import Path
 
+from ..protocols.crypto import Identity
 from .message import Envelope
 
-__all__ = ["MessageLog", "GENESIS"]
+__all__ = ["MessageLog", "GENESIS", "canonical", "PARTIES_FILE", "PAYLOADS_FILE"]
 
 GENESIS = "0" * 64
+PARTIES_FILE = "parties.json"
+PAYLOADS_FILE = "payloads.bin"
+
+
+def canonical(record: dict) -> bytes:
+    """The signed bytes: sorted-key compact JSON of the record without ``sig``."""
+    body = {k: v for k, v in record.items() if k != "sig"}
+    return json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
 
 
 class MessageLog:
-    """Appends a record per delivered envelope to ``path`` (JSON Lines) and counts traffic."""
+    """Appends signed records to ``path`` and counts traffic per kind.
 
-    def __init__(self, path: Path):
+    ``parties``: public key (raw, 32 bytes) by party id, written to parties.json.
+    ``keep_payloads``: also append each delivered payload to payloads.bin (record ``offset``).
+    """
+
+    def __init__(self, path: Path, parties: dict[str, bytes] | None = None,
+                 keep_payloads: bool = False):
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._file = self.path.open("w", encoding="utf-8")
+        self._payloads = (self.path.parent / PAYLOADS_FILE).open("wb") if keep_payloads else None
         self._seq = 0
         self._prev = GENESIS
         self.bytes_by_kind: Counter[str] = Counter()
         self.count_by_kind: Counter[str] = Counter()
+        self.events: list[dict] = []
+        self.register(parties or {})
 
-    def append(self, envelope: Envelope) -> dict:
+    def register(self, parties: dict[str, bytes]) -> None:
+        """Record the parties' public keys (the run's PKI) in parties.json."""
+        path = self.path.parent / PARTIES_FILE
+        known = json.loads(path.read_text()) if path.exists() and self._seq else {}
+        known.update({party: key.hex() for party, key in parties.items()})
+        path.write_text(json.dumps(known, indent=1, sort_keys=True))
+
+    def _write(self, record: dict, signer: Identity) -> dict:
+        record["seq"] = self._seq
+        record["prev"] = self._prev
+        record["sig"] = signer.sign(canonical(record)).hex()
+        line = json.dumps(record, sort_keys=True, separators=(",", ":"))
+        self._file.write(line + "\n")
+        self._prev = hashlib.sha256(line.encode()).hexdigest()
+        self._seq += 1
+        return record
+
+    def append(self, envelope: Envelope, signer: Identity) -> dict:
+        """Log a delivery, signed by its sender."""
         record = {
-            "seq": self._seq,
             "round": envelope.round,
             "phase": envelope.phase,
             "kind": envelope.kind,
@@ -40,22 +78,36 @@ class MessageLog:
             "stages": list(envelope.stages),
             "bytes": len(envelope.data),
             "sha256": envelope.sha256,
-            "prev": self._prev,
         }
-        line = json.dumps(record, sort_keys=True, separators=(",", ":"))
-        self._file.write(line + "\n")
-        self._prev = hashlib.sha256(line.encode()).hexdigest()
-        self._seq += 1
+        if self._payloads is not None:
+            record["offset"] = self._payloads.tell()
+            self._payloads.write(envelope.data)
         self.bytes_by_kind[envelope.kind] += len(envelope.data)
         self.count_by_kind[envelope.kind] += 1
-        return record
+        return self._write(record, signer)
+
+    def event(self, round_: int, phase: str, event: str, party: str, detail: str,
+              signer: Identity, sender: str = "server") -> dict:
+        """Log a server event (``rejected``, ``dropped``, ``aborted``) about ``party``."""
+        record = {"round": round_, "phase": phase, "kind": "event", "sender": sender,
+                  "recipient": "log", "stages": [], "bytes": 0,
+                  "sha256": hashlib.sha256(b"").hexdigest(), "event": event, "party": party,
+                  "detail": detail}
+        self.events.append(record)
+        return self._write(record, signer)
 
     def summary(self) -> dict:
-        """Messages and bytes per kind so far."""
-        return {
-            kind: {"messages": self.count_by_kind[kind], "bytes": self.bytes_by_kind[kind]}
-            for kind in sorted(self.count_by_kind)
-        }
+        """Messages and bytes per kind so far, and the count of server events by type."""
+        kinds = {kind: {"messages": self.count_by_kind[kind], "bytes": self.bytes_by_kind[kind]}
+                 for kind in sorted(self.count_by_kind)}
+        return {"kinds": kinds, "events": dict(Counter(e["event"] for e in self.events))}
+
+    def flush(self) -> None:
+        self._file.flush()
+        if self._payloads is not None:
+            self._payloads.flush()
 
     def close(self) -> None:
         self._file.close()
+        if self._payloads is not None:
+            self._payloads.close()

@@ -7,6 +7,7 @@ from typing import Any
 
 import torch
 
+from ..protocols.crypto import Identity
 from .message import Payload
 
 __all__ = ["Client"]
@@ -20,6 +21,7 @@ class Client:
     ``generator``: the client's own seeded random stream (mini-batches, source noise, t).
     ``inbox``: the last payload received per message kind.
     ``state``: the method's client-side objects (model replicas), set up by the method.
+    ``identity``: the client's Ed25519 signing key; it signs every message the client sends.
     """
 
     id: str
@@ -27,6 +29,7 @@ class Client:
     generator: torch.Generator
     inbox: dict[str, Payload] = field(default_factory=dict)
     state: dict[str, Any] = field(default_factory=dict)
+    identity: Identity = field(default_factory=Identity)
 
     @property
     def size(self) -> int:

@@ -25,6 +25,12 @@ from .semidual import semidual_value
 __all__ = ["FederatedFlowMatching", "velocity_gradient", "client_weights"]
 
 
+def _template(model: GlobalModel) -> dict:
+    """The payload a gradient upload must match: one flat float32 vector [P]."""
+    count = sum(p.numel() for p in model.module.parameters())
+    return {"gradient": ((count,), np.dtype(np.float32))}
+
+
 def velocity_gradient(model, coupling, x0, x1, generator) -> tuple[np.ndarray, float]:
     """Couple (x0, x1), take the mean flow matching loss, return (flat gradient [P], loss)."""
     model.zero_grad(set_to_none=True)
@@ -105,20 +111,32 @@ class FederatedFlowMatching:
         return {"gradient": flat_grad(potential)}
 
     def train_round(self, round_: int) -> dict[str, float]:
-        """One communication round; returns the clients' mean diagnostics (simulator's view)."""
+        """One communication round; returns the clients' mean diagnostics (simulator's view)
+        and ``aborted`` = 1 for each aggregation that aborted (the model then stays put)."""
         self.engine.broadcast(round_, "global_model", {"theta": self.velocity.flat()})
-        update = self.engine.aggregate(round_, "gradient", self._client_velocity, self.weights)
-        self.velocity.apply(update["gradient"])
-        report = {"loss": self._mean_state("last_loss")}
+        update = self.engine.aggregate(round_, "gradient", self._client_velocity, self.weights,
+                                       _template(self.velocity))
+        report = {"aborted": 0.0}
+        if update.payload is not None:
+            self.velocity.apply(update.payload["gradient"])
+            report["loss"] = self._mean_state("last_loss", update.included)
+        else:
+            report["aborted"] += 1
         if self.potential is not None and round_ % self.config.potential_every == 0:
-            dual = self.engine.aggregate(round_, "dual_update", self._client_dual, self.weights)
-            self.potential.apply(dual["gradient"])
-            self.engine.broadcast(round_, "global_potential", {"phi": self.potential.flat()})
-            report["dual"] = self._mean_state("last_dual")
+            dual = self.engine.aggregate(round_, "dual_update", self._client_dual, self.weights,
+                                         _template(self.potential))
+            if dual.payload is not None:
+                self.potential.apply(dual.payload["gradient"])
+                self.engine.broadcast(round_, "global_potential", {"phi": self.potential.flat()})
+                report["dual"] = self._mean_state("last_dual", dual.included)
+            else:
+                report["aborted"] += 1
         return report
 
-    def _mean_state(self, key: str) -> float:
-        return sum(self.weights[c.id] * c.state[key] for c in self.engine.clients)
+    def _mean_state(self, key: str, included: list[str]) -> float:
+        total = sum(self.weights[cid] for cid in included)
+        states = {c.id: c.state for c in self.engine.clients}
+        return sum(self.weights[cid] * states[cid][key] for cid in included) / total
 
     def state_dict(self) -> dict:
         state = {"velocity": self.velocity.state_dict()}

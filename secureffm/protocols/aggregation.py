@@ -7,7 +7,7 @@ import numpy as np
 from ..errors import MessageError
 from ..federation.message import Payload
 
-__all__ = ["weighted_sum", "check_payload"]
+__all__ = ["weighted_mean", "check_payload", "flatten", "unflatten"]
 
 
 def check_payload(sender: str, payload: Payload, reference: Payload | None) -> None:
@@ -26,17 +26,29 @@ def check_payload(sender: str, payload: Payload, reference: Payload | None) -> N
             raise MessageError(f"{sender} sent {name} containing NaN or Inf")
 
 
-def weighted_sum(contributions: list[tuple[str, Payload, float]]) -> Payload:
-    """Sum_i w_i * payload_i field by field, in float64, returned as float32.
-
-    ``contributions`` holds (sender, payload, weight); every payload must have the same fields.
-    """
+def weighted_mean(contributions: list[tuple[Payload, float]]) -> Payload:
+    """sum_i w_i x_i / sum_i w_i field by field, computed in float64, returned as float32."""
     if not contributions:
         raise MessageError("no contributions to aggregate")
-    reference = contributions[0][1]
-    totals = {name: np.zeros(array.shape, dtype=np.float64) for name, array in reference.items()}
-    for sender, payload, weight in contributions:
-        check_payload(sender, payload, reference)
-        for name, array in payload.items():
-            totals[name] += weight * array.astype(np.float64)
-    return {name: total.astype(np.float32) for name, total in totals.items()}
+    total = sum(weight for _, weight in contributions)
+    names = contributions[0][0]
+    return {name: sum(weight / total * payload[name].astype(np.float64)
+                      for payload, weight in contributions).astype(np.float32)
+            for name in names}
+
+
+def flatten(payload: Payload, template: dict) -> np.ndarray:
+    """Concatenate the template's fields (sorted by name) into one float64 vector."""
+    return np.concatenate([payload[name].astype(np.float64).reshape(-1)
+                           for name in sorted(template)])
+
+
+def unflatten(vector: np.ndarray, template: dict) -> Payload:
+    """Inverse of :func:`flatten`; fields come back with the template's shapes and dtypes."""
+    out, offset = {}, 0
+    for name in sorted(template):
+        shape, dtype = template[name]
+        size = int(np.prod(shape))
+        out[name] = vector[offset:offset + size].reshape(shape).astype(dtype)
+        offset += size
+    return out

@@ -1,26 +1,41 @@
 """`Protocol`: an ordered list of stages read from a spec, wrapping every message.
 
 A spec is a TOML file with keys ``name``, ``description`` and ``stages`` (a list of tables, each
-naming a registered ``stage`` and its parameters). Stages register by the name used in specs.
+naming a registered ``stage``, the message kinds it ``protects``, and its parameters). A kind
+no aggregation stage protects is aggregated in the clear.
 """
 
 from __future__ import annotations
 
 import tomllib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ..errors import ProtocolError
-from ..federation.message import Envelope, Payload, deserialize_payload, serialize_payload
-from .aggregation import weighted_sum
+import numpy as np
 
-__all__ = ["Protocol", "ProtocolSpec", "load_protocol", "known_protocols", "STAGES"]
+from ..errors import MessageError, ProtocolError
+from ..federation.message import Payload, deserialize_payload, serialize_payload
+from .aggregation import check_payload, weighted_mean
 
-# Stage classes by spec name. Secure aggregation, DP, CKKS and sealed transport register here.
+if TYPE_CHECKING:
+    from ..federation.engine import Aggregate, InProcessEngine, Template
+    from ..federation.parties import Client
+
+__all__ = ["Protocol", "ProtocolSpec", "load_protocol", "known_protocols", "STAGES",
+           "register_stage", "PLAIN_PHASES"]
+
+# Stage classes by spec name; a stage module registers itself with @register_stage.
 STAGES: dict[str, type] = {}
 _SPEC_KEYS = {"name", "description", "stages"}
+PLAIN_PHASES = ("broadcast", "upload")
+
+
+def register_stage(cls: type) -> type:
+    STAGES[cls.name] = cls
+    return cls
 
 
 @dataclass(frozen=True)
@@ -58,17 +73,12 @@ def _parse_spec(text: str, source: str) -> ProtocolSpec:
     if not isinstance(stages, list) or not all(isinstance(s, dict) for s in stages):
         raise ProtocolError(f"protocol spec {source}: 'stages' must be a list of tables "
                             "([[stages]] with a 'stage' key each)")
-    for index, table in enumerate(stages):
-        name = table.get("stage")
-        if name not in STAGES:
-            known = ", ".join(sorted(STAGES)) or "none in this version"
-            raise ProtocolError(f"protocol spec {source}: stages[{index}] names unknown stage "
-                                f"{name!r}; known stages: {known}")
     return ProtocolSpec(values["name"], values.get("description", ""), tuple(stages), source)
 
 
 def load_protocol(name_or_path: str) -> Protocol:
     """Load a shipped spec by name (``plaintext``) or a user's spec by path (``my.toml``)."""
+    _register_builtin_stages()
     if name_or_path.endswith(".toml") or "/" in name_or_path:
         path = Path(name_or_path)
         if not path.is_file():
@@ -81,21 +91,84 @@ def load_protocol(name_or_path: str) -> Protocol:
     return Protocol(_parse_spec(resource.read_text(), f"{name_or_path}.toml"))
 
 
+def _register_builtin_stages() -> None:
+    from . import secagg  # noqa: F401  (registers the stage)
+
+
 class Protocol:
-    """Wraps every message: ``encode`` on the sender's side, ``aggregate``/``decode`` on receipt."""
+    """Builds its stages from a spec; aggregates each message kind with the stage protecting it.
+
+    ``phases``: every phase name a message of this protocol can carry, in round order.
+    """
 
     def __init__(self, spec: ProtocolSpec):
         self.spec = spec
         self.name = spec.name
+        self.stages = []
+        for index, table in enumerate(spec.stages):
+            name = table.get("stage")
+            if name not in STAGES:
+                known = ", ".join(sorted(STAGES)) or "none"
+                raise ProtocolError(f"protocol spec {spec.source}: stages[{index}] names unknown "
+                                    f"stage {name!r}; known stages: {known}")
+            self.stages.append(STAGES[name].from_table(table, f"{spec.source} stages[{index}]"))
+        self._by_kind = {}
+        for stage in self.stages:
+            for kind in stage.protects:
+                if kind in self._by_kind:
+                    raise ProtocolError(f"protocol spec {spec.source}: kind {kind!r} is "
+                                        f"protected by two aggregation stages")
+                self._by_kind[kind] = stage
+        self.phases = PLAIN_PHASES + tuple(p for s in self.stages for p in s.phases)
 
-    def encode(self, payload: Payload) -> tuple[bytes, tuple[str, ...]]:
-        """Sender side: the bytes that cross the engine and the stages applied to them."""
-        return serialize_payload(payload), ()
+    def validate_for(self, clients: int) -> None:
+        """Reject parameters impossible for ``clients`` clients (threshold, modulus)."""
+        for stage in self.stages:
+            stage.validate_for(clients)
 
-    def decode(self, envelope: Envelope) -> Payload:
-        """Receiver side, for messages the recipient must read individually."""
-        return deserialize_payload(envelope.data, envelope.sender)
+    def stages_for(self, kind: str) -> tuple[str, ...]:
+        """Names of the stages that protect ``kind`` (empty: it travels in the clear)."""
+        stage = self._by_kind.get(kind)
+        return (stage.name,) if stage else ()
 
-    def aggregate(self, envelopes: list[Envelope], weights: dict[str, float]) -> Payload:
-        """Server side: the weighted sum of the senders' payloads (weights by sender id)."""
-        return weighted_sum([(e.sender, self.decode(e), weights[e.sender]) for e in envelopes])
+    def decode_public(self, data: bytes, sender: str) -> Payload:
+        """Decode a message every recipient may read (server broadcasts)."""
+        return deserialize_payload(data, sender)
+
+    def aggregate(self, engine: InProcessEngine, round_: int, kind: str,
+                  compute: Callable[[Client], Payload], weights: dict[str, float],
+                  template: Template) -> Aggregate:
+        stage = self._by_kind.get(kind)
+        if stage is not None:
+            return stage.aggregate(engine, round_, kind, compute, weights, template)
+        return plain_aggregate(engine, round_, kind, compute, weights, template)
+
+
+def plain_aggregate(engine, round_, kind, compute, weights, template) -> Aggregate:
+    """Every client uploads its payload in the clear; the server checks each one against
+    ``template``, leaves out (and names) the bad ones, and averages the rest with weights."""
+    from ..federation.engine import Aggregate
+
+    reference = {name: np.zeros(shape, dtype) for name, (shape, dtype) in template.items()}
+    accepted, dropped = [], {}
+    for client in engine.clients:
+        if not engine.alive(client.id, round_, "upload"):
+            dropped[client.id] = "offline at phase upload"
+            continue
+        data = engine.send(round_, "upload", kind, client.id, "server",
+                           serialize_payload(compute(client)))
+        if data is None:
+            dropped[client.id] = "its upload was rejected or never arrived"
+            continue
+        try:
+            payload = deserialize_payload(data, client.id)
+            check_payload(client.id, payload, reference)
+        except MessageError as err:
+            engine.reject(round_, "upload", client.id, str(err))
+            dropped[client.id] = str(err)
+            continue
+        accepted.append((client.id, payload))
+    if not accepted:
+        return Aggregate(None, [], dropped, "no client update was accepted")
+    mean = weighted_mean([(payload, weights[cid]) for cid, payload in accepted])
+    return Aggregate(mean, [cid for cid, _ in accepted], dropped)

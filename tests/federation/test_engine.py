@@ -17,6 +17,8 @@ from secureffm.methods.ffm import client_weights
 from secureffm.models import VelocityMLP, flat_grad, flat_params, load_flat_params
 from secureffm.protocols import load_protocol
 
+VECTOR3 = {"gradient": ((3,), np.dtype(np.float32))}
+
 
 def make_clients(sizes, seed=0):
     gen = torch.Generator().manual_seed(seed)
@@ -24,11 +26,17 @@ def make_clients(sizes, seed=0):
             for i, n in enumerate(sizes, start=1)]
 
 
-def test_weighted_aggregation_equals_gradient_of_pooled_weighted_loss(tmp_path):
+def make_engine(tmp_path, clients, protocol="plaintext", faults=None):
+    log = MessageLog(tmp_path / "messages.jsonl")
+    return InProcessEngine(clients, load_protocol(protocol), log, faults), log
+
+
+@pytest.mark.parametrize("protocol, tol", [("plaintext", 1e-7), ("secagg", 1e-5)])
+def test_weighted_aggregation_equals_gradient_of_pooled_weighted_loss(tmp_path, protocol, tol):
     torch.manual_seed(0)
     clients = make_clients([30, 70, 120])
     model = VelocityMLP(2, 16)
-    engine = InProcessEngine(clients, load_protocol("plaintext"), MessageLog(tmp_path / "m.jsonl"))
+    engine, _ = make_engine(tmp_path, clients, protocol)
     weights = client_weights(clients, "size")
     gen = torch.Generator().manual_seed(1)
     fixed = {c.id: (torch.randn(c.size, 2, generator=gen), torch.rand(c.size, generator=gen))
@@ -41,28 +49,29 @@ def test_weighted_aggregation_equals_gradient_of_pooled_weighted_loss(tmp_path):
 
     def compute(client):
         replica = VelocityMLP(2, 16)
-        load_flat_params(replica, engine_params)
+        load_flat_params(replica, flat_params(model))
         loss(replica, client).backward()
         return {"gradient": flat_grad(replica)}
 
-    engine_params = flat_params(model)
-    aggregated = engine.aggregate(1, "gradient", compute, weights)["gradient"]
+    count = sum(p.numel() for p in model.parameters())
+    result = engine.aggregate(1, "gradient", compute, weights,
+                              {"gradient": ((count,), np.dtype(np.float32))})
     pooled = sum(weights[c.id] * loss(model, c) for c in clients)
     pooled.backward()
-    np.testing.assert_allclose(aggregated, flat_grad(model), rtol=1e-5, atol=1e-7)
+    assert result.included == [c.id for c in clients]
+    np.testing.assert_allclose(result.payload["gradient"], flat_grad(model), rtol=0, atol=tol)
     assert weights["client-3"] == pytest.approx(120 / 220)
 
 
-def test_every_delivery_is_logged_with_hash_and_chain(tmp_path):
+def test_every_delivery_is_logged_with_hash_chain_and_keys(tmp_path):
     clients = make_clients([5, 5, 5])
-    log = MessageLog(tmp_path / "m.jsonl")
-    engine = InProcessEngine(clients, load_protocol("plaintext"), log)
+    engine, log = make_engine(tmp_path, clients)
     payload = {"theta": np.arange(4, dtype=np.float32)}
     engine.broadcast(1, "global_model", payload)
-    engine.aggregate(1, "gradient", lambda c: {"gradient": c.data[0].numpy()},
-                     client_weights(clients, "uniform"))
+    engine.aggregate(1, "gradient", lambda c: {"gradient": c.data[0, :1].repeat(3).numpy()},
+                     client_weights(clients, "uniform"), VECTOR3)
     log.close()
-    lines = (tmp_path / "m.jsonl").read_text().splitlines()
+    lines = (tmp_path / "messages.jsonl").read_text().splitlines()
     records = [json.loads(line) for line in lines]
     assert [(r["sender"], r["recipient"], r["kind"]) for r in records] == (
         [("server", c.id, "global_model") for c in clients]
@@ -72,6 +81,8 @@ def test_every_delivery_is_logged_with_hash_and_chain(tmp_path):
     for prev_line, record in zip(lines, records[1:], strict=False):
         assert record["prev"] == hashlib.sha256(prev_line.encode()).hexdigest()
     assert [r["seq"] for r in records] == list(range(6))
+    parties = json.loads((tmp_path / "parties.json").read_text())
+    assert set(parties) == {"server", "client-1", "client-2", "client-3"}
     assert all(c.inbox["global_model"]["theta"].tolist() == [0, 1, 2, 3] for c in clients)
 
 
@@ -84,24 +95,33 @@ def test_payload_roundtrip_and_malformed_bytes():
         deserialize_payload(b"not a payload", "client-9")
 
 
+@pytest.mark.parametrize("protocol", ["plaintext", "secagg"])
 @pytest.mark.parametrize("bad, reason", [
     (np.array([1.0, np.nan, 0.0], dtype=np.float32), "NaN"),
+    (np.array([1.0, np.inf, 0.0], dtype=np.float32), "NaN or Inf"),
     (np.zeros(4, dtype=np.float32), "shape"),
     (np.zeros(3, dtype=np.float64), "float64"),
 ])
-def test_aggregation_names_the_client_with_a_bad_update(tmp_path, bad, reason):
-    clients = make_clients([5, 5])
-    engine = InProcessEngine(clients, load_protocol("plaintext"), MessageLog(tmp_path / "m.jsonl"))
+def test_a_bad_update_is_named_and_dropped_and_the_round_completes(tmp_path, bad, reason,
+                                                                   protocol):
+    clients = make_clients([5, 5, 5])
+    engine, log = make_engine(tmp_path, clients, protocol)
+    good = {c.id: np.full(3, float(i), dtype=np.float32) for i, c in enumerate(clients)}
 
     def compute(client):
-        return {"gradient": bad if client.id == "client-2" else np.zeros(3, dtype=np.float32)}
+        return {"gradient": bad if client.id == "client-2" else good[client.id]}
 
-    with pytest.raises(MessageError, match=f"client-2.*{reason}|{reason}.*client-2|client-2"):
-        engine.aggregate(1, "gradient", compute, client_weights(clients, "uniform"))
+    result = engine.aggregate(1, "gradient", compute, client_weights(clients, "uniform"),
+                              VECTOR3)
+    assert result.included == ["client-1", "client-3"]
+    assert reason in result.dropped["client-2"]
+    np.testing.assert_allclose(result.payload["gradient"], [1.0, 1.0, 1.0], atol=1e-5)
+    events = [e for e in log.events if e["event"] == "rejected"]
+    assert events and events[0]["party"] == "client-2" and reason in events[0]["detail"]
 
 
 def test_client_ids_must_be_unique(tmp_path):
     clients = make_clients([3, 3])
     clients[1].id = clients[0].id
     with pytest.raises(MessageError, match="unique"):
-        InProcessEngine(clients, load_protocol("plaintext"), MessageLog(tmp_path / "m.jsonl"))
+        make_engine(tmp_path, clients)

@@ -1,0 +1,106 @@
+"""Key agreement, key derivation, authenticated encryption and signatures, from `cryptography`.
+
+- X25519 for mask-seed agreement and channel keys (fresh key pairs per aggregation).
+- HKDF-SHA256 turns a shared secret into a 32-byte key, bound to a purpose label.
+- AES-256-GCM encrypts Shamir shares between clients (the relaying server cannot read them).
+- Ed25519 identities sign every message record of the log.
+"""
+
+from __future__ import annotations
+
+from cryptography.exceptions import InvalidSignature, InvalidTag
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+
+from ..errors import ProtocolError
+
+__all__ = [
+    "KeyPair",
+    "new_key_pair",
+    "public_bytes",
+    "private_bytes",
+    "private_from_bytes",
+    "agree",
+    "seal",
+    "open_sealed",
+    "Identity",
+    "verify_signature",
+]
+
+RAW = serialization.Encoding.Raw
+
+
+class KeyPair:
+    """An X25519 key pair; ``public`` is the 32-byte raw public key."""
+
+    def __init__(self, private: X25519PrivateKey):
+        self.private = private
+        self.public = public_bytes(private)
+
+
+def new_key_pair() -> KeyPair:
+    return KeyPair(X25519PrivateKey.generate())
+
+
+def public_bytes(private: X25519PrivateKey) -> bytes:
+    return private.public_key().public_bytes(RAW, serialization.PublicFormat.Raw)
+
+
+def private_bytes(private: X25519PrivateKey) -> bytes:
+    """The 32-byte raw private key (what a client Shamir-shares for dropout recovery)."""
+    return private.private_bytes(RAW, serialization.PrivateFormat.Raw,
+                                 serialization.NoEncryption())
+
+
+def private_from_bytes(data: bytes) -> X25519PrivateKey:
+    return X25519PrivateKey.from_private_bytes(data)
+
+
+def agree(private: X25519PrivateKey, peer_public: bytes, purpose: bytes) -> bytes:
+    """HKDF-SHA256(X25519(private, peer_public)) -> 32 bytes, domain-separated by ``purpose``.
+
+    Both sides of a pair derive the same key.
+    """
+    try:
+        shared = private.exchange(X25519PublicKey.from_public_bytes(peer_public))
+    except ValueError as err:
+        raise ProtocolError(f"invalid X25519 public key: {err}") from None
+    return HKDF(algorithm=hashes.SHA256(), length=32, salt=None,
+                info=b"secureffm/" + purpose).derive(shared)
+
+
+def seal(key: bytes, plaintext: bytes, context: bytes, nonce: bytes) -> bytes:
+    """AES-256-GCM encryption bound to ``context`` (associated data); 12-byte ``nonce``."""
+    return nonce + AESGCM(key).encrypt(nonce, plaintext, context)
+
+
+def open_sealed(key: bytes, sealed: bytes, context: bytes) -> bytes:
+    """Inverse of :func:`seal`; a wrong key, context or altered ciphertext raises ProtocolError."""
+    try:
+        return AESGCM(key).decrypt(sealed[:12], sealed[12:], context)
+    except InvalidTag:
+        raise ProtocolError("ciphertext failed authentication (wrong key, context or "
+                            "tampered bytes)") from None
+
+
+class Identity:
+    """A party's long-term Ed25519 signing key; ``public`` is the 32-byte raw public key."""
+
+    def __init__(self, private: Ed25519PrivateKey | None = None):
+        self._private = private or Ed25519PrivateKey.generate()
+        self.public = self._private.public_key().public_bytes(RAW, serialization.PublicFormat.Raw)
+
+    def sign(self, data: bytes) -> bytes:
+        return self._private.sign(data)
+
+
+def verify_signature(public: bytes, signature: bytes, data: bytes) -> bool:
+    """True when ``signature`` is ``public``'s Ed25519 signature of ``data``."""
+    try:
+        Ed25519PublicKey.from_public_bytes(public).verify(signature, data)
+        return True
+    except (InvalidSignature, ValueError):
+        return False

@@ -1,0 +1,177 @@
+"""Clip and stochastically quantize real updates into Z_{2^bits} for secure aggregation.
+
+Pairwise-mask secure aggregation (Bonawitz et al., CCS 2017) adds masks modulo ``2**bits``, so
+each client first maps its real update to integers. With step ``s = 2 * clip / (levels - 1)``:
+
+.. math::
+
+    v = (\\mathrm{clip}(x) + c) / s \\in [0, L - 1], \\qquad
+    q = \\lfloor v \\rfloor + [u < v - \\lfloor v \\rfloor], \\quad u \\sim U[0, 1),
+
+which has the law of ``floor(v + u)`` and ``E[q] = v``, so ``q * s - c`` is an unbiased estimate of
+the clipped update. The server's unmasked total is ``sum_i q_i``; it equals the true integer sum
+as long as ``n * (L - 1) < 2**bits`` (:meth:`Quantizer.check`).
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..errors import ProtocolError
+
+__all__ = ["Quantizer", "add_mod", "sub_mod", "required_bits"]
+
+# Levels above 2**53 are not exactly representable in float64, so the mapping would lose the
+# sub-level fraction that stochastic rounding needs.
+_MAX_LEVELS = 2**53
+# Allowance for float64 rounding in error_bound, in units of clip * eps per client: computing v
+# costs about 3 roundings of a value up to L - 1 (3 eps * 2 clip in real units), dequantizing
+# about 3 more; 16 leaves a margin.
+_FLOAT_SLACK = 16.0
+
+
+def required_bits(n_clients: int, levels: int) -> int:
+    """Smallest ``bits`` with ``n_clients * (levels - 1) < 2**bits`` (may exceed 64)."""
+    return max(1, (n_clients * (levels - 1)).bit_length())
+
+
+def _mask(bits: int) -> np.uint64 | None:
+    return None if bits == 64 else np.uint64((1 << bits) - 1)
+
+
+def _check_bits(bits: int) -> None:
+    if not isinstance(bits, numbers.Integral) or isinstance(bits, bool) or not 1 <= bits <= 64:
+        raise ProtocolError(f"bits must be an integer in [1, 64], got {bits!r}")
+
+
+def add_mod(a: np.ndarray, b: np.ndarray, bits: int) -> np.ndarray:
+    """``(a + b) mod 2**bits`` elementwise on uint64 arrays (broadcast shapes), as uint64."""
+    _check_bits(bits)
+    with np.errstate(over="ignore"):
+        out = np.add(np.asarray(a, dtype=np.uint64), np.asarray(b, dtype=np.uint64),
+                     dtype=np.uint64)
+    mask = _mask(bits)
+    return out if mask is None else np.bitwise_and(out, mask, dtype=np.uint64)
+
+
+def sub_mod(a: np.ndarray, b: np.ndarray, bits: int) -> np.ndarray:
+    """``(a - b) mod 2**bits`` elementwise on uint64 arrays (broadcast shapes), as uint64."""
+    _check_bits(bits)
+    with np.errstate(over="ignore"):
+        out = np.subtract(np.asarray(a, dtype=np.uint64), np.asarray(b, dtype=np.uint64),
+                          dtype=np.uint64)
+    mask = _mask(bits)
+    return out if mask is None else np.bitwise_and(out, mask, dtype=np.uint64)
+
+
+@dataclass(frozen=True)
+class Quantizer:
+    """Clip to ``[-clip, clip]``, quantize to ``levels`` integers, add modulo ``2**bits``.
+
+    ``clip`` is in the update's own units; ``levels`` (L >= 2) integer levels span the clip range
+    with step ``2 * clip / (levels - 1)``; ``bits`` (1..64) sets the modulus ``2**bits``.
+    """
+
+    clip: float
+    levels: int
+    bits: int
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.clip, numbers.Real) or not (0 < self.clip < math.inf):
+            raise ProtocolError(f"clip must be a finite number > 0, got {self.clip!r}")
+        if (not isinstance(self.levels, numbers.Integral) or isinstance(self.levels, bool)
+                or not 2 <= self.levels <= _MAX_LEVELS):
+            raise ProtocolError(
+                f"levels must be an integer in [2, 2**53], got {self.levels!r}"
+            )
+        _check_bits(self.bits)
+        object.__setattr__(self, "clip", float(self.clip))
+        object.__setattr__(self, "levels", int(self.levels))
+        object.__setattr__(self, "bits", int(self.bits))
+        if self.levels - 1 >= self.modulus:
+            raise ProtocolError(
+                f"levels={self.levels} does not fit in bits={self.bits}: a single quantized "
+                f"value needs levels - 1 < 2**bits; use bits >= {required_bits(1, self.levels)}"
+            )
+
+    @property
+    def modulus(self) -> int:
+        """The modulus ``2**bits`` as a Python int."""
+        return 1 << self.bits
+
+    @property
+    def step(self) -> float:
+        """Width of one quantization level in update units: ``2 * clip / (levels - 1)``."""
+        return 2.0 * self.clip / (self.levels - 1)
+
+    def add_mod(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        """``(a + b) mod 2**bits`` on uint64 arrays; see :func:`add_mod`."""
+        return add_mod(a, b, self.bits)
+
+    def sub_mod(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        """``(a - b) mod 2**bits`` on uint64 arrays; see :func:`sub_mod`."""
+        return sub_mod(a, b, self.bits)
+
+    def check(self, n_clients: int) -> None:
+        """Raise ProtocolError unless the sum of ``n_clients`` quantized vectors cannot wrap."""
+        if n_clients < 1:
+            raise ProtocolError(f"n_clients must be >= 1, got {n_clients}")
+        if n_clients * (self.levels - 1) >= self.modulus:
+            need = required_bits(n_clients, self.levels)
+            if need <= 64:
+                fix = f"use bits >= {need} or fewer levels"
+            else:
+                fix = f"use levels <= {(2**64 - 1) // n_clients + 1} (bits cannot exceed 64)"
+            raise ProtocolError(
+                f"bits={self.bits} with levels={self.levels} can wrap for {n_clients} clients: "
+                f"n_clients * (levels - 1) = {n_clients * (self.levels - 1)} >= 2**{self.bits}; "
+                f"{fix}"
+            )
+
+    def quantize(self, x: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        """Clip, map to ``[0, levels - 1]`` and round stochastically; same shape as x, uint64.
+
+        Unbiased: ``E[q] * step - clip == clip(x)`` (up to float64 rounding of the mapping).
+        Draws one uniform per element from ``rng``. Rejects NaN or Inf with ProtocolError.
+        """
+        x = np.asarray(x, dtype=np.float64)
+        if not np.isfinite(x).all():
+            raise ProtocolError("quantize got NaN or Inf in the update; clip or drop it first")
+        v = (np.clip(x, -self.clip, self.clip) + self.clip) * ((self.levels - 1) / (2 * self.clip))
+        v = np.clip(v, 0.0, float(self.levels - 1))
+        low = np.floor(v)
+        up = rng.random(size=v.shape) < (v - low)  # P(up) = frac(v): same law as floor(v + u)
+        return low.astype(np.uint64) + up.astype(np.uint64)
+
+    def dequantize_sum(self, total: np.ndarray, n: int) -> np.ndarray:
+        """Sum of ``n`` clipped updates from the sum of their quantized vectors; float64.
+
+        ``total`` (uint64, any shape) is ``sum_i q_i mod 2**bits``; :meth:`check` (called here)
+        ensures it did not wrap. Returns ``total * step - n * clip``, within
+        :meth:`error_bound` ``(n)`` of the exact sum of the clipped inputs. Raises ProtocolError
+        if an entry exceeds ``n * (levels - 1)``: the masks did not cancel or ``n`` is wrong.
+        """
+        self.check(n)
+        total = np.asarray(total)
+        if total.dtype != np.uint64:
+            raise ProtocolError(f"dequantize_sum expects a uint64 total, got {total.dtype}")
+        top = n * (self.levels - 1)
+        if total.size and int(total.max()) > top:
+            raise ProtocolError(
+                f"aggregate entry {int(total.max())} exceeds n * (levels - 1) = {top} for n={n}: "
+                "the masks did not cancel or the client count is wrong"
+            )
+        return total.astype(np.float64) * self.step - n * self.clip
+
+    def error_bound(self, n: int) -> float:
+        """Worst-case absolute per-coordinate error of :meth:`dequantize_sum` for ``n`` clients.
+
+        Each client's integer is within one level of its real value, so the sum is within
+        ``n * step = n * 2 * clip / (levels - 1)``; a float64 rounding allowance of
+        ``16 * n * clip * eps`` is added (negligible unless levels approaches 2**50).
+        """
+        return n * (self.step + _FLOAT_SLACK * self.clip * float(np.finfo(np.float64).eps))

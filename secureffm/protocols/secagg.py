@@ -1,0 +1,402 @@
+"""Secure aggregation with dropout recovery: Bonawitz et al. (CCS 2017), with the SecAgg+
+neighbour graph of Bell et al. (CCS 2020). The server learns only the weighted sum of the
+updates of the clients that survive a round, or, below the threshold, nothing.
+
+One aggregation (a fresh session, fresh keys) runs these phases:
+
+1. ``advertise_keys``: each client u sends X25519 public keys c_pk (channel) and s_pk (mask).
+2. ``keys``: the server picks each client's neighbours N(u) (all others, or a random
+   ``neighbours``-regular graph) and sends u their public keys.
+3. ``share_keys``: u Shamir-shares its mask secret key s_sk and a fresh self-mask seed b_u among
+   S(u) = N(u) + {u}, t of |S(u)|; the share for v travels AES-GCM-encrypted under
+   HKDF(X25519(c_sk_u, c_pk_v)), relayed by the server, which cannot read it.
+4. ``shares``: the server routes the ciphertexts.
+5. ``masked_input``: u clips and quantizes w_u x_u to Z_{2^bits} and adds PRG(b_u) and, for
+   each neighbour v that shared, +-PRG(HKDF(X25519(s_sk_u, s_pk_v))) (+ if u precedes v).
+6. ``unmask_request``: the server names the survivors (sent a masked input) and the dropped.
+7. ``unmask``: each survivor reveals, per peer, the share of b for survivors or the share of
+   s_sk for the dropped, never both; a request naming a peer in both lists is refused.
+
+The server reconstructs, removes the self masks and the dropped clients' pairwise masks, and
+dequantizes: sum_{survivors} w_u x_u / sum_{survivors} w_u.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import secrets
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from ..errors import MessageError, ProtocolError
+from ..federation.message import SERVER, deserialize_payload, serialize_payload
+from .aggregation import check_payload, flatten, unflatten
+from .crypto import agree, new_key_pair, open_sealed, private_bytes, private_from_bytes, seal
+from .prg import expand_seed
+from .protocol import register_stage
+from .quantize import Quantizer
+from .shamir import Share, reconstruct_bytes, share_from_bytes, share_to_bytes, split_bytes
+
+__all__ = ["SecAggStage", "harary_neighbours"]
+
+PHASES = ("advertise_keys", "keys", "share_keys", "shares", "masked_input", "unmask_request",
+          "unmask")
+_KEYS = {"stage", "protects", "threshold", "neighbours", "clip", "levels", "bits"}
+_MASK, _CHANNEL = b"mask-seed", b"share-channel"
+
+
+def harary_neighbours(ids: list[str], k: int, rng: random.Random) -> dict[str, set[str]]:
+    """A random k-regular graph (Bell et al.): a Harary graph H(n, k) on a random cyclic order.
+
+    k is rounded up to even; k >= n - 1 gives the complete graph.
+    """
+    n = len(ids)
+    if k <= 0 or k >= n - 1:
+        return {u: set(ids) - {u} for u in ids}
+    half = (k + 1) // 2
+    order = ids[:]
+    rng.shuffle(order)
+    graph = {u: set() for u in ids}
+    for i, u in enumerate(order):
+        for step in range(1, half + 1):
+            v = order[(i + step) % n]
+            graph[u].add(v)
+            graph[v].add(u)
+    return graph
+
+
+def _bytes_payload(items: dict[str, bytes]) -> bytes:
+    return serialize_payload({k: np.frombuffer(v, dtype=np.uint8) for k, v in items.items()})
+
+
+def _payload_bytes(data: bytes, sender: str) -> dict[str, bytes]:
+    return {k: v.tobytes() for k, v in deserialize_payload(data, sender).items()}
+
+
+def _json_payload(value) -> bytes:
+    return _bytes_payload({"json": json.dumps(value, sort_keys=True).encode()})
+
+
+def _payload_json(data: bytes, sender: str):
+    return json.loads(_payload_bytes(data, sender)["json"])
+
+
+@dataclass
+class _ClientSession:
+    """What one client holds during one aggregation. Only its own client touches it."""
+
+    id: str
+    channel: object = None
+    mask: object = None
+    self_seed: bytes = b""
+    own_shares: tuple[Share, Share] | None = None
+    neighbour_keys: dict[str, dict[str, bytes]] = field(default_factory=dict)
+    received: dict[str, bytes] = field(default_factory=dict)
+
+
+@register_stage
+class SecAggStage:
+    """Pairwise-mask secure aggregation with dropout recovery (see module docstring).
+
+    ``threshold``: shares needed to rebuild a secret, an integer or a fraction of |S(u)|.
+    ``neighbours``: 0 masks with every other client (Bonawitz), k > 0 with k random
+    neighbours (SecAgg+). ``clip``, ``levels``, ``bits``: the quantizer of each w_u x_u.
+    """
+
+    name = "secagg"
+    phases = PHASES
+    can_protect = frozenset({"gradient", "dual_update", "update", "scalar"})
+
+    def __init__(self, protects: tuple[str, ...], threshold: float, neighbours: int,
+                 quantizer: Quantizer):
+        self.protects = protects
+        self.threshold = threshold
+        self.neighbours = neighbours
+        self.quantizer = quantizer
+        self._rng = random.SystemRandom()
+
+    @classmethod
+    def from_table(cls, table: dict, source: str) -> SecAggStage:
+        unknown = sorted(set(table) - _KEYS)
+        if unknown:
+            raise ProtocolError(f"{source}: unknown key {unknown[0]!r} for stage 'secagg'; "
+                                f"allowed: {', '.join(sorted(_KEYS - {'stage'}))}")
+        for key in ("protects", "threshold"):
+            if key not in table:
+                raise ProtocolError(f"{source}: stage 'secagg' needs {key!r}")
+        protects = tuple(table["protects"])
+        refused = sorted(set(protects) - cls.can_protect)
+        if refused:
+            raise ProtocolError(
+                f"{source}: stage 'secagg' cannot protect kind {refused[0]!r}: it reveals only "
+                f"a sum, and {refused[0]!r} messages are needed one by one; it protects "
+                f"{', '.join(sorted(cls.can_protect))}")
+        threshold = table["threshold"]
+        if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or (
+                isinstance(threshold, float) and not 0 < threshold <= 1) or (
+                isinstance(threshold, int) and threshold < 2):
+            raise ProtocolError(f"{source}: threshold = {threshold!r}; give an integer >= 2 "
+                                "(shares needed) or a fraction in (0, 1] of each share group")
+        neighbours = table.get("neighbours", 0)
+        if not isinstance(neighbours, int) or neighbours < 0:
+            raise ProtocolError(f"{source}: neighbours = {neighbours!r}; give 0 (all clients) "
+                                "or a positive even number of neighbours (SecAgg+)")
+        try:
+            quantizer = Quantizer(float(table.get("clip", 8.0)), int(table.get("levels", 2**22)),
+                                  int(table.get("bits", 32)))
+        except ProtocolError as err:
+            raise ProtocolError(f"{source}: {err}") from None
+        return cls(protects, threshold, neighbours, quantizer)
+
+    # -- parameters ------------------------------------------------------------------------
+
+    def group_size(self, clients: int) -> int:
+        """|S(u)|: a client's neighbours plus itself."""
+        k = self.neighbours + (self.neighbours % 2)
+        return clients if k <= 0 or k >= clients - 1 else k + 1
+
+    def shares_needed(self, group: int) -> int:
+        if isinstance(self.threshold, float):
+            return max(2, math.ceil(self.threshold * group - 1e-9))
+        return int(self.threshold)
+
+    def validate_for(self, clients: int) -> None:
+        group = self.group_size(clients)
+        needed = self.shares_needed(group)
+        if clients < 2:
+            raise ProtocolError("secure aggregation needs at least 2 clients: the sum of one "
+                                "update is the update")
+        if needed > group:
+            raise ProtocolError(
+                f"threshold = {self.threshold!r} needs {needed} shares but each client shares "
+                f"among {group} parties ({clients} clients, neighbours = {self.neighbours}); "
+                f"lower threshold to at most {group} or raise neighbours")
+        self.quantizer.check(clients)
+
+    # -- one aggregation -------------------------------------------------------------------
+
+    def aggregate(self, engine, round_, kind, compute, weights, template):
+        from ..federation.engine import Aggregate
+
+        ids = [c.id for c in engine.clients]
+        order = {cid: i for i, cid in enumerate(ids)}
+        clients = {c.id: c for c in engine.clients}
+        n = len(ids)
+        total_weight = sum(weights.values())
+        scale = {cid: weights[cid] * n / total_weight for cid in ids}  # w_u, about 1 each
+        size = sum(int(np.prod(shape)) for shape, _ in template.values())
+        wire = np.uint32 if self.quantizer.bits <= 32 else np.uint64
+        dropped: dict[str, str] = {}
+        stages = (self.name,)
+
+        def send(phase, sender, recipient, data):
+            return engine.send(round_, phase, kind, sender, recipient, data, stages)
+
+        def abort(reason):
+            return Aggregate(None, [], dropped, reason)
+
+        # 1. advertise_keys
+        sessions: dict[str, _ClientSession] = {}
+        advertised: dict[str, dict[str, bytes]] = {}
+        for cid in ids:
+            s = _ClientSession(cid, new_key_pair(), new_key_pair())
+            data = send("advertise_keys", cid, SERVER,
+                        _bytes_payload({"c_pk": s.channel.public, "s_pk": s.mask.public}))
+            if data is None:
+                dropped[cid] = "dropped before advertising keys"
+                continue
+            try:
+                keys = _payload_bytes(data, cid)
+                if sorted(keys) != ["c_pk", "s_pk"] or any(len(v) != 32 for v in keys.values()):
+                    raise MessageError(f"{cid} advertised malformed keys")
+            except MessageError as err:
+                engine.reject(round_, "advertise_keys", cid, str(err))
+                dropped[cid] = str(err)
+                continue
+            sessions[cid], advertised[cid] = s, keys
+        u1 = [cid for cid in ids if cid in advertised]
+        group = self.group_size(n)
+        needed = self.shares_needed(group)
+        if len(u1) < needed:
+            return abort(f"only {len(u1)} clients advertised keys, threshold is {needed}")
+
+        # 2. keys: the server fixes the neighbour graph over U1 and sends each its neighbours.
+        graph = harary_neighbours(u1, self.neighbours, self._rng)
+        for u in u1:
+            data = send("keys", SERVER, u, _bytes_payload(
+                {f"{kind_}:{v}": advertised[v][kind_] for v in sorted(graph[u])
+                 for kind_ in ("c_pk", "s_pk")}))
+            if data is not None:
+                for name, key in _payload_bytes(data, SERVER).items():
+                    key_kind, v = name.split(":", 1)
+                    sessions[u].neighbour_keys.setdefault(v, {})[key_kind] = key
+
+        # 3. share_keys
+        outgoing: dict[str, dict[str, bytes]] = {}
+        for u in u1:
+            s = sessions[u]
+            if not engine.alive(u, round_, "share_keys") or len(s.neighbour_keys) < len(graph[u]):
+                dropped[u] = "dropped before sharing keys"
+                continue
+            s.self_seed = secrets.token_bytes(32)
+            members = sorted(graph[u] | {u}, key=order.get)
+            t_u = self.shares_needed(len(members))
+            key_shares = split_bytes(private_bytes(s.mask.private), t_u, len(members))
+            seed_shares = split_bytes(s.self_seed, t_u, len(members))
+            ciphertexts = {}
+            for v, ks, bs in zip(members, key_shares, seed_shares, strict=True):
+                if v == u:
+                    s.own_shares = (ks, bs)
+                    continue
+                channel = agree(s.channel.private, s.neighbour_keys[v]["c_pk"], _CHANNEL)
+                context = f"{round_}|{kind}|{u}|{v}".encode()
+                ciphertexts[v] = seal(channel, share_to_bytes(ks) + share_to_bytes(bs), context,
+                                      secrets.token_bytes(12))
+            data = send("share_keys", u, SERVER, _bytes_payload(ciphertexts))
+            if data is None:
+                dropped[u] = "dropped while sharing keys"
+                continue
+            try:
+                received = _payload_bytes(data, u)
+                if set(received) != graph[u]:
+                    raise MessageError(f"{u} sent shares for {sorted(received)}, expected its "
+                                       f"neighbours {sorted(graph[u])}")
+            except MessageError as err:
+                engine.reject(round_, "share_keys", u, str(err))
+                dropped[u] = str(err)
+                continue
+            outgoing[u] = received
+        u2 = [u for u in u1 if u in outgoing]
+        if len(u2) < needed:
+            return abort(f"only {len(u2)} clients shared keys, threshold is {needed}")
+
+        # 4. shares: route each ciphertext to its recipient.
+        for v in u2:
+            bundle = {u: outgoing[u][v] for u in u2 if v in outgoing[u]}
+            data = send("shares", SERVER, v, _bytes_payload(bundle))
+            if data is not None:
+                sessions[v].received = _payload_bytes(data, SERVER)
+
+        # 5. masked_input
+        masked: dict[str, np.ndarray] = {}
+        for u in u2:
+            s = sessions[u]
+            if not engine.alive(u, round_, "masked_input"):
+                dropped[u] = "dropped before sending its masked input"
+                continue
+            client = clients[u]
+            payload = compute(client)
+            try:
+                check_payload(u, payload, {name: np.zeros(shape, dtype)
+                                           for name, (shape, dtype) in template.items()})
+            except MessageError as err:
+                engine.reject(round_, "masked_input", u, f"withheld its update: {err}", by=u)
+                dropped[u] = str(err)
+                continue
+            seed = int(torch.randint(0, 2**62, (1,), generator=client.generator))
+            y = self.quantizer.quantize(scale[u] * flatten(payload, template),
+                                        np.random.default_rng(seed))
+            y = self.quantizer.add_mod(y, expand_seed(s.self_seed, size, self.quantizer.bits))
+            for v in s.received:  # neighbours that shared with u
+                pair_seed = agree(s.mask.private, s.neighbour_keys[v]["s_pk"], _MASK)
+                mask = expand_seed(pair_seed, size, self.quantizer.bits)
+                y = (self.quantizer.add_mod(y, mask) if order[u] < order[v]
+                     else self.quantizer.sub_mod(y, mask))
+            data = send("masked_input", u, SERVER, serialize_payload({"y": y.astype(wire)}))
+            if data is None:
+                dropped[u] = "its masked input was rejected or never arrived"
+                continue
+            try:
+                got = deserialize_payload(data, u)
+                check_payload(u, got, {"y": np.zeros(size, dtype=wire)})
+            except MessageError as err:
+                engine.reject(round_, "masked_input", u, str(err))
+                dropped[u] = str(err)
+                continue
+            masked[u] = got["y"].astype(np.uint64)
+        u3 = [u for u in u2 if u in masked]
+        if len(u3) < needed:
+            return abort(f"only {len(u3)} masked inputs arrived, threshold is {needed}")
+        gone = [u for u in u2 if u not in masked]
+
+        # 6-7. unmask_request / unmask
+        revealed: dict[str, dict[str, list[Share]]] = {"b": {}, "s": {}}
+        responders = 0
+        for v in u3:
+            s = sessions[v]
+            data = send("unmask_request", SERVER, v, _json_payload({"survivors": u3,
+                                                                   "dropped": gone}))
+            if data is None or not engine.alive(v, round_, "unmask"):
+                dropped.setdefault(v, "included, but dropped before unmasking")
+                continue
+            request = _payload_json(data, SERVER)
+            answer = self._answer(engine, round_, kind, s, request, needed)
+            if answer is None:
+                continue
+            reply = send("unmask", v, SERVER, _bytes_payload(answer))
+            if reply is None:
+                continue
+            responders += 1
+            for name, blob in _payload_bytes(reply, v).items():
+                which, peer = name.split(":", 1)
+                revealed[which].setdefault(peer, []).append(share_from_bytes(blob))
+
+        total = np.zeros(size, dtype=np.uint64)
+        for u in u3:
+            total = self.quantizer.add_mod(total, masked[u])
+        for u in u3:
+            shares = revealed["b"].get(u, [])
+            t_u = self.shares_needed(len(graph[u]) + 1)
+            if len(shares) < t_u:
+                return abort(f"only {len(shares)} shares of {u}'s self-mask seed came back, "
+                             f"{t_u} needed; the masked sum stays masked")
+            seed = reconstruct_bytes(shares, t_u, 32)
+            total = self.quantizer.sub_mod(total, expand_seed(seed, size, self.quantizer.bits))
+        for u in gone:
+            shares = revealed["s"].get(u, [])
+            t_u = self.shares_needed(len(graph[u]) + 1)
+            if len(shares) < t_u:
+                return abort(f"only {len(shares)} shares of dropped {u}'s mask key came back, "
+                             f"{t_u} needed; the masked sum stays masked")
+            mask_key = private_from_bytes(reconstruct_bytes(shares, t_u, 32))
+            for v in graph[u]:
+                if v not in masked or u not in sessions[v].received:
+                    continue
+                pair_seed = agree(mask_key, advertised[v]["s_pk"], _MASK)
+                mask = expand_seed(pair_seed, size, self.quantizer.bits)
+                # v added +mask if v precedes u, else -mask: take it back out.
+                total = (self.quantizer.sub_mod(total, mask) if order[v] < order[u]
+                         else self.quantizer.add_mod(total, mask))
+        summed = self.quantizer.dequantize_sum(total, len(u3))
+        mean = summed / sum(scale[u] for u in u3)
+        return Aggregate(unflatten(mean, template), u3, dropped)
+
+    def _answer(self, engine, round_, kind, s: _ClientSession, request: dict,
+                needed: int) -> dict[str, bytes] | None:
+        """A survivor's reply to an unmask request, or None when it refuses (logged)."""
+        survivors, gone = set(request["survivors"]), set(request["dropped"])
+        both = sorted(survivors & gone)
+        if both:
+            engine.reject(round_, "unmask", SERVER, f"refused: the request names {both[0]} both "
+                          "alive and dropped, which would reveal its update", by=s.id)
+            return None
+        if len(survivors) < needed:
+            engine.reject(round_, "unmask", SERVER, f"refused: only {len(survivors)} survivors, "
+                          f"threshold {needed}", by=s.id)
+            return None
+        answer = {}
+        holdings = {s.id: s.own_shares}
+        for u, sealed in s.received.items():
+            channel = agree(s.channel.private, s.neighbour_keys[u]["c_pk"], _CHANNEL)
+            plain = open_sealed(channel, sealed, f"{round_}|{kind}|{u}|{s.id}".encode())
+            holdings[u] = (share_from_bytes(plain[:68]), share_from_bytes(plain[68:]))
+        for u, (key_share, seed_share) in holdings.items():
+            if u in survivors:
+                answer[f"b:{u}"] = share_to_bytes(seed_share)
+            elif u in gone:
+                answer[f"s:{u}"] = share_to_bytes(key_share)
+        return answer
