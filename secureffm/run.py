@@ -11,6 +11,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
 from tqdm import tqdm
 
@@ -62,7 +63,8 @@ def _build(config: RunConfig, device: torch.device, log: MessageLog):
         pooled = Client("central", torch.cat(shards).to(device),
                         party_generator(config.seed, 1, device))
         return pair, shards, CentralizedFlowMatching(config, pair, pooled, device)
-    clients = [Client(f"client-{i}", shard.to(device), party_generator(config.seed, i, device))
+    clients = [Client(f"client-{i}", shard.to(device), party_generator(config.seed, i, device),
+                      protocol_rng=np.random.default_rng([config.seed, i]))
                for i, shard in enumerate(shards, start=1)]
     faults = load_threat_model(config.threat_model) if config.threat_model else None
     engine = InProcessEngine(clients, protocol, log, faults)

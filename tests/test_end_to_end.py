@@ -53,3 +53,33 @@ def test_got_dual_ascent_raises_the_held_out_dual_value(small_config):
 def test_centralized_baseline_refuses_a_protective_protocol(small_config):
     with pytest.raises(ConfigError, match="centralized baseline"):
         run(small_config(method="icfm", protocol="secagg"))
+
+
+@pytest.mark.parametrize("method", ["vanilla", "got"])
+def test_secagg_run_matches_plaintext_within_quantization_noise(small_config, tmp_path, method):
+    common = dict(method=method, rounds=60, potential_every=2, eval_samples=600, nfe=(1, 8))
+    plain = run(small_config(protocol="plaintext", out=str(tmp_path / "plain"), **common))
+    masked = run(small_config(protocol="secagg", out=str(tmp_path / "masked"), **common))
+    for nfe in ("1", "8"):
+        a, b = plain.metrics["eval"]["w2"][nfe], masked.metrics["eval"]["w2"][nfe]
+        assert b == pytest.approx(a, rel=0.02)
+    records = [json.loads(x) for x in (masked.out / "messages.jsonl").read_text().splitlines()]
+    uploads = [r for r in records if r["kind"] in ("gradient", "dual_update")
+               and r["recipient"] == "server"]
+    # The server never receives an update in the clear: every upload went through secagg.
+    assert uploads and all(r["stages"] == ["secagg"] for r in uploads)
+    assert {r["phase"] for r in uploads} >= {"advertise_keys", "masked_input", "unmask"}
+
+
+def test_threat_model_drop_aborts_two_client_rounds_and_is_logged(small_config):
+    result = run(small_config(method="vanilla", protocol="secagg", rounds=6,
+                              threat_model="drop-after-sharing"))
+    assert result.metrics["aborted_aggregations"] == 3
+    assert result.metrics["messages"]["events"] == {"aborted": 3, "dropped": 3}
+
+
+def test_threat_model_faulty_uploads_are_rejected_and_rounds_complete(small_config):
+    result = run(small_config(method="vanilla", rounds=5, threat_model="faulty-uploads"))
+    assert result.metrics["aborted_aggregations"] == 0
+    events = result.metrics["messages"]["events"]
+    assert events["rejected"] == 3 and events["dropped"] == 1  # the replay's first copy stands

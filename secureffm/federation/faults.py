@@ -24,7 +24,7 @@ __all__ = ["Fault", "FaultPlan", "load_threat_model", "ACTIONS"]
 
 ACTIONS = ("drop", "corrupt", "replay", "delay", "unknown_sender")
 _FAULT_KEYS = {"action", "party", "phase", "rounds"}
-_MODEL_KEYS = {"name", "description", "faults", "colluding", "server"}
+_MODEL_KEYS = {"name", "description", "faults"}
 
 
 @dataclass(frozen=True)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 
 from ..protocols.crypto import Identity
@@ -22,6 +23,8 @@ class Client:
     ``inbox``: the last payload received per message kind.
     ``state``: the method's client-side objects (model replicas), set up by the method.
     ``identity``: the client's Ed25519 signing key; it signs every message the client sends.
+    ``protocol_rng``: the client's stream for protocol randomness that is not key material
+    (stochastic rounding), kept apart so a protocol never shifts the training stream.
     """
 
     id: str
@@ -30,6 +33,7 @@ class Client:
     inbox: dict[str, Payload] = field(default_factory=dict)
     state: dict[str, Any] = field(default_factory=dict)
     identity: Identity = field(default_factory=Identity)
+    protocol_rng: np.random.Generator = field(default_factory=np.random.default_rng)
 
     @property
     def size(self) -> int:

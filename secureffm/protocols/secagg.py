@@ -30,7 +30,6 @@ import secrets
 from dataclasses import dataclass, field
 
 import numpy as np
-import torch
 
 from ..errors import MessageError, ProtocolError
 from ..federation.message import SERVER, deserialize_payload, serialize_payload
@@ -297,9 +296,8 @@ class SecAggStage:
                 engine.reject(round_, "masked_input", u, f"withheld its update: {err}", by=u)
                 dropped[u] = str(err)
                 continue
-            seed = int(torch.randint(0, 2**62, (1,), generator=client.generator))
             y = self.quantizer.quantize(scale[u] * flatten(payload, template),
-                                        np.random.default_rng(seed))
+                                        client.protocol_rng)
             y = self.quantizer.add_mod(y, expand_seed(s.self_seed, size, self.quantizer.bits))
             for v in s.received:  # neighbours that shared with u
                 pair_seed = agree(s.mask.private, s.neighbour_keys[v]["s_pk"], _MASK)
