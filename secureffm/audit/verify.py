@@ -94,7 +94,7 @@ class AuditReport:
         else:
             bad = self.first_bad
             assert bad is not None
-            out = [f"TAMPERED: {bad.problem}",
+            out = [f"FAILED: log not intact: {bad.problem}",
                    f"{self.records} of {self.lines} lines verified before line {bad.line}"]
         if self.payloads:
             out.append(f"payloads: {self.payloads} matched their sha256 in {PAYLOADS_FILE}")
