@@ -6,6 +6,8 @@ import argparse
 import sys
 from dataclasses import MISSING
 
+from .audit.verify import add_arguments as add_audit_arguments
+from .audit.verify import audit_command
 from .config import config_fields, load_config
 from .errors import SecureFFMError
 
@@ -44,6 +46,8 @@ def build_parser() -> argparse.ArgumentParser:
             shown = ",".join(map(str, default)) if isinstance(default, tuple) else default
             run.add_argument(flag, dest=f.name, default=None, metavar=f.name.upper(),
                              help=f"{_HELP.get(f.name, '')} (default {shown})".strip())
+    audit = sub.add_parser("audit", help="verify a run's signed, hash-chained message log")
+    add_audit_arguments(audit)
     return parser
 
 
@@ -64,6 +68,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "run":
             _run(args)
+        elif args.command == "audit":
+            return audit_command(args)
     except SecureFFMError as err:
         print(f"secureffm: error: {err}", file=sys.stderr)
         return 2

@@ -71,6 +71,17 @@ def _build(config: RunConfig, device: torch.device, log: MessageLog):
     return pair, shards, FederatedFlowMatching(config, pair, engine, device)
 
 
+def _close_log(log: MessageLog, trainer) -> None:
+    """End the log with a signed closing record, also when the run failed part way."""
+    if isinstance(trainer, FederatedFlowMatching):
+        trainer.engine.close()
+    elif isinstance(trainer, CentralizedFlowMatching):
+        log.register({trainer.party.id: trainer.party.identity.public})
+        log.close(trainer.party.identity, party=trainer.party.id)
+    else:
+        log.close()
+
+
 def run(config: RunConfig) -> RunResult:
     """Train and evaluate as ``config`` says; write everything to the run folder."""
     device = resolve_device(config.device)
@@ -79,6 +90,7 @@ def run(config: RunConfig) -> RunResult:
     write_config(config, out / "config.toml")
     torch.manual_seed(config.seed)  # network initialisation only; parties use their generators
     log = MessageLog(out / "messages.jsonl", keep_payloads=config.keep_payloads)
+    trainer = None
     try:
         pair, shards, trainer = _build(config, device, log)
         curves: dict[str, list[list[float]]] = {"loss": [], "dual": []}
@@ -98,7 +110,7 @@ def run(config: RunConfig) -> RunResult:
                 curves["dual"].append([round_, report["dual"]])
         train_seconds = time.perf_counter() - start
     finally:
-        log.close()
+        _close_log(log, trainer)
 
     evaluator = party_generator(config.seed, EVALUATOR, device)
     model = trainer.velocity.averaged

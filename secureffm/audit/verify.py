@@ -5,7 +5,7 @@ The checks, in order, for each line of ``messages.jsonl`` (stopping at the first
 
 1. the line is a JSON object with every required field, of the right type;
 2. ``seq`` equals the line's index (0-based);
-3. ``prev`` equals the sha256 of the previous line's exact bytes (``GENESIS`` for the first);
+3. ``prev`` equals the sha256 of the previous line's exact bytes (of parties.json for the first);
 4. ``sender`` is a party of ``parties.json``;
 5. ``sig`` is the sender's Ed25519 signature of :func:`~secureffm.federation.log.canonical`;
 6. if ``payloads.bin`` exists and the record has ``offset``, the ``bytes`` stored there hash to
@@ -13,8 +13,10 @@ The checks, in order, for each line of ``messages.jsonl`` (stopping at the first
 
 A deleted, inserted or reordered line shows up as the first seq mismatch or broken chain link;
 an edited field as a signature failure (or, when the editor re-signed it with the sender's key,
-as a broken link on the next line). What the chain cannot show: lines cut off the end of the log,
-and a log rewritten together with ``parties.json`` by someone who replaced every key.
+as a broken link on the next line); replaced keys as a broken first link (its ``prev`` is the
+sha256 of parties.json); lines cut off the end by the missing closing record, which only the
+server's key can sign. What the chain cannot show: a log rebuilt end to end by someone holding
+the keys, which is why its last hash is worth keeping elsewhere.
 """
 
 from __future__ import annotations
@@ -24,12 +26,13 @@ import hashlib
 import json
 import sys
 from collections import Counter
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
 
 from ..errors import SecureFFMError
-from ..federation.log import GENESIS, PARTIES_FILE, PAYLOADS_FILE, canonical
+from ..federation.log import PARTIES_FILE, PAYLOADS_FILE, canonical, genesis
 from ..protocols.crypto import verify_signature
 
 __all__ = ["AuditFinding", "AuditReport", "verify_run", "main", "LOG_FILE"]
@@ -37,7 +40,7 @@ __all__ = ["AuditFinding", "AuditReport", "verify_run", "main", "LOG_FILE"]
 LOG_FILE = "messages.jsonl"
 
 # Required field -> (type(s), what it must be, in words).
-_FIELDS: dict[str, tuple[type | tuple[type, ...], str]] = {
+_FIELDS: dict[str, tuple[type, str]] = {
     "seq": (int, "an integer"),
     "round": (int, "an integer"),
     "phase": (str, "a string"),
@@ -50,7 +53,7 @@ _FIELDS: dict[str, tuple[type | tuple[type, ...], str]] = {
     "prev": (str, "a string"),
     "sig": (str, "a string"),
 }
-_EVENT_FIELDS: dict[str, tuple[type | tuple[type, ...], str]] = {
+_EVENT_FIELDS: dict[str, tuple[type, str]] = {
     "event": (str, "a string"),
     "party": (str, "a string"),
     "detail": (str, "a string"),
@@ -170,34 +173,42 @@ def verify_run(run_dir: str | Path) -> AuditReport:
     log_path = run_dir / LOG_FILE
     if not log_path.is_file():
         raise SecureFFMError(f"{log_path} is missing: is {run_dir} a run folder?")
-    lines = log_path.read_bytes().split(b"\n")
-    if lines and lines[-1] == b"":
-        lines.pop()  # the newline that ends the last record
     payload_path = run_dir / PAYLOADS_FILE
-    payloads = payload_path.open("rb") if payload_path.is_file() else None
     kinds: Counter[str] = Counter()
     events: Counter[str] = Counter()
-    checked = 0
-    prev = GENESIS
+    checked = verified = lines = 0
+    prev = genesis((run_dir / PARTIES_FILE).read_bytes())
     finding = None
-    try:
-        for index, text in enumerate(lines):
+    closed_at = None
+    with ExitStack() as stack:
+        log = stack.enter_context(log_path.open("rb"))
+        payloads = stack.enter_context(payload_path.open("rb")) if payload_path.is_file() else None
+        for index, raw in enumerate(log):
+            lines += 1
+            if finding is not None:
+                continue  # only count the remaining lines
+            text = raw[:-1] if raw.endswith(b"\n") else raw
+            if closed_at is not None:
+                finding = AuditFinding(None, index + 1, f"line {index + 1} comes after the "
+                                       f"closing record (line {closed_at})")
+                continue
             record, finding = _check_line(index, text, prev, parties, payloads)
             if finding is not None:
-                break
+                continue
             if record["kind"] == "event":
                 events[record["event"]] += 1
+                if record["event"] == "closed":
+                    closed_at = index + 1
             else:
                 kinds[record["kind"]] += 1
             checked += payloads is not None and "offset" in record
+            verified += 1
             prev = hashlib.sha256(text).hexdigest()
-    finally:
-        if payloads is not None:
-            payloads.close()
-    verified = finding.line - 1 if finding else len(lines)
+    if finding is None and closed_at is None:
+        finding = AuditFinding(None, lines, f"the log ends at line {lines} without its signed "
+                               "closing record: it was cut short, or the run never finished")
     return AuditReport(ok=finding is None, records=verified, first_bad=finding,
-                       events=dict(events), kinds=dict(kinds), payloads=checked,
-                       lines=len(lines))
+                       events=dict(events), kinds=dict(kinds), payloads=checked, lines=lines)
 
 
 def _check_line(index: int, text: bytes, prev: str, parties: dict[str, bytes],
@@ -228,7 +239,8 @@ def _check_record(record: Any, index: int, text: bytes, prev: str, parties: dict
         return (f"line {line}: seq is {seq}, expected {index} (a record was deleted, inserted "
                 "or reordered at or before this line)")
     if record["prev"] != prev:
-        what = "the genesis value (64 zeros)" if index == 0 else f"the hash of line {line - 1}"
+        what = (f"the sha256 of {PARTIES_FILE} (keys replaced?)" if index == 0
+                else f"the hash of line {line - 1}")
         return f"line {line}: chain broken: prev does not match {what} {_CHAIN_HINT}"
     sender = record["sender"]
     if sender not in parties:
@@ -247,13 +259,14 @@ def _check_record(record: Any, index: int, text: bytes, prev: str, parties: dict
     return None
 
 
-def main(argv: list[str]) -> int:
-    """``secureffm audit --verify RUN_DIR``: print the verdict; 0 intact, 1 tampered, 2 error."""
-    parser = argparse.ArgumentParser(prog="secureffm audit",
-                                     description="Verify a run's signed, hash-chained log.")
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options of ``secureffm audit``."""
     parser.add_argument("--verify", metavar="RUN_DIR", required=True,
                         help="run folder holding messages.jsonl and parties.json")
-    args = parser.parse_args(argv)
+
+
+def audit_command(args: argparse.Namespace) -> int:
+    """Print the verdict; 0 intact, 1 tampered, 2 when the folder cannot be read."""
     try:
         report = verify_run(args.verify)
     except SecureFFMError as err:
@@ -261,3 +274,11 @@ def main(argv: list[str]) -> int:
         return 2
     print(report.summary())
     return 0 if report.ok else 1
+
+
+def main(argv: list[str]) -> int:
+    """``secureffm audit --verify RUN_DIR`` as a function (see :func:`audit_command`)."""
+    parser = argparse.ArgumentParser(prog="secureffm audit",
+                                     description="Verify a run's signed, hash-chained log.")
+    add_arguments(parser)
+    return audit_command(parser.parse_args(argv))

@@ -126,6 +126,10 @@ class InProcessEngine:
         """Log that ``by`` rejected (or, for a client, withheld) a message of ``party``."""
         self.log.event(round_, phase, "rejected", party, reason, self.identities[by], sender=by)
 
+    def close(self) -> None:
+        """End the run's log with the server's signed closing record."""
+        self.log.close(self.identities[SERVER])
+
     # -- what methods call -----------------------------------------------------------------
 
     def broadcast(self, round_: int, kind: str, payload: Payload) -> None:

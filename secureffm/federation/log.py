@@ -4,7 +4,9 @@ Each record holds seq, round, phase, kind, sender, recipient, stages, bytes, sha
 payload bytes as sent), prev (sha256 of the previous line, 64 zeros for the first) and sig (the
 sender's Ed25519 signature, hex, over the canonical JSON of every other field). Server events
 (a rejected message, a dropped client, an aborted round) are records of kind ``event`` signed by
-the server. ``parties.json`` beside the log holds every party's public key.
+the server. ``parties.json`` beside the log holds every party's public key; the first record's
+``prev`` is the sha256 of that file, so the keys are bound into the chain. The last record is a
+``closed`` event stating how many records precede it, so a cut-short log is detectable.
 """
 
 from __future__ import annotations
@@ -17,11 +19,15 @@ from pathlib import Path
 from ..protocols.crypto import Identity
 from .message import Envelope
 
-__all__ = ["MessageLog", "GENESIS", "canonical", "PARTIES_FILE", "PAYLOADS_FILE"]
+__all__ = ["MessageLog", "canonical", "genesis", "PARTIES_FILE", "PAYLOADS_FILE"]
 
-GENESIS = "0" * 64
 PARTIES_FILE = "parties.json"
 PAYLOADS_FILE = "payloads.bin"
+
+
+def genesis(parties_text: bytes) -> str:
+    """The first record's ``prev``: sha256 of parties.json as written."""
+    return hashlib.sha256(parties_text).hexdigest()
 
 
 def canonical(record: dict) -> bytes:
@@ -44,20 +50,28 @@ class MessageLog:
         self._file = self.path.open("w", encoding="utf-8")
         self._payloads = (self.path.parent / PAYLOADS_FILE).open("wb") if keep_payloads else None
         self._seq = 0
-        self._prev = GENESIS
+        self._prev = ""
+        self._round = 0
         self.bytes_by_kind: Counter[str] = Counter()
         self.count_by_kind: Counter[str] = Counter()
         self.events: list[dict] = []
+        self._registered = False
         self.register(parties or {})
 
     def register(self, parties: dict[str, bytes]) -> None:
-        """Record the parties' public keys (the run's PKI) in parties.json."""
+        """Record the parties' public keys (the run's PKI) in parties.json, before any record."""
+        if self._seq:
+            raise RuntimeError("parties must be registered before the first record")
         path = self.path.parent / PARTIES_FILE
-        known = json.loads(path.read_text()) if path.exists() and self._seq else {}
+        known = json.loads(path.read_text()) if path.exists() and self._registered else {}
         known.update({party: key.hex() for party, key in parties.items()})
         path.write_text(json.dumps(known, indent=1, sort_keys=True))
+        self._registered = True
 
     def _write(self, record: dict, signer: Identity) -> dict:
+        if self._seq == 0:
+            self._prev = genesis((self.path.parent / PARTIES_FILE).read_bytes())
+        self._round = max(self._round, record["round"])
         record["seq"] = self._seq
         record["prev"] = self._prev
         record["sig"] = signer.sign(canonical(record)).hex()
@@ -107,7 +121,13 @@ class MessageLog:
         if self._payloads is not None:
             self._payloads.flush()
 
-    def close(self) -> None:
+    def close(self, closer: Identity | None = None, party: str = "server") -> None:
+        """Write the closing record (signed by ``closer``, as ``party``) and close the files."""
+        if self._file.closed:
+            return
+        if closer is not None:
+            self.event(self._round, "close", "closed", "*",
+                       f"{self._seq} records precede this closing record", closer, sender=party)
         self._file.close()
         if self._payloads is not None:
             self._payloads.close()

@@ -1,0 +1,357 @@
+"""The log verifier on real logs written by the engine, intact and tampered with in every way."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from secureffm.audit import AuditReport, main, verify_run
+from secureffm.errors import SecureFFMError
+from secureffm.federation import SERVER, Client, InProcessEngine, MessageLog
+from secureffm.federation.faults import Fault, FaultPlan
+from secureffm.federation.log import canonical
+from secureffm.protocols import load_protocol
+from secureffm.protocols.crypto import Identity, verify_signature
+
+VECTOR3 = {"gradient": ((3,), np.dtype(np.float32))}
+
+
+@dataclass
+class Run:
+    """A run folder and the private keys that signed its log (kept only by the test)."""
+
+    path: Path
+    keys: dict[str, Identity]
+    summary: dict
+
+    @property
+    def log(self) -> Path:
+        return self.path / "messages.jsonl"
+
+    def lines(self) -> list[str]:
+        return self.log.read_text().splitlines()
+
+    def records(self) -> list[dict]:
+        return [json.loads(line) for line in self.lines()]
+
+    def write(self, lines: list[str]) -> None:
+        self.log.write_text("".join(line + "\n" for line in lines))
+
+    def copy(self, to: Path) -> Run:
+        shutil.copytree(self.path, to)
+        return Run(to, self.keys, self.summary)
+
+
+def build_run(path: Path, protocol: str, faults: FaultPlan | None = None) -> Run:
+    """Two rounds of broadcast + aggregation among three clients, payloads kept."""
+    gen = torch.Generator().manual_seed(0)
+    clients = [Client(f"client-{i}", torch.randn(20, 2, generator=gen), torch.Generator(),
+                      identity=Identity()) for i in (1, 2, 3)]
+    log = MessageLog(path / "messages.jsonl", keep_payloads=True)
+    engine = InProcessEngine(clients, load_protocol(protocol), log, faults)
+    for r in (1, 2):
+        engine.broadcast(r, "global_model", {"theta": np.zeros(4, np.float32)})
+        engine.aggregate(r, "gradient", lambda c: {"gradient": np.ones(3, np.float32)},
+                         {c.id: 1 / 3 for c in clients}, VECTOR3)
+    engine.close()
+    keys = {c.id: c.identity for c in clients} | {SERVER: engine.identities[SERVER]}
+    return Run(path, keys, log.summary())
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> dict[str, Run]:
+    base = tmp_path_factory.mktemp("runs")
+    return {protocol: build_run(base / protocol, protocol) for protocol in ("secagg", "plaintext")}
+
+
+@pytest.fixture
+def run(runs, tmp_path) -> Run:
+    """A fresh copy of the secure-aggregation run, free to tamper with."""
+    return runs["secagg"].copy(tmp_path / "run")
+
+
+def dump(record: dict) -> str:
+    """A record as the log writes it."""
+    return json.dumps(record, sort_keys=True, separators=(",", ":"))
+
+
+def resign(record: dict, key: Identity) -> dict:
+    return record | {"sig": key.sign(canonical(record)).hex()}
+
+
+def upload_seq(run: Run, sender: str = "client-2", round_: int = 2) -> int:
+    """The seq of ``sender``'s first message to the server in ``round_`` (mid-log)."""
+    return next(r["seq"] for r in run.records()
+                if r["sender"] == sender and r["round"] == round_ and r["recipient"] == SERVER)
+
+
+def assert_first_bad(report: AuditReport, seq: int | None, line: int, *words: str) -> None:
+    assert not report.ok
+    assert report.first_bad is not None
+    assert (report.first_bad.seq, report.first_bad.line) == (seq, line), report.first_bad
+    for word in words:
+        assert word in report.first_bad.problem, report.first_bad.problem
+    assert report.records == line - 1
+
+
+# -- intact logs ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("protocol, count", [("secagg", 49), ("plaintext", 13)])
+def test_intact_log_verifies_with_its_record_count(runs, protocol, count):
+    run = runs[protocol]
+    report = verify_run(run.path)
+    assert report.ok and report.first_bad is None
+    assert report.records == report.lines == len(run.lines()) == count
+    assert report.payloads == count - 1  # the closing record carries no payload
+    assert report.kinds == {k: v["messages"] for k, v in run.summary["kinds"].items()}
+    assert report.events == {"closed": 1}
+    assert report.summary().splitlines()[0].startswith(f"OK: log intact: {count} records")
+
+
+def test_event_records_are_verified_and_counted(tmp_path):
+    faults = FaultPlan(faults=(Fault("corrupt", "client-2", "masked_input", (1,)),
+                               Fault("drop", "client-3", "unmask", (2,))))
+    run = build_run(tmp_path / "run", "secagg", faults)
+    report = verify_run(run.path)
+    assert report.ok, report.first_bad
+    assert report.events == run.summary["events"] == {"rejected": 1, "dropped": 2, "closed": 1}
+    assert report.records == len(run.lines())
+    assert report.payloads == report.records - 4  # event records carry no payload
+
+
+# -- edits, deletions, insertions, reordering ------------------------------------------------
+
+
+@pytest.mark.parametrize("protocol", ["secagg", "plaintext"])
+@pytest.mark.parametrize("field, value", [("round", 1), ("bytes", 4), ("recipient", "client-1")])
+def test_edited_field_without_resigning_fails_its_signature(runs, tmp_path, protocol, field,
+                                                            value):
+    run = runs[protocol].copy(tmp_path / "run")
+    k = upload_seq(run)
+    lines = run.lines()
+    lines[k] = dump(json.loads(lines[k]) | {field: value})
+    run.write(lines)
+    assert_first_bad(verify_run(run.path), k, k + 1,
+                     f"record {k}: signature does not verify with client-2's key")
+
+
+@pytest.mark.parametrize("k", [0, 16, 46])
+def test_deleted_record_is_caught_where_it_was(run, k):
+    lines = run.lines()
+    del lines[k]
+    run.write(lines)
+    assert_first_bad(verify_run(run.path), k + 1, k + 1,
+                     f"seq is {k + 1}, expected {k}", "deleted, inserted or reordered")
+
+
+def test_deletion_with_renumbered_seq_breaks_the_chain(run):
+    k = 16
+    records = run.records()
+    del records[k]
+    run.write([dump(r | {"seq": i}) for i, r in enumerate(records)])
+    assert_first_bad(verify_run(run.path), k, k + 1,
+                     f"line {k + 1}: chain broken: prev does not match the hash of line {k}",
+                     "deleted, inserted, reordered or edited")
+
+
+@pytest.mark.parametrize("source", [40, 15, 3])
+def test_inserted_copy_of_another_record_is_caught_at_the_insertion(run, source):
+    k = 16
+    lines = run.lines()
+    lines.insert(k, lines[source])
+    run.write(lines)
+    assert_first_bad(verify_run(run.path), source, k + 1, f"seq is {source}, expected {k}")
+
+
+def test_inserted_forged_record_with_right_seq_and_prev_fails_its_signature(run):
+    k = 16
+    lines = run.lines()
+    forged = resign(json.loads(lines[k]), Identity())  # a key no party owns
+    lines.insert(k, dump(forged))
+    run.write(lines)
+    assert_first_bad(verify_run(run.path), k, k + 1, "signature does not verify")
+
+
+@pytest.mark.parametrize("k", [0, 16, 46])
+def test_swapped_neighbours_are_caught_at_the_first(run, k):
+    lines = run.lines()
+    lines[k], lines[k + 1] = lines[k + 1], lines[k]
+    run.write(lines)
+    assert_first_bad(verify_run(run.path), k + 1, k + 1, f"seq is {k + 1}, expected {k}")
+
+
+@pytest.mark.parametrize("signer", ["client-1", "client-3", SERVER])
+def test_edit_resigned_with_another_partys_key_fails_its_signature(run, signer):
+    k = upload_seq(run)
+    lines = run.lines()
+    edited = json.loads(lines[k]) | {"bytes": 1}
+    lines[k] = dump(resign(edited, run.keys[signer]))
+    run.write(lines)
+    assert_first_bad(verify_run(run.path), k, k + 1,
+                     f"record {k}: signature does not verify with client-2's key")
+
+
+def test_edit_resigned_with_the_senders_key_breaks_the_next_link(run):
+    """Signatures alone cannot catch this edit: the chain does."""
+    k = upload_seq(run)
+    lines = run.lines()
+    record = json.loads(lines[k])
+    edited = resign(record | {"round": record["round"] + 1}, run.keys["client-2"])
+    assert verify_signature(run.keys["client-2"].public, bytes.fromhex(edited["sig"]),
+                            canonical(edited))
+    lines[k] = dump(edited)
+    run.write(lines)
+    assert_first_bad(verify_run(run.path), k + 1, k + 2,
+                     f"line {k + 2}: chain broken: prev does not match the hash of line {k + 1}")
+
+
+def test_reformatted_line_is_caught_even_at_the_end(run):
+    """Same record and signature, other bytes: only the exact-form check sees the last line."""
+    lines = run.lines()
+    lines[-1] = json.dumps(json.loads(lines[-1]), sort_keys=True)  # spaces after , and :
+    run.write(lines)
+    assert_first_bad(verify_run(run.path), 48, 49, "line 49 is not in the log's exact form")
+
+
+@pytest.mark.parametrize("keep", [0, 30, -1])
+def test_a_cut_short_log_is_caught_by_its_missing_closing_record(run, keep):
+    run.write(run.lines()[:keep])
+    report = verify_run(run.path)
+    assert not report.ok and "without its signed closing record" in report.first_bad.problem
+
+
+def test_records_after_the_closing_record_are_caught(run):
+    lines = run.lines()
+    run.write(lines + [lines[3]])
+    assert "after the closing record" in verify_run(run.path).first_bad.problem
+
+
+def test_replaced_keys_break_the_chain_at_its_start(run):
+    parties = json.loads((run.path / "parties.json").read_text())
+    parties["client-1"] = Identity().public.hex()
+    (run.path / "parties.json").write_text(json.dumps(parties, indent=1, sort_keys=True))
+    report = verify_run(run.path)
+    assert report.first_bad.line == 1 and "parties.json" in report.first_bad.problem
+
+
+# -- payloads, parties, malformed lines ------------------------------------------------------
+
+
+def test_altered_payload_bytes_are_named(run):
+    k = upload_seq(run)
+    record = run.records()[k]
+    payloads = bytearray((run.path / "payloads.bin").read_bytes())
+    payloads[record["offset"] + record["bytes"] - 1] ^= 0x01
+    (run.path / "payloads.bin").write_bytes(bytes(payloads))
+    assert_first_bad(verify_run(run.path), k, k + 1,
+                     f"record {k}: payload in payloads.bin does not match its sha256")
+
+
+def test_truncated_payload_file_is_named(run):
+    k = upload_seq(run)
+    record = run.records()[k]
+    path = run.path / "payloads.bin"
+    path.write_bytes(path.read_bytes()[:record["offset"] + 1])
+    assert_first_bad(verify_run(run.path), k, k + 1, f"record {k}: payloads.bin ends before")
+
+
+def test_payloads_are_not_checked_without_payloads_bin(run):
+    (run.path / "payloads.bin").unlink()
+    report = verify_run(run.path)
+    assert report.ok and report.payloads == 0
+    assert "payloads: not checked" in report.summary()
+
+
+def test_unknown_sender_is_named(run):
+    k = upload_seq(run)
+    lines = run.lines()
+    lines[k] = dump(json.loads(lines[k]) | {"sender": "client-9"})
+    run.write(lines)
+    assert_first_bad(verify_run(run.path), k, k + 1,
+                     f"record {k}: sender 'client-9' is not in parties.json")
+
+
+def test_party_removed_from_parties_json_breaks_the_chain_start(run):
+    path = run.path / "parties.json"
+    parties = json.loads(path.read_text())
+    del parties["client-2"]
+    path.write_text(json.dumps(parties))
+    assert_first_bad(verify_run(run.path), 0, 1, "prev does not match the sha256 of parties.json")
+
+
+def test_replaced_key_in_parties_json_breaks_the_chain_start(run):
+    path = run.path / "parties.json"
+    parties = json.loads(path.read_text())
+    parties["client-2"] = Identity().public.hex()
+    path.write_text(json.dumps(parties))
+    assert_first_bad(verify_run(run.path), 0, 1, "prev does not match the sha256 of parties.json")
+
+
+@pytest.mark.parametrize("garbage, problem", [
+    ("not json{", "line 17 is not valid JSON"),
+    ("", "line 17 is not valid JSON"),
+    ("[1, 2]", "line 17 is not a JSON object"),
+])
+def test_garbage_line_is_named(run, garbage, problem):
+    lines = run.lines()
+    lines[16] = garbage
+    run.write(lines)
+    assert_first_bad(verify_run(run.path), None, 17, problem)
+
+
+@pytest.mark.parametrize("change, seq, problem", [
+    ({"sig": None}, 16, "missing field(s) 'sig'"),
+    ({"seq": "16"}, None, "field 'seq' must be an integer"),
+    ({"bytes": True}, 16, "field 'bytes' must be an integer"),
+    ({"prev": "ab"}, 16, "field 'prev' is not 64 lowercase hex digits"),
+    ({"offset": -1}, 16, "field 'offset' must be a non-negative integer"),
+])
+def test_malformed_record_is_named(run, change, seq, problem):
+    lines = run.lines()
+    record = json.loads(lines[16]) | change
+    lines[16] = dump({k: v for k, v in record.items() if v is not None})
+    run.write(lines)
+    assert_first_bad(verify_run(run.path), seq, 17, "line 17: ", problem)
+
+
+@pytest.mark.parametrize("name, content", [
+    ("parties.json", None),
+    ("parties.json", "{not json"),
+    ("parties.json", '{"client-1": "xyz"}'),
+    ("messages.jsonl", None),
+])
+def test_missing_or_malformed_run_files_raise(run, name, content):
+    path = run.path / name
+    if content is None:
+        path.unlink()
+    else:
+        path.write_text(content)
+    with pytest.raises(SecureFFMError, match=name.replace(".", r"\.")):
+        verify_run(run.path)
+
+
+# -- the entry point -------------------------------------------------------------------------
+
+
+def test_main_prints_the_verdict_and_exits_by_it(run, capsys):
+    assert main(["--verify", str(run.path)]) == 0
+    assert capsys.readouterr().out.startswith("OK: log intact: 49 records")
+    lines = run.lines()
+    del lines[5]
+    run.write(lines)
+    assert main(["--verify", str(run.path)]) == 1
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == ("FAILED: log not intact: line 6: seq is 6, expected 5 (a record was "
+                      "deleted, inserted or reordered at or before this line)")
+    assert out[1] == "5 of 48 lines verified before line 6"
+    (run.path / "parties.json").unlink()
+    assert main(["--verify", str(run.path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("secureffm: error: ") and "parties.json is missing" in err
