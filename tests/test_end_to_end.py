@@ -3,6 +3,7 @@ import json
 import pytest
 import torch
 
+from secureffm.audit import verify_run
 from secureffm.errors import ConfigError
 from secureffm.run import run
 
@@ -19,8 +20,9 @@ def test_short_run_of_every_method_writes_the_run_folder(small_config, method):
     assert set(w2) == {"1", "4"} and all(v > 0 and v == v for v in w2.values())
     records = [json.loads(x) for x in (result.out / "messages.jsonl").read_text().splitlines()]
     kinds = [r["kind"] for r in records]
+    assert verify_run(result.out).ok  # every run's log is intact and closed
     if method in ("icfm", "otcfm"):
-        assert records == []
+        assert [r["event"] for r in records] == ["closed"]  # nothing was sent
         return
     # One gradient per client per round, each up to the server; the server never uploads.
     assert kinds.count("gradient") == config.rounds * config.clients
@@ -75,7 +77,7 @@ def test_threat_model_drop_aborts_two_client_rounds_and_is_logged(small_config):
     result = run(small_config(method="vanilla", protocol="secagg", rounds=6,
                               threat_model="drop-after-sharing"))
     assert result.metrics["aborted_aggregations"] == 3
-    assert result.metrics["messages"]["events"] == {"aborted": 3, "dropped": 3}
+    assert result.metrics["messages"]["events"] == {"aborted": 3, "dropped": 3, "closed": 1}
 
 
 def test_threat_model_faulty_uploads_are_rejected_and_rounds_complete(small_config):
