@@ -136,14 +136,16 @@ class SecAggStage:
                 f"{', '.join(sorted(cls.can_protect))}")
         threshold = table["threshold"]
         if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or (
-                isinstance(threshold, float) and not 0 < threshold <= 1) or (
+                isinstance(threshold, float) and not 0.5 < threshold <= 1) or (
                 isinstance(threshold, int) and threshold < 2):
             raise ProtocolError(f"{source}: threshold = {threshold!r}; give an integer >= 2 "
-                                "(shares needed) or a fraction in (0, 1] of each share group")
+                                "(shares needed) or a fraction in (0.5, 1] of each share group: "
+                                "at half or below, a server that tells two halves of the group "
+                                "different survivor lists collects both secrets of a client")
         neighbours = table.get("neighbours", 0)
         if not isinstance(neighbours, int) or neighbours < 0:
             raise ProtocolError(f"{source}: neighbours = {neighbours!r}; give 0 (all clients) "
-                                "or a positive even number of neighbours (SecAgg+)")
+                                "or a positive number of neighbours (SecAgg+; odd is rounded up)")
         try:
             quantizer = Quantizer(float(table.get("clip", 8.0)), int(table.get("levels", 2**22)),
                                   int(table.get("bits", 32)))
@@ -169,6 +171,12 @@ class SecAggStage:
         if clients < 2:
             raise ProtocolError("secure aggregation needs at least 2 clients: the sum of one "
                                 "update is the update")
+        if 2 * needed <= group:
+            raise ProtocolError(
+                f"threshold = {self.threshold!r} needs only {needed} of {group} shares; it must "
+                f"exceed half the share group ({group // 2 + 1} or more), or a server that tells "
+                "two halves of the group different survivor lists collects both secrets of one "
+                "client")
         if needed > group:
             raise ProtocolError(
                 f"threshold = {self.threshold!r} needs {needed} shares but each client shares "
@@ -273,12 +281,15 @@ class SecAggStage:
         if len(u2) < needed:
             return abort(f"only {len(u2)} clients shared keys, threshold is {needed}")
 
-        # 4. shares: route each ciphertext to its recipient.
+        # 4. shares: route each ciphertext to its recipient; the server remembers what each
+        # client accepted, since that is whom it masks with.
+        routed: dict[str, set[str]] = {v: set() for v in u2}
         for v in u2:
             bundle = {u: outgoing[u][v] for u in u2 if v in outgoing[u]}
             data = send("shares", SERVER, v, _bytes_payload(bundle))
             if data is not None:
                 sessions[v].received = _payload_bytes(data, SERVER)
+                routed[v] = set(bundle)
 
         # 5. masked_input
         masked: dict[str, np.ndarray] = {}
@@ -329,8 +340,7 @@ class SecAggStage:
             data = send("unmask_request", SERVER, v, _json_payload({"survivors": u3,
                                                                    "dropped": gone}))
             if data is None or not engine.alive(v, round_, "unmask"):
-                dropped.setdefault(v, "included, but dropped before unmasking")
-                continue
+                continue  # still included: its input is in the sum, it just sends no shares
             request = _payload_json(data, SERVER)
             answer = self._answer(engine, round_, kind, s, request, needed)
             if answer is None:
@@ -362,7 +372,7 @@ class SecAggStage:
                              f"{t_u} needed; the masked sum stays masked")
             mask_key = private_from_bytes(reconstruct_bytes(shares, t_u, 32))
             for v in graph[u]:
-                if v not in masked or u not in sessions[v].received:
+                if v not in masked or u not in routed[v]:
                     continue
                 pair_seed = agree(mask_key, advertised[v]["s_pk"], _MASK)
                 mask = expand_seed(pair_seed, size, self.quantizer.bits)
