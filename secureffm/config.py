@@ -33,6 +33,10 @@ class RunConfig:
     protocol: str = "plaintext"
     threat_model: str = ""
     keep_payloads: bool = False
+    # DP overrides of the protocol's dp stage (0 keeps the spec's value).
+    target_epsilon: float = 0.0
+    delta: float = 0.0
+    noise_multiplier: float = 0.0
     data: str = "8gaussians-moons"
     clients: int = 2
     partition: str = "disjoint"
@@ -65,6 +69,20 @@ class RunConfig:
     def __post_init__(self) -> None:
         _validate(self)
 
+    def dp_overrides(self, settings):
+        """The protocol's DP settings with this run's non-zero overrides applied.
+
+        A run needs a target epsilon, a noise multiplier, or both (then the target is enforced
+        by stopping early).
+        """
+        changes = {key: getattr(self, key) for key in ("target_epsilon", "delta",
+                                                       "noise_multiplier") if getattr(self, key)}
+        resolved = dataclasses.replace(settings, **changes)
+        if resolved.target_epsilon is None and resolved.noise_multiplier is None:
+            raise ConfigError("the protocol's dp stage has neither target_epsilon nor "
+                              "noise_multiplier; pass --target-epsilon or --noise-multiplier")
+        return resolved
+
     def to_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
         data["nfe"] = list(self.nfe)
@@ -88,6 +106,9 @@ def _validate(c: RunConfig) -> None:
     need(c.ctransform_steps >= 0, "ctransform_steps", "must be >= 0")
     for key in ("lr", "potential_lr", "ctransform_lr", "dirichlet_alpha", "adaptive_tol"):
         need(getattr(c, key) > 0, key, "must be > 0")
+    for key in ("target_epsilon", "noise_multiplier"):
+        need(getattr(c, key) >= 0, key, "must be >= 0 (0 keeps the protocol's value)")
+    need(0 <= c.delta < 1, "delta", "must be in [0, 1) (0 keeps the protocol's value)")
     need(0.0 <= c.ema_decay < 1.0, "ema_decay", "must be in [0, 1); 0 disables the average")
     need(len(c.nfe) > 0 and all(int(n) >= 1 for n in c.nfe), "nfe", "list positive step counts")
     need(c.batch_size <= c.shard_size, "batch_size", "cannot exceed shard_size")

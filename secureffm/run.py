@@ -7,6 +7,7 @@ trajectories.png and w2_nfe.png.
 from __future__ import annotations
 
 import json
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -96,8 +97,14 @@ def run(config: RunConfig) -> RunResult:
         curves: dict[str, list[list[float]]] = {"loss": [], "dual": []}
         aborted = 0
         every = max(1, config.rounds // 200)
+        budget = (trainer.rounds_within_budget() if isinstance(trainer, FederatedFlowMatching)
+                  else config.rounds)
+        if budget < config.rounds:
+            print(f"secureffm: the privacy target allows {budget} of {config.rounds} rounds at "
+                  "this noise multiplier; training stops there and keeps the model",
+                  file=sys.stderr, flush=True)
         start = time.perf_counter()
-        bar = tqdm(range(1, config.rounds + 1), desc=f"{config.method} rounds",
+        bar = tqdm(range(1, budget + 1), desc=f"{config.method} rounds",
                    disable=not config.progress, unit="round", dynamic_ncols=True)
         for round_ in bar:
             report = trainer.train_round(round_)
@@ -126,14 +133,22 @@ def run(config: RunConfig) -> RunResult:
     x0 = pair.source.sample(config.trajectories, evaluator, device)[0]
     paths = trajectories(model, x0).cpu()
 
+    ledger = getattr(trainer, "ledger", None)
+    if ledger is not None:
+        privacy = ledger.report(trainer.dp.target_epsilon)
+        privacy["noise_multiplier"] = trainer.noise_multipliers
+        privacy["clip"] = trainer.dp.clip
+        privacy["enforced_by"] = trainer.dp.accountant
+        privacy["rounds_run"] = budget
+        (out / "privacy.json").write_text(json.dumps(privacy, indent=2))
     metrics = {
         "method": config.method,
         "protocol": load_protocol(config.protocol).name,
         "data": config.data,
         "clients": config.clients if config.method not in CENTRALIZED else 1,
-        "rounds": config.rounds,
+        "rounds": budget,
         "train_seconds": train_seconds,
-        "seconds_per_round": train_seconds / config.rounds,
+        "seconds_per_round": train_seconds / max(budget, 1),
         "eval": report.to_dict(),
         "messages": log.summary(),
         "aborted_aggregations": aborted,

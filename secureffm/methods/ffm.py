@@ -4,40 +4,50 @@ One round = one global step. The server broadcasts theta, each client couples a 
 source noise with a mini-batch of its shard and uploads its gradient; the server applies the
 lambda-weighted sum. GOT also keeps the global potential f_phi, updated every
 ``potential_every`` rounds from federated ``dual_update`` gradients.
+
+When the protocol asks for DP on a kind, clients compute those updates with DP-SGD (Poisson
+sampling at rate q = batch_size / shard size, per-example clipping, Gaussian noise) and the
+ledger records each invocation. Every per-example loss below depends on one data example only.
 """
 
 from __future__ import annotations
+
+import secrets
 
 import numpy as np
 import torch
 
 from ..config import RunConfig
 from ..data.pairs import DataPair
+from ..errors import ConfigError, ProtocolError
 from ..federation.engine import InProcessEngine
 from ..federation.parties import Client
 from ..models.mlp import PotentialMLP, VelocityMLP
 from ..models.params import flat_grad, load_flat_params
+from ..privacy.accounting import calibrate_noise, epsilon
+from ..privacy.dpsgd import DPGradient, PlainGradient, poisson_batch
+from ..privacy.ledger import LedgerEntry, PrivacyLedger
 from .couplings import ExactOTCoupling, IndependentCoupling, SemiDualCoupling
 from .flow_matching import flow_matching_loss
 from .global_model import GlobalModel
-from .semidual import semidual_value
+from .semidual import c_transform
 
-__all__ = ["FederatedFlowMatching", "velocity_gradient", "client_weights"]
+__all__ = ["FederatedFlowMatching", "client_weights", "velocity_gradient"]
 
-
-def _template(model: GlobalModel) -> dict:
-    """The payload a gradient upload must match: one flat float32 vector [P]."""
-    count = sum(p.numel() for p in model.module.parameters())
-    return {"gradient": ((count,), np.dtype(np.float32))}
+LOT_DP_REFUSAL = (
+    "method 'lot' cannot run under DP-SGD: its mini-batch OT plan couples every example with "
+    "every other, so adding or removing one example can change every pair and per-example "
+    "clipping does not bound the update's sensitivity. Use 'vanilla' or 'got' (whose pairs each "
+    "depend on one example), or a protocol without a 'dp' stage (docs/privacy.md)."
+)
 
 
 def velocity_gradient(model, coupling, x0, x1, generator) -> tuple[np.ndarray, float]:
     """Couple (x0, x1), take the mean flow matching loss, return (flat gradient [P], loss)."""
-    model.zero_grad(set_to_none=True)
+    estimator = PlainGradient(model)
     x0, x1 = coupling.couple(x0, x1, generator)
-    loss = flow_matching_loss(model, x0, x1, generator).mean()
-    loss.backward()
-    return flat_grad(model), float(loss.detach())
+    losses = flow_matching_loss(model, x0, x1, generator)
+    return estimator(losses, len(losses)), float(losses.detach().mean())
 
 
 def client_weights(clients: list[Client], weighting: str) -> dict[str, float]:
@@ -45,6 +55,12 @@ def client_weights(clients: list[Client], weighting: str) -> dict[str, float]:
     raw = {c.id: float(c.size) if weighting == "size" else 1.0 for c in clients}
     total = sum(raw.values())
     return {cid: w / total for cid, w in raw.items()}
+
+
+def _template(model: GlobalModel) -> dict:
+    """The payload a gradient upload must match: one flat float32 vector [P]."""
+    count = sum(p.numel() for p in model.module.parameters())
+    return {"gradient": ((count,), np.dtype(np.float32))}
 
 
 class FederatedFlowMatching:
@@ -64,14 +80,92 @@ class FederatedFlowMatching:
             self.potential = GlobalModel(
                 PotentialMLP(pair.dim, config.potential_hidden).to(device), config.potential_lr
             )
+        self.dp = self._dp_settings()
+        self.ledger = PrivacyLedger(self.dp.delta) if self.dp else None
+        self.noise_multipliers: dict[str, float] = {}
         for client in engine.clients:
-            client.state["velocity"] = VelocityMLP(pair.dim, config.hidden).to(device)
-            if self.potential is not None:
-                client.state["potential"] = PotentialMLP(pair.dim, config.potential_hidden).to(
-                    device)
-            client.state["coupling"] = self._coupling(client)
+            self._setup_client(client)
         if self.potential is not None:
             self.engine.broadcast(0, "global_potential", {"phi": self.potential.flat()})
+
+    # -- set-up --------------------------------------------------------------------------
+
+    def _dp_settings(self):
+        protocol = self.engine.protocol
+        kinds = ("gradient", "dual_update") if self.config.method == "got" else ("gradient",)
+        settings = [protocol.dp_for(kind) for kind in kinds]
+        if not any(settings):
+            return None
+        if self.config.method == "lot":
+            raise ConfigError(LOT_DP_REFUSAL)
+        unprotected = [k for k, s in zip(kinds, settings, strict=True) if s is None]
+        if unprotected:
+            raise ProtocolError(
+                f"protocol {protocol.name!r} applies DP to some updates but method "
+                f"{self.config.method!r} also sends {unprotected[0]!r} updates computed from "
+                f"client data; add {unprotected[0]!r} to the dp stage's 'protects'")
+        return self.config.dp_overrides(settings[0])
+
+    def planned_steps(self) -> dict[str, int]:
+        """DP mechanism invocations per client over the run, by message kind."""
+        steps = {"gradient": self.config.rounds}
+        if self.potential is not None:
+            steps["dual_update"] = self.config.rounds // self.config.potential_every
+        return steps
+
+    def rounds_within_budget(self) -> int:
+        """The most rounds every client can run without its epsilon exceeding the target
+        (all rounds when sigma was calibrated to the target, or when there is no target)."""
+        if self.dp is None or self.dp.target_epsilon is None:
+            return self.config.rounds
+        every = self.config.potential_every
+
+        def fits(rounds: int) -> bool:
+            for client in self.engine.clients:
+                schedule = [(self.noise_multipliers[client.id], client.state["rate"], rounds)]
+                if self.potential is not None:
+                    schedule.append((schedule[0][0], schedule[0][1], rounds // every))
+                if epsilon(schedule, self.dp.delta, self.dp.accountant) > self.dp.target_epsilon:
+                    return False
+            return True
+
+        low, high = 0, self.config.rounds
+        if fits(high):
+            return high
+        while high - low > 1:
+            mid = (low + high) // 2
+            low, high = (mid, high) if fits(mid) else (low, mid)
+        return low
+
+    def _setup_client(self, client: Client) -> None:
+        c = self.config
+        velocity = VelocityMLP(self.pair.dim, c.hidden).to(self.device)
+        client.state["velocity"] = velocity
+        if self.potential is not None:
+            potential = PotentialMLP(self.pair.dim, c.potential_hidden).to(self.device)
+            client.state["potential"] = potential
+            client.state["potential_public"] = PotentialMLP(self.pair.dim,
+                                                            c.potential_hidden).to(self.device)
+        client.state["coupling"] = self._coupling(client)
+        if self.dp is None:
+            client.state["velocity_grad"] = PlainGradient(velocity)
+            if self.potential is not None:
+                client.state["dual_grad"] = PlainGradient(potential)
+            return
+        rate = min(1.0, c.batch_size / client.size)
+        sigma = self.dp.noise_multiplier or calibrate_noise(
+            self.dp.target_epsilon, self.dp.delta,
+            [(rate, n) for n in self.planned_steps().values()], self.dp.accountant)
+        self.noise_multipliers[client.id] = sigma
+        # Sampling and noise must be unpredictable: never derived from the published seed.
+        secret = torch.Generator(device=self.device).manual_seed(secrets.randbits(63))
+        client.state["dp_rng"] = secret
+        client.state["rate"] = rate
+        client.state["velocity_grad"] = DPGradient(velocity, self.dp.clip, sigma,
+                                                   rate * client.size, secret)
+        if self.potential is not None:
+            client.state["dual_grad"] = DPGradient(potential, self.dp.clip, sigma,
+                                                   rate * client.size, secret)
 
     def _coupling(self, client: Client):
         if self.config.method == "vanilla":
@@ -80,42 +174,70 @@ class FederatedFlowMatching:
             return ExactOTCoupling()
         return SemiDualCoupling(client.state["potential"])
 
+    # -- client side ---------------------------------------------------------------------
+
     def _source(self, client: Client, n: int) -> torch.Tensor:
         return self.pair.source.sample(n, client.generator, self.device)[0]
+
+    def _batch(self, client: Client) -> torch.Tensor:
+        """Poisson sampling under DP (rate q, secret stream), else a uniform mini-batch."""
+        if self.dp is None:
+            return client.minibatch(self.config.batch_size)
+        return poisson_batch(client.data, client.state["rate"], client.state["dp_rng"])
+
+    def _record(self, client: Client, kind: str, round_: int) -> None:
+        if self.ledger is not None:
+            self.ledger.record(LedgerEntry(client.id, kind, round_, client.state["rate"],
+                                           self.noise_multipliers[client.id], self.dp.clip))
 
     def _sync(self, client: Client) -> None:
         """Load the latest broadcast parameters into the client's replicas."""
         load_flat_params(client.state["velocity"], client.inbox["global_model"]["theta"])
         if "global_potential" in client.inbox:
-            load_flat_params(client.state["potential"], client.inbox["global_potential"]["phi"])
+            phi = client.inbox["global_potential"]["phi"]
+            load_flat_params(client.state["potential"], phi)
+            load_flat_params(client.state["potential_public"], phi)
 
-    def _client_velocity(self, client: Client) -> dict[str, np.ndarray]:
+    def _client_velocity(self, client: Client, round_: int) -> dict[str, np.ndarray]:
         self._sync(client)
-        n0 = self.config.candidates if self.config.method == "got" else self.config.batch_size
-        x1 = client.minibatch(self.config.batch_size)
-        grad, loss = velocity_gradient(client.state["velocity"], client.state["coupling"],
-                                       self._source(client, n0), x1, client.generator)
-        client.state["last_loss"] = loss
+        x1 = self._batch(client)
+        n0 = self.config.candidates if self.config.method == "got" else len(x1)
+        x0, x1 = client.state["coupling"].couple(self._source(client, n0), x1, client.generator)
+        estimator = client.state["velocity_grad"]
+        losses = flow_matching_loss(estimator.forward_module, x0, x1, client.generator)
+        grad = estimator(losses, len(losses))
+        self._record(client, "gradient", round_)
+        client.state["last_loss"] = float(losses.detach().mean()) if len(losses) else 0.0
         return {"gradient": grad}
 
-    def _client_dual(self, client: Client) -> dict[str, np.ndarray]:
-        potential = client.state["potential"]
-        potential.zero_grad(set_to_none=True)
+    def _client_dual(self, client: Client, round_: int) -> dict[str, np.ndarray]:
+        """Ascent on the semi-dual: per-example -f^c(x1_j) under the client's estimator (DP
+        when asked), plus -E f(x0) over public source draws on a plain replica."""
         c = self.config
-        x1 = client.minibatch(c.batch_size)
-        value = semidual_value(potential, self._source(client, c.batch_size),
-                               self._source(client, c.candidates), x1,
-                               c.ctransform_steps, c.ctransform_lr)
-        (-value).backward()
-        client.state["last_dual"] = float(value.detach())
-        return {"gradient": flat_grad(potential)}
+        x1 = self._batch(client)
+        estimator = client.state["dual_grad"]
+        data_terms = -c_transform(estimator.forward_module, self._source(client, c.candidates),
+                                  x1, c.ctransform_steps, c.ctransform_lr)
+        grad = estimator(data_terms, len(data_terms))
+        self._record(client, "dual_update", round_)
+        public = client.state["potential_public"]
+        public.zero_grad(set_to_none=True)
+        source_term = public(self._source(client, c.batch_size)).mean()
+        (-source_term).backward()
+        grad = grad + flat_grad(public)
+        fc_mean = float(-data_terms.detach().mean()) if len(data_terms) else 0.0
+        client.state["last_dual"] = float(source_term.detach()) + fc_mean
+        return {"gradient": grad}
+
+    # -- rounds --------------------------------------------------------------------------
 
     def train_round(self, round_: int) -> dict[str, float]:
         """One communication round; returns the clients' mean diagnostics (simulator's view)
         and ``aborted`` = 1 for each aggregation that aborted (the model then stays put)."""
         self.engine.broadcast(round_, "global_model", {"theta": self.velocity.flat()})
-        update = self.engine.aggregate(round_, "gradient", self._client_velocity, self.weights,
-                                       _template(self.velocity))
+        update = self.engine.aggregate(round_, "gradient",
+                                       lambda client: self._client_velocity(client, round_),
+                                       self.weights, _template(self.velocity))
         report = {"aborted": 0.0}
         if update.payload is not None:
             self.velocity.apply(update.payload["gradient"])
@@ -123,8 +245,9 @@ class FederatedFlowMatching:
         else:
             report["aborted"] += 1
         if self.potential is not None and round_ % self.config.potential_every == 0:
-            dual = self.engine.aggregate(round_, "dual_update", self._client_dual, self.weights,
-                                         _template(self.potential))
+            dual = self.engine.aggregate(round_, "dual_update",
+                                         lambda client: self._client_dual(client, round_),
+                                         self.weights, _template(self.potential))
             if dual.payload is not None:
                 self.potential.apply(dual.payload["gradient"])
                 self.engine.broadcast(round_, "global_potential", {"phi": self.potential.flat()})
@@ -142,4 +265,6 @@ class FederatedFlowMatching:
         state = {"velocity": self.velocity.state_dict()}
         if self.potential is not None:
             state["potential"] = self.potential.state_dict()
+        if self.ledger is not None:
+            state["ledger"] = self.ledger.state_dict()
         return state

@@ -92,7 +92,7 @@ def load_protocol(name_or_path: str) -> Protocol:
 
 
 def _register_builtin_stages() -> None:
-    from . import secagg  # noqa: F401  (registers the stage)
+    from . import dp, secagg  # noqa: F401  (they register their stages)
 
 
 class Protocol:
@@ -112,8 +112,14 @@ class Protocol:
                 raise ProtocolError(f"protocol spec {spec.source}: stages[{index}] names unknown "
                                     f"stage {name!r}; known stages: {known}")
             self.stages.append(STAGES[name].from_table(table, f"{spec.source} stages[{index}]"))
+        dp_stages = [s for s in self.stages if s.name == "dp"]
+        if len(dp_stages) > 1:
+            raise ProtocolError(f"protocol spec {spec.source}: more than one 'dp' stage")
+        self.dp = dp_stages[0] if dp_stages else None
         self._by_kind = {}
         for stage in self.stages:
+            if stage is self.dp:
+                continue
             for kind in stage.protects:
                 if kind in self._by_kind:
                     raise ProtocolError(f"protocol spec {spec.source}: kind {kind!r} is "
@@ -126,10 +132,9 @@ class Protocol:
         for stage in self.stages:
             stage.validate_for(clients)
 
-    def stages_for(self, kind: str) -> tuple[str, ...]:
-        """Names of the stages that protect ``kind`` (empty: it travels in the clear)."""
-        stage = self._by_kind.get(kind)
-        return (stage.name,) if stage else ()
+    def dp_for(self, kind: str):
+        """The DP settings clients must train ``kind`` updates with, or None."""
+        return self.dp.settings if self.dp and kind in self.dp.protects else None
 
     def decode_public(self, data: bytes, sender: str) -> Payload:
         """Decode a message every recipient may read (server broadcasts)."""
@@ -138,15 +143,17 @@ class Protocol:
     def aggregate(self, engine: InProcessEngine, round_: int, kind: str,
                   compute: Callable[[Client], Payload], weights: dict[str, float],
                   template: Template) -> Aggregate:
+        prior = ("dp",) if self.dp_for(kind) else ()
         stage = self._by_kind.get(kind)
         if stage is not None:
-            return stage.aggregate(engine, round_, kind, compute, weights, template)
-        return plain_aggregate(engine, round_, kind, compute, weights, template)
+            return stage.aggregate(engine, round_, kind, compute, weights, template, prior)
+        return plain_aggregate(engine, round_, kind, compute, weights, template, prior)
 
 
-def plain_aggregate(engine, round_, kind, compute, weights, template) -> Aggregate:
-    """Every client uploads its payload in the clear; the server checks each one against
-    ``template``, leaves out (and names) the bad ones, and averages the rest with weights."""
+def plain_aggregate(engine, round_, kind, compute, weights, template, prior=()) -> Aggregate:
+    """Every client uploads its payload in the clear (``prior``: stages already applied, such
+    as ``dp``); the server checks each one against ``template``, leaves out (and names) the bad
+    ones, and averages the rest with weights."""
     from ..federation.engine import Aggregate
 
     reference = {name: np.zeros(shape, dtype) for name, (shape, dtype) in template.items()}
@@ -156,7 +163,7 @@ def plain_aggregate(engine, round_, kind, compute, weights, template) -> Aggrega
             dropped[client.id] = "offline at phase upload"
             continue
         data = engine.send(round_, "upload", kind, client.id, "server",
-                           serialize_payload(compute(client)))
+                           serialize_payload(compute(client)), prior)
         if data is None:
             dropped[client.id] = "its upload was rejected or never arrived"
             continue

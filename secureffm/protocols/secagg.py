@@ -186,7 +186,7 @@ class SecAggStage:
 
     # -- one aggregation -------------------------------------------------------------------
 
-    def aggregate(self, engine, round_, kind, compute, weights, template):
+    def aggregate(self, engine, round_, kind, compute, weights, template, prior=()):
         from ..federation.engine import Aggregate
 
         ids = [c.id for c in engine.clients]
@@ -198,7 +198,7 @@ class SecAggStage:
         size = sum(int(np.prod(shape)) for shape, _ in template.values())
         wire = np.uint32 if self.quantizer.bits <= 32 else np.uint64
         dropped: dict[str, str] = {}
-        stages = (self.name,)
+        stages = (*prior, self.name)
 
         def send(phase, sender, recipient, data):
             return engine.send(round_, phase, kind, sender, recipient, data, stages)

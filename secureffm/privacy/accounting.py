@@ -1,0 +1,53 @@
+"""Epsilon of a schedule of subsampled Gaussian mechanisms, through Opacus' accountants.
+
+A schedule is a list of (noise_multiplier, sample_rate, steps): Opacus' accountant history.
+Mechanisms that share a client's data compose, so one client's whole schedule (velocity
+gradients and, in GOT, dual updates) is accounted together.
+"""
+
+from __future__ import annotations
+
+from opacus.accountants import PRVAccountant, RDPAccountant
+
+from ..errors import ConfigError
+
+__all__ = ["epsilon", "calibrate_noise", "ACCOUNTANTS", "Schedule"]
+
+Schedule = list[tuple[float, float, int]]
+ACCOUNTANTS = ("rdp", "prv")
+
+
+def epsilon(schedule: Schedule, delta: float, accountant: str = "rdp") -> float:
+    """epsilon at ``delta`` of the composed ``schedule`` (0 for an empty schedule)."""
+    steps = [(s, q, n) for s, q, n in schedule if n > 0]
+    if not steps:
+        return 0.0
+    if accountant not in ACCOUNTANTS:
+        raise ConfigError(f"accountant = {accountant!r}; choose one of {', '.join(ACCOUNTANTS)}")
+    acc = RDPAccountant() if accountant == "rdp" else PRVAccountant()
+    acc.history = [(float(s), float(q), int(n)) for s, q, n in steps]
+    return float(acc.get_epsilon(delta))
+
+
+def calibrate_noise(target: float, delta: float, plan: list[tuple[float, int]],
+                    accountant: str = "rdp", tolerance: float = 1e-3) -> float:
+    """The smallest noise multiplier sigma (to ``tolerance``) with which every mechanism of
+    ``plan`` [(sample_rate, steps)], all run at sigma, composes to at most ``target``.
+
+    Opacus' ``get_noise_multiplier`` calibrates a single (rate, steps) pair; this bisects the
+    same accountant over the composed schedule.
+    """
+    def eps(sigma: float) -> float:
+        return epsilon([(sigma, q, n) for q, n in plan], delta, accountant)
+
+    low, high = 0.05, 1.0
+    while eps(high) > target:
+        low, high = high, high * 2
+        if high > 1e4:
+            raise ConfigError(f"target_epsilon = {target} at delta = {delta} needs a noise "
+                              "multiplier above 10^4 for this schedule; raise the target or "
+                              "lower the number of rounds")
+    while high - low > tolerance:
+        mid = (low + high) / 2
+        low, high = (mid, high) if eps(mid) > target else (low, mid)
+    return high

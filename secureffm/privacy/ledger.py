@@ -1,0 +1,74 @@
+"""The privacy ledger: every DP mechanism each client ran, and the epsilon it has spent."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import asdict, dataclass
+
+from .accounting import Schedule, epsilon
+
+__all__ = ["LedgerEntry", "PrivacyLedger"]
+
+
+@dataclass(frozen=True)
+class LedgerEntry:
+    """One run of the subsampled Gaussian mechanism on one client's data.
+
+    ``sample_rate``: Poisson rate q; ``noise_multiplier``: sigma (noise std = sigma * clip);
+    ``clip``: per-example L2 bound C; ``steps``: consecutive identical invocations.
+    """
+
+    client: str
+    kind: str
+    round: int
+    sample_rate: float
+    noise_multiplier: float
+    clip: float
+    steps: int = 1
+
+
+class PrivacyLedger:
+    """Appends entries and answers epsilon per client and per message kind."""
+
+    def __init__(self, delta: float):
+        self.delta = delta
+        self.entries: list[LedgerEntry] = []
+        self._schedules: dict[str, dict[str, Schedule]] = defaultdict(lambda: defaultdict(list))
+
+    def record(self, entry: LedgerEntry) -> None:
+        self.entries.append(entry)
+        schedule = self._schedules[entry.client][entry.kind]
+        step = (entry.noise_multiplier, entry.sample_rate)
+        if schedule and schedule[-1][:2] == step:
+            schedule[-1] = (*step, schedule[-1][2] + entry.steps)
+        else:
+            schedule.append((*step, entry.steps))
+
+    def schedule(self, client: str, kinds: tuple[str, ...] | None = None) -> Schedule:
+        """The client's composed history, restricted to ``kinds`` when given."""
+        by_kind = self._schedules[client]
+        return [step for kind, steps in by_kind.items()
+                if kinds is None or kind in kinds for step in steps]
+
+    def epsilon(self, client: str, accountant: str = "rdp",
+                kinds: tuple[str, ...] | None = None) -> float:
+        return epsilon(self.schedule(client, kinds), self.delta, accountant)
+
+    def clients(self) -> list[str]:
+        return sorted(self._schedules)
+
+    def report(self, target: float | None) -> dict:
+        """epsilon per client, overall and per kind, from the RDP and PRV accountants."""
+        clients = {}
+        for client in self.clients():
+            kinds = sorted(self._schedules[client])
+            row = {acc: {"total": self.epsilon(client, acc),
+                         "by_kind": {k: self.epsilon(client, acc, (k,)) for k in kinds}}
+                   for acc in ("rdp", "prv")}
+            row["schedule"] = {k: [list(s) for s in self._schedules[client][k]] for k in kinds}
+            row["target_held"] = None if target is None else row["rdp"]["total"] <= target
+            clients[client] = row
+        return {"delta": self.delta, "target_epsilon": target, "clients": clients}
+
+    def state_dict(self) -> dict:
+        return {"delta": self.delta, "entries": [asdict(e) for e in self.entries]}

@@ -1,0 +1,96 @@
+"""The ``dp`` stage: client-side DP-SGD (through Opacus) on every update of the kinds it
+protects. It sends no messages of its own: it changes how a client computes its update, and the
+privacy ledger accounts for every invocation.
+
+Spec keys: ``protects`` (kinds), ``clip`` (per-example L2 bound C), ``delta``, and either
+``target_epsilon`` (sigma is calibrated per client for the run's planned steps) or
+``noise_multiplier`` (sigma fixed; with a target too, training stops before the target is
+exceeded), ``noise`` (``local``: each client's update is DP on its own), ``accountant``
+(``rdp`` enforces the budget; PRV is always reported beside it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..errors import ProtocolError
+from .protocol import register_stage
+
+__all__ = ["DPStage", "DPSettings"]
+
+_KEYS = {"stage", "protects", "clip", "delta", "target_epsilon", "noise_multiplier", "noise",
+         "accountant"}
+
+
+@dataclass(frozen=True)
+class DPSettings:
+    """The resolved DP parameters of a run (spec values overridden by the run config)."""
+
+    clip: float
+    delta: float
+    target_epsilon: float | None
+    noise_multiplier: float | None
+    accountant: str
+
+
+@register_stage
+class DPStage:
+    """Marks kinds whose updates clients compute with DP-SGD; see the module docstring."""
+
+    name = "dp"
+    phases = ()
+    can_protect = frozenset({"gradient", "dual_update", "update"})
+
+    def __init__(self, protects: tuple[str, ...], settings: DPSettings):
+        self.protects = protects
+        self.settings = settings
+
+    @classmethod
+    def from_table(cls, table: dict, source: str) -> DPStage:
+        unknown = sorted(set(table) - _KEYS)
+        if unknown:
+            raise ProtocolError(f"{source}: unknown key {unknown[0]!r} for stage 'dp'; "
+                                f"allowed: {', '.join(sorted(_KEYS - {'stage'}))}")
+        for key in ("protects", "clip", "delta"):
+            if key not in table:
+                raise ProtocolError(f"{source}: stage 'dp' needs {key!r}")
+        protects = tuple(table["protects"])
+        refused = sorted(set(protects) - cls.can_protect)
+        if refused:
+            raise ProtocolError(
+                f"{source}: stage 'dp' cannot protect kind {refused[0]!r}: DP-SGD privatizes "
+                f"gradient-like updates ({', '.join(sorted(cls.can_protect))}); a {refused[0]!r} "
+                "message needs its own mechanism")
+        noise = table.get("noise", "local")
+        if noise != "local":
+            raise ProtocolError(
+                f"{source}: noise = {noise!r}: only 'local' noise (each client's update is DP "
+                "on its own) is implemented in this version; distributed noise is not")
+        settings = DPSettings(
+            clip=_positive(table["clip"], "clip", source),
+            delta=_positive(table["delta"], "delta", source),
+            target_epsilon=_optional(table.get("target_epsilon"), "target_epsilon", source),
+            noise_multiplier=_optional(table.get("noise_multiplier"), "noise_multiplier",
+                                       source),
+            accountant=table.get("accountant", "rdp"),
+        )
+        if settings.delta >= 1:
+            raise ProtocolError(f"{source}: delta = {settings.delta}; it must be below 1 "
+                                "(and well below 1/n for n examples per client)")
+        if settings.accountant not in ("rdp", "prv"):
+            raise ProtocolError(f"{source}: accountant = {settings.accountant!r}; use 'rdp' "
+                                "or 'prv'")
+        return cls(protects, settings)
+
+    def validate_for(self, clients: int) -> None:
+        """Local noise does not depend on the number of clients."""
+
+
+def _positive(value, key: str, source: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+        raise ProtocolError(f"{source}: {key} = {value!r}; give a positive number")
+    return float(value)
+
+
+def _optional(value, key: str, source: str) -> float | None:
+    return None if value is None else _positive(value, key, source)

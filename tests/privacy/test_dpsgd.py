@@ -1,0 +1,66 @@
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from secureffm.errors import ConfigError
+from secureffm.models import VelocityMLP
+from secureffm.privacy import DPGradient, PlainGradient, poisson_batch
+
+
+def losses_of(module, x, t, y):
+    return (module(x, t) - y).pow(2).mean(1)
+
+
+def batch(n=64, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(n, 2, generator=g), torch.rand(n, generator=g),
+            torch.randn(n, 2, generator=g))
+
+
+def test_without_clipping_or_noise_dp_equals_the_plain_gradient():
+    torch.manual_seed(0)
+    model = VelocityMLP(2, 16)
+    x, t, y = batch()
+    plain = PlainGradient(model)(losses_of(model, x, t, y), 64)
+    dp = DPGradient(model, clip=1e9, noise_multiplier=0.0, expected_batch=64,
+                    generator=torch.Generator())
+    np.testing.assert_allclose(dp(losses_of(dp.forward_module, x, t, y), 64), plain, atol=1e-6)
+
+
+def test_each_example_contributes_at_most_clip():
+    torch.manual_seed(0)
+    model = VelocityMLP(2, 16)
+    x, t, y = batch()
+    dp = DPGradient(model, clip=0.05, noise_multiplier=0.0, expected_batch=64,
+                    generator=torch.Generator())
+    grad = dp(1e4 * losses_of(dp.forward_module, x, t, y), 64)
+    assert np.linalg.norm(grad) <= 0.05 * 64 / 64 + 1e-6
+    # One example alone moves the sum by at most C: the sensitivity DP-SGD is accounted for.
+    single = dp(1e4 * losses_of(dp.forward_module, x[:1], t[:1], y[:1]), 1)
+    assert np.linalg.norm(single * 64) <= 0.05 + 1e-6
+
+
+def test_noise_has_the_accounted_standard_deviation():
+    torch.manual_seed(0)
+    model = VelocityMLP(2, 64)
+    x, t, y = batch()
+    dp = DPGradient(model, clip=2.0, noise_multiplier=1.5, expected_batch=50,
+                    generator=torch.Generator().manual_seed(3))
+    grad = dp(0.0 * losses_of(dp.forward_module, x, t, y), 64)  # zero per-example gradients
+    assert grad.std() == pytest.approx(1.5 * 2.0 / 50, rel=0.05)
+    empty = dp(losses_of(dp.forward_module, x[:0], t[:0], y[:0]), 0)
+    assert empty.std() == pytest.approx(1.5 * 2.0 / 50, rel=0.05)
+
+
+def test_poisson_batch_size_is_binomial():
+    data = torch.arange(10_000).float()[:, None]
+    sizes = [len(poisson_batch(data, 0.03, torch.Generator().manual_seed(s))) for s in range(200)]
+    assert np.mean(sizes) == pytest.approx(300, rel=0.02)
+    assert np.std(sizes) == pytest.approx(np.sqrt(10_000 * 0.03 * 0.97), rel=0.2)
+
+
+def test_a_layer_opacus_cannot_handle_is_refused_with_its_explanation():
+    model = nn.Sequential(nn.Linear(2, 4), nn.BatchNorm1d(4), nn.Linear(4, 2))
+    with pytest.raises(ConfigError, match="BatchNorm"):
+        DPGradient(model, 1.0, 1.0, 10, torch.Generator())
