@@ -109,8 +109,9 @@ def run(config: RunConfig) -> RunResult:
         for round_ in bar:
             report = trainer.train_round(round_)
             aborted += int(report.pop("aborted", 0))
-            if "loss" in report and (round_ % every == 0 or round_ == config.rounds):
-                curves["loss"].append([round_, report["loss"]])
+            if round_ % every == 0 or round_ == budget:
+                if "loss" in report:
+                    curves["loss"].append([round_, report["loss"]])
                 bar.set_postfix({**{k: f"{v:.3f}" for k, v in report.items()},
                                  "aborted": aborted})
             if "dual" in report:

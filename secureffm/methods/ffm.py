@@ -239,9 +239,12 @@ class FederatedFlowMatching:
                                        lambda client: self._client_velocity(client, round_),
                                        self.weights, _template(self.velocity))
         report = {"aborted": 0.0}
+        # Client losses are not privatized: under DP the simulator does not report them.
+        diagnostics = self.dp is None
         if update.payload is not None:
             self.velocity.apply(update.payload["gradient"])
-            report["loss"] = self._mean_state("last_loss", update.included)
+            if diagnostics:
+                report["loss"] = self._mean_state("last_loss", update.included)
         else:
             report["aborted"] += 1
         if self.potential is not None and round_ % self.config.potential_every == 0:
@@ -251,7 +254,8 @@ class FederatedFlowMatching:
             if dual.payload is not None:
                 self.potential.apply(dual.payload["gradient"])
                 self.engine.broadcast(round_, "global_potential", {"phi": self.potential.flat()})
-                report["dual"] = self._mean_state("last_dual", dual.included)
+                if diagnostics:
+                    report["dual"] = self._mean_state("last_dual", dual.included)
             else:
                 report["aborted"] += 1
         return report
