@@ -40,6 +40,7 @@ from secureffm.protocols import flatten, load_protocol
 from secureffm.protocols.crypto import agree, new_key_pair
 from secureffm.protocols.prg import expand_seed, keystream_throughput
 from secureffm.protocols.secagg import PHASES
+from secureffm.reporting import write_block
 
 CLIENTS = (2, 10, 50)
 SIZES = (10**4, 10**6)
@@ -439,17 +440,6 @@ def _breakdown(root: Path, n: int, d: int, protocol: str, top: int) -> tuple[str
 # -- output ---------------------------------------------------------------------------------
 
 
-def _write_block(doc: Path, name: str, text: str) -> None:
-    begin, end = f"<!-- {name}:begin -->", f"<!-- {name}:end -->"
-    current = doc.read_text() if doc.exists() else f"# Benchmarks\n\n{begin}\n{end}\n"
-    if begin not in current:
-        current += f"\n{begin}\n{end}\n"
-    head, rest = current.split(begin, 1)
-    tail = rest.split(end, 1)[1]
-    doc.parent.mkdir(parents=True, exist_ok=True)
-    doc.write_text(f"{head}{begin}\n{text}\n{end}{tail}")
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     parser.add_argument("--repeats", type=int, default=5,
@@ -557,7 +547,7 @@ def main() -> None:
     ])
     print(text)
     if args.out:
-        _write_block(args.out, "secagg", text)
+        write_block(args.out, "secagg", text, title="# Benchmarks")
         _say(f"wrote {args.out}")
 
 

@@ -28,6 +28,7 @@ from secureffm.data import get_pair  # noqa: E402
 from secureffm.metrics.sampling import trajectories  # noqa: E402
 from secureffm.metrics.w2 import w2  # noqa: E402
 from secureffm.plots import plot_w2_nfe  # noqa: E402
+from secureffm.reporting import mean_std, write_block  # noqa: E402
 from secureffm.run import load_velocity, run  # noqa: E402
 
 # Variant name -> (method, config overrides). got-phi1e-3 shows how much of GOT's result is the
@@ -62,10 +63,6 @@ def _one(job: tuple[str, int, dict]) -> dict:
     return metrics
 
 
-def _mean_std(values: list[float]) -> tuple[float, float]:
-    return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else 0.0
-
-
 def _table(results: dict[str, list[dict]], nfes: list[str]) -> str:
     head = ("| method | " + " | ".join(f"NFE {n}" for n in nfes)
             + " | dopri5 W2 (NFE) | straightness | ms/round |")
@@ -73,11 +70,11 @@ def _table(results: dict[str, list[dict]], nfes: list[str]) -> str:
     for method, runs in results.items():
         cells = []
         for n in nfes:
-            mean, std = _mean_std([r["eval"]["w2"][n] for r in runs])
+            mean, std = mean_std([r["eval"]["w2"][n] for r in runs])
             cells.append(f"{mean:.3f} ± {std:.3f}")
-        ad_w2 = _mean_std([r["eval"]["adaptive"]["w2"] for r in runs])
+        ad_w2 = mean_std([r["eval"]["adaptive"]["w2"] for r in runs])
         ad_nfe = statistics.fmean(r["eval"]["adaptive"]["nfe"] for r in runs)
-        straight = _mean_std([r["eval"]["straightness"] for r in runs])
+        straight = mean_std([r["eval"]["straightness"] for r in runs])
         ms = statistics.fmean(1000 * r["seconds_per_round"] for r in runs)
         lines.append(f"| {LABELS[method]} | " + " | ".join(cells)
                      + f" | {ad_w2[0]:.3f} ± {ad_w2[1]:.3f} ({ad_nfe:.0f}) "
@@ -104,16 +101,6 @@ def _trajectory_grid(root: Path, methods: list[str], seed: int, data: str, path:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
-
-
-def _write_block(doc: Path, name: str, text: str) -> None:
-    begin, end = f"<!-- {name}:begin -->", f"<!-- {name}:end -->"
-    current = doc.read_text() if doc.exists() else f"# Results\n\n{begin}\n{end}\n"
-    if begin not in current:
-        current += f"\n{begin}\n{end}\n"
-    head, rest = current.split(begin, 1)
-    tail = rest.split(end, 1)[1]
-    doc.write_text(f"{head}{begin}\n{text}\n{end}{tail}")
 
 
 def main() -> None:
@@ -145,7 +132,7 @@ def main() -> None:
     name = f"ffm_2d_{args.data}"
     curves, errors = {}, {}
     for method, runs in results.items():
-        stats = {int(n): _mean_std([r["eval"]["w2"][n] for r in runs]) for n in nfes}
+        stats = {int(n): mean_std([r["eval"]["w2"][n] for r in runs]) for n in nfes}
         curves[LABELS[method]] = {n: s[0] for n, s in stats.items()}
         errors[LABELS[method]] = {n: s[1] for n, s in stats.items()}
     plot_w2_nfe(figures / f"{name}_w2_nfe.png", curves,
@@ -166,7 +153,7 @@ def main() -> None:
         + f"\n\n![W2 against NFE](figures/{name}_w2_nfe.png)\n"
         f"![trajectories](figures/{name}_trajectories.png)\n"
     )
-    _write_block(docs / "results.md", name, text)
+    write_block(docs / "results.md", name, text)
     print(text)
 
 
