@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
@@ -85,21 +86,24 @@ def _table(results: dict[str, list[dict]], nfes: list[str]) -> str:
 def _trajectory_grid(root: Path, methods: list[str], seed: int, data: str, path: Path) -> None:
     pair = get_pair(data)
     gen = torch.Generator().manual_seed(1234)
-    x0 = pair.source.sample(600, gen, torch.device("cpu"))[0]
+    x0 = pair.source.sample(400, gen, torch.device("cpu"))[0]
     target = pair.target.sample(3000, gen, torch.device("cpu"))[0]
-    fig, axes = plt.subplots(1, len(methods), figsize=(4 * len(methods), 4.2),
-                             sharex=True, sharey=True)
-    for ax, method in zip(axes, methods, strict=True):
+    cols = math.ceil(len(methods) / 2)
+    fig, axes = plt.subplots(2, cols, figsize=(4 * cols, 8.4), sharex=True, sharey=True)
+    for ax in axes.flat[len(methods):]:
+        ax.axis("off")
+    for ax, method in zip(axes.flat, methods, strict=False):
         paths = trajectories(load_velocity(root / f"{method}-s{seed}"), x0).numpy()
-        ax.scatter(target[:, 0], target[:, 1], s=1, color="lightgray")
-        ax.plot(paths[:, :, 0], paths[:, :, 1], color="olive", alpha=0.2, linewidth=0.5)
+        ax.scatter(target[:, 0], target[:, 1], s=1, color="lightgray", alpha=0.5)
+        ax.plot(paths[:, :, 0], paths[:, :, 1], color="olive", alpha=0.25, linewidth=0.5)
         ax.scatter(paths[0, :, 0], paths[0, :, 1], s=2, color="black")
-        ax.scatter(paths[-1, :, 0], paths[-1, :, 1], s=2, color="tab:blue")
+        ax.scatter(paths[-1, :, 0], paths[-1, :, 1], s=3, color="tab:blue", zorder=3)
         ax.set_title(LABELS[method])
         ax.set_aspect("equal")
-    fig.suptitle(f"{data}: learned trajectories (seed {seed}; black x0, blue x1, gray target)")
+    fig.suptitle(f"{data}: learned trajectories, 100 Euler steps (seed {seed}; black x0, "
+                 "blue x1, gray target)")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=90)
     plt.close(fig)
 
 
