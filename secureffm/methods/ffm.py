@@ -23,7 +23,7 @@ from ..errors import ConfigError, ProtocolError
 from ..federation.engine import InProcessEngine
 from ..federation.parties import Client
 from ..models.mlp import PotentialMLP, VelocityMLP
-from ..models.params import flat_grad, load_flat_params
+from ..models.params import load_flat_params
 from ..privacy.accounting import calibrate_noise, epsilon
 from ..privacy.dpsgd import DPGradient, PlainGradient, poisson_batch
 from ..privacy.ledger import LedgerEntry, PrivacyLedger
@@ -144,8 +144,6 @@ class FederatedFlowMatching:
         if self.potential is not None:
             potential = PotentialMLP(self.pair.dim, c.potential_hidden).to(self.device)
             client.state["potential"] = potential
-            client.state["potential_public"] = PotentialMLP(self.pair.dim,
-                                                            c.potential_hidden).to(self.device)
         client.state["coupling"] = self._coupling(client)
         if self.dp is None:
             client.state["velocity_grad"] = PlainGradient(velocity)
@@ -163,9 +161,9 @@ class FederatedFlowMatching:
         client.state["rate"] = rate
         client.state["velocity_grad"] = DPGradient(velocity, self.dp.clip, sigma,
                                                    rate * client.size, secret)
-        if self.potential is not None:
+        if self.potential is not None:  # its per-example loss evaluates f at two points
             client.state["dual_grad"] = DPGradient(potential, self.dp.clip, sigma,
-                                                   rate * client.size, secret)
+                                                   rate * client.size, secret, mode="hooks")
 
     def _coupling(self, client: Client):
         if self.config.method == "vanilla":
@@ -194,9 +192,7 @@ class FederatedFlowMatching:
         """Load the latest broadcast parameters into the client's replicas."""
         load_flat_params(client.state["velocity"], client.inbox["global_model"]["theta"])
         if "global_potential" in client.inbox:
-            phi = client.inbox["global_potential"]["phi"]
-            load_flat_params(client.state["potential"], phi)
-            load_flat_params(client.state["potential_public"], phi)
+            load_flat_params(client.state["potential"], client.inbox["global_potential"]["phi"])
 
     def _client_velocity(self, client: Client, round_: int) -> dict[str, np.ndarray]:
         self._sync(client)
@@ -211,22 +207,19 @@ class FederatedFlowMatching:
         return {"gradient": grad}
 
     def _client_dual(self, client: Client, round_: int) -> dict[str, np.ndarray]:
-        """Ascent on the semi-dual: per-example -f^c(x1_j) under the client's estimator (DP
-        when asked), plus -E f(x0) over public source draws on a plain replica."""
+        """Ascent on the semi-dual: per example j, loss_j = -(f(x0_j) + f^c(x1_j)) with x0_j a
+        fresh public source draw, so each term (and each clipped gradient under DP) belongs to
+        one data example; f^c is the minimum over K public candidates."""
         c = self.config
         x1 = self._batch(client)
         estimator = client.state["dual_grad"]
-        data_terms = -c_transform(estimator.forward_module, self._source(client, c.candidates),
-                                  x1, c.ctransform_steps, c.ctransform_lr)
-        grad = estimator(data_terms, len(data_terms))
+        f = estimator.forward_module
+        x0 = self._source(client, len(x1))
+        losses = -(f(x0) + c_transform(f, self._source(client, c.candidates), x1,
+                                       c.ctransform_steps, c.ctransform_lr))
+        grad = estimator(losses, len(losses))
         self._record(client, "dual_update", round_)
-        public = client.state["potential_public"]
-        public.zero_grad(set_to_none=True)
-        source_term = public(self._source(client, c.batch_size)).mean()
-        (-source_term).backward()
-        grad = grad + flat_grad(public)
-        fc_mean = float(-data_terms.detach().mean()) if len(data_terms) else 0.0
-        client.state["last_dual"] = float(source_term.detach()) + fc_mean
+        client.state["last_dual"] = float(-losses.detach().mean()) if len(losses) else 0.0
         return {"gradient": grad}
 
     # -- rounds --------------------------------------------------------------------------

@@ -13,8 +13,8 @@ import warnings
 
 import numpy as np
 import torch
-from opacus.grad_sample import GradSampleModuleFastGradientClipping
-from opacus.optimizers import DPOptimizerFastGradientClipping
+from opacus.grad_sample import GradSampleModule, GradSampleModuleFastGradientClipping
+from opacus.optimizers import DPOptimizer, DPOptimizerFastGradientClipping
 from opacus.utils.fast_gradient_clipping_utils import DPTensorFastGradientClipping
 from opacus.validators import ModuleValidator
 from torch import nn
@@ -47,16 +47,19 @@ class PlainGradient:
 
 class DPGradient:
     """DP-SGD on ``model``: per-example clipping to ``clip`` (L2, all parameters together) and
-    Gaussian noise of std ``noise_multiplier * clip``, through Opacus' ghost clipping (two
-    backward passes, no per-example gradients stored).
+    Gaussian noise of std ``noise_multiplier * clip``, through Opacus.
 
+    ``mode``: ``ghost`` (ghost clipping: two backward passes, no per-example gradients stored;
+    each example must be one row of a single forward pass) or ``hooks`` (per-example gradients
+    accumulated over several forward passes whose row j belongs to example j: for losses that
+    evaluate the model at several points per example).
     ``expected_batch``: E[b] = sample rate x shard size, the divisor of the noisy sum.
     ``generator``: the noise source; it must be secret (not derived from a published seed).
     Layers Opacus cannot handle are refused with Opacus' own explanation.
     """
 
     def __init__(self, model: nn.Module, clip: float, noise_multiplier: float,
-                 expected_batch: float, generator: torch.Generator):
+                 expected_batch: float, generator: torch.Generator, mode: str = "ghost"):
         errors = ModuleValidator.validate(model, strict=False)
         if errors:
             raise ConfigError("this model cannot be trained with DP-SGD: "
@@ -66,12 +69,20 @@ class DPGradient:
         self.noise_multiplier = noise_multiplier
         self.expected_batch = expected_batch
         self.generator = generator
-        self.forward_module = GradSampleModuleFastGradientClipping(
-            model, max_grad_norm=clip, use_ghost_clipping=True, loss_reduction="sum")
-        self.optimizer = DPOptimizerFastGradientClipping(
-            torch.optim.SGD(model.parameters(), lr=0.0), noise_multiplier=noise_multiplier,
-            max_grad_norm=clip, expected_batch_size=int(round(expected_batch)),
-            loss_reduction="sum", generator=generator)
+        self.mode = mode
+        sgd = torch.optim.SGD(model.parameters(), lr=0.0)
+        common = dict(noise_multiplier=noise_multiplier, max_grad_norm=clip,
+                      expected_batch_size=int(round(expected_batch)), loss_reduction="sum",
+                      generator=generator)
+        if mode == "ghost":
+            self.forward_module = GradSampleModuleFastGradientClipping(
+                model, max_grad_norm=clip, use_ghost_clipping=True, loss_reduction="sum")
+            self.optimizer = DPOptimizerFastGradientClipping(sgd, **common)
+        elif mode == "hooks":
+            self.forward_module = GradSampleModule(model, batch_first=True, loss_reduction="sum")
+            self.optimizer = DPOptimizer(sgd, **common)
+        else:
+            raise ConfigError(f"DP gradient mode {mode!r} is unknown; use 'ghost' or 'hooks'")
 
     def __call__(self, losses: torch.Tensor, examples: int) -> np.ndarray:
         """``examples`` is unused: the divisor is E[b], which does not depend on the data."""
@@ -84,7 +95,10 @@ class DPGradient:
         else:
             with warnings.catch_warnings():  # Opacus' hooks fire on outputs: expected here
                 warnings.filterwarnings("ignore", message="Full backward hook is firing")
-                DPTensorFastGradientClipping(self.forward_module, self.optimizer, losses,
-                                             "sum").backward()
+                if self.mode == "ghost":
+                    DPTensorFastGradientClipping(self.forward_module, self.optimizer, losses,
+                                                 "sum").backward()
+                else:
+                    losses.sum().backward()
             self.optimizer.pre_step()
         return flat_grad(self.model) / np.float32(self.expected_batch)
