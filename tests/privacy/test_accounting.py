@@ -44,3 +44,11 @@ def test_calibrated_noise_is_the_smallest_that_meets_the_target():
     sigma = calibrate_noise(4.0, 1e-5, plan, tolerance=1e-3)
     assert epsilon([(sigma, q, n) for q, n in plan], 1e-5) <= 4.0
     assert epsilon([(sigma - 2e-3, q, n) for q, n in plan], 1e-5) > 4.0
+
+
+def test_a_schedule_prv_cannot_evaluate_is_reported_not_fatal():
+    ledger = PrivacyLedger(delta=1e-5)
+    ledger.record(LedgerEntry("client-1", "gradient", 1, 0.0256, 0.05, 1.0, steps=1000))
+    row = ledger.report(target=None)["clients"]["client-1"]
+    assert row["rdp"]["total"] > 1000  # almost no noise: a huge but finite RDP bound
+    assert row["prv"]["total"] is None and "PRV accountant could not" in row["prv"]["error"]
