@@ -158,7 +158,8 @@ def run(config: RunConfig) -> RunResult:
     (out / "metrics.json").write_text(json.dumps(metrics, indent=2))
     torch.save({"config": config.to_dict(), "state": trainer.state_dict()},
                out / "checkpoint.pt")
-    label = f"{config.method} ({config.data}, {metrics['clients']} client(s))"
+    label = (f"{config.method}, {metrics['protocol']} ({config.data}, "
+             f"{metrics['clients']} client(s))")
     plot_trajectories(out / "trajectories.png", shards, paths, f"trajectories: {label}")
     plot_w2_nfe(out / "w2_nfe.png", {config.method: report.w2}, f"W2 against NFE: {label}")
     return RunResult(out, metrics)
