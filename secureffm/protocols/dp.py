@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..errors import ProtocolError
-from .protocol import register_stage
+from .protocol import check_protects, check_table, register_stage
 
 __all__ = ["DPStage", "DPSettings"]
 
@@ -47,20 +47,11 @@ class DPStage:
 
     @classmethod
     def from_table(cls, table: dict, source: str) -> DPStage:
-        unknown = sorted(set(table) - _KEYS)
-        if unknown:
-            raise ProtocolError(f"{source}: unknown key {unknown[0]!r} for stage 'dp'; "
-                                f"allowed: {', '.join(sorted(_KEYS - {'stage'}))}")
-        for key in ("protects", "clip", "delta"):
-            if key not in table:
-                raise ProtocolError(f"{source}: stage 'dp' needs {key!r}")
+        where = f"{source} (stage 'dp')"
+        check_table(table, _KEYS, ("protects", "clip", "delta"), where)
         protects = tuple(table["protects"])
-        refused = sorted(set(protects) - cls.can_protect)
-        if refused:
-            raise ProtocolError(
-                f"{source}: stage 'dp' cannot protect kind {refused[0]!r}: DP-SGD privatizes "
-                f"gradient-like updates ({', '.join(sorted(cls.can_protect))}); a {refused[0]!r} "
-                "message needs its own mechanism")
+        check_protects(protects, cls, where, "DP-SGD privatizes gradient-like updates, other "
+                       "messages need their own mechanism")
         noise = table.get("noise", "local")
         if noise != "local":
             raise ProtocolError(

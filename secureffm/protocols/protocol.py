@@ -38,6 +38,25 @@ def register_stage(cls: type) -> type:
     return cls
 
 
+def check_table(table: dict, allowed: set[str], required: tuple[str, ...], where: str) -> None:
+    """Reject a spec table with an unknown key or without a required one, naming the key."""
+    unknown = sorted(set(table) - allowed)
+    if unknown:
+        raise ProtocolError(f"{where}: unknown key {unknown[0]!r}; allowed keys are "
+                            f"{', '.join(sorted(allowed - {'stage'}))}")
+    for key in required:
+        if key not in table:
+            raise ProtocolError(f"{where}: missing required key {key!r}")
+
+
+def check_protects(protects: tuple[str, ...], stage: type, where: str, why: str) -> None:
+    """Refuse a kind ``stage`` cannot protect; ``why`` says what the stage can do instead."""
+    refused = sorted(set(protects) - stage.can_protect)
+    if refused:
+        raise ProtocolError(f"{where}: stage {stage.name!r} cannot protect kind {refused[0]!r}: "
+                            f"{why}; it protects {', '.join(sorted(stage.can_protect))}")
+
+
 @dataclass(frozen=True)
 class ProtocolSpec:
     """A parsed protocol spec: its name, description and stage tables in order."""
@@ -62,13 +81,7 @@ def _parse_spec(text: str, source: str) -> ProtocolSpec:
         values = tomllib.loads(text)
     except tomllib.TOMLDecodeError as err:
         raise ProtocolError(f"protocol spec {source} is not valid TOML: {err}") from None
-    unknown = sorted(set(values) - _SPEC_KEYS)
-    if unknown:
-        raise ProtocolError(f"protocol spec {source}: unknown key {unknown[0]!r}; "
-                            f"allowed keys are {', '.join(sorted(_SPEC_KEYS))}")
-    for key in ("name", "stages"):
-        if key not in values:
-            raise ProtocolError(f"protocol spec {source}: missing required key {key!r}")
+    check_table(values, _SPEC_KEYS, ("name", "stages"), f"protocol spec {source}")
     stages = values["stages"]
     if not isinstance(stages, list) or not all(isinstance(s, dict) for s in stages):
         raise ProtocolError(f"protocol spec {source}: 'stages' must be a list of tables "

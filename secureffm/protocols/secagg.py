@@ -36,7 +36,7 @@ from ..federation.message import SERVER, deserialize_payload, serialize_payload
 from .aggregation import check_payload, flatten, unflatten
 from .crypto import agree, new_key_pair, open_sealed, private_bytes, private_from_bytes, seal
 from .prg import expand_seed
-from .protocol import register_stage
+from .protocol import check_protects, check_table, register_stage
 from .quantize import Quantizer
 from .shamir import Share, reconstruct_bytes, share_from_bytes, share_to_bytes, split_bytes
 
@@ -120,20 +120,11 @@ class SecAggStage:
 
     @classmethod
     def from_table(cls, table: dict, source: str) -> SecAggStage:
-        unknown = sorted(set(table) - _KEYS)
-        if unknown:
-            raise ProtocolError(f"{source}: unknown key {unknown[0]!r} for stage 'secagg'; "
-                                f"allowed: {', '.join(sorted(_KEYS - {'stage'}))}")
-        for key in ("protects", "threshold"):
-            if key not in table:
-                raise ProtocolError(f"{source}: stage 'secagg' needs {key!r}")
+        where = f"{source} (stage 'secagg')"
+        check_table(table, _KEYS, ("protects", "threshold"), where)
         protects = tuple(table["protects"])
-        refused = sorted(set(protects) - cls.can_protect)
-        if refused:
-            raise ProtocolError(
-                f"{source}: stage 'secagg' cannot protect kind {refused[0]!r}: it reveals only "
-                f"a sum, and {refused[0]!r} messages are needed one by one; it protects "
-                f"{', '.join(sorted(cls.can_protect))}")
+        check_protects(protects, cls, where, "it reveals only a sum, and such messages are "
+                       "needed one by one")
         threshold = table["threshold"]
         if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or (
                 isinstance(threshold, float) and not 0.5 < threshold <= 1) or (
@@ -356,21 +347,26 @@ class SecAggStage:
         total = np.zeros(size, dtype=np.uint64)
         for u in u3:
             total = self.quantizer.add_mod(total, masked[u])
+        def rebuild(which: str, u: str) -> bytes | None:
+            """u's secret from the revealed shares, or None with fewer than t_u of them."""
+            shares, t_u = revealed[which].get(u, []), self.shares_needed(len(graph[u]) + 1)
+            return reconstruct_bytes(shares, t_u, 32) if len(shares) >= t_u else None
+
+        def too_few(what: str, u: str) -> Aggregate:
+            return abort(f"only {len(revealed[what[0]].get(u, []))} shares of {u}'s {what} came "
+                         f"back, {self.shares_needed(len(graph[u]) + 1)} needed; the masked "
+                         "sum stays masked")
+
         for u in u3:
-            shares = revealed["b"].get(u, [])
-            t_u = self.shares_needed(len(graph[u]) + 1)
-            if len(shares) < t_u:
-                return abort(f"only {len(shares)} shares of {u}'s self-mask seed came back, "
-                             f"{t_u} needed; the masked sum stays masked")
-            seed = reconstruct_bytes(shares, t_u, 32)
+            seed = rebuild("b", u)
+            if seed is None:
+                return too_few("b (self-mask seed)", u)
             total = self.quantizer.sub_mod(total, expand_seed(seed, size, self.quantizer.bits))
         for u in gone:
-            shares = revealed["s"].get(u, [])
-            t_u = self.shares_needed(len(graph[u]) + 1)
-            if len(shares) < t_u:
-                return abort(f"only {len(shares)} shares of dropped {u}'s mask key came back, "
-                             f"{t_u} needed; the masked sum stays masked")
-            mask_key = private_from_bytes(reconstruct_bytes(shares, t_u, 32))
+            secret = rebuild("s", u)
+            if secret is None:
+                return too_few("s (mask key, dropped)", u)
+            mask_key = private_from_bytes(secret)
             for v in graph[u]:
                 if v not in masked or u not in routed[v]:
                     continue
