@@ -14,8 +14,7 @@ import warnings
 import numpy as np
 import torch
 from opacus.grad_sample import GradSampleModule, GradSampleModuleFastGradientClipping
-from opacus.optimizers import DPOptimizer, DPOptimizerFastGradientClipping
-from opacus.utils.fast_gradient_clipping_utils import DPTensorFastGradientClipping
+from opacus.optimizers import DPOptimizer
 from opacus.validators import ModuleValidator
 from torch import nn
 
@@ -70,35 +69,61 @@ class DPGradient:
         self.expected_batch = expected_batch
         self.generator = generator
         self.mode = mode
-        sgd = torch.optim.SGD(model.parameters(), lr=0.0)
-        common = dict(noise_multiplier=noise_multiplier, max_grad_norm=clip,
-                      expected_batch_size=int(round(expected_batch)), loss_reduction="sum",
-                      generator=generator)
+        self.params = [p for p in model.parameters() if p.requires_grad]
         if mode == "ghost":
             self.forward_module = GradSampleModuleFastGradientClipping(
                 model, max_grad_norm=clip, use_ghost_clipping=True, loss_reduction="sum")
-            self.optimizer = DPOptimizerFastGradientClipping(sgd, **common)
         elif mode == "hooks":
             self.forward_module = GradSampleModule(model, batch_first=True, loss_reduction="sum")
-            self.optimizer = DPOptimizer(sgd, **common)
+            self.optimizer = DPOptimizer(
+                torch.optim.SGD(self.params, lr=0.0), noise_multiplier=noise_multiplier,
+                max_grad_norm=clip, expected_batch_size=int(round(expected_batch)),
+                loss_reduction="sum", generator=generator)
         else:
             raise ConfigError(f"DP gradient mode {mode!r} is unknown; use 'ghost' or 'hooks'")
 
     def __call__(self, losses: torch.Tensor, examples: int) -> np.ndarray:
         """``examples`` is unused: the divisor is E[b], which does not depend on the data."""
+        if self.mode == "hooks":
+            return self._hooks(losses)
+        return self._ghost(losses)
+
+    def _ghost(self, losses: torch.Tensor) -> np.ndarray:
+        """Opacus' ghost clipping: a first backward gives each example's gradient norm (hooks),
+        the clipped sum is the gradient of sum_i min(1, C / |g_i|) loss_i; then one draw of
+        N(0, sigma^2 C^2 I) over all P parameters."""
+        for p in self.params:
+            p.grad = None
+        if losses.numel():
+            with warnings.catch_warnings():  # Opacus' hooks fire on outputs: expected here
+                warnings.filterwarnings("ignore", message="Full backward hook is firing")
+                losses.sum().backward(retain_graph=True)
+                for p in self.params:
+                    p.grad = None
+                with torch.no_grad():
+                    coefficients = self.forward_module.get_clipping_coef().to(losses.device)
+                self.forward_module.disable_hooks()
+                try:
+                    (coefficients * losses).sum().backward()
+                finally:
+                    self.forward_module.enable_hooks()
+        total = flat_grad(self.model)
+        noise = torch.normal(0.0, self.noise_multiplier * self.clip, (total.size,),
+                             generator=self.generator, device=self.generator.device)
+        return (total + noise.cpu().numpy()) / np.float32(self.expected_batch)
+
+    def _hooks(self, losses: torch.Tensor) -> np.ndarray:
+        """Opacus' per-example gradients (summed over forward passes), clipped and noised by
+        its DPOptimizer."""
         self.optimizer.zero_grad(set_to_none=True)
         if losses.numel() == 0:  # an empty Poisson batch: the noise alone
             std = self.noise_multiplier * self.clip
-            for p in self.model.parameters():
+            for p in self.params:
                 p.grad = torch.normal(0.0, std, p.shape, generator=self.generator,
                                       device=p.device)
         else:
-            with warnings.catch_warnings():  # Opacus' hooks fire on outputs: expected here
+            with warnings.catch_warnings():
                 warnings.filterwarnings("ignore", message="Full backward hook is firing")
-                if self.mode == "ghost":
-                    DPTensorFastGradientClipping(self.forward_module, self.optimizer, losses,
-                                                 "sum").backward()
-                else:
-                    losses.sum().backward()
+                losses.sum().backward()
             self.optimizer.pre_step()
         return flat_grad(self.model) / np.float32(self.expected_batch)
