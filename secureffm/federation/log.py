@@ -116,11 +116,6 @@ class MessageLog:
                  for kind in sorted(self.count_by_kind)}
         return {"kinds": kinds, "events": dict(Counter(e["event"] for e in self.events))}
 
-    def flush(self) -> None:
-        self._file.flush()
-        if self._payloads is not None:
-            self._payloads.flush()
-
     def close(self, closer: Identity | None = None, party: str = "server") -> None:
         """Write the closing record (signed by ``closer``, as ``party``) and close the files."""
         if self._file.closed:
