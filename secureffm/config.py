@@ -83,6 +83,14 @@ class RunConfig:
                               "noise_multiplier; pass --target-epsilon or --noise-multiplier")
         return resolved
 
+    def require_no_dp_options(self, protocol: str) -> None:
+        """DP options without a dp stage would promise a guarantee nobody provides."""
+        given = [k for k in ("target_epsilon", "delta", "noise_multiplier") if getattr(self, k)]
+        if given:
+            raise ConfigError(f"{given[0]} is set but protocol {protocol!r} has no dp stage, so "
+                              "no DP would be applied; use protocol 'dp' or 'dp-secagg', or drop "
+                              f"{given[0]}")
+
     def to_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
         data["nfe"] = list(self.nfe)

@@ -57,6 +57,7 @@ def _build(config: RunConfig, device: torch.device, log: MessageLog):
                          alpha=config.dirichlet_alpha, min_size=config.batch_size)
     protocol = load_protocol(config.protocol)
     if config.method in CENTRALIZED:
+        config.require_no_dp_options(protocol.name)
         if protocol.spec.stages:
             raise ConfigError(f"method = {config.method!r} is a centralized baseline and sends "
                               f"no messages, so protocol {protocol.name!r} protects nothing; "

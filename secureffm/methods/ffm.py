@@ -95,6 +95,7 @@ class FederatedFlowMatching:
         kinds = ("gradient", "dual_update") if self.config.method == "got" else ("gradient",)
         settings = [protocol.dp_for(kind) for kind in kinds]
         if not any(settings):
+            self.config.require_no_dp_options(protocol.name)
             return None
         if self.config.method == "lot":
             raise ConfigError(LOT_DP_REFUSAL)

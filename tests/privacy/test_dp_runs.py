@@ -91,3 +91,9 @@ def test_got_potential_stays_healthy_under_dp(small_config):
                               potential_lr=3e-3, shard_size=2000, target_epsilon=8.0))
     health = result.metrics["eval"]["potential"]
     assert health["dual_value"] > 1.0 and health["unused_candidates"] < 0.9
+
+
+@pytest.mark.parametrize("method", ["vanilla", "icfm"])
+def test_dp_options_without_a_dp_stage_are_refused(small_config, method):
+    with pytest.raises(ConfigError, match="has no dp stage"):
+        run(small_config(method=method, protocol="plaintext", target_epsilon=8.0))
