@@ -63,7 +63,7 @@ class RunConfig:
     trajectories: int = 1_000
     seed: int = 0
     device: str = "auto"
-    out: str = "runs/latest"
+    out: str = ""  # empty: runs/<method>-<protocol>-<data>-s<seed>
     progress: bool = True
 
     def __post_init__(self) -> None:
