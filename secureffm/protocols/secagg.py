@@ -94,6 +94,7 @@ class _ClientSession:
     self_seed: bytes = b""
     own_shares: tuple[Share, Share] | None = None
     neighbour_keys: dict[str, dict[str, bytes]] = field(default_factory=dict)
+    channels: dict[str, bytes] = field(default_factory=dict)  # AES key per neighbour
     received: dict[str, bytes] = field(default_factory=dict)
 
 
@@ -250,7 +251,8 @@ class SecAggStage:
                 if v == u:
                     s.own_shares = (ks, bs)
                     continue
-                channel = agree(s.channel.private, s.neighbour_keys[v]["c_pk"], _CHANNEL)
+                channel = s.channels[v] = agree(s.channel.private,
+                                                s.neighbour_keys[v]["c_pk"], _CHANNEL)
                 context = f"{round_}|{kind}|{u}|{v}".encode()
                 ciphertexts[v] = seal(channel, share_to_bytes(ks) + share_to_bytes(bs), context,
                                       secrets.token_bytes(12))
@@ -395,7 +397,7 @@ class SecAggStage:
         answer = {}
         holdings = {s.id: s.own_shares}
         for u, sealed in s.received.items():
-            channel = agree(s.channel.private, s.neighbour_keys[u]["c_pk"], _CHANNEL)
+            channel = s.channels[u]  # the key agreed with u while sharing (symmetric)
             plain = open_sealed(channel, sealed, f"{round_}|{kind}|{u}|{s.id}".encode())
             holdings[u] = (share_from_bytes(plain[:68]), share_from_bytes(plain[68:]))
         for u, (key_share, seed_share) in holdings.items():
