@@ -48,24 +48,24 @@ def _check_bits(bits: int) -> None:
         raise ProtocolError(f"bits must be an integer in [1, 64], got {bits!r}")
 
 
-def add_mod(a: np.ndarray, b: np.ndarray, bits: int) -> np.ndarray:
-    """``(a + b) mod 2**bits`` elementwise on uint64 arrays (broadcast shapes), as uint64."""
+def _mod(op, a: np.ndarray, b: np.ndarray, bits: int) -> np.ndarray:
+    """``op(a, b) mod 2**bits`` on uint64 (wraparound at 2**64, then the mask)."""
     _check_bits(bits)
     with np.errstate(over="ignore"):
-        out = np.add(np.asarray(a, dtype=np.uint64), np.asarray(b, dtype=np.uint64),
-                     dtype=np.uint64)
+        out = op(np.asarray(a, dtype=np.uint64), np.asarray(b, dtype=np.uint64),
+                 dtype=np.uint64)
     mask = _mask(bits)
     return out if mask is None else np.bitwise_and(out, mask, dtype=np.uint64)
+
+
+def add_mod(a: np.ndarray, b: np.ndarray, bits: int) -> np.ndarray:
+    """``(a + b) mod 2**bits`` elementwise on uint64 arrays (broadcast shapes), as uint64."""
+    return _mod(np.add, a, b, bits)
 
 
 def sub_mod(a: np.ndarray, b: np.ndarray, bits: int) -> np.ndarray:
     """``(a - b) mod 2**bits`` elementwise on uint64 arrays (broadcast shapes), as uint64."""
-    _check_bits(bits)
-    with np.errstate(over="ignore"):
-        out = np.subtract(np.asarray(a, dtype=np.uint64), np.asarray(b, dtype=np.uint64),
-                          dtype=np.uint64)
-    mask = _mask(bits)
-    return out if mask is None else np.bitwise_and(out, mask, dtype=np.uint64)
+    return _mod(np.subtract, a, b, bits)
 
 
 @dataclass(frozen=True)
