@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ..errors import MessageError
-from ..protocols.crypto import Identity, verify_signature
+from ..protocols.crypto import Identity, new_key_pair, verify_signature
 from .faults import FaultPlan
 from .log import MessageLog, canonical
 from .message import SERVER, Envelope, Payload, serialize_payload
@@ -60,6 +60,9 @@ class InProcessEngine:
         self.faults.check_phases(protocol.phases, ids)
         self.identities = {SERVER: Identity(), **{c.id: c.identity for c in clients}}
         self.public_keys = {party: ident.public for party, ident in self.identities.items()}
+        # Long-term X25519 keys for sealed messages; every party knows the public halves.
+        self.sealing_keys = {SERVER: new_key_pair(), **{c.id: c.sealing for c in clients}}
+        self.sealing_public = {party: key.public for party, key in self.sealing_keys.items()}
         log.register(self.public_keys)
         self._seen: set[tuple] = set()
         self._injected: set[tuple] = set()
@@ -73,13 +76,14 @@ class InProcessEngine:
                                                           self.protocol.phases)
 
     def send(self, round_: int, phase: str, kind: str, sender: str, recipient: str,
-             data: bytes, stages: tuple[str, ...] = ()) -> bytes | None:
+             data: bytes, stages: tuple[str, ...] = (), origin: str = "") -> bytes | None:
         """Deliver ``data``; returns the bytes the recipient accepted, or None when the sender
-        is offline or the recipient rejected the message (a logged event says why)."""
+        is offline or the recipient rejected the message (a logged event says why).
+        ``origin``: the client whose payload the server relays, if any."""
         if not self.alive(sender, round_, phase):
             return None
         self._inject_unknown_sender(round_, phase, recipient)
-        envelope = Envelope(kind, sender, recipient, round_, phase, data, stages)
+        envelope = Envelope(kind, sender, recipient, round_, phase, data, stages, origin)
         record = self.log.append(envelope, self.identities[sender])
         if self.faults.find("delay", sender, round_, phase):
             self.reject(round_, phase, sender, f"{kind} message seq {record['seq']} arrived "
@@ -104,7 +108,8 @@ class InProcessEngine:
             self.reject(round_, phase, sender, f"message seq {record['seq']} has an invalid "
                         "signature")
             return None
-        key = (round_, phase, record["kind"], sender, record["recipient"])
+        key = (round_, phase, record["kind"], sender, record["recipient"],
+               record.get("origin", ""))
         if key in self._seen:
             self.reject(round_, phase, sender, f"duplicate or replayed {record['kind']} message "
                         f"(round {round_}, phase {phase}); the first copy stands")

@@ -93,6 +93,8 @@ class MessageLog:
             "bytes": len(envelope.data),
             "sha256": envelope.sha256,
         }
+        if envelope.origin:
+            record["origin"] = envelope.origin
         if self._payloads is not None:
             record["offset"] = self._payloads.tell()
             self._payloads.write(envelope.data)

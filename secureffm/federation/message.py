@@ -35,7 +35,8 @@ def deserialize_payload(data: bytes, sender: str = "?") -> Payload:
 class Envelope:
     """One delivery: routing header plus the payload bytes as they crossed the engine.
 
-    ``stages`` lists the protocol stages that transformed the payload, in order.
+    ``stages`` lists the protocol stages that transformed the payload, in order;
+    ``origin``: the client that wrote a payload the server relays ("" when it is the sender's).
     """
 
     kind: str
@@ -45,6 +46,7 @@ class Envelope:
     phase: str
     data: bytes
     stages: tuple[str, ...] = field(default=())
+    origin: str = ""
 
     @property
     def sha256(self) -> str:

@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..protocols.crypto import Identity
+from ..protocols.crypto import Identity, KeyPair, new_key_pair
 from .message import Payload
 
 __all__ = ["Client"]
@@ -23,6 +23,7 @@ class Client:
     ``inbox``: the last payload received per message kind.
     ``state``: the method's client-side objects (model replicas), set up by the method.
     ``identity``: the client's Ed25519 signing key; it signs every message the client sends.
+    ``sealing``: the client's long-term X25519 key for sealed (end-to-end encrypted) messages.
     ``protocol_rng``: the client's stream for protocol randomness that is not key material
     (stochastic rounding), kept apart so a protocol never shifts the training stream.
     """
@@ -33,6 +34,7 @@ class Client:
     inbox: dict[str, Payload] = field(default_factory=dict)
     state: dict[str, Any] = field(default_factory=dict)
     identity: Identity = field(default_factory=Identity)
+    sealing: KeyPair = field(default_factory=new_key_pair)
     protocol_rng: np.random.Generator = field(default_factory=np.random.default_rng)
 
     @property

@@ -1,6 +1,8 @@
 """The ``dp`` stage: client-side DP-SGD (through Opacus) on every update of the kinds it
 protects. It sends no messages of its own: it changes how a client computes its update, and the
-privacy ledger accounts for every invocation.
+privacy ledger accounts for every invocation. For kind ``model`` (DCFM's exchanged experts) the
+model a client sends was trained with DP-SGD, so the model and everything computed from it is
+post-processing of the DP mechanism.
 
 Spec keys: ``protects`` (kinds), ``clip`` (per-example L2 bound C), ``delta``, and either
 ``target_epsilon`` (sigma is calibrated per client for the run's planned steps) or
@@ -38,8 +40,9 @@ class DPStage:
     """Marks kinds whose updates clients compute with DP-SGD; see the module docstring."""
 
     name = "dp"
+    role = "client"
     phases = ()
-    can_protect = frozenset({"gradient", "dual_update", "update"})
+    can_protect = frozenset({"gradient", "dual_update", "update", "model"})
 
     def __init__(self, protects: tuple[str, ...], settings: DPSettings):
         self.protects = protects

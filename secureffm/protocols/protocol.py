@@ -3,6 +3,10 @@
 A spec is a TOML file with keys ``name``, ``description`` and ``stages`` (a list of tables, each
 naming a registered ``stage``, the message kinds it ``protects``, and its parameters). A kind
 no aggregation stage protects is aggregated in the clear.
+
+Every stage class has a ``role``: ``client`` (it changes how a client computes a message, as
+DP-SGD or randomized t do; it sends nothing), ``aggregate`` (the server obtains only a sum, as
+with secure aggregation) or ``transport`` (individual messages are encrypted end to end).
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..errors import MessageError, ProtocolError
-from ..federation.message import Payload, deserialize_payload, serialize_payload
+from ..federation.message import SERVER, Payload, deserialize_payload, serialize_payload
 from .aggregation import check_payload, weighted_mean
 
 if TYPE_CHECKING:
@@ -30,10 +34,13 @@ __all__ = ["Protocol", "ProtocolSpec", "load_protocol", "known_protocols", "STAG
 # Stage classes by spec name; a stage module registers itself with @register_stage.
 STAGES: dict[str, type] = {}
 _SPEC_KEYS = {"name", "description", "stages"}
-PLAIN_PHASES = ("broadcast", "upload")
+PLAIN_PHASES = ("broadcast", "upload", "relay")
+ROLES = ("client", "aggregate", "transport")
 
 
 def register_stage(cls: type) -> type:
+    if getattr(cls, "role", None) not in ROLES:
+        raise TypeError(f"stage class {cls.__name__} needs a role in {ROLES}")
     STAGES[cls.name] = cls
     return cls
 
@@ -105,7 +112,7 @@ def load_protocol(name_or_path: str) -> Protocol:
 
 
 def _register_builtin_stages() -> None:
-    from . import dp, secagg  # noqa: F401  (they register their stages)
+    from . import dp, sealed, secagg  # noqa: F401  (they register their stages)
 
 
 class Protocol:
@@ -129,16 +136,36 @@ class Protocol:
         if len(dp_stages) > 1:
             raise ProtocolError(f"protocol spec {spec.source}: more than one 'dp' stage")
         self.dp = dp_stages[0] if dp_stages else None
-        self._by_kind = {}
+        self._by_kind = self._one_stage_per_kind("aggregate")
+        self._sealed_by_kind = self._one_stage_per_kind("transport")
+        both = sorted(set(self._by_kind) & set(self._sealed_by_kind))
+        if both:
+            raise ProtocolError(f"protocol spec {spec.source}: kind {both[0]!r} is both "
+                                "aggregated and sent one by one; protect it with one of them")
+        self.phases = PLAIN_PHASES + tuple(p for s in self.stages for p in s.phases)
+
+    def _one_stage_per_kind(self, role: str) -> dict[str, Any]:
+        by_kind: dict[str, Any] = {}
         for stage in self.stages:
-            if stage is self.dp:
+            if stage.role != role:
                 continue
             for kind in stage.protects:
-                if kind in self._by_kind:
-                    raise ProtocolError(f"protocol spec {spec.source}: kind {kind!r} is "
-                                        f"protected by two aggregation stages")
-                self._by_kind[kind] = stage
-        self.phases = PLAIN_PHASES + tuple(p for s in self.stages for p in s.phases)
+                if kind in by_kind:
+                    raise ProtocolError(f"protocol spec {self.spec.source}: kind {kind!r} is "
+                                        f"protected by two {role} stages")
+                by_kind[kind] = stage
+        return by_kind
+
+    def stage_for(self, stage_name: str, kind: str):
+        """The stage named ``stage_name`` that protects ``kind``, or None."""
+        for stage in self.stages:
+            if stage.name == stage_name and kind in stage.protects:
+                return stage
+        return None
+
+    def client_stages(self, kind: str) -> tuple[str, ...]:
+        """Names of the client-side stages (DP, randomized t) that shaped a ``kind`` message."""
+        return tuple(s.name for s in self.stages if s.role == "client" and kind in s.protects)
 
     def validate_for(self, clients: int) -> None:
         """Reject parameters impossible for ``clients`` clients (threshold, modulus)."""
@@ -156,11 +183,95 @@ class Protocol:
     def aggregate(self, engine: InProcessEngine, round_: int, kind: str,
                   compute: Callable[[Client], Payload], weights: dict[str, float],
                   template: Template) -> Aggregate:
-        prior = ("dp",) if self.dp_for(kind) else ()
+        prior = self.client_stages(kind)
         stage = self._by_kind.get(kind)
         if stage is not None:
             return stage.aggregate(engine, round_, kind, compute, weights, template, prior)
         return plain_aggregate(engine, round_, kind, compute, weights, template, prior)
+
+
+    # -- individual messages -----------------------------------------------------------------
+
+    def _check_individual(self, kind: str) -> None:
+        if kind in self._by_kind:
+            raise ProtocolError(
+                f"kind {kind!r} is protected by the {self._by_kind[kind].name!r} stage of "
+                f"protocol {self.name!r}, so the server may only learn its sum; sending it one by "
+                "one would expose each message. Aggregate it, or use a protocol that does not "
+                "aggregate this kind")
+
+    def send(self, engine: InProcessEngine, round_: int, phase: str, kind: str, sender: str,
+             recipient: str, payload: Payload) -> Payload | None:
+        """One individual message from ``sender`` to ``recipient`` (client ids or SERVER),
+        sealed for the recipient when a ``sealed`` stage protects ``kind``.
+
+        Returns the payload as the recipient decoded it, or None when the sender is offline or
+        the recipient rejected the message (a logged event names why).
+        """
+        self._check_individual(kind)
+        sealer = self._sealed_by_kind.get(kind)
+        stages = self.client_stages(kind) + ((sealer.name,) if sealer else ())
+        if sealer is not None:
+            data = sealer.seal(engine, payload, kind, round_, sender, [recipient])
+        else:
+            data = serialize_payload(payload)
+        received = engine.send(round_, phase, kind, sender, recipient, data, stages)
+        if received is None:
+            return None
+        return self._open(engine, round_, phase, kind, sender, recipient, received, sealer)
+
+    def _open(self, engine, round_, phase, kind, author, recipient, data, sealer,
+              relayed_by: str | None = None) -> Payload | None:
+        try:
+            if sealer is None:
+                payload = deserialize_payload(data, author)
+            else:
+                payload = sealer.open(engine, data, kind, round_, author, recipient)
+            check_payload(author, payload, None)
+        except (MessageError, ProtocolError) as err:
+            engine.reject(round_, phase, relayed_by or author,
+                          f"{recipient} rejected {kind} message of {author}: {err}", by=recipient)
+            return None
+        return payload
+
+    def all_gather(self, engine: InProcessEngine, round_: int, kind: str,
+                   compute: Callable[[Client], Payload]) -> dict[str, dict[str, Payload]]:
+        """Each alive client computes its payload once and uploads it (phase ``upload``); the
+        server relays it to every other client (phase ``relay``), sealed per recipient when a
+        ``sealed`` stage protects ``kind`` so the relay cannot read it.
+
+        Returns recipient id -> {author id -> payload} for every copy that arrived intact.
+        """
+        self._check_individual(kind)
+        sealer = self._sealed_by_kind.get(kind)
+        stages = self.client_stages(kind) + ((sealer.name,) if sealer else ())
+        gathered: dict[str, dict[str, Payload]] = {c.id: {} for c in engine.clients}
+        authors = [c for c in engine.clients if engine.alive(c.id, round_, "upload")]
+        for author in authors:
+            peers = [c.id for c in engine.clients if c.id != author.id]
+            payload = compute(author)
+            if sealer is not None:
+                data = sealer.seal(engine, payload, kind, round_, author.id, peers)
+            else:
+                data = serialize_payload(payload)
+            uploaded = engine.send(round_, "upload", kind, author.id, SERVER, data, stages)
+            if uploaded is None:
+                continue
+            for peer in peers:
+                try:
+                    copy = sealer.relay(uploaded, peer, author.id) if sealer else uploaded
+                except MessageError as err:
+                    engine.reject(round_, "upload", author.id, str(err))
+                    break
+                delivered = engine.send(round_, "relay", kind, SERVER, peer, copy, stages,
+                                        origin=author.id)
+                if delivered is None:
+                    continue
+                opened = self._open(engine, round_, "relay", kind, author.id, peer, delivered,
+                                    sealer, relayed_by=SERVER)
+                if opened is not None:
+                    gathered[peer][author.id] = opened
+        return gathered
 
 
 def plain_aggregate(engine, round_, kind, compute, weights, template, prior=()) -> Aggregate:

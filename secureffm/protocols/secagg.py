@@ -108,6 +108,7 @@ class SecAggStage:
     """
 
     name = "secagg"
+    role = "aggregate"
     phases = PHASES
     can_protect = frozenset({"gradient", "dual_update", "update", "scalar"})
 
