@@ -146,11 +146,12 @@ class InProcessEngine:
                 client.inbox[kind] = self.protocol.decode_public(received, SERVER)
 
     def aggregate(self, round_: int, kind: str, compute: Callable[[Client], Payload],
-                  weights: dict[str, float], template: Template) -> Aggregate:
+                  weights: dict[str, float], template: Template, noise=None) -> Aggregate:
         """Each client computes a payload matching ``template``; the server obtains, through
         the protocol, only the weighted mean over the clients that made it through the round.
+        ``noise``: distributed DP noise parameters (protocols.dp.DistributedNoise) or None.
         """
-        result = self.protocol.aggregate(self, round_, kind, compute, weights, template)
+        result = self.protocol.aggregate(self, round_, kind, compute, weights, template, noise)
         for client_id, why in result.dropped.items():
             self.log.event(round_, "aggregate", "dropped", client_id, why,
                            self.identities[SERVER])

@@ -6,8 +6,10 @@ lambda-weighted sum. GOT also keeps the global potential f_phi, updated every
 ``potential_every`` rounds from federated ``dual_update`` gradients.
 
 When the protocol asks for DP on a kind, clients compute those updates with DP-SGD (Poisson
-sampling at rate q = batch_size / shard size, per-example clipping, Gaussian noise) and the
-ledger records each invocation. Every per-example loss below depends on one data example only.
+sampling at rate q = batch_size / shard size, per-example clipping, noise) and the ledger
+records each invocation. Local noise: each client adds Gaussian noise to its own update.
+Distributed noise: clients send clipped sums and secure aggregation adds each client's share of
+Skellam noise. Every per-example loss below depends on one data example only.
 """
 
 from __future__ import annotations
@@ -24,9 +26,11 @@ from ..federation.engine import InProcessEngine
 from ..federation.parties import Client
 from ..models.mlp import PotentialMLP, VelocityMLP
 from ..models.params import load_flat_params
-from ..privacy.accounting import calibrate_noise, epsilon
+from ..privacy.accounting import epsilon, smallest_multiplier
 from ..privacy.dpsgd import DPGradient, PlainGradient, poisson_batch
 from ..privacy.ledger import LedgerEntry, PrivacyLedger
+from ..privacy.skellam import SkellamStep, skellam_epsilon
+from ..protocols.dp import DistributedNoise
 from .couplings import ExactOTCoupling, IndependentCoupling, SemiDualCoupling
 from .flow_matching import flow_matching_loss
 from .global_model import GlobalModel
@@ -83,8 +87,12 @@ class FederatedFlowMatching:
         self.dp = self._dp_settings()
         self.ledger = PrivacyLedger(self.dp.delta) if self.dp else None
         self.noise_multipliers: dict[str, float] = {}
+        self.distributed = self.dp is not None and self.dp.noise == "distributed"
+        self.geometry, self.noise = {}, {}
         for client in engine.clients:
             self._setup_client(client)
+        if self.distributed:
+            self._plan_distributed_noise()
         if self.potential is not None:
             self.engine.broadcast(0, "global_potential", {"phi": self.potential.flat()})
 
@@ -107,28 +115,56 @@ class FederatedFlowMatching:
                 f"client data; add {unprotected[0]!r} to the dp stage's 'protects'")
         return self.config.dp_overrides(settings[0])
 
-    def planned_steps(self) -> dict[str, int]:
-        """DP mechanism invocations per client over the run, by message kind."""
-        steps = {"gradient": self.config.rounds}
+    def planned_steps(self, rounds: int | None = None) -> dict[str, int]:
+        """DP mechanism invocations per client over ``rounds`` (the run's), by message kind."""
+        rounds = self.config.rounds if rounds is None else rounds
+        steps = {"gradient": rounds}
         if self.potential is not None:
-            steps["dual_update"] = self.config.rounds // self.config.potential_every
+            steps["dual_update"] = rounds // self.config.potential_every
         return steps
+
+    def client_epsilon(self, client: Client, multiplier: float, rounds: int) -> float:
+        """The epsilon ``client`` spends in ``rounds`` rounds at noise ``multiplier`` (sigma
+        for local noise, tau for distributed noise)."""
+        rate, steps = client.state["rate"], self.planned_steps(rounds)
+        if not self.distributed:
+            return epsilon([(multiplier, rate, n) for n in steps.values()], self.dp.delta,
+                           self.dp.accountant)
+        schedule = []
+        for kind, n in steps.items():
+            l2, l1 = self.geometry[kind].sensitivity[client.id]
+            schedule.append(SkellamStep(rate, l2, l1,
+                                        self.geometry[kind].sum_variance(multiplier), n))
+        return skellam_epsilon(schedule, self.dp.delta)
+
+    def _plan_distributed_noise(self) -> None:
+        """Geometry of each kind's noise in quantization levels, and one multiplier tau for
+        every client and kind: the given one, or the smallest keeping every client within the
+        target."""
+        clients = self.engine.clients
+        sensitivity = {c.id: self.dp.clip / (c.state["rate"] * c.size) for c in clients}
+        sizes = {"gradient": self.velocity.flat().size}
+        if self.potential is not None:
+            sizes["dual_update"] = self.potential.flat().size
+        self.geometry = {kind: self.engine.protocol.noise_geometry(kind, self.weights,
+                                                                   sensitivity, size)
+                         for kind, size in sizes.items()}
+        tau = self.dp.noise_multiplier or smallest_multiplier(
+            lambda m: max(self.client_epsilon(c, m, self.config.rounds) for c in clients),
+            self.dp.target_epsilon, self.dp.delta)
+        self.noise_multipliers = {c.id: tau for c in clients}
+        self.noise = {kind: DistributedNoise(tau, sensitivity, self.dp.colluders)
+                      for kind in sizes}
 
     def rounds_within_budget(self) -> int:
         """The most rounds every client can run without its epsilon exceeding the target
         (all rounds when sigma was calibrated to the target, or when there is no target)."""
         if self.dp is None or self.dp.target_epsilon is None:
             return self.config.rounds
-        every = self.config.potential_every
 
         def fits(rounds: int) -> bool:
-            for client in self.engine.clients:
-                schedule = [(self.noise_multipliers[client.id], client.state["rate"], rounds)]
-                if self.potential is not None:
-                    schedule.append((schedule[0][0], schedule[0][1], rounds // every))
-                if epsilon(schedule, self.dp.delta, self.dp.accountant) > self.dp.target_epsilon:
-                    return False
-            return True
+            return all(self.client_epsilon(c, self.noise_multipliers[c.id], rounds)
+                       <= self.dp.target_epsilon for c in self.engine.clients)
 
         low, high = 0, self.config.rounds
         if fits(high):
@@ -152,14 +188,17 @@ class FederatedFlowMatching:
                 client.state["dual_grad"] = PlainGradient(potential)
             return
         rate = min(1.0, c.batch_size / client.size)
-        sigma = self.dp.noise_multiplier or calibrate_noise(
-            self.dp.target_epsilon, self.dp.delta,
-            [(rate, n) for n in self.planned_steps().values()], self.dp.accountant)
-        self.noise_multipliers[client.id] = sigma
+        client.state["rate"] = rate
+        if self.dp.noise == "distributed":  # the clipped sum; secure aggregation adds noise
+            sigma = 0.0
+        else:
+            sigma = self.dp.noise_multiplier or smallest_multiplier(
+                lambda m: self.client_epsilon(client, m, c.rounds), self.dp.target_epsilon,
+                self.dp.delta)
+            self.noise_multipliers[client.id] = sigma
         # Sampling and noise must be unpredictable: never derived from the published seed.
         secret = torch.Generator(device=self.device).manual_seed(secrets.randbits(63))
         client.state["dp_rng"] = secret
-        client.state["rate"] = rate
         client.state["velocity_grad"] = DPGradient(velocity, self.dp.clip, sigma,
                                                    rate * client.size, secret)
         if self.potential is not None:  # its per-example loss evaluates f at two points
@@ -185,9 +224,17 @@ class FederatedFlowMatching:
         return poisson_batch(client.data, client.state["rate"], client.state["dp_rng"])
 
     def _record(self, client: Client, kind: str, round_: int) -> None:
-        if self.ledger is not None:
-            self.ledger.record(LedgerEntry(client.id, kind, round_, client.state["rate"],
-                                           self.noise_multipliers[client.id], self.dp.clip))
+        if self.ledger is None:
+            return
+        rate, multiplier = client.state["rate"], self.noise_multipliers[client.id]
+        if not self.distributed:
+            self.ledger.record(LedgerEntry(client.id, kind, round_, rate, multiplier,
+                                           self.dp.clip))
+            return
+        l2, l1 = self.geometry[kind].sensitivity[client.id]
+        self.ledger.record(LedgerEntry(client.id, kind, round_, rate, multiplier, self.dp.clip,
+                                       mechanism="skellam", l2=l2, l1=l1,
+                                       variance=self.geometry[kind].sum_variance(multiplier)))
 
     def _sync(self, client: Client) -> None:
         """Load the latest broadcast parameters into the client's replicas."""
@@ -231,7 +278,8 @@ class FederatedFlowMatching:
         self.engine.broadcast(round_, "global_model", {"theta": self.velocity.flat()})
         update = self.engine.aggregate(round_, "gradient",
                                        lambda client: self._client_velocity(client, round_),
-                                       self.weights, _template(self.velocity))
+                                       self.weights, _template(self.velocity),
+                                       self.noise.get("gradient"))
         report = {"aborted": 0.0}
         # Client losses are not privatized: under DP the simulator does not report them.
         diagnostics = self.dp is None
@@ -244,7 +292,8 @@ class FederatedFlowMatching:
         if self.potential is not None and round_ % self.config.potential_every == 0:
             dual = self.engine.aggregate(round_, "dual_update",
                                          lambda client: self._client_dual(client, round_),
-                                         self.weights, _template(self.potential))
+                                         self.weights, _template(self.potential),
+                                         self.noise.get("dual_update"))
             if dual.payload is not None:
                 self.potential.apply(dual.payload["gradient"])
                 self.engine.broadcast(round_, "global_potential", {"phi": self.potential.flat()})

@@ -7,11 +7,13 @@ gradients and, in GOT, dual updates) is accounted together.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from opacus.accountants import PRVAccountant, RDPAccountant
 
 from ..errors import ConfigError
 
-__all__ = ["epsilon", "calibrate_noise", "ACCOUNTANTS", "Schedule"]
+__all__ = ["epsilon", "calibrate_noise", "smallest_multiplier", "ACCOUNTANTS", "Schedule"]
 
 Schedule = list[tuple[float, float, int]]
 ACCOUNTANTS = ("rdp", "prv")
@@ -40,6 +42,13 @@ def calibrate_noise(target: float, delta: float, plan: list[tuple[float, int]],
     def eps(sigma: float) -> float:
         return epsilon([(sigma, q, n) for q, n in plan], delta, accountant)
 
+    return smallest_multiplier(eps, target, delta, tolerance)
+
+
+def smallest_multiplier(eps: Callable[[float], float], target: float, delta: float,
+                        tolerance: float = 1e-3) -> float:
+    """The smallest multiplier (to ``tolerance``) at which ``eps(multiplier)``, non-increasing
+    in the multiplier, is at most ``target``; by doubling, then bisection."""
     low, high = 0.05, 1.0
     while eps(high) > target:
         low, high = high, high * 2

@@ -3,19 +3,23 @@
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 from .accounting import Schedule, epsilon
+from .skellam import SkellamStep, skellam_epsilon
 
 __all__ = ["LedgerEntry", "PrivacyLedger"]
 
 
 @dataclass(frozen=True)
 class LedgerEntry:
-    """One run of the subsampled Gaussian mechanism on one client's data.
+    """One run of a subsampled DP mechanism on one client's data.
 
-    ``sample_rate``: Poisson rate q; ``noise_multiplier``: sigma (noise std = sigma * clip);
-    ``clip``: per-example L2 bound C; ``steps``: consecutive identical invocations.
+    ``sample_rate``: Poisson rate q; ``clip``: per-example L2 bound C; ``steps``: consecutive
+    identical invocations. ``mechanism``: ``gaussian`` (local noise; ``noise_multiplier`` is
+    sigma, noise std = sigma * clip) or ``skellam`` (distributed noise; ``noise_multiplier`` is
+    tau, and ``l2``, ``l1``, ``variance`` give the client's sensitivities and the sum's noise
+    variance in quantization levels, at the fewest honest survivors).
     """
 
     client: str
@@ -25,6 +29,10 @@ class LedgerEntry:
     noise_multiplier: float
     clip: float
     steps: int = 1
+    mechanism: str = "gaussian"
+    l2: float = 0.0
+    l1: float = 0.0
+    variance: float = 0.0
 
 
 class PrivacyLedger:
@@ -34,9 +42,19 @@ class PrivacyLedger:
         self.delta = delta
         self.entries: list[LedgerEntry] = []
         self._schedules: dict[str, dict[str, Schedule]] = defaultdict(lambda: defaultdict(list))
+        self._skellam: dict[str, dict[str, list[SkellamStep]]] = defaultdict(
+            lambda: defaultdict(list))
 
     def record(self, entry: LedgerEntry) -> None:
         self.entries.append(entry)
+        if entry.mechanism == "skellam":
+            steps = self._skellam[entry.client][entry.kind]
+            key = (entry.sample_rate, entry.l2, entry.l1, entry.variance)
+            if steps and (steps[-1].q, steps[-1].l2, steps[-1].l1, steps[-1].variance) == key:
+                steps[-1] = replace(steps[-1], steps=steps[-1].steps + entry.steps)
+            else:
+                steps.append(SkellamStep(*key, entry.steps))
+            return
         schedule = self._schedules[entry.client][entry.kind]
         step = (entry.noise_multiplier, entry.sample_rate)
         if schedule and schedule[-1][:2] == step:
@@ -50,19 +68,33 @@ class PrivacyLedger:
         return [step for kind, steps in by_kind.items()
                 if kinds is None or kind in kinds for step in steps]
 
+    def skellam_schedule(self, client: str, kinds: tuple[str, ...] | None = None
+                         ) -> list[SkellamStep]:
+        return [step for kind, steps in self._skellam[client].items()
+                if kinds is None or kind in kinds for step in steps]
+
     def epsilon(self, client: str, accountant: str = "rdp",
                 kinds: tuple[str, ...] | None = None) -> float:
-        return epsilon(self.schedule(client, kinds), self.delta, accountant)
+        skellam = self.skellam_schedule(client, kinds)
+        if not skellam:
+            return epsilon(self.schedule(client, kinds), self.delta, accountant)
+        if accountant != "rdp":
+            raise ValueError("the PRV accountant does not cover the Skellam mechanism "
+                             "(distributed noise); its epsilon comes from the RDP bound")
+        return skellam_epsilon(skellam, self.delta, self.schedule(client, kinds))
+
+    def _kinds(self, client: str) -> list[str]:
+        return sorted(set(self._schedules[client]) | set(self._skellam[client]))
 
     def clients(self) -> list[str]:
-        return sorted(self._schedules)
+        return sorted(set(self._schedules) | set(self._skellam))
 
     def report(self, target: float | None) -> dict:
         """epsilon per client, overall and per kind, from the RDP accountant (which enforces
         the target) and the PRV accountant (reported; None with the reason where it fails)."""
         clients = {}
         for client in self.clients():
-            kinds = sorted(self._schedules[client])
+            kinds = self._kinds(client)
             row = {"rdp": {"total": self.epsilon(client, "rdp"),
                            "by_kind": {k: self.epsilon(client, "rdp", (k,)) for k in kinds}}}
             try:
@@ -73,7 +105,11 @@ class PrivacyLedger:
                 row["prv"] = {"total": None, "by_kind": {},
                               "error": f"PRV accountant could not evaluate this schedule: "
                                        f"{type(err).__name__}: {err}"}
-            row["schedule"] = {k: [list(s) for s in self._schedules[client][k]] for k in kinds}
+            row["schedule"] = {k: [list(s) for s in self._schedules[client][k]]
+                               for k in kinds if k in self._schedules[client]}
+            if self._skellam[client]:
+                row["skellam_schedule"] = {k: [asdict(s) for s in self._skellam[client][k]]
+                                           for k in kinds if k in self._skellam[client]}
             row["target_held"] = None if target is None else row["rdp"]["total"] <= target
             clients[client] = row
         return {"delta": self.delta, "target_epsilon": target, "clients": clients}

@@ -7,8 +7,15 @@ post-processing of the DP mechanism.
 Spec keys: ``protects`` (kinds), ``clip`` (per-example L2 bound C), ``delta``, and either
 ``target_epsilon`` (sigma is calibrated per client for the run's planned steps) or
 ``noise_multiplier`` (sigma fixed; with a target too, training stops before the target is
-exceeded), ``noise`` (``local``: each client's update is DP on its own), ``accountant``
-(``rdp`` enforces the budget; PRV is always reported beside it).
+exceeded), ``noise``, ``accountant`` (``rdp`` enforces the budget; PRV is always reported
+beside it), ``colluders``.
+
+``noise = "local"``: each client adds the full Gaussian noise; its update is DP on its own.
+``noise = "distributed"``: each client adds a share of integer Skellam noise inside secure
+aggregation (every protected kind must also be protected by a ``secagg`` stage), sized so that
+the sum carries the full noise whenever at least the secagg threshold of clients survive, of
+which ``colluders`` (default 0) may be known to the server; accounted with the Skellam RDP
+bound (:mod:`secureffm.privacy.skellam`).
 """
 
 from __future__ import annotations
@@ -18,10 +25,11 @@ from dataclasses import dataclass
 from ..errors import ProtocolError
 from .protocol import check_protects, check_table, register_stage
 
-__all__ = ["DPStage", "DPSettings"]
+__all__ = ["DPStage", "DPSettings", "DistributedNoise"]
 
 _KEYS = {"stage", "protects", "clip", "delta", "target_epsilon", "noise_multiplier", "noise",
-         "accountant"}
+         "accountant", "colluders"}
+NOISE = ("local", "distributed")
 
 
 @dataclass(frozen=True)
@@ -33,6 +41,23 @@ class DPSettings:
     target_epsilon: float | None
     noise_multiplier: float | None
     accountant: str
+    noise: str = "local"
+    colluders: int = 0
+
+
+@dataclass(frozen=True)
+class DistributedNoise:
+    """What secure aggregation needs to add each client's share of distributed noise.
+
+    ``multiplier``: tau; whenever the fewest honest clients survive, the sum's Skellam noise
+    has std at least tau times the largest client's L2 sensitivity (in quantization levels).
+    ``sensitivity``: client id -> L2 sensitivity of its payload in the payload's units (for
+    DP-SGD, clip / E[b]). ``colluders``: clients whose noise the server may know.
+    """
+
+    multiplier: float
+    sensitivity: dict[str, float]
+    colluders: int = 0
 
 
 @register_stage
@@ -56,10 +81,20 @@ class DPStage:
         check_protects(protects, cls, where, "DP-SGD privatizes gradient-like updates, other "
                        "messages need their own mechanism")
         noise = table.get("noise", "local")
-        if noise != "local":
-            raise ProtocolError(
-                f"{source}: noise = {noise!r}: only 'local' noise (each client's update is DP "
-                "on its own) is implemented in this version; distributed noise is not")
+        if noise not in NOISE:
+            raise ProtocolError(f"{source}: noise = {noise!r}; use 'local' (each client's update "
+                                "is DP on its own) or 'distributed' (only the secure sum is)")
+        colluders = table.get("colluders", 0)
+        if isinstance(colluders, bool) or not isinstance(colluders, int) or colluders < 0:
+            raise ProtocolError(f"{source}: colluders = {colluders!r}; give the number of "
+                                "clients that may share their noise with the server (0 or more)")
+        if noise == "distributed" and table.get("accountant", "rdp") != "rdp":
+            raise ProtocolError(f"{source}: distributed (Skellam) noise is accounted with its RDP "
+                                "bound; the PRV accountant does not cover it: use accountant = "
+                                "'rdp'")
+        if colluders and noise == "local":
+            raise ProtocolError(f"{source}: colluders applies to distributed noise only; local "
+                                "noise does not depend on other clients")
         settings = DPSettings(
             clip=_positive(table["clip"], "clip", source),
             delta=_positive(table["delta"], "delta", source),
@@ -67,6 +102,8 @@ class DPStage:
             noise_multiplier=_optional(table.get("noise_multiplier"), "noise_multiplier",
                                        source),
             accountant=table.get("accountant", "rdp"),
+            noise=noise,
+            colluders=colluders,
         )
         if settings.delta >= 1:
             raise ProtocolError(f"{source}: delta = {settings.delta}; it must be below 1 "
@@ -77,7 +114,8 @@ class DPStage:
         return cls(protects, settings)
 
     def validate_for(self, clients: int) -> None:
-        """Local noise does not depend on the number of clients."""
+        """Local noise does not depend on the number of clients; distributed noise is checked
+        against the secagg threshold by :class:`Protocol`."""
 
 
 def _positive(value, key: str, source: str) -> float:

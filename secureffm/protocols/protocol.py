@@ -112,7 +112,7 @@ def load_protocol(name_or_path: str) -> Protocol:
 
 
 def _register_builtin_stages() -> None:
-    from . import dp, sealed, secagg  # noqa: F401  (they register their stages)
+    from . import dp, randomized_t, sealed, secagg  # noqa: F401  (they register their stages)
 
 
 class Protocol:
@@ -143,6 +143,19 @@ class Protocol:
             raise ProtocolError(f"protocol spec {spec.source}: kind {both[0]!r} is both "
                                 "aggregated and sent one by one; protect it with one of them")
         self.phases = PLAIN_PHASES + tuple(p for s in self.stages for p in s.phases)
+        self._check_distributed_noise()
+
+    def _check_distributed_noise(self) -> None:
+        if self.dp is None or self.dp.settings.noise != "distributed":
+            return
+        for kind in self.dp.protects:
+            stage = self._by_kind.get(kind)
+            if stage is None or stage.name != "secagg":
+                raise ProtocolError(
+                    f"protocol spec {self.spec.source}: distributed noise on kind {kind!r} holds "
+                    "only inside secure aggregation (each client adds a share; only the sum "
+                    f"carries the full noise): add {kind!r} to a secagg stage's protects, or "
+                    "use noise = 'local'")
 
     def _one_stage_per_kind(self, role: str) -> dict[str, Any]:
         by_kind: dict[str, Any] = {}
@@ -176,17 +189,33 @@ class Protocol:
         """The DP settings clients must train ``kind`` updates with, or None."""
         return self.dp.settings if self.dp and kind in self.dp.protects else None
 
+    def noise_geometry(self, kind: str, weights: dict[str, float],
+                       sensitivity: dict[str, float], size: int):
+        """The distributed-noise geometry of ``kind`` (see secagg.NoiseGeometry), or None
+        when ``kind`` does not get distributed noise."""
+        settings = self.dp_for(kind)
+        if settings is None or settings.noise != "distributed":
+            return None
+        return self._by_kind[kind].noise_geometry(weights, sensitivity, size,
+                                                  settings.colluders)
+
     def decode_public(self, data: bytes, sender: str) -> Payload:
         """Decode a message every recipient may read (server broadcasts)."""
         return deserialize_payload(data, sender)
 
     def aggregate(self, engine: InProcessEngine, round_: int, kind: str,
                   compute: Callable[[Client], Payload], weights: dict[str, float],
-                  template: Template) -> Aggregate:
+                  template: Template, noise=None) -> Aggregate:
+        """``noise``: a DistributedNoise for kinds under distributed DP noise, else None."""
         prior = self.client_stages(kind)
         stage = self._by_kind.get(kind)
+        settings = self.dp_for(kind)
+        if (noise is not None) != bool(settings and settings.noise == "distributed"):
+            raise ProtocolError(f"kind {kind!r}: distributed noise parameters must be given "
+                                "exactly when the protocol's dp stage uses distributed noise")
         if stage is not None:
-            return stage.aggregate(engine, round_, kind, compute, weights, template, prior)
+            return stage.aggregate(engine, round_, kind, compute, weights, template, prior,
+                                   noise=noise)
         return plain_aggregate(engine, round_, kind, compute, weights, template, prior)
 
 

@@ -147,19 +147,32 @@ class Quantizer:
         up = rng.random(size=v.shape) < (v - low)  # P(up) = frac(v): same law as floor(v + u)
         return low.astype(np.uint64) + up.astype(np.uint64)
 
-    def dequantize_sum(self, total: np.ndarray, n: int) -> np.ndarray:
+    def dequantize_sum(self, total: np.ndarray, n: int, noisy: bool = False) -> np.ndarray:
         """Sum of ``n`` clipped updates from the sum of their quantized vectors; float64.
 
         ``total`` (uint64, any shape) is ``sum_i q_i mod 2**bits``; :meth:`check` (called here)
         ensures it did not wrap. Returns ``total * step - n * clip``, within
         :meth:`error_bound` ``(n)`` of the exact sum of the clipped inputs. Raises ProtocolError
         if an entry exceeds ``n * (levels - 1)``: the masks did not cancel or ``n`` is wrong.
+
+        ``noisy``: the vectors carry zero-mean integer noise, so the integer sum may leave
+        ``[0, n (levels - 1)]``; it is read as the residue nearest the centre of that range
+        (exact while it stays within half the modulus of the centre).
         """
         self.check(n)
         total = np.asarray(total)
         if total.dtype != np.uint64:
             raise ProtocolError(f"dequantize_sum expects a uint64 total, got {total.dtype}")
         top = n * (self.levels - 1)
+        if noisy:
+            centre = top // 2
+            offset = sub_mod(total, np.uint64(centre), self.bits)
+            if self.bits == 64:
+                signed = offset.view(np.int64)
+            else:
+                high = offset >= np.uint64(1 << (self.bits - 1))
+                signed = offset.astype(np.int64) - high.astype(np.int64) * self.modulus
+            return (signed.astype(np.float64) + centre) * self.step - n * self.clip
         if total.size and int(total.max()) > top:
             raise ProtocolError(
                 f"aggregate entry {int(total.max())} exceeds n * (levels - 1) = {top} for n={n}: "

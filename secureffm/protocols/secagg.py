@@ -11,8 +11,9 @@ One aggregation (a fresh session, fresh keys) runs these phases:
    S(u) = N(u) + {u}, t of |S(u)|; the share for v travels AES-GCM-encrypted under
    HKDF(X25519(c_sk_u, c_pk_v)), relayed by the server, which cannot read it.
 4. ``shares``: the server routes the ciphertexts.
-5. ``masked_input``: u clips and quantizes w_u x_u to Z_{2^bits} and adds PRG(b_u) and, for
-   each neighbour v that shared, +-PRG(HKDF(X25519(s_sk_u, s_pk_v))) (+ if u precedes v).
+5. ``masked_input``: u clips and quantizes w_u x_u to Z_{2^bits} (under distributed DP noise,
+   adds its share of integer Skellam noise) and adds PRG(b_u) and, for each neighbour v that
+   shared, +-PRG(HKDF(X25519(s_sk_u, s_pk_v))) (+ if u precedes v).
 6. ``unmask_request``: the server names the survivors (sent a masked input) and the dropped.
 7. ``unmask``: each survivor reveals, per peer, the share of b for survivors or the share of
    s_sk for the dropped, never both; a request naming a peer in both lists is refused.
@@ -33,6 +34,7 @@ import numpy as np
 
 from ..errors import MessageError, ProtocolError
 from ..federation.message import SERVER, deserialize_payload, serialize_payload
+from ..privacy.skellam import grid_sensitivity
 from .aggregation import check_payload, flatten, unflatten
 from .crypto import agree, new_key_pair, open_sealed, private_bytes, private_from_bytes, seal
 from .prg import expand_seed
@@ -40,12 +42,36 @@ from .protocol import check_protects, check_table, register_stage
 from .quantize import Quantizer
 from .shamir import Share, reconstruct_bytes, share_from_bytes, share_to_bytes, split_bytes
 
-__all__ = ["SecAggStage", "harary_neighbours"]
+__all__ = ["SecAggStage", "harary_neighbours", "NoiseGeometry"]
 
 PHASES = ("advertise_keys", "keys", "share_keys", "shares", "masked_input", "unmask_request",
           "unmask")
 _KEYS = {"stage", "protects", "threshold", "neighbours", "clip", "levels", "bits"}
 _MASK, _CHANNEL = b"mask-seed", b"share-channel"
+# Headroom for distributed noise: the decoded sum must stay within half the modulus of the
+# centre of its noiseless range for this many standard deviations of the total noise.
+_NOISE_SIGMAS = 12.0
+
+
+@dataclass(frozen=True)
+class NoiseGeometry:
+    """Distributed Skellam noise in quantization levels for one kind of update.
+
+    ``sensitivity``: client id -> (L2, L1) sensitivity of its quantized input, in levels;
+    ``honest``: the fewest honest clients whose inputs (and noise shares) reach a sum the
+    server can unmask: the secagg threshold minus the colluders.
+    """
+
+    sensitivity: dict[str, tuple[float, float]]
+    honest: int
+
+    def sum_variance(self, multiplier: float) -> float:
+        """Noise variance per coordinate that the sum carries at least: (tau * max L2)^2."""
+        return (multiplier * max(l2 for l2, _ in self.sensitivity.values())) ** 2
+
+    def share_variance(self, multiplier: float) -> float:
+        """Variance each client adds so that ``honest`` shares sum to :meth:`sum_variance`."""
+        return self.sum_variance(multiplier) / self.honest
 
 
 def harary_neighbours(ids: list[str], k: int, rng: random.Random) -> dict[str, set[str]]:
@@ -177,18 +203,42 @@ class SecAggStage:
                 f"lower threshold to at most {group} or raise neighbours")
         self.quantizer.check(clients)
 
+    @staticmethod
+    def scales(weights: dict[str, float]) -> dict[str, float]:
+        """w_u = weight_u * n / sum of weights: the factor each client multiplies its input by
+        (about 1 each, so the quantizer's clip range suits every client)."""
+        total = sum(weights.values())
+        return {cid: w * len(weights) / total for cid, w in weights.items()}
+
+    def noise_geometry(self, weights: dict[str, float], sensitivity: dict[str, float],
+                       size: int, colluders: int) -> NoiseGeometry:
+        """Distributed-noise geometry for inputs of ``size`` coordinates whose L2 sensitivity
+        is ``sensitivity[u]`` in the update's units; see :class:`NoiseGeometry`."""
+        scale = self.scales(weights)
+        honest = self.shares_needed(self.group_size(len(weights))) - colluders
+        if honest < 1:
+            raise ProtocolError(
+                f"colluders = {colluders} leaves no honest client among the "
+                f"{honest + colluders} whose inputs a round needs at least; distributed noise "
+                "then protects nobody. Lower colluders or raise the secagg threshold")
+        return NoiseGeometry({u: grid_sensitivity(sensitivity[u], scale[u], self.quantizer.step,
+                                                  size) for u in weights}, honest)
+
     # -- one aggregation -------------------------------------------------------------------
 
-    def aggregate(self, engine, round_, kind, compute, weights, template, prior=()):
+    def aggregate(self, engine, round_, kind, compute, weights, template, prior=(),
+                  noise=None):
+        """``noise``: a :class:`~secureffm.protocols.dp.DistributedNoise` when each client must
+        add its share of distributed DP noise, else None."""
         from ..federation.engine import Aggregate
 
         ids = [c.id for c in engine.clients]
         order = {cid: i for i, cid in enumerate(ids)}
         clients = {c.id: c for c in engine.clients}
         n = len(ids)
-        total_weight = sum(weights.values())
-        scale = {cid: weights[cid] * n / total_weight for cid in ids}  # w_u, about 1 each
+        scale = self.scales(weights)
         size = sum(int(np.prod(shape)) for shape, _ in template.values())
+        share_variance = self._share_variance(noise, weights, size, n)
         wire = np.uint32 if self.quantizer.bits <= 32 else np.uint64
         dropped: dict[str, str] = {}
         stages = (*prior, self.name)
@@ -303,6 +353,8 @@ class SecAggStage:
                 continue
             y = self.quantizer.quantize(scale[u] * flatten(payload, template),
                                         client.protocol_rng)
+            if share_variance:
+                y = self.quantizer.add_mod(y, _skellam(share_variance, size))
             y = self.quantizer.add_mod(y, expand_seed(s.self_seed, size, self.quantizer.bits))
             for v in s.received:  # neighbours that shared with u
                 pair_seed = agree(s.mask.private, s.neighbour_keys[v]["s_pk"], _MASK)
@@ -378,9 +430,24 @@ class SecAggStage:
                 # v added +mask if v precedes u, else -mask: take it back out.
                 total = (self.quantizer.sub_mod(total, mask) if order[v] < order[u]
                          else self.quantizer.add_mod(total, mask))
-        summed = self.quantizer.dequantize_sum(total, len(u3))
+        summed = self.quantizer.dequantize_sum(total, len(u3), noisy=bool(share_variance))
         mean = summed / sum(scale[u] for u in u3)
         return Aggregate(unflatten(mean, template), u3, dropped)
+
+    def _share_variance(self, noise, weights, size: int, n: int) -> float:
+        """Each client's Skellam noise variance in levels (0 without distributed noise),
+        after checking that the noisy sum of all n clients cannot wrap the modulus."""
+        if noise is None:
+            return 0.0
+        geometry = self.noise_geometry(weights, noise.sensitivity, size, noise.colluders)
+        variance = geometry.share_variance(noise.multiplier)
+        centre = n * (self.quantizer.levels - 1) / 2
+        if centre + _NOISE_SIGMAS * math.sqrt(n * variance) >= self.quantizer.modulus / 2:
+            raise ProtocolError(
+                f"bits = {self.quantizer.bits} leaves no room for distributed noise of std "
+                f"{math.sqrt(variance):.3g} levels per client on {n} clients; raise bits or "
+                "lower levels in the secagg stage")
+        return variance
 
     def _answer(self, engine, round_, kind, s: _ClientSession, request: dict,
                 needed: int) -> dict[str, bytes] | None:
@@ -407,3 +474,12 @@ class SecAggStage:
             elif u in gone:
                 answer[f"s:{u}"] = share_to_bytes(key_share)
         return answer
+
+
+def _skellam(variance: float, size: int) -> np.ndarray:
+    """Integer Skellam noise Poisson(v/2) - Poisson(v/2) (variance v per coordinate) in two's
+    complement (uint64: residues mod 2^64, so mod 2^bits once added), from a generator seeded
+    by the OS CSPRNG: neither the server nor the run's published seed can predict it."""
+    rng = np.random.default_rng(secrets.randbits(128))
+    noise = rng.poisson(variance / 2, size) - rng.poisson(variance / 2, size)
+    return noise.astype(np.int64).astype(np.uint64)

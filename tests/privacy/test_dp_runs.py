@@ -65,7 +65,7 @@ def test_got_with_an_unprotected_dual_update_is_refused(small_config, tmp_path):
 
 
 @pytest.mark.parametrize("line, fragment", [
-    ('noise = "distributed"', "only 'local' noise"),
+    ('noise = "shared"', "noise = 'shared'"),
     ('protects = ["measure"]', "cannot protect kind 'measure'"),
     ('clip = -1.0', "clip = -1.0"),
     ('accountant = "gdp"', "accountant = 'gdp'"),
