@@ -30,7 +30,7 @@ from secureffm.reporting import mean_std, write_block  # noqa: E402
 from secureffm.run import run  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-WITHOUT_DP = {"dp": "plaintext", "dp-secagg": "secagg"}
+WITHOUT_DP = {"dp": "plaintext", "dp-secagg": "secagg", "dp-secagg-distributed": "secagg"}
 
 
 def _one(job: tuple[str, str, float, int, dict]) -> dict:
@@ -53,7 +53,8 @@ def _one(job: tuple[str, str, float, int, dict]) -> dict:
     if privacy.exists():
         clients = json.loads(privacy.read_text())["clients"].values()
         row["spent_rdp"] = max(c["rdp"]["total"] for c in clients)
-        row["spent_prv"] = max(c["prv"]["total"] for c in clients)
+        prv = [c["prv"]["total"] for c in clients]  # None: PRV does not cover the mechanism
+        row["spent_prv"] = max(prv) if None not in prv else ""
         row["sigma"] = max(json.loads(privacy.read_text())["noise_multiplier"].values())
     return row
 
@@ -64,13 +65,14 @@ def _plot(rows: list[dict], eps_values: list[float], path: Path) -> None:
     labels = ["inf" if math.isinf(e) else f"{e:g}" for e in eps_values]
     for ax, nfe in zip(axes, ("2", "32"), strict=True):
         for method in sorted({r["method"] for r in rows}):
-            for protocol in sorted({r["protocol"] for r in rows}):
+            protocols = sorted({r["protocol"] for r in rows})
+            for protocol in protocols:
                 stats = [mean_std([r[f"w2_nfe{nfe}"] for r in rows if r["method"] == method
                                    and r["protocol"] == protocol and r["epsilon"] == lab])
                          for lab in labels]
                 ax.errorbar(ticks, [s[0] for s in stats], yerr=[s[1] for s in stats],
                             marker="o", capsize=3, label=f"{method}, {protocol}",
-                            linestyle="-" if protocol == "dp" else "--")
+                            linestyle=("-", "--", ":")[protocols.index(protocol) % 3])
         ax.set_xticks(ticks, labels)
         ax.set_xlabel("target epsilon per client (delta = 1e-5)")
         ax.set_title(f"W2 at NFE {nfe}")
@@ -94,6 +96,8 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--root", default=str(ROOT / "runs" / "sweep"))
     parser.add_argument("--docs", default=str(ROOT / "docs"))
+    parser.add_argument("--block", default="sweep",
+                        help="name of the results.md block (and figure) to write")
     args = parser.parse_args()
     eps_values = [float(e) for e in args.eps.split(",")]
     settings = {"rounds": args.rounds, "potential_lr": args.potential_lr,
@@ -111,7 +115,8 @@ def main() -> None:
         writer.writerows(rows)
     figures = Path(args.docs) / "figures"
     figures.mkdir(parents=True, exist_ok=True)
-    _plot(rows, eps_values, figures / "sweep_privacy_utility.png")
+    figure = "sweep_privacy_utility.png" if args.block == "sweep" else f"{args.block}.png"
+    _plot(rows, eps_values, figures / figure)
 
     labels = ["inf" if math.isinf(e) else f"{e:g}" for e in eps_values]
     lines = ["| method | protocol | " + " | ".join(f"eps {lab}" for lab in labels) + " |",
@@ -135,8 +140,8 @@ def main() -> None:
             f"{args.eval_samples} evaluation samples, mean ± std over seeds {args.seeds}; "
             "'spent' is the largest RDP epsilon any client spent. Written by "
             "`experiments/sweep_privacy_utility.py`.\n\n" + "\n".join(lines)
-            + "\n\n![privacy-utility](figures/sweep_privacy_utility.png)\n")
-    write_block(Path(args.docs) / "results.md", "sweep", text)
+            + f"\n\n![privacy-utility](figures/{figure})\n")
+    write_block(Path(args.docs) / "results.md", args.block, text)
     print(text)
 
 
