@@ -15,9 +15,10 @@ def flat_params(module: nn.Module) -> np.ndarray:
 
 
 def load_flat_params(module: nn.Module, vector: np.ndarray) -> None:
-    """Inverse of :func:`flat_params`."""
+    """Inverse of :func:`flat_params`. The parameters get their own copy: a later in-place
+    step on the module never writes back into ``vector`` (a received message, say)."""
     device = next(module.parameters()).device
-    nn.utils.vector_to_parameters(torch.as_tensor(vector, device=device), module.parameters())
+    nn.utils.vector_to_parameters(torch.tensor(vector, device=device), module.parameters())
 
 
 def flat_grad(module: nn.Module) -> np.ndarray:
