@@ -10,11 +10,14 @@ from .audit.verify import add_arguments as add_audit_arguments
 from .audit.verify import audit_command
 from .config import config_fields, load_config
 from .errors import SecureFFMError
+from .fedwad_run import add_arguments as add_fedwad_arguments
+from .fedwad_run import fedwad_command
 
 __all__ = ["main", "build_parser"]
 
 _HELP = {
-    "method": "vanilla | lot | got (federated FFM) or icfm | otcfm (centralized baselines)",
+    "method": "vanilla | lot | got (federated FFM), icfm | otcfm (centralized baselines), "
+              "dcfm-a | dcfm-b | fedflow | fedflow-l | ddm | ddm-l (DCFM, docs/dcfm.md)",
     "protocol": "protocol name (shipped spec) or path to a .toml spec",
     "threat_model": "fault injection: a threat_models/ name or a .toml path (default none)",
     "keep_payloads": "also keep every delivered payload in payloads.bin for audits",
@@ -31,6 +34,19 @@ _HELP = {
     "shard_size": "points each client draws once (pool = clients x shard_size)",
     "weighting": "lambda_i proportional to shard size or uniform",
     "eval_samples": "generated and held-out target points for exact W2",
+    "local_steps": "DCFM stage-I (and DDM) training steps per client",
+    "dcfm_rounds": "DCFM-A rounds R: all-gather of the experts, then --dcfm-steps local steps",
+    "dcfm_steps": "DCFM-A local steps per round (peer CI penalty, Eq. 14)",
+    "distill_steps": "DCFM-B student steps on the server (Eq. 17)",
+    "teacher_steps": "Euler steps of DCFM-B's teacher paths",
+    "fedflow_rounds": "FedFlow FedAvg rounds",
+    "fedflow_local_steps": "FedFlow local steps per client and round",
+    "ci_weight": "lambda: weight of the conditional-independence penalty (DCFM, +L baselines)",
+    "p_full": "label masking (Eq. 8): probability of the full label",
+    "p_marginal": "label masking: probability of keeping one attribute",
+    "p_uncond": "label masking: probability of the unconditional label",
+    "guidance": "per-attribute guidance weight w_i of Eq. 5 when sampling",
+    "coverage": "fraction of attribute combinations observed (colored-digits)",
 }
 
 
@@ -51,6 +67,9 @@ def build_parser() -> argparse.ArgumentParser:
                              help=f"{_HELP.get(f.name, '')} (default {shown})".strip())
     audit = sub.add_parser("audit", help="verify a run's signed, hash-chained message log")
     add_audit_arguments(audit)
+    fedwad = sub.add_parser("fedwad", help="FedWAD: W_p between clients' data sets; the server "
+                            "sees only interpolating measures (docs/fedwad.md)")
+    add_fedwad_arguments(fedwad)
     return parser
 
 
@@ -61,9 +80,12 @@ def _run(args: argparse.Namespace) -> None:
                  if k not in ("command", "config") and v is not None}
     config = load_config(args.config, overrides)
     result = run(config)
-    w2 = result.metrics["eval"]["w2"]
     print(f"run folder: {result.out}")
-    print("W2 by NFE: " + ", ".join(f"{k}: {v:.3f}" for k, v in w2.items()))
+    evaluation = result.metrics["eval"]
+    if "w2" in evaluation:
+        print("W2 by NFE: " + ", ".join(f"{k}: {v:.3f}" for k, v in evaluation["w2"].items()))
+    if "missing_mode_fraction" in evaluation:  # DCFM on modes2d
+        print(f"missing-mode fraction: {evaluation['missing_mode_fraction']:.3f}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -73,6 +95,8 @@ def main(argv: list[str] | None = None) -> int:
             _run(args)
         elif args.command == "audit":
             return audit_command(args)
+        elif args.command == "fedwad":
+            fedwad_command(args)
     except SecureFFMError as err:
         print(f"secureffm: error: {err}", file=sys.stderr)
         return 2

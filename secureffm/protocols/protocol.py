@@ -239,7 +239,8 @@ class Protocol:
         """
         self._check_individual(kind)
         sealer = self._sealed_by_kind.get(kind)
-        stages = self.client_stages(kind) + ((sealer.name,) if sealer else ())
+        shaped = self.client_stages(kind) if sender != SERVER else ()  # the server's own: none
+        stages = shaped + ((sealer.name,) if sealer else ())
         if sealer is not None:
             data = sealer.seal(engine, payload, kind, round_, sender, [recipient])
         else:

@@ -621,7 +621,7 @@ def test_shipped_secagg_specs_load_with_their_documented_parameters():
         (stage,) = load_protocol(name).stages
         assert (stage.threshold, stage.neighbours) == (0.6, neighbours)
         assert stage.quantizer == Quantizer(8.0, 2**22, 32)
-        assert set(stage.protects) == {"gradient", "dual_update"}
+        assert set(stage.protects) == {"gradient", "dual_update", "update"}
         stage.validate_for(1024)
         with pytest.raises(ProtocolError, match="can wrap for 1025 clients"):
             stage.validate_for(1025)

@@ -1,0 +1,193 @@
+"""Client clustering for federated learning (FedWAD Sec. 4 and App. D.5).
+
+The server clusters the clients by spectral clustering (scikit-learn) on an affinity built from
+their pairwise distance matrix (federated OTDD or FedWAD, :mod:`.otdd`), then runs one FedAvg
+per cluster, each cluster a sub-federation with its own engine and log. Global FedAvg is the
+one-cluster case. FedAvg rounds go through the engine's ``aggregate`` (kind ``update``, weights
+by client size), so a protocol that protects ``update`` (secure aggregation) applies unchanged.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from sklearn.cluster import SpectralClustering
+from torch import nn
+from tqdm import tqdm
+
+from ..errors import ConfigError, DataError, ProtocolError
+from ..federation.engine import InProcessEngine
+from ..federation.log import MessageLog
+from ..federation.parties import Client
+from ..models.params import flat_params, load_flat_params
+from ..protocols.protocol import Protocol
+from .otdd import client_labels
+
+__all__ = ["AFFINITIES", "cluster_clients", "Classifier", "FedAvgConfig", "fedavg",
+           "clustered_fedavg", "accuracy"]
+
+AFFINITIES = ("rbf", "knn")
+
+
+def _check_distances(distances: np.ndarray) -> np.ndarray:
+    d = np.asarray(distances, dtype=np.float64)
+    if d.ndim != 2 or d.shape[0] != d.shape[1]:
+        raise DataError(f"distances must be a square [n, n] matrix, got shape {d.shape}")
+    if not np.isfinite(d).all() or (d < 0).any():
+        raise DataError("distances must be finite and non-negative; a client whose distance "
+                        "failed must be left out before clustering")
+    if not np.allclose(d, d.T, rtol=1e-6, atol=1e-9):
+        raise DataError("distances must be symmetric; average it with its transpose first")
+    return d
+
+
+def cluster_clients(distances: np.ndarray, n_clusters: int, affinity: str = "rbf",
+                    neighbours: int = 3, seed: int = 0) -> np.ndarray:
+    """Cluster index per client, shape [n], from the pairwise distance matrix [n, n].
+
+    ``rbf``: affinity exp(-(D_ij / s)^2) with s the median off-diagonal distance (the paper's
+    "affinity" setting, a distance rescaled into a similarity). ``knn``: the binary graph of each
+    client's ``neighbours`` nearest clients (the paper's "sparse graph").
+    """
+    d = _check_distances(distances)
+    n = d.shape[0]
+    if not 1 <= n_clusters <= n:
+        raise ConfigError(f"n_clusters = {n_clusters}: need 1 <= n_clusters <= {n} clients")
+    if n_clusters == 1:
+        return np.zeros(n, dtype=np.int64)
+    if affinity == "rbf":
+        off = d[~np.eye(n, dtype=bool)]
+        scale = float(np.median(off)) or 1.0
+        model = SpectralClustering(n_clusters, affinity="precomputed", random_state=seed)
+        return model.fit_predict(np.exp(-(d / scale) ** 2)).astype(np.int64)
+    if affinity == "knn":
+        if not 1 <= neighbours < n:
+            raise ConfigError(f"neighbours = {neighbours}: need 1 <= neighbours < {n} clients")
+        model = SpectralClustering(n_clusters, affinity="precomputed_nearest_neighbors",
+                                   n_neighbors=neighbours, random_state=seed)
+        return model.fit_predict(d).astype(np.int64)
+    raise ConfigError(f"affinity = {affinity!r} is unknown; use one of {', '.join(AFFINITIES)}")
+
+
+class Classifier(nn.Module):
+    """Logits [B, classes] from features [B, d]: one hidden ReLU layer of ``hidden`` units."""
+
+    def __init__(self, dim: int, classes: int, hidden: int = 64):
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(dim, hidden), nn.ReLU(), nn.Linear(hidden, classes))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x)
+
+
+@dataclass(frozen=True)
+class FedAvgConfig:
+    """FedAvg (McMahan et al. 2017): ``rounds`` rounds of ``local_epochs`` epochs of SGD with
+    mini-batches of ``batch_size`` on each client, then the size-weighted mean of the updates."""
+
+    rounds: int = 30
+    local_epochs: int = 1
+    batch_size: int = 16
+    lr: float = 0.05
+    hidden: int = 64
+    classes: int = 10
+
+    def __post_init__(self):
+        for name in ("rounds", "local_epochs", "batch_size", "hidden", "classes"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"FedAvgConfig.{name} = {getattr(self, name)}: must be >= 1")
+        if not self.lr > 0:
+            raise ConfigError(f"FedAvgConfig.lr = {self.lr}: must be > 0")
+
+
+def _local_update(client: Client, config: FedAvgConfig) -> dict[str, np.ndarray]:
+    """Train the client's replica from the broadcast parameters; return the change [P]."""
+    theta = client.inbox["global_model"]["theta"]
+    model = client.state["classifier"]
+    load_flat_params(model, theta)
+    labels = torch.as_tensor(client_labels(client), device=client.data.device)
+    optimizer = torch.optim.SGD(model.parameters(), lr=config.lr)
+    for _ in range(config.local_epochs):
+        order = torch.randperm(client.size, generator=client.generator, device=client.data.device)
+        for batch in order.split(config.batch_size):
+            optimizer.zero_grad(set_to_none=True)
+            loss = nn.functional.cross_entropy(model(client.data[batch]), labels[batch])
+            loss.backward()
+            optimizer.step()
+    return {"update": flat_params(model) - theta}
+
+
+def fedavg(engine: InProcessEngine, config: FedAvgConfig, seed: int = 0,
+           progress: Callable[[], None] | None = None) -> Classifier:
+    """Train one classifier over ``engine``'s clients (each with ``state["labels"]``).
+
+    Rounds whose aggregation aborted leave the model unchanged. ``progress`` is called once per
+    round. Local training is plain SGD, so a protocol with a dp stage is refused rather than
+    claimed.
+    """
+    if engine.protocol.dp is not None:
+        raise ProtocolError(f"protocol {engine.protocol.name!r} has a dp stage, but FedAvg's local "
+                            "training here is plain SGD, so no DP guarantee would hold; use "
+                            "'plaintext', 'secagg' or 'secagg-plus'")
+    dim = int(engine.clients[0].data.shape[1])
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = Classifier(dim, config.classes, config.hidden)
+    for client in engine.clients:
+        client_labels(client)
+        client.state["classifier"] = Classifier(dim, config.classes, config.hidden)
+    total = sum(c.size for c in engine.clients)
+    weights = {c.id: c.size / total for c in engine.clients}
+    count = sum(p.numel() for p in model.parameters())
+    template = {"update": ((count,), np.dtype(np.float32))}
+    for round_ in range(1, config.rounds + 1):
+        theta = flat_params(model)
+        engine.broadcast(round_, "global_model", {"theta": theta})
+        result = engine.aggregate(round_, "update", lambda c: _local_update(c, config),
+                                  weights, template)
+        if result.payload is not None:
+            load_flat_params(model, theta + result.payload["update"])
+        if progress is not None:
+            progress()
+    return model
+
+
+def clustered_fedavg(clients: list[Client], assignment: np.ndarray, protocol: Protocol,
+                     log_dir: Path, config: FedAvgConfig, seed: int = 0,
+                     show_progress: bool = True) -> dict[str, Classifier]:
+    """One FedAvg per cluster of ``assignment`` (cluster index per client, shape [n]), each
+    over its own engine logging to ``log_dir/cluster-<k>/messages.jsonl`` (one folder per
+    sub-federation: a log keeps its parties' keys beside it).
+
+    Returns client id -> the model of its cluster.
+    """
+    assignment = np.asarray(assignment)
+    if assignment.shape != (len(clients),):
+        raise DataError(f"assignment has shape {assignment.shape}; need one cluster index per "
+                        f"client, shape ({len(clients)},)")
+    clusters = sorted(set(int(k) for k in assignment))
+    bar = tqdm(total=config.rounds * len(clusters), desc=f"FedAvg x {len(clusters)} cluster(s)",
+               disable=not show_progress, unit="round", leave=False)
+    models: dict[str, Classifier] = {}
+    for k in clusters:
+        members = [c for c, a in zip(clients, assignment, strict=True) if a == k]
+        log = MessageLog(Path(log_dir) / f"cluster-{k}" / "messages.jsonl")
+        engine = InProcessEngine(members, protocol, log)
+        try:
+            model = fedavg(engine, config, seed, progress=bar.update)
+        finally:
+            engine.close()
+        models.update({c.id: model for c in members})
+    bar.close()
+    return models
+
+
+@torch.no_grad()
+def accuracy(model: nn.Module, x: np.ndarray, y: np.ndarray) -> float:
+    """Fraction of rows of ``x`` [N, d] whose arg-max logit is the label ``y`` [N]."""
+    logits = model(torch.as_tensor(x, dtype=torch.float32))
+    return float((logits.argmax(1).numpy() == np.asarray(y)).mean())

@@ -1,0 +1,190 @@
+"""FedWAD across parties: Algorithm 1 through the engine, one protocol message per measure.
+
+Iteration k (engine round ``round_ + k - 1``): the server sends xi^(k-1) to both clients
+(``measure``, phase ``broadcast``); each client interpolates between its own data (t = 0) and
+xi^(k-1) (t = 1) at a t it draws and keeps, and returns that measure (``measure``, phase
+``upload``); the server interpolates between the two at its own t to get xi^(k). A last round
+sends xi^(K) and each client returns W_p(its data, xi^(K)) (``scalar``). Under a protocol
+without the ``randomized-t`` stage, clients also return W_p(data, xi^(k-1)) every iteration and
+the server keeps the smallest bound; under it, t's range and the noise on support points come
+from the stage and only the last distances are sent. Samples never leave a client: the server
+sees measures and scalars, and the sample dimension d (public, as the task is).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from tqdm import tqdm
+
+from ..errors import ConfigError, DataError, MessageError, ProtocolError
+from ..federation.engine import InProcessEngine
+from ..federation.message import SERVER, Payload
+from ..federation.parties import Client
+from ..protocols.protocol import Protocol
+from .fedwad import (
+    FedWADConfig,
+    FedWADResult,
+    Measure,
+    add_noise,
+    check_samples,
+    initial_measure,
+    interpolate,
+    interpolate_with_distance,
+    wasserstein,
+)
+
+__all__ = ["federated_distance", "pairwise_distances", "client_samples", "measure_payload",
+           "payload_measure", "rounds_per_distance"]
+
+
+def rounds_per_distance(config: FedWADConfig) -> int:
+    """Engine rounds one federated distance takes: K iterations and the final distances."""
+    return config.iterations + 1
+
+
+def client_samples(client: Client) -> np.ndarray:
+    """The client's data as float64 numpy [N, d] (the torch-to-POT boundary), validated."""
+    return check_samples(client.data.detach().cpu().numpy(), f"client {client.id}'s data")
+
+
+def measure_payload(measure: Measure) -> Payload:
+    """A measure as a message payload: ``support`` [S, d] and ``weights`` [S], float64."""
+    return {"support": measure.support, "weights": measure.weights}
+
+
+def payload_measure(payload: Payload, sender: str, dim: int) -> Measure:
+    """The measure in a received payload; a malformed one is a MessageError naming ``sender``."""
+    if set(payload) != {"support", "weights"}:
+        raise MessageError(f"measure from {sender} must hold exactly 'support' and 'weights'; "
+                           f"it holds {sorted(payload)}")
+    support = payload["support"]
+    if support.ndim != 2 or support.shape[1] != dim:
+        raise MessageError(f"measure from {sender} has support of shape {support.shape}; "
+                           f"expected [S, {dim}]")
+    try:
+        return Measure(support, payload["weights"])
+    except DataError as err:
+        raise MessageError(f"measure from {sender} is not a valid measure: {err}") from None
+
+
+def _client(engine: InProcessEngine, client_id: str) -> Client:
+    for client in engine.clients:
+        if client.id == client_id:
+            return client
+    known = ", ".join(c.id for c in engine.clients)
+    raise ConfigError(f"no client {client_id!r} in this federation; clients are {known}")
+
+
+def _protections(protocol: Protocol, config: FedWADConfig) -> tuple[tuple[float, float], float,
+                                                                      bool]:
+    """(t range, noise std, distances only at the end) under ``protocol``."""
+    stage = protocol.stage_for("randomized-t", "measure")
+    if stage is None:
+        return config.t_range, config.noise_std, False
+    return stage.t_range, stage.noise_std, True
+
+
+def _deliver(protocol, engine, round_, phase, kind, sender, recipient, payload) -> Payload:
+    received = protocol.send(engine, round_, phase, kind, sender, recipient, payload)
+    if received is None:
+        party = recipient if sender == SERVER else sender
+        raise ProtocolError(f"FedWAD round {round_}: the {kind} message from {sender} to "
+                            f"{recipient} did not arrive (phase {phase}; the log names why); "
+                            f"FedWAD needs every iteration of both clients, so {party} must "
+                            "stay online")
+    return received
+
+
+def _scalar(payload: Payload, sender: str) -> float:
+    value = payload.get("distance")
+    if value is None or value.shape != (1,) or not np.isfinite(value).all() or value[0] < 0:
+        raise MessageError(f"distance from {sender} must be one finite non-negative number")
+    return float(value[0])
+
+
+def federated_distance(engine: InProcessEngine, protocol: Protocol, a: str, b: str,
+                       config: FedWADConfig, round_: int = 1,
+                       init: Measure | None = None) -> FedWADResult:
+    """W_p between the data of clients ``a`` and ``b`` by Algorithm 1 through ``engine``.
+
+    Uses engine rounds ``round_`` .. ``round_ + K``. The server's generator (xi^(0), its t) is
+    seeded by (config.seed, round_); each client draws its t and noise from its own
+    ``protocol_rng``. ``init``: xi^(0) instead of a Gaussian draw. Returns the bounds the server
+    learned (every iterate, or only xi^(K) under ``randomized-t``) and the best of them.
+    """
+    if a == b:
+        raise ConfigError(f"FedWAD compares two different clients; got {a!r} twice")
+    parties = [_client(engine, a), _client(engine, b)]
+    data = {c.id: client_samples(c) for c in parties}
+    dim = data[a].shape[1]
+    if data[b].shape[1] != dim:
+        raise DataError(f"client {a} holds {dim}-dimensional samples and client {b} "
+                        f"{data[b].shape[1]}-dimensional ones; FedWAD compares one space")
+    t_range, noise_std, private = _protections(protocol, config)
+    server_rng = np.random.default_rng([config.seed, round_])
+    xi = initial_measure(config, dim, server_rng) if init is None else init
+    if xi.dim != dim:
+        raise DataError(f"the initial measure has dimension {xi.dim}, the clients' data {dim}")
+    p, exact, tol = config.p, config.exact, config.prune_tol
+    low, high = t_range
+    measures, bounds, evaluated = [xi], [], []
+    for k in range(1, config.iterations + 1):
+        r = round_ + k - 1
+        returned, distances = [], []
+        for client in parties:
+            got = _deliver(protocol, engine, r, "broadcast", "measure", SERVER, client.id,
+                           measure_payload(xi))
+            local = payload_measure(got, SERVER, dim)
+            t = float(client.protocol_rng.uniform(low, high))
+            moved, distance = interpolate_with_distance(Measure.uniform(data[client.id]), local,
+                                                        t, p, exact, tol)
+            moved = add_noise(moved, noise_std, client.protocol_rng)
+            got = _deliver(protocol, engine, r, "upload", "measure", client.id, SERVER,
+                           measure_payload(moved))
+            returned.append(payload_measure(got, client.id, dim))
+            if not private:
+                got = _deliver(protocol, engine, r, "upload", "scalar", client.id, SERVER,
+                               {"distance": np.array([distance])})
+                distances.append(_scalar(got, client.id))
+        if not private:
+            bounds.append(sum(distances))
+            evaluated.append(k - 1)
+        xi = interpolate(returned[0], returned[1], float(server_rng.uniform(low, high)), p,
+                         exact, tol)
+        measures.append(xi)
+    final = round_ + config.iterations
+    total = 0.0
+    for client in parties:
+        got = _deliver(protocol, engine, final, "broadcast", "measure", SERVER, client.id,
+                       measure_payload(xi))
+        local = payload_measure(got, SERVER, dim)
+        distance = wasserstein(Measure.uniform(data[client.id]), local, p)
+        got = _deliver(protocol, engine, final, "upload", "scalar", client.id, SERVER,
+                       {"distance": np.array([distance])})
+        total += _scalar(got, client.id)
+    bounds.append(total)
+    evaluated.append(config.iterations)
+    best = int(np.argmin(bounds))
+    return FedWADResult(float(bounds[best]), tuple(bounds), tuple(evaluated), evaluated[best],
+                        measures[evaluated[best]])
+
+
+def pairwise_distances(engine: InProcessEngine, protocol: Protocol, config: FedWADConfig,
+                       round_: int = 1, progress: bool = False) -> np.ndarray:
+    """FedWAD between every pair of the engine's clients, orchestrated by the server.
+
+    Pairs run one after another in consecutive blocks of :func:`rounds_per_distance` rounds
+    from ``round_``. Returns [n, n] in the order of ``engine.clients``: symmetric, zero diagonal.
+    """
+    ids = [c.id for c in engine.clients]
+    if len(ids) < 2:
+        raise ConfigError(f"pairwise FedWAD needs at least 2 clients; this federation has "
+                          f"{len(ids)}")
+    pairs = [(i, j) for i in range(len(ids)) for j in range(i + 1, len(ids))]
+    matrix = np.zeros((len(ids), len(ids)))
+    for n, (i, j) in enumerate(tqdm(pairs, desc="FedWAD pairs", unit="pair",
+                                    disable=not progress, dynamic_ncols=True)):
+        result = federated_distance(engine, protocol, ids[i], ids[j], config,
+                                    round_ + n * rounds_per_distance(config))
+        matrix[i, j] = matrix[j, i] = result.distance
+    return matrix

@@ -1,0 +1,224 @@
+"""Optimal transport dataset distance (OTDD, Alvarez-Melis and Fusi 2020), central and federated.
+
+OTDD is the 2-Wasserstein distance between two labelled data sets under the ground cost
+
+.. math::
+    d((x, y), (x', y'))^2 = |x - x'|^2 + W_2^2(\\alpha_y, \\alpha_{y'})
+
+where alpha_y is the empirical distribution of the features of class y. Centrally
+(:func:`otdd_exact`) every W_2 is POT's exact solver.
+
+Federated (:func:`federated_otdd`, FedWAD Sec. 4 and App. D.3), no example leaves its client:
+
+1. each client computes the W_2 distances between its own classes and sends them (``scalar``);
+2. the distance between a class of one client and a class of another is computed by FedWAD
+   between the two class-conditional samples (``measure`` and ``scalar`` messages);
+3. the server embeds all the clients' classes by classical multidimensional scaling of that
+   label-distance matrix (as Alvarez-Melis and Fusi 2021 do for their flows), so that
+   |e_y - e_y'| ~ W_2(alpha_y, alpha_y'), and sends each client the vectors of its own classes;
+4. each client augments its examples to z = [x, e_y]; the OTDD between two clients is FedWAD
+   between their augmented samples, whose Euclidean cost is the ground cost above.
+
+A client's labels live in ``client.state["labels"]`` (int64, one per row of ``client.data``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from itertools import combinations
+
+import numpy as np
+import torch
+from sklearn.manifold import ClassicalMDS
+from tqdm import tqdm
+
+from ..errors import DataError, ProtocolError
+from ..federation.engine import InProcessEngine
+from ..federation.message import SERVER
+from ..federation.parties import Client
+from ..protocols.protocol import Protocol
+from ..runtime import party_generator
+from ..transport import emd_cost, squared_distances
+from .fedwad import FedWADConfig
+from .fedwad_coreset import engine_fedwad
+
+__all__ = ["LABELS", "labelled_clients", "client_labels", "class_distances", "otdd_exact",
+           "label_embedding", "augment", "OTDDResult", "federated_otdd"]
+
+LABELS = "labels"
+
+
+def labelled_clients(features: list[np.ndarray], labels: list[np.ndarray],
+                     seed: int = 0) -> list[Client]:
+    """Clients ``client-1``, ... holding features [N_i, d] (float32 tensors) and their labels."""
+    if len(features) != len(labels):
+        raise DataError(f"{len(features)} feature arrays but {len(labels)} label arrays; give "
+                        "one of each per client")
+    clients = []
+    for i, (x, y) in enumerate(zip(features, labels, strict=True), start=1):
+        generator = party_generator(seed, i, torch.device("cpu"))
+        client = Client(f"client-{i}", torch.as_tensor(np.asarray(x, dtype=np.float32)),
+                        generator, protocol_rng=np.random.default_rng([seed, i]))
+        client.state[LABELS] = np.asarray(y)
+        client_labels(client)
+        clients.append(client)
+    return clients
+
+
+def client_labels(client: Client) -> np.ndarray:
+    """The client's labels [N] as int64; a missing or mismatched label array is a DataError."""
+    labels = client.state.get(LABELS)
+    if labels is None:
+        raise DataError(f"{client.id} holds no labels; put one integer label per row of its "
+                        f"data in client.state[{LABELS!r}] (see labelled_clients)")
+    labels = np.asarray(labels)
+    if labels.shape != (client.size,) or not np.issubdtype(labels.dtype, np.integer):
+        raise DataError(f"{client.id} has labels of shape {labels.shape} and dtype "
+                        f"{labels.dtype}; need integers of shape ({client.size},)")
+    return labels.astype(np.int64)
+
+
+def _exact_w2(x: np.ndarray, y: np.ndarray) -> float:
+    return float(np.sqrt(max(emd_cost(squared_distances(x, y)), 0.0)))
+
+
+def class_distances(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Classes present in ``y`` [N] (sorted) and the exact W_2 between their feature
+    distributions (rows of ``x`` [N, d]), shape [C, C]."""
+    classes = np.unique(y)
+    dist = np.zeros((len(classes), len(classes)))
+    for i in range(len(classes)):
+        for j in range(i + 1, len(classes)):
+            dist[i, j] = dist[j, i] = _exact_w2(x[y == classes[i]], x[y == classes[j]])
+    return classes, dist
+
+
+def otdd_exact(x_a: np.ndarray, y_a: np.ndarray, x_b: np.ndarray, y_b: np.ndarray) -> float:
+    """OTDD between (x_a [N, d], y_a [N]) and (x_b [M, d], y_b [M]) with POT's exact solver
+    for the label distances and for the outer problem (module docstring)."""
+    ca, cb = np.unique(y_a), np.unique(y_b)
+    label = np.array([[_exact_w2(x_a[y_a == a], x_b[y_b == b]) for b in cb] for a in ca])
+    ia, ib = np.searchsorted(ca, y_a), np.searchsorted(cb, y_b)
+    cost = squared_distances(x_a, x_b) + label[ia][:, ib] ** 2
+    return float(np.sqrt(max(emd_cost(cost), 0.0)))
+
+
+def label_embedding(distances: np.ndarray) -> np.ndarray:
+    """Vectors e [L, r] with |e_i - e_j| ~ distances[i, j] ([L, L]) by classical MDS
+    (scikit-learn), keeping the components with positive eigenvalues (exact when the distances
+    are Euclidean)."""
+    d = np.asarray(distances, dtype=np.float64)
+    if d.ndim != 2 or d.shape[0] != d.shape[1] or not np.isfinite(d).all():
+        raise DataError(f"label distances must be a finite square matrix, got shape {d.shape}")
+    if len(d) == 1:
+        return np.zeros((1, 1))
+    mds = ClassicalMDS(n_components=len(d) - 1, metric="precomputed")
+    with np.errstate(invalid="ignore"):
+        mds.fit(d)
+    keep = mds.eigenvalues_ > 1e-10 * max(float(mds.eigenvalues_[0]), 1e-300)
+    if not keep.any():
+        return np.zeros((len(d), 1))
+    return mds.embedding_[:, keep]
+
+
+def augment(x: np.ndarray, y: np.ndarray, classes: np.ndarray,
+            embedding: np.ndarray) -> np.ndarray:
+    """Rows [x_i, e_{y_i}], shape [N, d + r], with ``embedding`` [C, r] the vectors of
+    ``classes`` [C]."""
+    index = np.searchsorted(classes, y)
+    if (index >= len(classes)).any() or not np.array_equal(classes[index], y):
+        raise DataError("a label has no embedding vector; every class of the client must have "
+                        "been embedded")
+    return np.concatenate([x, embedding[index]], axis=1)
+
+
+@dataclass(frozen=True)
+class OTDDResult:
+    """What the server holds after :func:`federated_otdd`.
+
+    ``distances`` [n, n]: OTDD between clients (engine order), by FedWAD. ``labels``: (client
+    id, class) per row of ``label_distances`` [L, L] (exact within a client, FedWAD across) and
+    of ``embedding`` [L, r] (classical MDS of it).
+    """
+
+    distances: np.ndarray
+    labels: tuple[tuple[str, int], ...]
+    label_distances: np.ndarray
+    embedding: np.ndarray
+
+
+def _lost(what: str, client: str) -> ProtocolError:
+    return ProtocolError(f"federated OTDD needs every client's {what}, but a message of "
+                         f"{client} was lost (see the log's events); rerun without that client")
+
+
+def federated_otdd(engine: InProcessEngine, protocol: Protocol, config: FedWADConfig,
+                   label_config: FedWADConfig | None = None,
+                   show_progress: bool = True) -> OTDDResult:
+    """OTDD between every pair of ``engine``'s clients, no example leaving its client (module
+    docstring, steps 1-4). ``config``: FedWAD for the client-to-client distances on augmented
+    rows; ``label_config``: FedWAD for the class-to-class distances (default ``config``).
+    Rounds count up from 1, one per FedWAD iteration.
+    """
+    label_config = label_config or config
+    clients = engine.clients
+    if len(clients) < 2:
+        raise DataError("federated OTDD compares clients: the federation needs at least two")
+    rng = np.random.default_rng(config.seed)
+    rows = {c.id: c.data.detach().cpu().double().numpy() for c in clients}
+    labels = {c.id: client_labels(c) for c in clients}
+    # 1. each client's own class-to-class distances (scalar)
+    labels_of, blocks = [], []
+    for client in clients:
+        classes, local = class_distances(rows[client.id], labels[client.id])
+        got = protocol.send(engine, 1, "upload", "scalar", client.id, SERVER,
+                            {"classes": classes, "distances": local})
+        if got is None:
+            raise _lost("class distances", client.id)
+        labels_of.extend((client.id, int(c)) for c in got["classes"])
+        blocks.append(got["distances"])
+    index = {label: i for i, label in enumerate(labels_of)}
+    label_distances = np.zeros((len(labels_of), len(labels_of)))
+    start = 0
+    for block in blocks:
+        label_distances[start:start + len(block), start:start + len(block)] = block
+        start += len(block)
+    # 2. class-to-class distances across clients, by FedWAD between class subsets
+    cross = [(a, b) for a, b in combinations(labels_of, 2) if a[0] != b[0]]
+    by_id = {c.id: c for c in clients}
+    round_ = 2
+    for a, b in tqdm(cross, desc="OTDD class distances (FedWAD)", disable=not show_progress,
+                     leave=False):
+        sides = [(by_id[cid], rows[cid][labels[cid] == cls]) for cid, cls in (a, b)]
+        outcome = engine_fedwad(engine, protocol, round_, sides[0], sides[1], label_config, rng)
+        round_ += label_config.iterations + 1
+        if outcome is None:
+            raise _lost("class-to-class distances", f"{a[0]} or {b[0]}")
+        label_distances[index[a], index[b]] = label_distances[index[b], index[a]] = outcome[0]
+    # 3. the server embeds the classes and sends each client its own classes' vectors
+    embedding = label_embedding(label_distances)
+    augmented = {}
+    for client in clients:
+        mine = [i for i, (cid, _) in enumerate(labels_of) if cid == client.id]
+        got = protocol.send(engine, round_, "broadcast", "label_embedding", SERVER, client.id,
+                            {"classes": np.array([labels_of[i][1] for i in mine]),
+                             "embedding": embedding[mine]})
+        if got is None:
+            raise _lost("label embedding", client.id)
+        augmented[client.id] = augment(rows[client.id], labels[client.id], got["classes"],
+                                       got["embedding"])
+    round_ += 1
+    # 4. client-to-client OTDD, by FedWAD between augmented rows
+    n = len(clients)
+    distances = np.zeros((n, n))
+    pairs = list(combinations(range(n), 2))
+    for i, j in tqdm(pairs, desc="OTDD client distances (FedWAD)", disable=not show_progress,
+                     leave=False):
+        ci, cj = clients[i], clients[j]
+        outcome = engine_fedwad(engine, protocol, round_, (ci, augmented[ci.id]),
+                                (cj, augmented[cj.id]), config, rng)
+        round_ += config.iterations + 1
+        if outcome is None:
+            raise _lost("OTDD messages", f"{ci.id} or {cj.id}")
+        distances[i, j] = distances[j, i] = outcome[0]
+    return OTDDResult(distances, tuple(labels_of), label_distances, embedding)

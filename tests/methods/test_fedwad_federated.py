@@ -1,0 +1,184 @@
+"""FedWAD through the engine: accuracy against POT, what the server's log holds, the
+randomized-t protocol, pairwise distances, the CLI's run folder, and clear errors."""
+
+import copy
+import json
+
+import numpy as np
+import ot
+import pytest
+import torch
+
+from secureffm.audit.verify import verify_run
+from secureffm.cli import main
+from secureffm.errors import ConfigError, DataError, ProtocolError
+from secureffm.federation.engine import InProcessEngine
+from secureffm.federation.faults import Fault, FaultPlan
+from secureffm.federation.log import PAYLOADS_FILE, MessageLog
+from secureffm.federation.message import SERVER, deserialize_payload
+from secureffm.federation.parties import Client
+from secureffm.methods.fedwad import FedWADConfig, Measure, interpolate, wasserstein
+from secureffm.methods.fedwad_federated import federated_distance, pairwise_distances
+from secureffm.protocols.protocol import load_protocol
+
+CONFIG = FedWADConfig(iterations=8, support_size=100)
+
+
+def pot_w2(x, y):
+    cost = ot.dist(x, y)
+    return ot.emd2(ot.unif(len(x)), ot.unif(len(y)), cost, numItermax=10_000_000) ** 0.5
+
+
+def federation(tmp_path, arrays, protocol="plaintext", faults=None):
+    clients = [Client(f"client-{i}", torch.as_tensor(x), torch.Generator().manual_seed(i),
+                      protocol_rng=np.random.default_rng([3, i]))
+               for i, x in enumerate(arrays, start=1)]
+    spec = load_protocol(protocol)
+    log = MessageLog(tmp_path / "messages.jsonl", keep_payloads=True)
+    return InProcessEngine(clients, spec, log, faults), spec
+
+
+def records(tmp_path):
+    lines = (tmp_path / "messages.jsonl").read_text().splitlines()
+    return [json.loads(line) for line in lines]
+
+
+def payload(tmp_path, record):
+    with (tmp_path / PAYLOADS_FILE).open("rb") as f:
+        f.seek(record["offset"])
+        return deserialize_payload(f.read(record["bytes"]))
+
+
+@pytest.fixture
+def data():
+    rng = np.random.default_rng(0)
+    return [rng.normal(size=(200, 2)), 0.8 * rng.normal(size=(100, 2)) + np.array([2.0, 0.5])]
+
+
+def test_estimate_matches_pot_and_log_holds_only_measures_and_scalars(tmp_path, data):
+    engine, protocol = federation(tmp_path, data)
+    result = federated_distance(engine, protocol, "client-1", "client-2", CONFIG)
+    engine.close()
+    assert result.distance == pytest.approx(pot_w2(*data), rel=0.01)
+    assert len(result.iterates) == CONFIG.iterations + 1  # plaintext: every iterate's bound
+    assert verify_run(tmp_path).ok
+    messages = [r for r in records(tmp_path) if r["kind"] != "event"]
+    assert {r["kind"] for r in messages} == {"measure", "scalar"}
+    assert all(SERVER in (r["sender"], r["recipient"]) for r in messages)
+    wire = (tmp_path / PAYLOADS_FILE).read_bytes()
+    for x in data:  # no sample, in any precision, crossed the engine
+        for row in x:
+            assert row.tobytes() not in wire and row.astype(np.float32).tobytes() not in wire
+    for r in messages:
+        if r["kind"] == "measure":
+            got = payload(tmp_path, r)
+            assert set(got) == {"support", "weights"} and got["support"].shape == (100, 2)
+
+
+def test_client_t_never_appears_in_any_message(tmp_path, data):
+    engine, protocol = federation(tmp_path, data, "fedwad-private")
+    stage = protocol.stage_for("randomized-t", "measure")
+    replay = copy.deepcopy(engine.clients[0].protocol_rng)
+    federated_distance(engine, protocol, "client-1", "client-2", CONFIG)
+    engine.close()
+    ts = [replay.uniform(stage.t_low, stage.t_high) for _ in range(CONFIG.iterations)]
+    log = records(tmp_path)
+    first_in = next(r for r in log if r["recipient"] == "client-1" and r["kind"] == "measure")
+    first_out = next(r for r in log if r["sender"] == "client-1" and r["kind"] == "measure")
+    xi0 = Measure(**payload(tmp_path, first_in))
+    # the replayed t is the client's: it reproduces the measure the client sent
+    expected = interpolate(Measure.uniform(data[0]), xi0, ts[0])
+    np.testing.assert_allclose(payload(tmp_path, first_out)["support"], expected.support)
+    wire = (tmp_path / PAYLOADS_FILE).read_bytes()
+    text = (tmp_path / "messages.jsonl").read_text()
+    for t in ts:
+        assert np.float64(t).tobytes() not in wire and np.float32(t).tobytes() not in wire
+        assert repr(t)[:10] not in text
+    assert all("randomized-t" in r["stages"] for r in log
+               if r["kind"] == "measure" and r["sender"] != SERVER)
+
+
+def test_private_protocol_sends_distances_only_at_the_last_iteration(tmp_path, data):
+    engine, protocol = federation(tmp_path, data, "fedwad-private")
+    private = federated_distance(engine, protocol, "client-1", "client-2", CONFIG)
+    engine.close()
+    scalars = [r for r in records(tmp_path) if r["kind"] == "scalar"]
+    assert len(scalars) == 2 and {r["round"] for r in scalars} == {CONFIG.iterations + 1}
+    assert private.evaluated == (CONFIG.iterations,)
+    plain_dir = tmp_path / "plain"
+    engine, protocol = federation(plain_dir, data)
+    plain = federated_distance(engine, protocol, "client-1", "client-2", CONFIG)
+    engine.close()
+    truth = pot_w2(*data)
+    assert private.distance == pytest.approx(truth, rel=0.02)
+    assert private.distance == pytest.approx(plain.distance, rel=0.02)
+
+
+def test_pairwise_matrix_is_symmetric_with_zero_diagonal(tmp_path, data):
+    arrays = [*data, np.random.default_rng(1).normal(size=(100, 2)) - 1.5]
+    engine, protocol = federation(tmp_path, arrays)
+    matrix = pairwise_distances(engine, protocol, FedWADConfig(iterations=5, support_size=100))
+    engine.close()
+    assert verify_run(tmp_path).ok
+    np.testing.assert_array_equal(matrix, matrix.T)
+    np.testing.assert_array_equal(np.diag(matrix), 0.0)
+    for i in range(3):
+        for j in range(i + 1, 3):
+            assert matrix[i, j] == pytest.approx(pot_w2(arrays[i], arrays[j]), rel=0.02)
+
+
+@pytest.mark.parametrize("arrays, a, b, error, match", [
+    ([np.zeros((0, 2)), np.ones((5, 2))], "client-1", "client-2", DataError, "non-empty"),
+    ([np.ones((5, 2)), np.ones((5, 3))], "client-1", "client-2", DataError, "3-dimensional"),
+    ([np.full((5, 2), np.nan), np.ones((5, 2))], "client-1", "client-2", DataError, "NaN"),
+    ([np.ones((5, 2)), np.ones((5, 2))], "client-1", "client-9", ConfigError, "no client"),
+    ([np.ones((5, 2)), np.ones((5, 2))], "client-1", "client-1", ConfigError, "twice"),
+])
+def test_bad_input_is_a_clear_error(tmp_path, arrays, a, b, error, match):
+    engine, protocol = federation(tmp_path, arrays)
+    with pytest.raises(error, match=match):
+        federated_distance(engine, protocol, a, b, CONFIG)
+
+
+def test_a_client_dropping_out_stops_the_distance(tmp_path, data):
+    faults = FaultPlan("drop", (Fault("drop", "client-2", "upload", (3,)),))
+    engine, protocol = federation(tmp_path, data, faults=faults)
+    with pytest.raises(ProtocolError, match="client-2 must stay online"):
+        federated_distance(engine, protocol, "client-1", "client-2", CONFIG)
+
+
+def test_cli_writes_a_run_folder_that_audits(tmp_path, data, capsys):
+    files = []
+    for i, x in enumerate(data):
+        files += ["--client-file", str(tmp_path / f"c{i}.npy")]
+        np.save(tmp_path / f"c{i}.npy", x)
+    out = tmp_path / "run"
+    code = main(["fedwad", *files, "--iterations", "5", "--protocol", "fedwad-private",
+                 "--check-exact", "--out", str(out)])
+    assert code == 0
+    assert "FedWAD W_2" in capsys.readouterr().out
+    result = json.loads((out / "result.json").read_text())
+    assert result["exact"] == pytest.approx(pot_w2(*data), rel=1e-9)
+    assert result["distance"] >= result["exact"] * (1 - 1e-9)
+    assert (out / "config.toml").is_file()
+    assert main(["audit", "--verify", str(out)]) == 0
+    assert main(["fedwad", "--p", "3", "--out", str(tmp_path / "bad")]) == 2
+    assert "use p = 1 or 2" in capsys.readouterr().err
+
+
+def test_plaintext_distances_let_the_server_recover_each_t(tmp_path, data):
+    """Why fedwad-private withholds distances (docs/fedwad.md): from xi^(0), the client's
+    measure and W(data, xi^(0)), the server gets t = 1 - W(xi_mu, xi^(0)) / W(data, xi^(0))."""
+    engine, protocol = federation(tmp_path, data)
+    replay = copy.deepcopy(engine.clients[0].protocol_rng)
+    federated_distance(engine, protocol, "client-1", "client-2",
+                       FedWADConfig(iterations=1, support_size=100, exact=True, prune_tol=1e-6))
+    engine.close()
+    true_t = replay.uniform(*CONFIG.t_range)
+    log = records(tmp_path)
+    sent = next(r for r in log if r["recipient"] == "client-1" and r["kind"] == "measure")
+    back = next(r for r in log if r["sender"] == "client-1" and r["kind"] == "measure")
+    distance = next(r for r in log if r["sender"] == "client-1" and r["kind"] == "scalar")
+    xi0, xi_mu = Measure(**payload(tmp_path, sent)), Measure(**payload(tmp_path, back))
+    t = 1 - wasserstein(xi_mu, xi0, 2) / payload(tmp_path, distance)["distance"][0]
+    assert t == pytest.approx(true_t, abs=1e-6)
