@@ -112,7 +112,7 @@ def main() -> None:
     parser.add_argument("--clients", type=int, default=20)
     parser.add_argument("--n-clusters", type=int, default=5)
     parser.add_argument("--iterations", type=int, default=5)
-    parser.add_argument("--support", type=int, default=10)
+    parser.add_argument("--support", type=int, default=30)
     parser.add_argument("--rounds", type=int, default=30)
     parser.add_argument("--local-epochs", type=int, default=1)
     parser.add_argument("--protocol", default="plaintext")

@@ -3,11 +3,11 @@
 The server learns K points C = (c_1, ..., c_K) minimising the mean over clients of
 W_p(1/K sum_k delta_{c_k}, mu_i), with ``clients_per_epoch`` clients drawn per epoch and each
 client optionally subsampling its data. The server holds C, so FedWAD runs between the server
-and one client at a time (:func:`engine_fedwad`): the server sends xi, the client returns
-its interpolating measure xi_i between its data and xi (``measure``), the server interpolates
-between C and xi itself and then between the two; after K iterations the client sends
-W_p(xi, mu_i) (``scalar``), the only distance it reveals. :func:`engine_fedwad` also runs
-between two clients' row sets (federated OTDD uses it on class subsets and augmented rows).
+and one client at a time (``federated_distance`` with the coreset as the server's side): the
+server sends xi, the client returns its interpolating measure between its data and xi
+(``measure``), the server interpolates between C and xi itself and then between the two; the
+client reveals W_p(its data, xi) as a ``scalar`` (only at the last iteration under
+``randomized-t``).
 
 Gradient: with xi on the geodesic from C to mu_i, W_p(C, xi) = t W_p(C, mu_i) and the optimal
 plans agree, so d W_p(C, xi) / dC at fixed xi equals d W_p(C, mu_i) / dC (envelope theorem: the
@@ -18,32 +18,21 @@ sampled client's (sub)sample and uses W_p(C, mu_i) directly.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 from tqdm import tqdm
 
-from ..errors import ConfigError, DataError, MessageError
+from ..errors import ConfigError, DataError, ProtocolError
 from ..federation.engine import InProcessEngine
-from ..federation.message import SERVER
 from ..federation.parties import Client
 from ..protocols.protocol import Protocol
 from ..transport import emd_plan
-from .fedwad import (
-    FedWADConfig,
-    Measure,
-    add_noise,
-    draw_t,
-    ground_cost,
-    initial_measure,
-    interpolate,
-    wasserstein,
-)
-from .fedwad_federated import measure_payload, payload_measure
+from .fedwad import FedWADConfig, Measure, ground_cost
+from .fedwad_federated import ClientRows, federated_distance, rounds_per_distance
 
-__all__ = ["CoresetConfig", "CoresetResult", "Side", "engine_fedwad", "coreset_distance",
-           "learn_coreset"]
+__all__ = ["CoresetConfig", "CoresetResult", "coreset_distance", "learn_coreset"]
 
 
 @dataclass(frozen=True)
@@ -51,7 +40,8 @@ class CoresetConfig:
     """``size``: K coreset points. ``epochs``: gradient steps. ``clients_per_epoch``: clients
     drawn (without replacement) per step. ``samples_per_client``: rows each drawn client
     subsamples per step (0: all). ``lr``: Adam's step size. ``fedwad``: the distance's settings.
-    ``seed``: the server's generator (client draws, xi^(0), its t)."""
+    ``seed``: the server's draws of clients per epoch (FedWAD's own draws follow
+    ``fedwad.seed`` and the round)."""
 
     size: int = 10
     epochs: int = 100
@@ -82,82 +72,6 @@ class CoresetResult:
     points: np.ndarray
     initial: np.ndarray
     losses: tuple[float, ...]
-
-
-Side = Measure | tuple[Client, np.ndarray]
-
-
-def _interpolate_at(engine, protocol, round_, side: Side, xi: Measure, config: FedWADConfig,
-                    rng: np.random.Generator) -> Measure | None:
-    """The side's interpolating measure between its data and ``xi``: computed by the server
-    for a measure it holds, else by the client from the xi it received (``measure`` both ways,
-    t and noise from the client's ``protocol_rng``)."""
-    p, exact, tol = config.p, config.exact, config.prune_tol
-    if isinstance(side, Measure):
-        return interpolate(side, xi, draw_t(config, rng), p, exact, tol)
-    client, rows = side
-    sent = protocol.send(engine, round_, "broadcast", "measure", SERVER, client.id,
-                         measure_payload(xi))
-    if sent is None:
-        return None
-    own = interpolate(Measure.uniform(rows), payload_measure(sent, SERVER, xi.dim),
-                      draw_t(config, client.protocol_rng), p, exact, tol)
-    own = add_noise(own, config.noise_std, client.protocol_rng)
-    returned = protocol.send(engine, round_, "upload", "measure", client.id, SERVER,
-                             measure_payload(own))
-    return None if returned is None else payload_measure(returned, client.id, xi.dim)
-
-
-def _distance_to(engine, protocol, round_, side: Side, xi: Measure,
-                 config: FedWADConfig) -> float | None:
-    """W_p(side's data, xi): the server's own, or the one ``scalar`` the client reveals."""
-    if isinstance(side, Measure):
-        return wasserstein(side, xi, config.p)
-    client, rows = side
-    sent = protocol.send(engine, round_, "broadcast", "measure", SERVER, client.id,
-                         measure_payload(xi))
-    if sent is None:
-        return None
-    own = wasserstein(Measure.uniform(rows), payload_measure(sent, SERVER, xi.dim), config.p)
-    scalar = protocol.send(engine, round_, "upload", "scalar", client.id, SERVER,
-                           {"distance": np.array([own])})
-    if scalar is None:
-        return None
-    value = scalar.get("distance")
-    if value is None or value.shape != (1,) or not np.isfinite(value[0]) or value[0] < 0:
-        raise MessageError(f"distance from {client.id} must be one finite non-negative number")
-    return float(value[0])
-
-
-def engine_fedwad(engine: InProcessEngine, protocol: Protocol, round_: int, first: Side,
-                  second: Side, config: FedWADConfig,
-                  rng: np.random.Generator) -> tuple[float, Measure] | None:
-    """Algorithm 1 through the engine between two sides, each a measure the server holds (a
-    coreset) or ``(client, rows [N, d])`` that the client holds and never sends.
-
-    Uses rounds ``round_`` .. ``round_ + K`` (phases ``broadcast`` and ``upload``); ``rng`` is
-    the server's (xi^(0), its t). Distances are revealed only for the last iterate (one
-    ``scalar`` per client side); a ``randomized-t`` stage on ``measure`` sets the t range and
-    the noise on returned support points. Returns (W_p(first, xi) + W_p(xi, second), xi), or
-    None when a message was lost (the engine's log says why).
-    """
-    stage = protocol.stage_for("randomized-t", "measure")
-    if stage is not None:
-        config = replace(config, t_range=stage.t_range, noise_std=stage.noise_std)
-    dim = first.dim if isinstance(first, Measure) else first[1].shape[1]
-    xi = initial_measure(config, dim, rng)
-    for k in range(config.iterations):
-        ends = [_interpolate_at(engine, protocol, round_ + k, side, xi, config, rng)
-                for side in (first, second)]
-        if any(end is None for end in ends):
-            return None
-        xi = interpolate(ends[0], ends[1], draw_t(config, rng), config.p, config.exact,
-                         config.prune_tol)
-    last = round_ + config.iterations
-    parts = [_distance_to(engine, protocol, last, side, xi, config) for side in (first, second)]
-    if any(part is None for part in parts):
-        return None
-    return parts[0] + parts[1], xi
 
 
 def coreset_distance(points: torch.Tensor, target: Measure, p: int) -> torch.Tensor:
@@ -209,14 +123,15 @@ def learn_coreset(engine: InProcessEngine, protocol: Protocol, initial: np.ndarr
                 terms.append(coreset_distance(points, target, p))
                 values.append(float(terms[-1].detach()))
                 continue
-            outcome = engine_fedwad(engine, protocol, round_, held, (client, data),
-                                    config.fedwad, rng)
-            round_ += config.fedwad.iterations + 1
-            if outcome is None:
+            try:
+                result = federated_distance(engine, protocol, held, ClientRows(client, data),
+                                            config.fedwad, round_)
+            except ProtocolError:  # a lost message (logged): this client sits the epoch out
                 continue
-            distance, xi = outcome
-            terms.append(coreset_distance(points, xi, p))
-            values.append(distance)
+            finally:
+                round_ += rounds_per_distance(config.fedwad)
+            terms.append(coreset_distance(points, result.measure, p))
+            values.append(result.distance)
         if not terms:
             continue
         optimizer.zero_grad(set_to_none=True)

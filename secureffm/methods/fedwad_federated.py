@@ -9,9 +9,14 @@ without the ``randomized-t`` stage, clients also return W_p(data, xi^(k-1)) ever
 the server keeps the smallest bound; under it, t's range and the noise on support points come
 from the stage and only the last distances are sent. Samples never leave a client: the server
 sees measures and scalars, and the sample dimension d (public, as the task is).
+
+Either side may also be a measure the server holds itself (a coreset): the server then
+interpolates and measures that side on its own, with no message.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import numpy as np
 from tqdm import tqdm
@@ -34,7 +39,21 @@ from .fedwad import (
 )
 
 __all__ = ["federated_distance", "pairwise_distances", "client_samples", "measure_payload",
-           "payload_measure", "rounds_per_distance"]
+           "payload_measure", "rounds_per_distance", "ClientRows", "Side"]
+
+
+@dataclass(frozen=True)
+class ClientRows:
+    """Rows [N, d] (float64) a client holds and never sends: its data, a subset (one class),
+    or its data with appended features."""
+
+    client: Client
+    rows: np.ndarray
+
+
+# One side of a federated distance: a client id (its whole shard), rows a client holds, or a
+# measure the server holds.
+Side = str | ClientRows | Measure
 
 
 def rounds_per_distance(config: FedWADConfig) -> int:
@@ -102,42 +121,69 @@ def _scalar(payload: Payload, sender: str) -> float:
     return float(value[0])
 
 
-def federated_distance(engine: InProcessEngine, protocol: Protocol, a: str, b: str,
+def _resolve(engine: InProcessEngine, side: Side) -> ClientRows | Measure:
+    if isinstance(side, str):
+        client = _client(engine, side)
+        return ClientRows(client, client_samples(client))
+    if isinstance(side, ClientRows):
+        return ClientRows(side.client, check_samples(side.rows, f"{side.client.id}'s rows"))
+    return side
+
+
+def _name(side: ClientRows | Measure) -> str:
+    return side.client.id if isinstance(side, ClientRows) else SERVER
+
+
+def _dim(side: ClientRows | Measure) -> int:
+    return side.rows.shape[1] if isinstance(side, ClientRows) else side.dim
+
+
+def federated_distance(engine: InProcessEngine, protocol: Protocol, a: Side, b: Side,
                        config: FedWADConfig, round_: int = 1,
                        init: Measure | None = None) -> FedWADResult:
-    """W_p between the data of clients ``a`` and ``b`` by Algorithm 1 through ``engine``.
+    """W_p between two sides by Algorithm 1 through ``engine``: each side a client id (its
+    data), :class:`ClientRows` (rows a client holds) or a :class:`Measure` the server holds.
 
-    Uses engine rounds ``round_`` .. ``round_ + K``. The server's generator (xi^(0), its t) is
-    seeded by (config.seed, round_); each client draws its t and noise from its own
-    ``protocol_rng``. ``init``: xi^(0) instead of a Gaussian draw. Returns the bounds the server
-    learned (every iterate, or only xi^(K) under ``randomized-t``) and the best of them.
+    Uses engine rounds ``round_`` .. ``round_ + K``. The server's generator (xi^(0), its t, and
+    the t of a side it holds) is seeded by (config.seed, round_); each client draws its t and
+    noise from its own ``protocol_rng``. ``init``: xi^(0) instead of a Gaussian draw. Returns
+    the bounds the server learned (every iterate, or only xi^(K) under ``randomized-t``) and
+    the best of them. A message that does not arrive raises ProtocolError (the log says why).
     """
-    if a == b:
-        raise ConfigError(f"FedWAD compares two different clients; got {a!r} twice")
-    parties = [_client(engine, a), _client(engine, b)]
-    data = {c.id: client_samples(c) for c in parties}
-    dim = data[a].shape[1]
-    if data[b].shape[1] != dim:
-        raise DataError(f"client {a} holds {dim}-dimensional samples and client {b} "
-                        f"{data[b].shape[1]}-dimensional ones; FedWAD compares one space")
+    sides = [_resolve(engine, a), _resolve(engine, b)]
+    names = [_name(s) for s in sides]
+    if (isinstance(a, str) and a == b) or names == [SERVER, SERVER]:
+        raise ConfigError(f"FedWAD compares data of two parties, at least one a client; got "
+                          f"{names[0]!r} and {names[1]!r}")
+    dim = _dim(sides[0])
+    if _dim(sides[1]) != dim:
+        raise DataError(f"{names[0]} holds {dim}-dimensional samples and {names[1]} "
+                        f"{_dim(sides[1])}-dimensional ones; FedWAD compares one space")
     t_range, noise_std, private = _protections(protocol, config)
     server_rng = np.random.default_rng([config.seed, round_])
     xi = initial_measure(config, dim, server_rng) if init is None else init
     if xi.dim != dim:
-        raise DataError(f"the initial measure has dimension {xi.dim}, the clients' data {dim}")
+        raise DataError(f"the initial measure has dimension {xi.dim}, the data {dim}")
     p, exact, tol = config.p, config.exact, config.prune_tol
     low, high = t_range
     measures, bounds, evaluated = [xi], [], []
     for k in range(1, config.iterations + 1):
         r = round_ + k - 1
         returned, distances = [], []
-        for client in parties:
+        for side in sides:
+            if isinstance(side, Measure):  # the server's own side: no message
+                moved, distance = interpolate_with_distance(
+                    side, xi, float(server_rng.uniform(low, high)), p, exact, tol)
+                returned.append(moved)
+                distances.append(distance)
+                continue
+            client = side.client
             got = _deliver(protocol, engine, r, "broadcast", "measure", SERVER, client.id,
                            measure_payload(xi))
             local = payload_measure(got, SERVER, dim)
             t = float(client.protocol_rng.uniform(low, high))
-            moved, distance = interpolate_with_distance(Measure.uniform(data[client.id]), local,
-                                                        t, p, exact, tol)
+            moved, distance = interpolate_with_distance(Measure.uniform(side.rows), local, t, p,
+                                                        exact, tol)
             moved = add_noise(moved, noise_std, client.protocol_rng)
             got = _deliver(protocol, engine, r, "upload", "measure", client.id, SERVER,
                            measure_payload(moved))
@@ -154,11 +200,15 @@ def federated_distance(engine: InProcessEngine, protocol: Protocol, a: str, b: s
         measures.append(xi)
     final = round_ + config.iterations
     total = 0.0
-    for client in parties:
+    for side in sides:
+        if isinstance(side, Measure):
+            total += wasserstein(side, xi, p)
+            continue
+        client = side.client
         got = _deliver(protocol, engine, final, "broadcast", "measure", SERVER, client.id,
                        measure_payload(xi))
         local = payload_measure(got, SERVER, dim)
-        distance = wasserstein(Measure.uniform(data[client.id]), local, p)
+        distance = wasserstein(Measure.uniform(side.rows), local, p)
         got = _deliver(protocol, engine, final, "upload", "scalar", client.id, SERVER,
                        {"distance": np.array([distance])})
         total += _scalar(got, client.id)

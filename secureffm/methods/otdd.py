@@ -40,7 +40,7 @@ from ..protocols.protocol import Protocol
 from ..runtime import party_generator
 from ..transport import emd_cost, squared_distances
 from .fedwad import FedWADConfig
-from .fedwad_coreset import engine_fedwad
+from .fedwad_federated import ClientRows, federated_distance, rounds_per_distance
 
 __all__ = ["LABELS", "labelled_clients", "client_labels", "class_distances", "otdd_exact",
            "label_embedding", "augment", "OTDDResult", "federated_otdd"]
@@ -152,6 +152,14 @@ def _lost(what: str, client: str) -> ProtocolError:
                          f"{client} was lost (see the log's events); rerun without that client")
 
 
+def _fedwad(engine, protocol, sides: list[ClientRows], config: FedWADConfig, round_: int,
+            what: str) -> float:
+    try:
+        return federated_distance(engine, protocol, sides[0], sides[1], config, round_).distance
+    except ProtocolError as err:
+        raise _lost(what, f"{sides[0].client.id} or {sides[1].client.id}") from err
+
+
 def federated_otdd(engine: InProcessEngine, protocol: Protocol, config: FedWADConfig,
                    label_config: FedWADConfig | None = None,
                    show_progress: bool = True) -> OTDDResult:
@@ -164,7 +172,6 @@ def federated_otdd(engine: InProcessEngine, protocol: Protocol, config: FedWADCo
     clients = engine.clients
     if len(clients) < 2:
         raise DataError("federated OTDD compares clients: the federation needs at least two")
-    rng = np.random.default_rng(config.seed)
     rows = {c.id: c.data.detach().cpu().double().numpy() for c in clients}
     labels = {c.id: client_labels(c) for c in clients}
     # 1. each client's own class-to-class distances (scalar)
@@ -189,12 +196,11 @@ def federated_otdd(engine: InProcessEngine, protocol: Protocol, config: FedWADCo
     round_ = 2
     for a, b in tqdm(cross, desc="OTDD class distances (FedWAD)", disable=not show_progress,
                      leave=False):
-        sides = [(by_id[cid], rows[cid][labels[cid] == cls]) for cid, cls in (a, b)]
-        outcome = engine_fedwad(engine, protocol, round_, sides[0], sides[1], label_config, rng)
-        round_ += label_config.iterations + 1
-        if outcome is None:
-            raise _lost("class-to-class distances", f"{a[0]} or {b[0]}")
-        label_distances[index[a], index[b]] = label_distances[index[b], index[a]] = outcome[0]
+        sides = [ClientRows(by_id[cid], rows[cid][labels[cid] == cls]) for cid, cls in (a, b)]
+        distance = _fedwad(engine, protocol, sides, label_config, round_,
+                           "class-to-class distances")
+        round_ += rounds_per_distance(label_config)
+        label_distances[index[a], index[b]] = label_distances[index[b], index[a]] = distance
     # 3. the server embeds the classes and sends each client its own classes' vectors
     embedding = label_embedding(label_distances)
     augmented = {}
@@ -214,11 +220,8 @@ def federated_otdd(engine: InProcessEngine, protocol: Protocol, config: FedWADCo
     pairs = list(combinations(range(n), 2))
     for i, j in tqdm(pairs, desc="OTDD client distances (FedWAD)", disable=not show_progress,
                      leave=False):
-        ci, cj = clients[i], clients[j]
-        outcome = engine_fedwad(engine, protocol, round_, (ci, augmented[ci.id]),
-                                (cj, augmented[cj.id]), config, rng)
-        round_ += config.iterations + 1
-        if outcome is None:
-            raise _lost("OTDD messages", f"{ci.id} or {cj.id}")
-        distances[i, j] = distances[j, i] = outcome[0]
+        sides = [ClientRows(c, augmented[c.id]) for c in (clients[i], clients[j])]
+        distances[i, j] = distances[j, i] = _fedwad(engine, protocol, sides, config, round_,
+                                                    "OTDD messages")
+        round_ += rounds_per_distance(config)
     return OTDDResult(distances, tuple(labels_of), label_distances, embedding)

@@ -69,7 +69,9 @@ def test_spectral_clustering_recovers_planted_class_pairs_from_federated_otdd(tm
     shards, clients = _digits_clients("clusters", clients=10, seed=0)
     engine = InProcessEngine(clients, load_protocol("plaintext"),
                              MessageLog(tmp_path / "messages.jsonl"))
-    result = federated_otdd(engine, engine.protocol, FedWADConfig(iterations=5, support_size=10),
+    # S = 10 atoms in 64-D leaves a large error floor and recovered the pairs for 1 seed of 3;
+    # S = 30 recovered them for 3 of 3.
+    result = federated_otdd(engine, engine.protocol, FedWADConfig(iterations=5, support_size=30),
                             show_progress=False)
     engine.close()
     found = cluster_clients(result.distances, 5)

@@ -9,12 +9,8 @@ from secureffm.errors import ConfigError, DataError
 from secureffm.federation.engine import InProcessEngine
 from secureffm.federation.log import MessageLog
 from secureffm.methods.fedwad import FedWADConfig, Measure, interpolate, wasserstein
-from secureffm.methods.fedwad_coreset import (
-    CoresetConfig,
-    coreset_distance,
-    engine_fedwad,
-    learn_coreset,
-)
+from secureffm.methods.fedwad_coreset import CoresetConfig, coreset_distance, learn_coreset
+from secureffm.methods.fedwad_federated import ClientRows, federated_distance
 from secureffm.methods.otdd import labelled_clients
 from secureffm.protocols.protocol import load_protocol
 
@@ -57,8 +53,8 @@ def test_fedwad_between_server_and_client_is_close_to_exact_w2(tmp_path):
     held = Measure.uniform(np.random.default_rng(1).normal(size=(8, 3)))
     data = clients[0].data.double().numpy()
     config = FedWADConfig(iterations=8, support_size=20, exact=True)
-    distance, xi = engine_fedwad(engine, engine.protocol, 1, held, (clients[0], data), config,
-                                 np.random.default_rng(2))
+    distance = federated_distance(engine, engine.protocol, held, ClientRows(clients[0], data),
+                                  config).distance
     engine.close()
     exact = wasserstein(held, Measure.uniform(data), 2)
     assert exact <= distance * (1 + 1e-9)  # every FedWAD value bounds W_p from above
@@ -66,7 +62,9 @@ def test_fedwad_between_server_and_client_is_close_to_exact_w2(tmp_path):
     records = [json.loads(line) for line in (tmp_path / "messages.jsonl").open()]
     kinds = [r["kind"] for r in records if r["kind"] != "event"]
     assert set(kinds) == {"measure", "scalar"}
-    assert kinds.count("scalar") == 1  # the client reveals one distance, at the end
+    assert all(r["recipient"] == "client-1" or r["sender"] == "client-1"
+               for r in records if r["kind"] != "event")  # the server's side sends nothing
+    assert kinds.count("scalar") == config.iterations + 1  # plaintext: a bound per iterate
     assert kinds.count("measure") == 2 * config.iterations + 1
 
 
@@ -75,14 +73,15 @@ def test_fedwad_private_protocol_marks_client_measures_and_keeps_the_bound(tmp_p
     protocol = load_protocol("fedwad-private")
     engine = InProcessEngine(clients, protocol, MessageLog(tmp_path / "messages.jsonl"))
     rows = [c.data.double().numpy() for c in clients[:2]]
-    distance, _ = engine_fedwad(engine, protocol, 1, (clients[0], rows[0]),
-                                (clients[1], rows[1]), FedWADConfig(iterations=4, support_size=10),
-                                np.random.default_rng(0))
+    distance = federated_distance(engine, protocol, ClientRows(clients[0], rows[0]),
+                                  ClientRows(clients[1], rows[1]),
+                                  FedWADConfig(iterations=4, support_size=10)).distance
     engine.close()
     assert distance >= wasserstein(Measure.uniform(rows[0]), Measure.uniform(rows[1]), 2)
     records = [json.loads(line) for line in (tmp_path / "messages.jsonl").open()]
     uploads = [r for r in records if r["kind"] == "measure" and r["recipient"] == "server"]
     assert uploads and all("randomized-t" in r["stages"] for r in uploads)
+    assert sum(r["kind"] == "scalar" for r in records) == 2  # one distance each, at the end
 
 
 @pytest.mark.parametrize("exact", [False, True])

@@ -132,7 +132,7 @@ def test_pairwise_matrix_is_symmetric_with_zero_diagonal(tmp_path, data):
     ([np.ones((5, 2)), np.ones((5, 3))], "client-1", "client-2", DataError, "3-dimensional"),
     ([np.full((5, 2), np.nan), np.ones((5, 2))], "client-1", "client-2", DataError, "NaN"),
     ([np.ones((5, 2)), np.ones((5, 2))], "client-1", "client-9", ConfigError, "no client"),
-    ([np.ones((5, 2)), np.ones((5, 2))], "client-1", "client-1", ConfigError, "twice"),
+    ([np.ones((5, 2)), np.ones((5, 2))], "client-1", "client-1", ConfigError, "two parties"),
 ])
 def test_bad_input_is_a_clear_error(tmp_path, arrays, a, b, error, match):
     engine, protocol = federation(tmp_path, arrays)
