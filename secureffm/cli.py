@@ -34,6 +34,7 @@ _HELP = {
     "shard_size": "points each client draws once (pool = clients x shard_size)",
     "weighting": "lambda_i proportional to shard size or uniform",
     "eval_samples": "generated and held-out target points for exact W2",
+    "threads": "torch CPU threads (small models run fastest on one, above all on a busy CPU)",
     "local_steps": "DCFM stage-I (and DDM) training steps per client",
     "dcfm_rounds": "DCFM-A rounds R: all-gather of the experts, then --dcfm-steps local steps",
     "dcfm_steps": "DCFM-A local steps per round (peer CI penalty, Eq. 14)",

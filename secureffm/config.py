@@ -20,6 +20,9 @@ from .errors import ConfigError
 __all__ = ["RunConfig", "load_config", "config_from_dict", "write_config", "config_fields"]
 
 METHODS = ("vanilla", "lot", "got", "icfm", "otcfm")
+# DCFM and its baselines (secureffm/dcfm_run.py) run on conditional data sets only.
+DCFM_METHODS = ("dcfm-a", "dcfm-b", "fedflow", "fedflow-l", "ddm", "ddm-l")
+DCFM_DATA = ("modes2d", "colored-digits")
 PARTITIONS = ("disjoint", "iid", "dirichlet")
 WEIGHTINGS = ("size", "uniform")
 ADAPTIVE_SOLVERS = ("dopri5", "dopri8", "bosh3", "fehlberg2", "adaptive_heun")
@@ -65,6 +68,21 @@ class RunConfig:
     device: str = "auto"
     out: str = ""  # empty: runs/<method>-<protocol>-<data>-s<seed>
     progress: bool = True
+    threads: int = 1  # torch CPU threads; small models run fastest (and share a busy CPU) on one
+    # DCFM and its baselines (methods dcfm-a, dcfm-b, fedflow[-l], ddm[-l]; docs/dcfm.md).
+    local_steps: int = 2_000  # stage-I steps per client (DDM's whole training)
+    dcfm_rounds: int = 3  # DCFM-A rounds R: all-gather, then dcfm_steps local steps
+    dcfm_steps: int = 400
+    distill_steps: int = 2_000  # DCFM-B student steps on the server
+    teacher_steps: int = 16  # Euler steps of DCFM-B's teacher paths
+    fedflow_rounds: int = 200
+    fedflow_local_steps: int = 10
+    ci_weight: float = 1.0  # lambda of Eq. (10), (14), (17); the +L baselines use it too
+    p_full: float = 0.7  # label masking, Eq. (8): full, one attribute, unconditional
+    p_marginal: float = 0.2
+    p_uncond: float = 0.1
+    guidance: float = 1.0  # w_i of Eq. (5), every attribute, when sampling
+    coverage: float = 0.5  # fraction of combinations observed (colored-digits)
 
     def __post_init__(self) -> None:
         _validate(self)
@@ -102,9 +120,11 @@ def _validate(c: RunConfig) -> None:
         if not ok:
             raise ConfigError(f"{key} = {getattr(c, key)!r}: {what}")
 
-    need(c.method in METHODS, "method", f"choose one of {', '.join(METHODS)}")
+    need(c.method in METHODS + DCFM_METHODS, "method",
+         f"choose one of {', '.join(METHODS + DCFM_METHODS)}")
     need(c.partition in PARTITIONS, "partition", f"choose one of {', '.join(PARTITIONS)}")
-    need(c.data in PAIRS, "data", f"choose one of {', '.join(PAIRS)}")
+    data = DCFM_DATA if c.method in DCFM_METHODS else PAIRS
+    need(c.data in data, "data", f"method {c.method!r} needs one of {', '.join(data)}")
     need(c.adaptive_solver in ADAPTIVE_SOLVERS, "adaptive_solver",
          f"choose one of {', '.join(ADAPTIVE_SOLVERS)} (torchdiffeq's adaptive solvers)")
     need(c.weighting in WEIGHTINGS, "weighting", f"choose one of {', '.join(WEIGHTINGS)}")
@@ -120,6 +140,20 @@ def _validate(c: RunConfig) -> None:
     need(0.0 <= c.ema_decay < 1.0, "ema_decay", "must be in [0, 1); 0 disables the average")
     need(len(c.nfe) > 0 and all(int(n) >= 1 for n in c.nfe), "nfe", "list positive step counts")
     need(c.batch_size <= c.shard_size, "batch_size", "cannot exceed shard_size")
+    need(c.threads >= 1, "threads", "must be a positive number of CPU threads")
+    _validate_dcfm(c, need)
+
+
+def _validate_dcfm(c: RunConfig, need) -> None:
+    for key in ("local_steps", "dcfm_rounds", "dcfm_steps", "distill_steps", "teacher_steps",
+                "fedflow_rounds", "fedflow_local_steps"):
+        need(getattr(c, key) >= 1, key, "must be a positive integer")
+    need(c.ci_weight >= 0, "ci_weight", "must be >= 0 (0 disables the CI penalty)")
+    for key in ("p_full", "p_marginal", "p_uncond"):
+        need(0 <= getattr(c, key) <= 1, key, "must be a probability in [0, 1]")
+    need(abs(c.p_full + c.p_marginal + c.p_uncond - 1) < 1e-9, "p_uncond",
+         "p_full + p_marginal + p_uncond must sum to 1")
+    need(0 < c.coverage <= 1, "coverage", "must be in (0, 1]")
 
 
 def _coerce(name: str, value: Any, default: Any) -> Any:

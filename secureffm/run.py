@@ -16,7 +16,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from .config import RunConfig, write_config
+from .config import DCFM_METHODS, RunConfig, write_config
 from .data.pairs import get_pair, make_shards
 from .errors import ConfigError
 from .federation.engine import InProcessEngine
@@ -86,6 +86,11 @@ def _close_log(log: MessageLog, trainer) -> None:
 
 def run(config: RunConfig) -> RunResult:
     """Train and evaluate as ``config`` says; write everything to the run folder."""
+    torch.set_num_threads(config.threads)
+    if config.method in DCFM_METHODS:  # conditional data, experts: secureffm/dcfm_run.py
+        from .dcfm_run import run_dcfm
+
+        return run_dcfm(config)
     device = resolve_device(config.device)
     out = run_folder(config)
     out.mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,96 @@
+"""DCFM's baselines: FedFlow (FedAvg of one conditional flow) and DDM (independent experts with
+a router built from marginal label statistics), each optionally with the local CI penalty (+L).
+
+- FedFlow (Tun et al. 2023): each round the server broadcasts theta (``global_model``); every
+  client runs ``local_steps`` steps of :func:`~secureffm.methods.dcfm.expert_losses` from theta
+  and returns theta_i - theta as an ``update``, which the engine aggregates through the
+  protocol (weighted mean); the server adds it to theta.
+- DDM (McAllister et al. 2025, without its data clustering step, which would break locality):
+  stage-I experts uploaded once as ``model`` messages; a combination y is sampled from the
+  mixture of velocities sum_b w_b(y) v_b(x, t, y) with w_b(y) proportional to
+  n_b prod_i (n_b(y_i) + 1) / (n_b + |Y_i|) (naive Bayes on each expert's marginal label
+  counts, add-one smoothed so a combination no expert holds still gets a mixture).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+from torch import nn
+from tqdm import tqdm
+
+from ..federation.engine import InProcessEngine
+from ..models.params import flat_params, load_flat_params
+from .dcfm import LocalExpert
+
+__all__ = ["FedFlow", "router_weights", "RouterField"]
+
+
+class FedFlow:
+    """The server's theta and the FedAvg loop over ``experts`` (the clients' local trainers,
+    each starting every round from the broadcast theta)."""
+
+    def __init__(self, engine: InProcessEngine, model: nn.Module,
+                 experts: dict[str, LocalExpert], weights: dict[str, float]):
+        self.engine, self.model, self.experts, self.weights = engine, model, experts, weights
+        self.template = {"update": ((sum(p.numel() for p in model.parameters()),),
+                                    np.dtype(np.float32))}
+
+    def _client_update(self, client, round_: int, local_steps: int, ci_weight: float) -> dict:
+        expert = self.experts[client.id]
+        theta = client.inbox["global_model"]["theta"]
+        # a copy: load_flat_params shares memory with its vector and Adam steps in place
+        load_flat_params(expert.model, theta.copy())
+        losses = [expert.step(round_, ci_weight) for _ in range(local_steps)]
+        client.state["last_loss"] = float(np.mean(losses))
+        return {"update": flat_params(expert.model) - theta}
+
+    def run(self, rounds: int, local_steps: int, ci_weight: float, progress: bool) -> int:
+        """``rounds`` FedAvg rounds; returns how many aborted (theta then stays put)."""
+        aborted = 0
+        bar = tqdm(range(1, rounds + 1), desc="FedFlow rounds", disable=not progress,
+                   unit="round", dynamic_ncols=True)
+        for round_ in bar:
+            self.engine.broadcast(round_, "global_model", {"theta": flat_params(self.model)})
+            result = self.engine.aggregate(
+                round_, "update",
+                lambda c, r=round_: self._client_update(c, r, local_steps, ci_weight),
+                self.weights, self.template)
+            if result.payload is None:
+                aborted += 1
+                continue
+            load_flat_params(self.model, flat_params(self.model) + result.payload["update"])
+        return aborted
+
+
+def router_weights(counts: torch.Tensor, y: torch.Tensor,
+                   cardinalities: Sequence[int]) -> torch.Tensor:
+    """DDM's router: w [N, n] from counts [n, prod |Y_j|] and labels y [N, k] (rows sum to 1)."""
+    n = counts.shape[0]
+    table = counts.reshape(n, *cardinalities).double()
+    sizes = counts.sum(dim=1).double()  # [n]
+    k = len(cardinalities)
+    log_w = torch.log(sizes.clamp_min(1)).expand(y.shape[0], n).clone()
+    for j, card in enumerate(cardinalities):
+        marginal = table.sum(dim=[d + 1 for d in range(k) if d != j])  # [n, card]
+        log_w += torch.log((marginal[:, y[:, j].cpu()].T + 1) / (sizes + card))
+    return torch.softmax(log_w, dim=1).float().to(y.device)
+
+
+class RouterField(nn.Module):
+    """v(x, t) = sum_b w_b(y) v_b(x, t, y) for fixed labels y [N, k] (DDM's sampler)."""
+
+    def __init__(self, experts: Sequence[nn.Module], counts: torch.Tensor, y: torch.Tensor,
+                 cardinalities: Sequence[int]):
+        super().__init__()
+        self.experts = nn.ModuleList(experts)
+        self.y = y
+        self.weights = router_weights(counts, y, cardinalities)
+
+    def forward(self, x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        t = t.reshape(-1).expand(x.shape[0])
+        shape = (-1,) + (1,) * (x.dim() - 1)
+        return sum(self.weights[:, b].reshape(shape) * expert(x, t, self.y)
+                   for b, expert in enumerate(self.experts))

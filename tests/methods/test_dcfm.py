@@ -1,0 +1,241 @@
+import copy
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from secureffm.audit import verify_run
+from secureffm.config import RunConfig
+from secureffm.dcfm_run import load_dcfm
+from secureffm.errors import ConfigError, ProtocolError
+from secureffm.federation.parties import Client
+from secureffm.methods.dcfm import (
+    ComposedField,
+    LocalExpert,
+    Masking,
+    attribute_holders,
+    combination_index,
+    expert_losses,
+    label_counts,
+    mask_labels,
+    random_route,
+)
+from secureffm.models.conditional import ConditionalVelocityMLP
+from secureffm.privacy.ledger import PrivacyLedger
+from secureffm.protocols.dp import DPSettings
+from secureffm.run import run
+
+CARDS = (3, 2)
+
+
+def _model(seed=0, shape=(2,)):
+    torch.manual_seed(seed)
+    return ConditionalVelocityMLP(shape, CARDS, hidden=16)
+
+
+def _labels(n, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.stack([torch.randint(c, (n,), generator=g) for c in CARDS], dim=1)
+
+
+@pytest.mark.parametrize("shape", [(2,), (3, 4, 4)])
+def test_composed_velocity_is_the_sum_formula_of_eq5(shape):
+    model = _model(shape=shape)
+    n = 7
+    x, t, y = torch.randn(n, *shape), torch.rand(n), _labels(n)
+    weights = [1.5, 0.5]
+    null = torch.tensor(CARDS).expand(n, 2)
+    uncond = model(x, t, null)
+    only = [torch.stack([y[:, 0], null[:, 1]], 1), torch.stack([null[:, 0], y[:, 1]], 1)]
+    expected = uncond + sum(w * (model(x, t, o) - uncond)
+                           for w, o in zip(weights, only, strict=True))
+    route = torch.zeros(n, 3, dtype=torch.long)
+    with torch.no_grad():
+        got = ComposedField([model], y, route, CARDS, weights)(x, t)
+    torch.testing.assert_close(got, expected.detach())
+
+
+def test_routed_composition_asks_each_slot_of_its_own_expert():
+    experts = [_model(0), _model(1)]
+    n = 6
+    x, t, y = torch.randn(n, 2), torch.rand(n), _labels(n)
+    route = torch.tensor([[0, 1, 0], [1, 0, 1], [1, 1, 1], [0, 0, 0], [0, 1, 1], [1, 0, 0]])
+    with torch.no_grad():
+        got = ComposedField(experts, y, route, CARDS)(x, t)
+        for j in range(n):
+            null = torch.tensor([CARDS])
+            xj, tj = x[j:j + 1], t[j:j + 1]
+            u = experts[route[j, 0]](xj, tj, null)
+            v1 = experts[route[j, 1]](xj, tj, torch.tensor([[y[j, 0], CARDS[1]]]))
+            v2 = experts[route[j, 2]](xj, tj, torch.tensor([[CARDS[0], y[j, 1]]]))
+            torch.testing.assert_close(got[j:j + 1], v1 + v2 - u)
+
+
+def test_masking_follows_the_configured_probabilities():
+    n, cards = 40_000, (3, 2, 4)
+    y = torch.stack([torch.randint(c, (n,)) for c in cards], dim=1)
+    masking = Masking(full=0.5, marginal=0.3, uncond=0.2)
+    masked = mask_labels(y, cards, masking, torch.Generator().manual_seed(0))
+    kept = masked != torch.tensor(cards)
+    assert (masked[kept] == y[kept]).all()  # kept entries are the true labels
+    counts = kept.sum(dim=1)
+    expected = {"full": 0.5, "uncond": 0.2}
+    observed = {"full": (counts == 3).float().mean(), "uncond": (counts == 0).float().mean()}
+    for j in range(3):  # each single attribute with probability marginal / k
+        expected[j] = 0.3 / 3
+        observed[j] = ((counts == 1) & kept[:, j]).float().mean()
+    assert ((counts == 1) | (counts == 3) | (counts == 0)).all()  # nothing else occurs
+    for key, p in expected.items():
+        assert abs(float(observed[key]) - p) < 5 * math.sqrt(p * (1 - p) / n), key
+
+
+def test_masking_probabilities_must_sum_to_one():
+    with pytest.raises(ConfigError, match="sum to 1"):
+        Masking(0.5, 0.2, 0.2)
+
+
+def test_routes_go_only_to_experts_holding_the_value_and_include_the_trainee():
+    # expert 0 holds (0,0),(1,1); expert 1 holds (0,1); expert 2 holds (2,0)
+    counts = torch.zeros(3, 6, dtype=torch.long)
+    for b, combos in enumerate([[(0, 0), (1, 1)], [(0, 1)], [(2, 0)]]):
+        for combo in combos:
+            counts[b, combination_index(torch.tensor([combo]), CARDS)] = 5
+    holders = attribute_holders(counts, CARDS)
+    assert holders[0].tolist() == [[True, True, False], [True, False, False],
+                                   [False, False, True]]
+    y = torch.tensor([[0, 0], [1, 1]]).repeat(500, 1)  # expert 0's data
+    route = random_route(y, holders, torch.Generator().manual_seed(0), own=0)
+    for slot in (1, 2):
+        assert holders[slot - 1][route[:, slot], y[:, slot - 1]].all()
+    assert (route == 0).any(dim=1).all()
+    assert set(route[:, 0].tolist()) == {0, 1, 2}  # the unconditional slot: any expert
+
+
+def _client(seed=0, n=64):
+    g = torch.Generator().manual_seed(seed)
+    y = _labels(n, seed)
+    client = Client(f"client-{seed}", torch.randn(n, 2, generator=g), g)
+    client.state["labels"] = y
+    return client
+
+
+def test_peer_experts_are_frozen_and_the_experts_own_marginals_learn():
+    own = LocalExpert(_client(), _model(0), 1e-2, 0.0, 32, CARDS, Masking(1.0, 0.0, 0.0))
+    peer = _model(1)
+    before = copy.deepcopy(peer.state_dict())
+    holders = [torch.ones(2, c, dtype=torch.bool) for c in CARDS]
+    # no masking (full labels only): the null rows of the embeddings are reached only through
+    # the CI target's own unconditional and marginal outputs, which must carry gradient
+    x1, y = own.client.data[:32], own.client.state["labels"][:32]
+    losses = expert_losses(own.model, x1, y, CARDS, own.masking, own.client.generator, 1.0,
+                           [own.model, peer], 0, holders)
+    losses.sum().backward()
+    assert all(p.grad is None for p in peer.parameters())
+    assert all(table.weight.grad[-1].abs().sum() > 0 for table in own.model.embeddings)
+    start = copy.deepcopy(own.model.state_dict())
+    own.step(1, 1.0, [own.model, peer], 0, holders)
+    for name, value in peer.state_dict().items():
+        assert torch.equal(value, before[name])
+    assert any(not torch.equal(v, start[k]) for k, v in own.model.state_dict().items())
+
+
+def test_label_counts_count_each_combination():
+    y = torch.tensor([[0, 0], [2, 1], [2, 1], [1, 0]])
+    assert label_counts(y, CARDS).tolist() == [1, 0, 1, 0, 0, 2]
+
+
+def _config(tmp_path, method, **changes):
+    values = dict(method=method, data="modes2d", partition="disjoint", shard_size=150,
+                  batch_size=32, hidden=16, local_steps=6, dcfm_steps=4, distill_steps=4,
+                  teacher_steps=4, fedflow_rounds=2, fedflow_local_steps=2, eval_samples=50,
+                  nfe=(4,), progress=False, device="cpu", out=str(tmp_path / method))
+    values.update(changes)
+    return RunConfig(**values)
+
+
+def _records(out):
+    return [json.loads(x) for x in (out / "messages.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.parametrize("rounds", [2])
+def test_dcfm_a_run_all_gathers_then_uploads_and_writes_the_run_folder(tmp_path, rounds):
+    result = run(_config(tmp_path, "dcfm-a", dcfm_rounds=rounds))
+    names = {p.name for p in result.out.iterdir()}
+    assert {"config.toml", "metrics.json", "messages.jsonl", "samples.png",
+            "checkpoint.pt"} <= names
+    assert verify_run(result.out).ok
+    models = [r for r in _records(result.out) if r["kind"] == "model"]
+    # per round: 2 uploads + 2 relays; then 2 uploads to the server for sampling
+    assert len(models) == 4 * rounds + 2
+    assert sum(r["recipient"] == "server" for r in models) == 2 * rounds + 2
+    comm = result.metrics["communication"]
+    sent = sum(r["bytes"] for r in models if r["sender"] == "client-1")
+    assert comm["client-1"]["sent_bytes"] == sent
+    assert 0.0 <= result.metrics["eval"]["missing_mode_fraction"] <= 1.0
+    sampler = load_dcfm(result.out)
+    x = sampler.sample((1, 0), 5, torch.Generator().manual_seed(0), nfe=3)
+    assert x.shape == (5, 2) and torch.isfinite(x).all()
+
+
+def test_dcfm_b_uploads_once_and_returns_the_student(tmp_path):
+    result = run(_config(tmp_path, "dcfm-b", protocol="sealed"))
+    assert verify_run(result.out).ok
+    models = [r for r in _records(result.out) if r["kind"] == "model"]
+    assert [r["recipient"] for r in models[:2]] == ["server", "server"]
+    assert [r["sender"] for r in models[2:]] == ["server", "server"]
+    assert all("sealed" in r["stages"] for r in models)
+    assert load_dcfm(result.out).kind == "monolithic"
+
+
+@pytest.mark.slow  # the ledger's RDP and PRV accounting takes ~15 s here
+def test_dcfm_a_under_dp_trains_every_step_with_dp_sgd(tmp_path):
+    result = run(_config(tmp_path, "dcfm-a", protocol="dp-sealed", noise_multiplier=2.0,
+                         target_epsilon=20.0))
+    privacy = json.loads((result.out / "privacy.json").read_text())
+    assert privacy["noise_multiplier"] == {"client-1": 2.0, "client-2": 2.0}
+    for row in privacy["clients"].values():
+        assert row["target_held"] and 0 < row["rdp"]["total"] <= 20.0
+        assert sum(s[2] for s in row["schedule"]["model"]) == 6 + 4  # stage I + DCFM-A
+    models = [r for r in _records(result.out) if r["kind"] == "model"]
+    assert all(r["stages"] == ["dp", "sealed"] for r in models)
+
+
+def test_dp_expert_clips_each_example_and_records_each_step():
+    clip, sigma = 1e-3, 1e-9  # noise negligible: the clipped sum is bounded by b * C
+    settings = DPSettings(clip=clip, delta=1e-5, target_epsilon=None, noise_multiplier=sigma,
+                          accountant="rdp")
+    ledger = PrivacyLedger(1e-5)
+    client = _client(n=200)
+    expert = LocalExpert(client, _model(0), 1e-2, 0.0, 50, CARDS, Masking(), settings, sigma,
+                         ledger)
+    peer = _model(1)
+    holders = [torch.ones(2, c, dtype=torch.bool) for c in CARDS]
+    for round_ in range(3):
+        expert.step(round_, 1.0, [expert.model, peer], 0, holders)
+    assert [(e.kind, e.sample_rate, e.clip) for e in ledger.entries] == [("model", 0.25, clip)] * 3
+    x1, y = client.data[:50], client.state["labels"][:50]
+    state = client.generator.get_state()
+    clean = _model(0)
+    clean.load_state_dict(expert.model.state_dict())
+    plain = expert_losses(clean, x1, y, CARDS, Masking(), client.generator, 1.0, [clean, peer],
+                          0, holders)
+    plain.sum().backward()
+    assert sum(p.grad.norm() ** 2 for p in clean.parameters()).sqrt() > 10 * 50 * clip
+    client.generator.set_state(state)  # the same noise, times, masks and routes
+    losses = expert_losses(expert.estimator.forward_module, x1, y, CARDS, Masking(),
+                           client.generator, 1.0, [expert.model, peer], 0, holders)
+    torch.testing.assert_close(losses, plain)
+    grad = expert.estimator(losses, len(losses))  # (sum of clipped + noise) / E[b]
+    assert np.linalg.norm(grad) * 50 <= 50 * clip * 1.001
+
+
+def test_a_dp_stage_that_leaves_models_unprotected_is_refused(tmp_path):
+    with pytest.raises(ProtocolError, match="does not protect 'model'"):
+        run(_config(tmp_path, "dcfm-a", protocol="dp"))
+
+
+def test_dcfm_methods_need_conditional_data():
+    with pytest.raises(ConfigError, match="modes2d"):
+        RunConfig(method="dcfm-a", data="8gaussians-moons")
