@@ -45,7 +45,8 @@ def partition(
         for label in np.unique(labels):
             index = rng.permutation(np.flatnonzero(labels == label))
             shares = rng.dirichlet(np.full(clients, alpha))
-            cuts = (np.cumsum(shares)[:-1] * len(index)).astype(int)
+            # rounded, not truncated: truncation handed the last client every label's leftovers
+            cuts = np.round(np.cumsum(shares)[:-1] * len(index)).astype(int)
             for client, piece in enumerate(np.split(index, cuts)):
                 parts[client].append(piece)
         return [np.sort(np.concatenate(p)) for p in parts]

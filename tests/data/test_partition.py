@@ -65,3 +65,12 @@ def test_eight_gaussian_std_is_torchcfm_convention():
     angle = labels.float() * math.pi / 4
     centred = x - 5 * torch.stack([torch.cos(angle), torch.sin(angle)], 1)
     assert float(centred.std()) == pytest.approx(0.1**0.25, rel=0.02)
+
+
+def test_dirichlet_gives_no_client_the_leftovers_of_every_label():
+    # 200 labels of 3 points each over 10 clients: truncated cut points would hand the last
+    # client the leftover point of most labels.
+    labels = np.repeat(np.arange(200), 3)
+    parts = partition(labels, 10, "dirichlet", np.random.default_rng(0), alpha=1.0)
+    held = [len(np.unique(labels[p])) for p in parts]
+    assert max(held) < 2 * np.median(held)
