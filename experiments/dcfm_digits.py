@@ -1,0 +1,322 @@
+"""The DCFM paper's Table 1 on colored 8 x 8 digits: Frechet distance on known and on novel
+combinations and compositional accuracy, for FedFlow, DDM, their +L variants, DCFM-A and DCFM-B,
+IID and Dirichlet(0.1), 10 clients at total coverage 1/2, over seeds.
+
+    .venv/bin/python experiments/dcfm_digits.py                # 36 runs, 3 seeds (see SIZES)
+    .venv/bin/python experiments/dcfm_digits.py --quick        # 1 seed, short runs: a smoke test
+    .venv/bin/python experiments/dcfm_digits.py --data-figure  # docs/figures/colored_digits.png
+
+Runs go to runs/dcfm_digits[-quick]/<method>-<partition>-s<seed> through ``secureffm run``'s
+library entry; a finished run (checkpoint.pt present) is reused, its evaluation redone. Evaluation
+(docs/dcfm-digits.md): an attribute classifier trained on the fully colored training images
+gives the features of the Frechet distance and the compositional accuracy; generated images of
+every known (held) and every novel combination are compared with the real test images of those
+combinations. Writes runs/dcfm_digits*/results.csv, docs/figures/dcfm_digits[_xK]_novel.png and
+the table between the dcfm_digits[_xK] markers of docs/results.md (K: --steps-scale).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import torch  # noqa: E402
+from tqdm.auto import tqdm  # noqa: E402
+
+from secureffm.config import load_config  # noqa: E402
+from secureffm.data.colored_digits import (  # noqa: E402
+    CARDINALITIES,
+    COLORS,
+    ColoredDigits,
+    federated_colored_digits,
+    load_colored_digits,
+)
+from secureffm.dcfm_run import DCFMSampler, load_dcfm  # noqa: E402
+from secureffm.metrics.attribute_classifier import (  # noqa: E402
+    AttributeClassifier,
+    attribute_accuracy,
+    classifier_features,
+    compositional_accuracy,
+    train_attribute_classifier,
+)
+from secureffm.metrics.frechet import frechet_distance_features  # noqa: E402
+from secureffm.metrics.sampling import integrate  # noqa: E402
+from secureffm.reporting import mean_std, write_block  # noqa: E402
+from secureffm.run import run  # noqa: E402
+from secureffm.runtime import party_generator  # noqa: E402
+
+METHODS = ("fedflow", "fedflow-l", "ddm", "ddm-l", "dcfm-a", "dcfm-b")
+LABELS = {"fedflow": "FedFlow", "fedflow-l": "FedFlow+L", "ddm": "DDM", "ddm-l": "DDM+L",
+          "dcfm-a": "DCFM-A", "dcfm-b": "DCFM-B"}
+PARTITIONS = ("iid", "dirichlet")
+# Run settings (RunConfig fields). Every method gets the same per-client step budget: stage I
+# (DDM, DCFM) = FedFlow's rounds x local steps. "full" is sized so that the 36 runs finish in
+# about 40 minutes on one shared CPU core (docs/dcfm-digits.md); "quick" only checks the pipeline.
+SIZES = {
+    "full": dict(local_steps=120, fedflow_rounds=12, fedflow_local_steps=10, dcfm_steps=12,
+                 distill_steps=120, teacher_steps=10),
+    "quick": dict(local_steps=30, fedflow_rounds=3, fedflow_local_steps=10, dcfm_steps=5,
+                  distill_steps=30, teacher_steps=10),
+}
+# nfe=(1,): the run's own sample sheet is a 1-step preview; this script samples for the metrics.
+COMMON = dict(data="colored-digits", clients=10, coverage=0.5, dirichlet_alpha=0.1,
+              batch_size=64, hidden=256, lr=2e-3, ema_decay=0.98, nfe=(1,), device="cpu",
+              progress=False)
+EVAL_NFE = 20  # Euler steps of the evaluated samples
+EVALUATOR = 2_000_000  # party index of this script's sampling generator
+ROOT = Path(__file__).resolve().parents[1]
+FIGURES = ROOT / "docs" / "figures"
+
+
+def _show(ax, images: torch.Tensor) -> None:
+    """Images [m, 3, 8, 8] in [-1, 1] side by side on ``ax``."""
+    tiles = ((images.clamp(-1, 1) + 1) / 2).permute(0, 2, 3, 1)
+    ax.imshow(torch.cat(list(tiles), dim=1).numpy(), interpolation="nearest")
+    ax.set_xticks([])
+    ax.set_yticks([])
+
+
+def _frame(ax, novel: bool) -> None:
+    for spine in ax.spines.values():
+        spine.set_visible(novel)
+        spine.set_linewidth(2.5)
+        spine.set_linestyle("--")
+        spine.set_edgecolor("0.55")
+
+
+def plot_data_grid(path: Path, seed: int = 0) -> None:
+    """Rows digits, columns colors: one real test image per combination; the novel combinations
+    of the seed-``seed`` split (held by no client) are framed."""
+    data = load_colored_digits("test")
+    novel = {tuple(c) for c in federated_colored_digits(seed=seed).novel.tolist()}
+    fig, axes = plt.subplots(10, 10, figsize=(8, 8.6))
+    for digit in range(10):
+        for color, (name, _) in enumerate(COLORS):
+            ax = axes[digit, color]
+            _show(ax, data.select(digit, color)[digit % 3][None])
+            _frame(ax, (digit, color) in novel)
+            if digit == 0:
+                ax.set_title(name, fontsize=8)
+            if color == 0:
+                ax.set_ylabel(str(digit), rotation=0, labelpad=10, fontsize=10)
+    fig.suptitle("colored digits (sklearn 8x8, test images): rows digit, columns color\n"
+                 f"dashed frame: novel combination, held by no client (split seed {seed}, "
+                 "coverage 1/2)", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _sample(sampler: DCFMSampler, combos: torch.Tensor, per_combo: int,
+            generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor, float]:
+    """``per_combo`` samples [M, 3, 8, 8] of each combination in ``combos`` [m, 2] in one batch,
+    with their labels [M, 2], and the fraction of diverged samples (a value beyond +-10 or not
+    finite). Samples are clipped to the pixel range [-1, 1] (as saving images for FID does): a
+    few diverged samples would otherwise dominate the Frechet distance's moments."""
+    y = combos.repeat_interleave(per_combo, dim=0)
+    x0 = torch.randn(len(y), *sampler.shape, generator=generator)
+    x = integrate(sampler.field(y, generator), x0, EVAL_NFE)[0]
+    diverged = float((~(x.abs() <= 10).flatten(1).all(1)).double().mean())
+    return x.nan_to_num(nan=0.0).clamp(-1.0, 1.0), y, diverged
+
+
+def _subset(data: ColoredDigits, combos: torch.Tensor, limit: int | None = None,
+            seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Images [M, 3, 8, 8] and labels [M, 2] of ``data`` whose (digit, color) is in ``combos``
+    [m, 2]; with ``limit``, a seeded random subset of that many."""
+    wanted = set(map(tuple, combos.tolist()))
+    index = torch.tensor([i for i, v in enumerate(data.labels.tolist()) if tuple(v) in wanted])
+    if limit is not None:
+        pick = torch.randperm(len(index), generator=torch.Generator().manual_seed(seed))
+        index = index[pick[:limit]]
+    return data.x[index], data.labels[index]
+
+
+def _scores(classifier: AttributeClassifier, reference: dict, generated: dict) -> dict:
+    """Frechet distances and compositional accuracies of generated (x, y) per set."""
+    out = {}
+    for name in ("known", "novel"):
+        x, y = generated[name][:2]
+        feats = classifier_features(classifier, x)
+        out[f"fd_{name}"] = frechet_distance_features(feats, reference[name])
+        out[f"ca_{name}"] = compositional_accuracy(classifier, x, y)
+    return out
+
+
+def _run_dir(root: Path, method: str, partition: str, seed: int) -> Path:
+    return root / f"{method}-{partition}-s{seed}"
+
+
+def _train(method: str, partition: str, seed: int, sizes: dict, root: Path) -> Path:
+    out = _run_dir(root, method, partition, seed)
+    if not (out / "checkpoint.pt").exists():  # a finished run is reused
+        run(load_config(None, {**COMMON, **sizes, "method": method, "partition": partition,
+                                "seed": seed, "out": str(out)}))
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="1 seed and short runs")
+    parser.add_argument("--seeds", default=None, help="comma-separated (default 0,1,2)")
+    parser.add_argument("--methods", default=",".join(METHODS))
+    parser.add_argument("--steps-scale", type=float, default=1.0,
+                        help="multiply every step count (local, FedFlow rounds, DCFM-A, "
+                             "distillation) of the chosen size; runs go to a separate folder")
+    parser.add_argument("--per-combination", type=int, default=20,
+                        help="generated images per combination for the metrics")
+    parser.add_argument("--data-figure", action="store_true",
+                        help="draw docs/figures/colored_digits.png and stop")
+    parser.add_argument("--docs", default=str(ROOT / "docs"))
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    # Generated features often have dead units: singular covariances, handled by the ridge.
+    warnings.filterwarnings("ignore", message="Matrix is singular")
+    FIGURES.mkdir(parents=True, exist_ok=True)
+    if args.data_figure:
+        plot_data_grid(FIGURES / "colored_digits.png")
+        return
+    size = "quick" if args.quick else "full"
+    steps = {k: v if k in ("fedflow_local_steps", "teacher_steps")
+             else max(1, round(v * args.steps_scale)) for k, v in SIZES[size].items()}
+    seeds = [int(v) for v in (args.seeds or ("0" if args.quick else "0,1,2")).split(",")]
+    methods = args.methods.split(",")
+    scale = "" if args.steps_scale == 1 else f"-x{args.steps_scale:g}"
+    root = ROOT / "runs" / (("dcfm_digits-quick" if args.quick else "dcfm_digits") + scale)
+    root.mkdir(parents=True, exist_ok=True)
+
+    train_set, test_set = load_colored_digits("train"), load_colored_digits("test")
+    classifier = train_attribute_classifier(train_set.x, train_set.labels, CARDINALITIES)
+    accuracy = attribute_accuracy(classifier, test_set.x, test_set.labels)
+    print(f"attribute classifier, held-out: digit {accuracy[0]:.4f}, color {accuracy[1]:.4f}")
+
+    rows, samples = [], {}
+    jobs = [(s, p, m) for s in seeds for p in PARTITIONS for m in methods]
+    bar = tqdm(jobs, desc="dcfm_digits", unit="run")
+    for seed, partition, method in bar:
+        bar.set_postfix_str(f"{method} {partition} s{seed}")
+        split = federated_colored_digits(seed=seed)  # held/novel depend on the seed only
+        sets = {"known": split.held, "novel": split.novel}
+        reference = {k: classifier_features(classifier, _subset(test_set, v)[0])
+                     for k, v in sets.items()}
+        start = time.perf_counter()
+        out = _train(method, partition, seed, steps, root)
+        train_seconds = json.loads((out / "metrics.json").read_text())["train_seconds"]
+        sampler = load_dcfm(out)
+        generator = party_generator(seed, EVALUATOR, torch.device("cpu"))
+        generated = {k: _sample(sampler, v, args.per_combination, generator)
+                     for k, v in sets.items()}
+        if seed == seeds[0]:
+            samples[(method, partition)] = generated["novel"]
+        row = {"method": method, "partition": partition, "seed": seed,
+               **_scores(classifier, reference, generated),
+               **{f"diverged_{k}": v[2] for k, v in generated.items()},
+               "train_seconds": train_seconds, "seconds": time.perf_counter() - start}
+        (out / "eval.json").write_text(json.dumps(row, indent=2))
+        rows.append(row)
+        tqdm.write(" ".join(f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}"
+                            for k, v in row.items()))
+    floor = []
+    for seed in seeds:
+        split = federated_colored_digits(seed=seed)
+        sets = {"known": split.held, "novel": split.novel}
+        reference = {k: classifier_features(classifier, _subset(test_set, v)[0])
+                     for k, v in sets.items()}
+        real = {k: _subset(train_set, v, args.per_combination * len(v), seed)
+                for k, v in sets.items()}
+        floor.append({"method": "real", "partition": "-", "seed": seed,
+                      **_scores(classifier, reference, real)})
+    with (root / "results.csv").open("w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=list(rows[0]), restval="")
+        writer.writeheader()
+        writer.writerows(rows + floor)
+    name = "dcfm_digits" + scale.replace("-", "_").replace(".", "_")
+    plot_novel_grid(FIGURES / f"{name}_novel.png", samples, methods, test_set,
+                    federated_colored_digits(seed=seeds[0]).novel, args.per_combination)
+    command = " ".join(["experiments/dcfm_digits.py"] + sys.argv[1:])
+    text = _report(rows, floor, methods, seeds, accuracy, steps, args.per_combination, command,
+                   name)
+    if not args.quick:  # a smoke test's numbers are not results
+        write_block(Path(args.docs) / "results.md", name, text)
+    print(text)
+
+
+def _cell(rows: list[dict], key: str, digits: int) -> str:
+    mean, std = mean_std([r[key] for r in rows])
+    return f"{mean:.{digits}f} ± {std:.{digits}f}"
+
+
+def _report(rows: list[dict], floor: list[dict], methods: list[str], seeds: list[int],
+            accuracy: list[float], steps: dict, per_combination: int, command: str,
+            name: str) -> str:
+    head = ("| method | IID FD° | IID FD* | IID CA° | IID CA* | Dir(0.1) FD° | Dir(0.1) FD* "
+            "| Dir(0.1) CA° | Dir(0.1) CA* | train s |")
+    lines = [head, "|" + " --- |" * 10]
+    for method in methods:
+        cells = []
+        for partition in PARTITIONS:
+            runs = [r for r in rows if r["method"] == method and r["partition"] == partition]
+            cells += [_cell(runs, "fd_known", 1), _cell(runs, "fd_novel", 1),
+                      _cell(runs, "ca_known", 3), _cell(runs, "ca_novel", 3)]
+        seconds = mean_std([r["train_seconds"] for r in rows if r["method"] == method])[0]
+        lines.append(f"| {LABELS[method]} | " + " | ".join(cells) + f" | {seconds:.0f} |")
+    real = [_cell(floor, k, d) for k, d in (("fd_known", 1), ("fd_novel", 1),
+                                             ("ca_known", 3), ("ca_novel", 3))]
+    lines.append("| real training images (floor) | " + " | ".join(real * 2) + " | - |")
+    sizes = ", ".join(f"{k} {v}" for k, v in {**steps, **COMMON}.items()
+                      if k not in ("device", "progress", "data", "nfe"))
+    return (
+        f"Colored 8x8 digits, 10 clients, total coverage 1/2 (50 known, 50 novel combinations), "
+        f"mean ± std over seeds {seeds}; settings: {sizes}. FD: Frechet distance in the "
+        f"attribute classifier's 64 features between {per_combination} generated images per "
+        "combination (Euler, "
+        f"{EVAL_NFE} steps) and all real test images of the known (°) or novel (*) "
+        "combinations; CA: compositional accuracy (predicted digit and color both as asked). "
+        f"Classifier held-out accuracy: digit {accuracy[0]:.3f}, color {accuracy[1]:.3f}. "
+        f"Written by `{command}`.\n\n" + "\n".join(lines)
+        + f"\n\n![novel combinations](figures/{name}_novel.png)\n")
+
+
+def plot_novel_grid(path: Path, samples: dict, methods: list[str], test_set: ColoredDigits,
+                    novel: torch.Tensor, per_combination: int, shown: int = 6,
+                    per_cell: int = 3) -> None:
+    """Rows: real test images, then each method; columns: ``shown`` novel combinations (of
+    distinct digits and colors) under IID and under Dirichlet, ``per_cell`` images each."""
+    picks, used = [], set()
+    for i, (digit, color) in enumerate(novel.tolist()):
+        if not {("d", digit), ("c", color)} & used and len(picks) < shown:
+            picks.append(i)
+            used |= {("d", digit), ("c", color)}
+    fig, axes = plt.subplots(1 + len(methods), 2 * shown, figsize=(1.6 * shown * 2,
+                             0.75 * (1 + len(methods)) + 0.8), squeeze=False)
+    for g, partition in enumerate(PARTITIONS):
+        for c, i in enumerate(picks):
+            digit, color = novel[i].tolist()
+            column = g * shown + c
+            _show(axes[0, column], test_set.select(digit, color)[:per_cell])
+            axes[0, column].set_title(f"{'IID' if g == 0 else 'Dir(0.1)'}: "
+                                      f"{digit}, {COLORS[color][0]}", fontsize=7)
+            for r, method in enumerate(methods, start=1):
+                x = samples[(method, partition)][0]
+                start = i * per_combination
+                _show(axes[r, column], x[start:start + per_cell])
+    for r, name in enumerate(["real (test)"] + [LABELS[m] for m in methods]):
+        axes[r, 0].set_ylabel(name, rotation=0, ha="right", fontsize=8)
+    fig.suptitle("novel combinations (held by no client), first seed: generated images per "
+                 "method", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+if __name__ == "__main__":
+    main()
