@@ -132,12 +132,16 @@ def _plain_gradient(model: nn.Module, x0: torch.Tensor, x1: torch.Tensor, clip: 
     return lambda scale=1.0: estimator(scale * flow_matching_loss(model, x0, x1, gen), len(x0))
 
 
-def _dp_gradient(model: nn.Module, x0: torch.Tensor, x1: torch.Tensor, clip: float,
-                 sigma: float) -> Step:
-    estimator = DPGradient(model, clip, sigma, len(x0), torch.Generator().manual_seed(2))
-    gen = _t_gen()
-    return lambda scale=1.0: estimator(
-        scale * flow_matching_loss(estimator.forward_module, x0, x1, gen), len(x0))
+def _dp_gradient(mode: str) -> Factory:
+    def make(model: nn.Module, x0: torch.Tensor, x1: torch.Tensor, clip: float,
+             sigma: float) -> Step:
+        estimator = DPGradient(model, clip, sigma, len(x0), torch.Generator().manual_seed(2),
+                               mode=mode)
+        gen = _t_gen()
+        return lambda scale=1.0: estimator(
+            scale * flow_matching_loss(estimator.forward_module, x0, x1, gen), len(x0))
+
+    return make
 
 
 def _dp_gradient_rebuilt(model: nn.Module, x0: torch.Tensor, x1: torch.Tensor, clip: float,
@@ -147,7 +151,7 @@ def _dp_gradient_rebuilt(model: nn.Module, x0: torch.Tensor, x1: torch.Tensor, c
     def step(scale: float = 1.0) -> np.ndarray:
         if last:
             last.pop().forward_module._close()  # remove the hooks, as a fresh wrapper needs
-        estimator = DPGradient(model, clip, sigma, len(x0), noise)
+        estimator = DPGradient(model, clip, sigma, len(x0), noise, mode="ghost")
         last.append(estimator)
         return estimator(scale * flow_matching_loss(estimator.forward_module, x0, x1, gen),
                          len(x0))
@@ -192,64 +196,6 @@ def _ghost_own_noise(model: nn.Module, x0: torch.Tensor, x1: torch.Tensor, clip:
             _add_flat_noise(params, sigma * clip, len(x0), noise)
 
     return step
-
-
-class _LinearClipper:
-    """Per-example clipping for a network whose parameters all sit in ``nn.Linear`` layers that
-    see [B, d] inputs, each called once per forward: one backward to the layer outputs z_l;
-    example i's gradient of layer l is g_li a_li^T (and g_li for the bias), so
-    |g_i|^2 = sum_l |g_li|^2 (|a_li|^2 + 1) and sum_i c_i g_i = (c * G_l)^T A_l per layer
-    (Goodfellow 2015; Opacus' Linear norm sampler computes the same norms)."""
-
-    def __init__(self, model: nn.Module, clip: float, sigma: float, expected_batch: float,
-                 generator: torch.Generator):
-        self.layers = [m for m in model.modules() if isinstance(m, nn.Linear)]
-        covered = {id(p) for m in self.layers for p in m.parameters()}
-        if any(id(p) not in covered for p in model.parameters()):
-            raise TypeError("_LinearClipper handles nn.Linear parameters only")
-        self.clip, self.sigma, self.expected_batch = clip, sigma, expected_batch
-        self.generator = generator
-        self.seen: dict[nn.Linear, tuple[torch.Tensor, torch.Tensor]] = {}
-        for layer in self.layers:
-            layer.register_forward_hook(self._capture)
-
-    def _capture(self, layer: nn.Module, inputs: tuple[torch.Tensor, ...],
-                 output: torch.Tensor) -> None:
-        if torch.is_grad_enabled() and layer.weight.requires_grad:
-            if layer in self.seen:
-                raise RuntimeError("a Linear layer ran twice in one forward (tied parameters)")
-            self.seen[layer] = (inputs[0].detach(), output)
-
-    def __call__(self, losses: torch.Tensor) -> None:
-        seen, self.seen = self.seen, {}
-        layers = [m for m in self.layers if m in seen]
-        outputs = torch.autograd.grad(losses.sum(), [seen[m][1] for m in layers],
-                                      allow_unused=True)
-        with torch.no_grad():
-            backprops = [torch.zeros_like(seen[m][1]) if g is None else g
-                         for m, g in zip(layers, outputs, strict=True)]
-            squared = torch.zeros(len(losses))
-            for m, g in zip(layers, backprops, strict=True):
-                bias = 1.0 if m.bias is not None else 0.0
-                squared += g.pow(2).sum(1) * (seen[m][0].pow(2).sum(1) + bias)
-            coef = (self.clip / (squared.sqrt() + 1e-6)).clamp(max=1.0)
-            for m, g in zip(layers, backprops, strict=True):
-                clipped = g * coef[:, None]
-                m.weight.grad = clipped.T @ seen[m][0]
-                if m.bias is not None:
-                    m.bias.grad = clipped.sum(0)
-            params = [p for m in self.layers for p in m.parameters()]
-            for p in params:
-                if p.grad is None:  # a layer the loss did not reach
-                    p.grad = torch.zeros_like(p)
-            _add_flat_noise(params, self.sigma * self.clip, self.expected_batch, self.generator)
-
-
-def _linear_clipper(model: nn.Module, x0: torch.Tensor, x1: torch.Tensor, clip: float,
-                    sigma: float) -> Step:
-    clipper = _LinearClipper(model, clip, sigma, len(x0), torch.Generator().manual_seed(2))
-    gen = _t_gen()
-    return lambda scale=1.0: clipper(scale * flow_matching_loss(model, x0, x1, gen))
 
 
 def _vmap_grad(model: nn.Module, x0: torch.Tensor, x1: torch.Tensor, clip: float,
@@ -407,18 +353,19 @@ def _modes_table(cases: list[_Case]) -> str:
 VARIANTS: list[tuple[str, Factory, str]] = [
     ("plain step (the denominator)", _plain, "not private"),
     ("`PlainGradient` (adds the flat numpy copy)", _plain_gradient, "not private"),
-    ("`DPGradient` as it is (built once, reused; as `methods/ffm.py` uses it)", _dp_gradient,
-     "yes (Opacus)"),
-    ("`DPGradient` rebuilt every step", _dp_gradient_rebuilt, "yes (Opacus)"),
+    ("`DPGradient`, mode `linear` (the automatic choice for Linear-only nets, as "
+     "`methods/ffm.py` uses it): one backward to the layer outputs G, norms from G and the "
+     "inputs A, clipped sum (c G)^T A, one noise draw", _dp_gradient("linear"),
+     "yes: exact norms; checked against per-example truth"),
+    ("`DPGradient`, mode `ghost` (Opacus' ghost clipping, built once, reused)",
+     _dp_gradient("ghost"), "yes (Opacus)"),
+    ("`DPGradient`, mode `ghost`, rebuilt every step", _dp_gradient_rebuilt, "yes (Opacus)"),
     ("Opacus ghost: module + `DPOptimizerFastGradientClipping` + `DPTensor...`, mean, no numpy",
      _opacus("ghost"), "yes (Opacus)"),
     ("same, `zero_grad(set_to_none=False)`", _opacus("ghost", set_to_none=False),
      "yes (Opacus)"),
     ("Opacus ghost module for the norms; two backward passes and one flat noise draw by hand, "
      "under `no_grad`", _ghost_own_noise, "yes: Opacus' norms, same sum, same noise law"),
-    ("Linear-only clipping by hand: one backward to the layer outputs G, norms from G and the "
-     "inputs A, clipped sum (c G)^T A, one noise draw", _linear_clipper,
-     "yes for Linear-only nets called once per forward; hand-written"),
     ("`torch.func`: `vmap(grad(loss of one example))`, clip, tensordot, one noise draw",
      _vmap_grad, "yes: exact per-example gradients"),
 ]
@@ -627,7 +574,7 @@ def _profile(steps: int, top: int) -> tuple[str, str]:
     base = VelocityMLP(2, 64)
     x0, x1 = _data(256, (2,))
     kinds = {"plain": _plain(copy.deepcopy(base), x0, x1, CLIP, SIGMA),
-             "DPGradient": _dp_gradient(copy.deepcopy(base), x0, x1, CLIP, SIGMA)}
+             "DPGradient": _dp_gradient("auto")(copy.deepcopy(base), x0, x1, CLIP, SIGMA)}
     buckets: dict[str, dict[str, float]] = {}
     stats = {}
     for kind, step in kinds.items():

@@ -1,4 +1,4 @@
-"""Gradients of per-example losses: plain, or DP-SGD through Opacus' ghost clipping.
+"""Gradients of per-example losses: plain, or DP-SGD (per-example clipping and Gaussian noise).
 
 Both take per-example losses [b] (each term depending on one data example, computed with
 ``forward_module``) and the batch size b, and return a flat float32 gradient [P]: the gradient of
@@ -48,17 +48,20 @@ class DPGradient:
     """DP-SGD on ``model``: per-example clipping to ``clip`` (L2, all parameters together) and
     Gaussian noise of std ``noise_multiplier * clip``, through Opacus.
 
-    ``mode``: ``ghost`` (ghost clipping: two backward passes, no per-example gradients stored;
-    each example must be one row of a single forward pass) or ``hooks`` (per-example gradients
-    accumulated over several forward passes whose row j belongs to example j: for losses that
-    evaluate the model at several points per example).
+    ``mode``: ``auto`` (``linear`` when every parameter sits in an ``nn.Linear`` layer, else
+    ``ghost``), ``linear`` (one backward to the layers' outputs; each example's norm and the
+    clipped sum from the layers' inputs and output gradients, exactly; each Linear layer must run
+    once per forward on [B, d] rows), ``ghost`` (Opacus' ghost clipping: two backward passes;
+    each example must be one row of a single forward pass) or ``hooks`` (Opacus' per-example
+    gradients accumulated over several forward passes whose row j belongs to example j: for
+    losses that evaluate the model at several points per example).
     ``expected_batch``: E[b] = sample rate x shard size, the divisor of the noisy sum.
     ``generator``: the noise source; it must be secret (not derived from a published seed).
     Layers Opacus cannot handle are refused with Opacus' own explanation.
     """
 
     def __init__(self, model: nn.Module, clip: float, noise_multiplier: float,
-                 expected_batch: float, generator: torch.Generator, mode: str = "ghost"):
+                 expected_batch: float, generator: torch.Generator, mode: str = "auto"):
         errors = ModuleValidator.validate(model, strict=False)
         if errors:
             raise ConfigError("this model cannot be trained with DP-SGD: "
@@ -68,9 +71,20 @@ class DPGradient:
         self.noise_multiplier = noise_multiplier
         self.expected_batch = expected_batch
         self.generator = generator
-        self.mode = mode
         self.params = [p for p in model.parameters() if p.requires_grad]
-        if mode == "ghost":
+        if mode == "auto":
+            mode = "linear" if _linear_only(model) else "ghost"
+        self.mode = mode
+        if mode == "linear":
+            if not _linear_only(model):
+                raise ConfigError("DP gradient mode 'linear' needs a model whose parameters all "
+                                  "sit in nn.Linear layers; use 'ghost' or 'hooks'")
+            self.forward_module = model
+            self.layers = [m for m in model.modules() if isinstance(m, nn.Linear)]
+            self._seen: dict[nn.Linear, tuple[torch.Tensor, torch.Tensor]] = {}
+            for layer in self.layers:
+                layer.register_forward_hook(self._capture)
+        elif mode == "ghost":
             self.forward_module = GradSampleModuleFastGradientClipping(
                 model, max_grad_norm=clip, use_ghost_clipping=True, loss_reduction="sum")
         elif mode == "hooks":
@@ -86,7 +100,47 @@ class DPGradient:
         """``examples`` is unused: the divisor is E[b], which does not depend on the data."""
         if self.mode == "hooks":
             return self._hooks(losses)
+        if self.mode == "linear":
+            return self._linear(losses)
         return self._ghost(losses)
+
+    def _capture(self, layer: nn.Module, inputs: tuple[torch.Tensor, ...],
+                 output: torch.Tensor) -> None:
+        if torch.is_grad_enabled():
+            if layer in self._seen:
+                raise ConfigError("DP gradient mode 'linear': a Linear layer ran twice in one "
+                                  "forward, so its rows are not one example each; use 'hooks'")
+            if inputs[0].dim() != 2:
+                raise ConfigError("DP gradient mode 'linear' needs [B, d] inputs to every Linear "
+                                  "layer; use 'ghost'")
+            self._seen[layer] = (inputs[0].detach(), output)
+
+    def _linear(self, losses: torch.Tensor) -> np.ndarray:
+        """Example i's gradient in layer l is g_li a_li^T (weight) and g_li (bias), with a_li the
+        layer's input and g_li the loss gradient at its output, so
+        |g_i|^2 = sum_l |g_li|^2 (|a_li|^2 + 1) and sum_i c_i g_i = (c * G_l)^T A_l per layer
+        (Goodfellow 2015; Opacus' Linear norm sampler computes the same norms). One backward."""
+        seen, self._seen = self._seen, {}
+        for p in self.params:
+            p.grad = None
+        layers = [m for m in self.layers if m in seen]
+        if losses.numel() and layers:
+            grads = torch.autograd.grad(losses.sum(), [seen[m][1] for m in layers],
+                                        allow_unused=True)
+            with torch.no_grad():
+                backprops = [torch.zeros_like(seen[m][1]) if g is None else g
+                             for m, g in zip(layers, grads, strict=True)]
+                squared = torch.zeros(len(losses), device=losses.device)
+                for m, g in zip(layers, backprops, strict=True):
+                    bias = 1.0 if m.bias is not None else 0.0
+                    squared += g.pow(2).sum(1) * (seen[m][0].pow(2).sum(1) + bias)
+                coefficients = (self.clip / (squared.sqrt() + 1e-6)).clamp(max=1.0)
+                for m, g in zip(layers, backprops, strict=True):
+                    clipped = g * coefficients[:, None]
+                    m.weight.grad = clipped.T @ seen[m][0]
+                    if m.bias is not None:
+                        m.bias.grad = clipped.sum(0)
+        return self._noisy_mean()
 
     def _ghost(self, losses: torch.Tensor) -> np.ndarray:
         """Opacus' ghost clipping: a first backward gives each example's gradient norm (hooks),
@@ -107,6 +161,10 @@ class DPGradient:
                     (coefficients * losses).sum().backward()
                 finally:
                     self.forward_module.enable_hooks()
+        return self._noisy_mean()
+
+    def _noisy_mean(self) -> np.ndarray:
+        """(the clipped sum now in the parameters' grads + N(0, sigma^2 C^2 I)) / E[b], [P]."""
         total = flat_grad(self.model)
         noise = torch.normal(0.0, self.noise_multiplier * self.clip, (total.size,),
                              generator=self.generator, device=self.generator.device)
@@ -127,3 +185,10 @@ class DPGradient:
                 losses.sum().backward()
             self.optimizer.pre_step()
         return flat_grad(self.model) / np.float32(self.expected_batch)
+
+
+def _linear_only(model: nn.Module) -> bool:
+    """True when every trainable parameter belongs to an nn.Linear layer."""
+    covered = {id(p) for m in model.modules() if isinstance(m, nn.Linear)
+               for p in m.parameters()}
+    return all(id(p) in covered for p in model.parameters() if p.requires_grad)

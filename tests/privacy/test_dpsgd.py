@@ -18,22 +18,57 @@ def batch(n=64, seed=0):
             torch.randn(n, 2, generator=g))
 
 
-def test_without_clipping_or_noise_dp_equals_the_plain_gradient():
+MODES = ["linear", "ghost"]
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_without_clipping_or_noise_dp_equals_the_plain_gradient(mode):
     torch.manual_seed(0)
     model = VelocityMLP(2, 16)
     x, t, y = batch()
     plain = PlainGradient(model)(losses_of(model, x, t, y), 64)
     dp = DPGradient(model, clip=1e9, noise_multiplier=0.0, expected_batch=64,
-                    generator=torch.Generator())
+                    generator=torch.Generator(), mode=mode)
     np.testing.assert_allclose(dp(losses_of(dp.forward_module, x, t, y), 64), plain, atol=1e-6)
 
 
-def test_each_example_contributes_at_most_clip():
+@pytest.mark.parametrize("mode", MODES)
+def test_the_clipped_sum_equals_clipping_each_example_alone(mode):
+    torch.manual_seed(0)
+    model = VelocityMLP(2, 16)
+    x, t, y = batch()
+    truth, norms = [], []
+    for i in range(len(x)):  # the reference: one example at a time, plain autograd
+        model.zero_grad(set_to_none=True)
+        losses_of(model, x[i:i + 1], t[i:i + 1], y[i:i + 1]).sum().backward()
+        g = torch.cat([p.grad.reshape(-1) for p in model.parameters()]).double()
+        truth.append(g)
+        norms.append(g.norm())
+    clip = float(torch.stack(norms).median())  # about half the examples are clipped
+    scales = [min(1.0, clip / (float(n) + 1e-6)) for n in norms]
+    expected = sum(g * c for g, c in zip(truth, scales, strict=True)) / 64
+    dp = DPGradient(model, clip=clip, noise_multiplier=0.0, expected_batch=64,
+                    generator=torch.Generator(), mode=mode)
+    got = dp(losses_of(dp.forward_module, x, t, y), 64)
+    np.testing.assert_allclose(got, expected.numpy(), atol=1e-6 * float(expected.norm()) + 1e-8)
+
+
+def test_auto_mode_picks_linear_clipping_for_linear_only_models_and_ghost_otherwise():
+    linear = DPGradient(VelocityMLP(2, 8), 1.0, 1.0, 10, torch.Generator())
+    assert linear.mode == "linear"
+    model = nn.Sequential(nn.Linear(2, 4), nn.LayerNorm(4), nn.Linear(4, 2))
+    assert DPGradient(model, 1.0, 1.0, 10, torch.Generator()).mode == "ghost"
+    with pytest.raises(ConfigError, match="nn.Linear"):
+        DPGradient(model, 1.0, 1.0, 10, torch.Generator(), mode="linear")
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_each_example_contributes_at_most_clip(mode):
     torch.manual_seed(0)
     model = VelocityMLP(2, 16)
     x, t, y = batch()
     dp = DPGradient(model, clip=0.05, noise_multiplier=0.0, expected_batch=64,
-                    generator=torch.Generator())
+                    generator=torch.Generator(), mode=mode)
     grad = dp(1e4 * losses_of(dp.forward_module, x, t, y), 64)
     assert np.linalg.norm(grad) <= 0.05 * 64 / 64 + 1e-6
     # One example alone moves the sum by at most C: the sensitivity DP-SGD is accounted for.
@@ -41,12 +76,13 @@ def test_each_example_contributes_at_most_clip():
     assert np.linalg.norm(single * 64) <= 0.05 + 1e-6
 
 
-def test_noise_has_the_accounted_standard_deviation():
+@pytest.mark.parametrize("mode", MODES)
+def test_noise_has_the_accounted_standard_deviation(mode):
     torch.manual_seed(0)
     model = VelocityMLP(2, 64)
     x, t, y = batch()
     dp = DPGradient(model, clip=2.0, noise_multiplier=1.5, expected_batch=50,
-                    generator=torch.Generator().manual_seed(3))
+                    generator=torch.Generator().manual_seed(3), mode=mode)
     grad = dp(0.0 * losses_of(dp.forward_module, x, t, y), 64)  # zero per-example gradients
     assert grad.std() == pytest.approx(1.5 * 2.0 / 50, rel=0.05)
     empty = dp(losses_of(dp.forward_module, x[:0], t[:0], y[:0]), 0)
