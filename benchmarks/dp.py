@@ -446,7 +446,8 @@ def _phases(rounds: int) -> str:
     base = VelocityMLP(2, 64)
     x0, x1 = _data(256, (2,))
     plain_model = copy.deepcopy(base)
-    dp = DPGradient(copy.deepcopy(base), CLIP, SIGMA, 256, torch.Generator().manual_seed(2))
+    dp = DPGradient(copy.deepcopy(base), CLIP, SIGMA, 256, torch.Generator().manual_seed(2),
+                    mode="ghost")
     module, model, params = dp.forward_module, dp.model, dp.params
     gen = _t_gen()
     laps: dict[str, list[float]] = defaultdict(list)
