@@ -41,8 +41,7 @@ class FedFlow:
     def _client_update(self, client, round_: int, local_steps: int, ci_weight: float) -> dict:
         expert = self.experts[client.id]
         theta = client.inbox["global_model"]["theta"]
-        # a copy: load_flat_params shares memory with its vector and Adam steps in place
-        load_flat_params(expert.model, theta.copy())
+        load_flat_params(expert.model, theta)
         losses = [expert.step(round_, ci_weight) for _ in range(local_steps)]
         client.state["last_loss"] = float(np.mean(losses))
         return {"update": flat_params(expert.model) - theta}
