@@ -56,7 +56,8 @@ def one_run(structure: str, seed: int, args, out: Path) -> dict:
     pairs = sorted({s.classes for s in shards})
     planted = np.array([pairs.index(s.classes) for s in shards])
     protocol = load_protocol(args.protocol)
-    clients = labelled_clients([s.x_train for s in shards], [s.y_train for s in shards], seed)
+    clients = labelled_clients([s.x_train for s in shards], [s.y_train for s in shards],
+                               deterministic_seed=seed)
     engine = InProcessEngine(clients, protocol, MessageLog(out / "otdd" / "messages.jsonl"))
     try:
         otdd = federated_otdd(engine, protocol, FedWADConfig(
@@ -73,9 +74,10 @@ def one_run(structure: str, seed: int, args, out: Path) -> dict:
             affinity, neighbours = setting
             assignment = cluster_clients(otdd.distances, args.n_clusters, affinity,
                                          neighbours or 3, seed)
-        # fresh client streams per setting, so every FedAvg sees the same batches
+        # fresh client streams per setting, so every FedAvg sees the same batches (seeded:
+        # a utility comparison under plaintext, not a private run)
         clients = labelled_clients([s.x_train for s in shards], [s.y_train for s in shards],
-                                   seed)
+                                   deterministic_seed=seed)
         models = clustered_fedavg(clients, assignment, protocol, out / name.replace(" ", ""),
                                   config, seed)
         result["accuracy"][name] = float(np.mean([accuracy(models[c.id], s.x_test, s.y_test)

@@ -74,7 +74,7 @@ def main() -> None:
         pooled = Measure.uniform(np.concatenate(xs))
         learned = {}
         for name, exact in (("exact W", True), ("FedWAD", False)):
-            clients = labelled_clients(xs, ys, args.seed)
+            clients = labelled_clients(xs, ys)
             with tempfile.TemporaryDirectory() as folder:
                 engine = InProcessEngine(clients, protocol, MessageLog(Path(folder) / "m.jsonl"))
                 start = time.perf_counter()

@@ -30,6 +30,10 @@ _HELP = {
     "batch_size": "mini-batch size per client and step",
     "device": "auto | cpu | cuda",
     "out": "run folder (default runs/<method>-<protocol>-<data>-s<seed>)",
+    "overwrite": "replace the files of an earlier run in the run folder (else it must be empty)",
+    "insecure_deterministic": "INSECURE, debugging only: derive every party's secret random "
+                              "streams (DP noise and sampling, rounding, t) from --seed, which "
+                              "config.toml publishes; recorded in config.toml and privacy.json",
     "nfe": "comma-separated Euler step counts for evaluation",
     "shard_size": "points each client draws once (pool = clients x shard_size)",
     "weighting": "lambda_i proportional to shard size or uniform",

@@ -67,6 +67,9 @@ class RunConfig:
     seed: int = 0
     device: str = "auto"
     out: str = ""  # empty: runs/<method>-<protocol>-<data>-s<seed>
+    overwrite: bool = False  # replace the files of an earlier run in ``out``
+    # Derive the parties' secret streams from ``seed`` (replayable by anyone: debugging only).
+    insecure_deterministic: bool = False
     progress: bool = True
     threads: int = 1  # torch CPU threads; small models run fastest (and share a busy CPU) on one
     # DCFM and its baselines (methods dcfm-a, dcfm-b, fedflow[-l], ddm[-l]; docs/dcfm.md).
@@ -108,6 +111,12 @@ class RunConfig:
             raise ConfigError(f"{given[0]} is set but protocol {protocol!r} has no dp stage, so "
                               "no DP would be applied; use protocol 'dp' or 'dp-secagg', or drop "
                               f"{given[0]}")
+
+    @property
+    def deterministic_seed(self) -> int | None:
+        """The seed of the parties' secret streams: None (OS entropy) unless
+        ``insecure_deterministic``."""
+        return self.seed if self.insecure_deterministic else None
 
     def to_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)

@@ -28,7 +28,7 @@ from .errors import ProtocolError  # noqa: E402
 from .federation.engine import InProcessEngine  # noqa: E402
 from .federation.faults import load_threat_model  # noqa: E402
 from .federation.log import MessageLog  # noqa: E402
-from .federation.parties import Client  # noqa: E402
+from .federation.parties import new_client, secret_randomness  # noqa: E402
 from .methods.dcfm import (  # noqa: E402
     DCFMA,
     DCFMB,
@@ -48,7 +48,12 @@ from .models.conditional import ConditionalVelocityMLP  # noqa: E402
 from .privacy.accounting import calibrate_noise, epsilon  # noqa: E402
 from .privacy.ledger import PrivacyLedger  # noqa: E402
 from .protocols.protocol import load_protocol  # noqa: E402
-from .runtime import party_generator, resolve_device  # noqa: E402
+from .runtime import (  # noqa: E402
+    load_checkpoint,
+    party_generator,
+    prepare_run_folder,
+    resolve_device,
+)
 
 __all__ = ["ConditionalData", "conditional_data", "run_dcfm", "DCFMSampler", "load_dcfm",
            "communication"]
@@ -282,8 +287,7 @@ def run_dcfm(config: RunConfig):
     from .run import RunResult, run_folder
 
     device = resolve_device(config.device)
-    out = run_folder(config)
-    out.mkdir(parents=True, exist_ok=True)
+    out = prepare_run_folder(run_folder(config), config.overwrite)
     write_config(config, out / "config.toml")
     torch.manual_seed(config.seed)  # network initialisation only; parties use their generators
     data = conditional_data(config)
@@ -293,8 +297,7 @@ def run_dcfm(config: RunConfig):
     log = MessageLog(out / "messages.jsonl", keep_payloads=config.keep_payloads)
     clients = []
     for i, (x, labels) in enumerate(data.shards, start=1):
-        client = Client(f"client-{i}", x.to(device), party_generator(config.seed, i, device),
-                        protocol_rng=np.random.default_rng([config.seed, i]))
+        client = new_client(f"client-{i}", x.to(device), config.deterministic_seed)
         client.state["labels"] = labels.to(device)
         clients.append(client)
     faults = load_threat_model(config.threat_model) if config.threat_model else None
@@ -329,7 +332,8 @@ def run_dcfm(config: RunConfig):
         privacy = ledger.report(dp.target_epsilon)
         privacy.update(noise_multiplier=sigmas, clip=dp.clip, enforced_by=dp.accountant,
                        label_statistics="label counts per combination travel in model "
-                                        "messages without DP (docs/dcfm.md)")
+                                        "messages without DP (docs/dcfm.md)",
+                       secret_randomness=secret_randomness(config.insecure_deterministic))
         (out / "privacy.json").write_text(json.dumps(privacy, indent=2))
     (out / "metrics.json").write_text(json.dumps(metrics, indent=2))
     torch.save({"config": config.to_dict(), "kind": sampler.kind,
@@ -343,8 +347,7 @@ def run_dcfm(config: RunConfig):
 
 def load_dcfm(run_dir: str | Path, device: str = "cpu") -> DCFMSampler:
     """The sampler of a finished DCFM-family run (its experts, student or global model)."""
-    checkpoint = torch.load(Path(run_dir) / "checkpoint.pt", map_location=device,
-                            weights_only=False)
+    checkpoint = load_checkpoint(Path(run_dir) / "checkpoint.pt", device)
     config = checkpoint["config"]
     models = []
     for state in checkpoint["models"]:

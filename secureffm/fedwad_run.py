@@ -21,11 +21,11 @@ from .data.digits import load_digit_arrays
 from .errors import ConfigError, DataError
 from .federation.engine import InProcessEngine
 from .federation.log import MessageLog
-from .federation.parties import Client
+from .federation.parties import new_client, secret_randomness
 from .methods.fedwad import FedWADConfig, check_samples, ground_cost
 from .methods.fedwad_federated import federated_distance, pairwise_distances
 from .protocols.protocol import load_protocol
-from .runtime import party_generator
+from .runtime import prepare_run_folder
 from .transport import emd_cost
 
 __all__ = ["FedWADRun", "FedWADRunResult", "run_fedwad", "client_data", "add_arguments",
@@ -59,6 +59,8 @@ class FedWADRun:
     check_exact: bool = False
     keep_payloads: bool = False
     progress: bool = True
+    overwrite: bool = False
+    insecure_deterministic: bool = False
 
     def __post_init__(self) -> None:
         if not self.client_files:
@@ -132,12 +134,10 @@ def run_fedwad(run: FedWADRun) -> FedWADRunResult:
     """Run FedWAD as ``run`` says and write the run folder."""
     data = client_data(run)
     protocol = load_protocol(run.protocol)
-    out = _folder(run)
-    out.mkdir(parents=True, exist_ok=True)
+    out = prepare_run_folder(_folder(run), run.overwrite)
     (out / "config.toml").write_text(tomli_w.dumps(run.to_dict()))
-    cpu = torch.device("cpu")
-    clients = [Client(f"client-{i}", torch.from_numpy(x), party_generator(run.seed, i, cpu),
-                      protocol_rng=np.random.default_rng([run.seed, i]))
+    seed = run.seed if run.insecure_deterministic else None
+    clients = [new_client(f"client-{i}", torch.from_numpy(x), seed)
                for i, x in enumerate(data, start=1)]
     log = MessageLog(out / "messages.jsonl", keep_payloads=run.keep_payloads)
     engine = None
@@ -146,7 +146,8 @@ def run_fedwad(run: FedWADRun) -> FedWADRunResult:
         start = time.perf_counter()
         result: dict = {"protocol": protocol.name, "clients": [c.id for c in clients],
                         "samples": [len(x) for x in data], "dim": int(data[0].shape[1]),
-                        "p": run.fedwad.p}
+                        "p": run.fedwad.p,
+                        "secret_randomness": secret_randomness(run.insecure_deterministic)}
         if len(clients) == 2:
             found = federated_distance(engine, protocol, clients[0].id, clients[1].id,
                                        run.fedwad)
@@ -198,6 +199,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--out", default="", help="run folder (default runs/fedwad-<protocol>-<data>-s<seed>)")
     add("--check-exact", action="store_true", help="also compute exact W_p with POT")
     add("--keep-payloads", action="store_true", help="keep delivered payloads in payloads.bin")
+    add("--overwrite", action="store_true",
+        help="replace the files of an earlier run in the run folder (else it must be empty)")
+    add("--insecure-deterministic", action="store_true",
+        help="INSECURE, debugging only: derive the clients' secret t and noise from --seed, "
+             "which config.toml publishes (recorded in config.toml and result.json)")
 
 
 def fedwad_command(args: argparse.Namespace) -> None:
@@ -207,7 +213,9 @@ def fedwad_command(args: argparse.Namespace) -> None:
                           noise_std=args.noise_std, seed=args.seed)
     done = run_fedwad(FedWADRun(config, args.data, args.clients, args.samples, args.dim,
                                 tuple(args.client_files), args.protocol, args.seed, args.out,
-                                args.check_exact, args.keep_payloads))
+                                args.check_exact, args.keep_payloads,
+                                overwrite=args.overwrite,
+                                insecure_deterministic=args.insecure_deterministic))
     print(f"run folder: {done.out}")
     if "distance" in done.result:
         line = f"FedWAD W_{args.p}: {done.result['distance']:.6g}"

@@ -12,7 +12,6 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import torch
 from tqdm import tqdm
 
@@ -22,13 +21,13 @@ from .errors import ConfigError
 from .federation.engine import InProcessEngine
 from .federation.faults import load_threat_model
 from .federation.log import MessageLog
-from .federation.parties import Client
+from .federation.parties import new_client, secret_randomness
 from .methods import CENTRALIZED, CentralizedFlowMatching, FederatedFlowMatching
 from .metrics.evaluate import evaluate_flow, potential_health
 from .metrics.sampling import trajectories
 from .plots import plot_trajectories, plot_w2_nfe
 from .protocols.protocol import load_protocol
-from .runtime import party_generator, resolve_device
+from .runtime import load_checkpoint, party_generator, prepare_run_folder, resolve_device
 
 __all__ = ["run", "RunResult", "run_folder", "load_velocity"]
 
@@ -62,11 +61,9 @@ def _build(config: RunConfig, device: torch.device, log: MessageLog):
             raise ConfigError(f"method = {config.method!r} is a centralized baseline and sends "
                               f"no messages, so protocol {protocol.name!r} protects nothing; "
                               "use protocol = 'plaintext'")
-        pooled = Client("central", torch.cat(shards).to(device),
-                        party_generator(config.seed, 1, device))
+        pooled = new_client("central", torch.cat(shards).to(device), config.deterministic_seed)
         return pair, shards, CentralizedFlowMatching(config, pair, pooled, device)
-    clients = [Client(f"client-{i}", shard.to(device), party_generator(config.seed, i, device),
-                      protocol_rng=np.random.default_rng([config.seed, i]))
+    clients = [new_client(f"client-{i}", shard.to(device), config.deterministic_seed)
                for i, shard in enumerate(shards, start=1)]
     faults = load_threat_model(config.threat_model) if config.threat_model else None
     engine = InProcessEngine(clients, protocol, log, faults)
@@ -92,8 +89,7 @@ def run(config: RunConfig) -> RunResult:
 
         return run_dcfm(config)
     device = resolve_device(config.device)
-    out = run_folder(config)
-    out.mkdir(parents=True, exist_ok=True)
+    out = prepare_run_folder(run_folder(config), config.overwrite)
     write_config(config, out / "config.toml")
     torch.manual_seed(config.seed)  # network initialisation only; parties use their generators
     log = MessageLog(out / "messages.jsonl", keep_payloads=config.keep_payloads)
@@ -147,6 +143,7 @@ def run(config: RunConfig) -> RunResult:
         privacy["clip"] = trainer.dp.clip
         privacy["enforced_by"] = trainer.dp.accountant
         privacy["rounds_run"] = budget
+        privacy["secret_randomness"] = secret_randomness(config.insecure_deterministic)
         (out / "privacy.json").write_text(json.dumps(privacy, indent=2))
     metrics = {
         "method": config.method,
@@ -176,7 +173,7 @@ def load_velocity(run_dir: str | Path, device: str = "cpu") -> torch.nn.Module:
     from .models.mlp import VelocityMLP
 
     run_dir = Path(run_dir)
-    checkpoint = torch.load(run_dir / "checkpoint.pt", map_location=device, weights_only=False)
+    checkpoint = load_checkpoint(run_dir / "checkpoint.pt", device)
     config = checkpoint["config"]
     model = VelocityMLP(get_pair(config["data"]).dim, config["hidden"])
     saved = checkpoint["state"]["velocity"]

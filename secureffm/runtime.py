@@ -1,12 +1,16 @@
-"""Device selection and per-party random generators."""
+"""Device selection, public random generators, and the run folder."""
 
 from __future__ import annotations
+
+import pickle
+from pathlib import Path
 
 import torch
 
 from .errors import ConfigError
 
-__all__ = ["resolve_device", "party_generator"]
+__all__ = ["resolve_device", "party_generator", "prepare_run_folder", "RUN_ARTIFACTS",
+           "load_checkpoint"]
 
 
 def resolve_device(name: str) -> torch.device:
@@ -24,10 +28,49 @@ def resolve_device(name: str) -> torch.device:
 
 
 def party_generator(seed: int, party_index: int, device: torch.device) -> torch.Generator:
-    """One seeded generator per party (index 0 is the server, clients count from 1).
+    """A generator seeded from the public run seed, for public choices only (the evaluator's
+    samples, the server's own draws): index 0 is the server, clients count from 1. A party's
+    private streams come from :class:`~secureffm.federation.parties.SecretStreams` instead.
 
     Seeds are spread with a large odd multiplier so parties never share a stream.
     """
     generator = torch.Generator(device=device)
     generator.manual_seed((seed * 1_000_003 + party_index * 7_919) % (2**63 - 1))
     return generator
+
+
+# Files a run writes into its folder; --overwrite removes exactly these before a new run.
+RUN_ARTIFACTS = ("config.toml", "metrics.json", "result.json", "privacy.json", "messages.jsonl",
+                 "parties.json", "payloads.bin", "checkpoint.pt", "trajectories.png",
+                 "w2_nfe.png", "samples.png")
+
+
+def prepare_run_folder(out: Path, overwrite: bool) -> Path:
+    """Create ``out`` for a new run. A folder that already holds files is refused (a new run
+    would mix its files with an old run's, e.g. a privacy.json the new run does not write)
+    unless ``overwrite``, which first deletes the :data:`RUN_ARTIFACTS` found there."""
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"out = {str(out)!r} is a file; give a folder for the run")
+    present = sorted(p.name for p in out.iterdir()) if out.is_dir() else []
+    if present and not overwrite:
+        raise ConfigError(f"run folder {str(out)!r} is not empty (it holds {', '.join(present[:4])}"
+                          f"{', ...' if len(present) > 4 else ''}); pass --overwrite to replace "
+                          "the previous run's files, or choose another --out")
+    for name in RUN_ARTIFACTS:
+        (out / name).unlink(missing_ok=True)
+    out.mkdir(parents=True, exist_ok=True)
+    return out
+
+
+def load_checkpoint(path: Path, device: torch.device | str = "cpu") -> dict:
+    """A run's checkpoint.pt, read with ``weights_only=True``: tensors, numbers, strings and
+    containers only, so a planted pickle (a ``__reduce__`` that runs code) is refused, not run."""
+    if not path.is_file():
+        raise ConfigError(f"{path} is missing: is {path.parent} a finished run folder?")
+    try:
+        return torch.load(path, map_location=device, weights_only=True)
+    except pickle.UnpicklingError as err:
+        first = str(err).strip().splitlines()[0] if str(err).strip() else "unsupported object"
+        raise ConfigError(f"{path} holds something other than tensors and plain values, so it "
+                          f"was not loaded (nothing in it ran): {first}. Load only checkpoints "
+                          "that secureffm wrote") from None

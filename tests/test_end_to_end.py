@@ -30,23 +30,25 @@ def test_short_run_of_every_method_writes_the_run_folder(small_config, method):
     assert all(r["recipient"] == "server" for r in records if r["kind"] == "gradient")
     duals = kinds.count("dual_update")
     assert duals == (config.rounds // 5 * config.clients if method == "got" else 0)
-    state = torch.load(result.out / "checkpoint.pt", weights_only=False)
+    state = torch.load(result.out / "checkpoint.pt", weights_only=True)
     assert ("potential" in state["state"]) == (method == "got")
 
 
-def test_training_reduces_w2(small_config):
+def test_training_reduces_w2(small_config, tmp_path):
     before = run(small_config(method="icfm", rounds=1, ema_decay=0.0, shard_size=2000,
-                              eval_samples=1000, nfe=(8,)))
+                              eval_samples=1000, nfe=(8,), out=str(tmp_path / "before")))
     after = run(small_config(method="icfm", rounds=600, ema_decay=0.0, shard_size=2000,
-                             eval_samples=1000, nfe=(8,)))
+                             eval_samples=1000, nfe=(8,), out=str(tmp_path / "after")))
     assert after.metrics["eval"]["w2"]["8"] < 0.5 * before.metrics["eval"]["w2"]["8"]
 
 
-def test_got_dual_ascent_raises_the_held_out_dual_value(small_config):
+def test_got_dual_ascent_raises_the_held_out_dual_value(small_config, tmp_path):
     # Algorithm 4 printed as descent collapses the coupling; ascent must raise the dual value
     # towards W2^2 / 2 and keep many candidates in use.
-    short = run(small_config(method="got", rounds=1, potential_every=1, potential_lr=3e-3))
-    long = run(small_config(method="got", rounds=300, potential_every=1, potential_lr=3e-3))
+    short = run(small_config(method="got", rounds=1, potential_every=1, potential_lr=3e-3,
+                             out=str(tmp_path / "short")))
+    long = run(small_config(method="got", rounds=300, potential_every=1, potential_lr=3e-3,
+                            out=str(tmp_path / "long")))
     before, after = short.metrics["eval"]["potential"], long.metrics["eval"]["potential"]
     assert after["dual_value"] > before["dual_value"] + 1.0
     assert after["unused_candidates"] < 0.9

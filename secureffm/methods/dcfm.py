@@ -27,7 +27,6 @@ DCFM-B is post-processing of DP experts. Label counts travel in the clear (docs/
 from __future__ import annotations
 
 import math
-import secrets
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -343,9 +342,8 @@ class LocalExpert:
             self.estimator = PlainGradient(model)
             return
         self.rate = min(1.0, batch_size / client.size)
-        # Sampling and noise must be unpredictable: never derived from the published seed.
-        self.secret = torch.Generator(device=client.data.device).manual_seed(
-            secrets.randbits(63))
+        # Sampling and noise must be unpredictable: OS entropy, never the published seed.
+        self.secret = client.streams.torch("dp", client.data.device)
         self.estimator = DPGradient(model, dp.clip, sigma, self.rate * client.size, self.secret,
                                     mode="hooks")
 

@@ -14,8 +14,6 @@ Skellam noise. Every per-example loss below depends on one data example only.
 
 from __future__ import annotations
 
-import secrets
-
 import numpy as np
 import torch
 
@@ -196,8 +194,8 @@ class FederatedFlowMatching:
                 lambda m: self.client_epsilon(client, m, c.rounds), self.dp.target_epsilon,
                 self.dp.delta)
             self.noise_multipliers[client.id] = sigma
-        # Sampling and noise must be unpredictable: never derived from the published seed.
-        secret = torch.Generator(device=self.device).manual_seed(secrets.randbits(63))
+        # Sampling and noise must be unpredictable: OS entropy, never the published seed.
+        secret = client.streams.torch("dp", self.device)
         client.state["dp_rng"] = secret
         client.state["velocity_grad"] = DPGradient(velocity, self.dp.clip, sigma,
                                                    rate * client.size, secret)

@@ -35,9 +35,8 @@ from tqdm import tqdm
 from ..errors import DataError, ProtocolError
 from ..federation.engine import InProcessEngine
 from ..federation.message import SERVER
-from ..federation.parties import Client
+from ..federation.parties import Client, new_client
 from ..protocols.protocol import Protocol
-from ..runtime import party_generator
 from ..transport import emd_cost, squared_distances
 from .fedwad import FedWADConfig
 from .fedwad_federated import ClientRows, federated_distance, rounds_per_distance
@@ -48,17 +47,20 @@ __all__ = ["LABELS", "labelled_clients", "client_labels", "class_distances", "ot
 LABELS = "labels"
 
 
-def labelled_clients(features: list[np.ndarray], labels: list[np.ndarray],
-                     seed: int = 0) -> list[Client]:
-    """Clients ``client-1``, ... holding features [N_i, d] (float32 tensors) and their labels."""
+def labelled_clients(features: list[np.ndarray], labels: list[np.ndarray], *,
+                     deterministic_seed: int | None = None) -> list[Client]:
+    """Clients ``client-1``, ... holding features [N_i, d] (float32 tensors) and their labels.
+
+    Their secret streams come from OS entropy; ``deterministic_seed`` derives them from a seed
+    instead (tests and debugging only: see :class:`~secureffm.federation.parties.SecretStreams`).
+    """
     if len(features) != len(labels):
         raise DataError(f"{len(features)} feature arrays but {len(labels)} label arrays; give "
                         "one of each per client")
     clients = []
     for i, (x, y) in enumerate(zip(features, labels, strict=True), start=1):
-        generator = party_generator(seed, i, torch.device("cpu"))
-        client = Client(f"client-{i}", torch.as_tensor(np.asarray(x, dtype=np.float32)),
-                        generator, protocol_rng=np.random.default_rng([seed, i]))
+        client = new_client(f"client-{i}", torch.as_tensor(np.asarray(x, dtype=np.float32)),
+                            deterministic_seed)
         client.state[LABELS] = np.asarray(y)
         client_labels(client)
         clients.append(client)

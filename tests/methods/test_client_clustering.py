@@ -24,7 +24,7 @@ from secureffm.protocols.protocol import load_protocol
 def _digits_clients(structure: str, clients: int, seed: int):
     shards = class_pair_split(structure, clients=clients, seed=seed)
     return shards, labelled_clients([s.x_train for s in shards], [s.y_train for s in shards],
-                                    seed)
+                                    deterministic_seed=seed)
 
 
 def _planted(shards) -> np.ndarray:

@@ -22,7 +22,8 @@ def _mixture(seed: int, n: int = 240):
     labels = np.repeat(np.arange(4), n // 4)
     x = centres[labels] + 0.3 * rng.standard_normal((n, 3))
     parts = np.array_split(rng.permutation(n), 4)
-    clients = labelled_clients([x[p] for p in parts], [labels[p] for p in parts], seed)
+    clients = labelled_clients([x[p] for p in parts], [labels[p] for p in parts],
+                               deterministic_seed=seed)
     return x, clients
 
 

@@ -1,0 +1,29 @@
+"""A run never leaves another run's claims beside its own.
+
+Adversary: none; this is the honest user's mistake the review found. A ``plaintext`` run into a
+folder that held a ``dp-secagg`` run left that run's privacy.json (epsilon 8) beside a
+config.toml saying plaintext, so a reader of the folder was told a guarantee that the run
+in it never had.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from secureffm.errors import ConfigError
+from secureffm.run import run
+
+
+def test_a_non_empty_run_folder_is_refused_and_overwrite_clears_old_claims(small_config):
+    first = run(small_config(method="vanilla", protocol="dp", target_epsilon=8.0, rounds=3,
+                             insecure_deterministic=False))
+    claim = json.loads((first.out / "privacy.json").read_text())
+    assert claim["secret_randomness"].startswith("os-entropy")
+    with pytest.raises(ConfigError, match="--overwrite"):
+        run(small_config(method="vanilla", protocol="plaintext", rounds=3))
+    assert json.loads((first.out / "privacy.json").read_text())  # the refusal touched nothing
+    second = run(small_config(method="vanilla", protocol="plaintext", rounds=3, overwrite=True))
+    assert second.out == first.out
+    assert not (second.out / "privacy.json").exists()
