@@ -242,7 +242,7 @@ class Protocol:
         shaped = self.client_stages(kind) if sender != SERVER else ()  # the server's own: none
         stages = shaped + ((sealer.name,) if sealer else ())
         if sealer is not None:
-            data = sealer.seal(engine, payload, kind, round_, sender, [recipient])
+            data = sealer.seal(engine, payload, kind, round_, phase, sender, [recipient])
         else:
             data = serialize_payload(payload)
         received = engine.send(round_, phase, kind, sender, recipient, data, stages)
@@ -256,7 +256,7 @@ class Protocol:
             if sealer is None:
                 payload = deserialize_payload(data, author)
             else:
-                payload = sealer.open(engine, data, kind, round_, author, recipient)
+                payload = sealer.open(engine, data, kind, round_, phase, author, recipient)
             check_payload(author, payload, None)
         except (MessageError, ProtocolError) as err:
             engine.reject(round_, phase, relayed_by or author,
@@ -281,7 +281,7 @@ class Protocol:
             peers = [c.id for c in engine.clients if c.id != author.id]
             payload = compute(author)
             if sealer is not None:
-                data = sealer.seal(engine, payload, kind, round_, author.id, peers)
+                data = sealer.seal(engine, payload, kind, round_, "relay", author.id, peers)
             else:
                 data = serialize_payload(payload)
             uploaded = engine.send(round_, "upload", kind, author.id, SERVER, data, stages)

@@ -9,7 +9,7 @@ from secureffm.federation import SERVER, Client, InProcessEngine, MessageLog
 from secureffm.federation.faults import Fault, FaultPlan
 from secureffm.federation.message import serialize_payload
 from secureffm.protocols import load_protocol
-from secureffm.protocols.sealed import open_payload, seal_payload
+from secureffm.protocols.sealed import SealHeader, open_payload, seal_payload
 
 
 def make_engine(tmp_path, protocol, faults=None, n=3):
@@ -23,6 +23,17 @@ def model_of(client):
     index = int(client.id.split("-")[1])
     return {"weight": np.full((4, 3), index, dtype=np.float32),
             "bias": np.arange(3, dtype=np.float32) * index}
+
+
+def header(round_=0, sender="client-1", recipients=("client-2",)):
+    return SealHeader("model", round_, "relay", sender, recipients, 0)
+
+
+def open_as_client_2(engine, data, round_=0, key=None):
+    """client-2 opens ``data`` as client-1's round-``round_`` relay message."""
+    return open_payload(data, "model", round_, "relay", "client-1", engine.public_keys["client-1"],
+                        engine.sealing_public["client-1"], key or engine.clients[1].sealing,
+                        "client-2").payload
 
 
 def records(log):
@@ -55,29 +66,25 @@ def test_the_relaying_server_sees_no_model_bytes_and_cannot_open_them(tmp_path):
     plain = serialize_payload(model_of(engine.clients[0]))
     weight_bytes = model_of(engine.clients[0])["weight"].tobytes()
     assert plain not in stored and weight_bytes not in stored
-    sealed = seal_payload(model_of(engine.clients[0]), "model", 0, engine.clients[0].sealing,
-                          "client-1", {"client-2": engine.sealing_public["client-2"]})
+    sealed = seal_payload(model_of(engine.clients[0]), header(), engine.clients[0].identity,
+                          engine.clients[0].sealing, engine.sealing_public)
     with pytest.raises(ProtocolError, match="authentication"):
-        open_payload(sealed, "model", 0, "client-1", engine.sealing_public["client-1"],
-                     engine.sealing_keys[SERVER], "client-2")
+        open_as_client_2(engine, sealed, key=engine.sealing_keys[SERVER])
     assert all("sealed" in r["stages"] for r in records(log) if r["kind"] == "model")
 
 
 def test_a_model_forged_by_the_server_or_replayed_into_another_round_is_rejected(tmp_path):
     engine, _ = make_engine(tmp_path, "sealed")
-    forged = seal_payload(model_of(engine.clients[0]), "model", 0, engine.sealing_keys[SERVER],
-                          "client-1", {"client-2": engine.sealing_public["client-2"]})
+    forged = seal_payload(model_of(engine.clients[0]), header(), engine.identities[SERVER],
+                          engine.sealing_keys[SERVER], engine.sealing_public)
     with pytest.raises(ProtocolError):
-        open_payload(forged, "model", 0, "client-1", engine.sealing_public["client-1"],
-                     engine.clients[1].sealing, "client-2")
-    genuine = seal_payload(model_of(engine.clients[0]), "model", 0, engine.clients[0].sealing,
-                           "client-1", {"client-2": engine.sealing_public["client-2"]})
-    opened = open_payload(genuine, "model", 0, "client-1", engine.sealing_public["client-1"],
-                          engine.clients[1].sealing, "client-2")
+        open_as_client_2(engine, forged)
+    genuine = seal_payload(model_of(engine.clients[0]), header(), engine.clients[0].identity,
+                           engine.clients[0].sealing, engine.sealing_public)
+    opened = open_as_client_2(engine, genuine)
     np.testing.assert_array_equal(opened["bias"], model_of(engine.clients[0])["bias"])
     with pytest.raises(ProtocolError):
-        open_payload(genuine, "model", 1, "client-1", engine.sealing_public["client-1"],
-                     engine.clients[1].sealing, "client-2")
+        open_as_client_2(engine, genuine, round_=1)
 
 
 def test_an_upload_altered_in_transit_is_rejected_and_the_rest_still_arrives(tmp_path):
@@ -98,12 +105,12 @@ def test_an_upload_altered_in_transit_is_rejected_and_the_rest_still_arrives(tmp
 def test_a_relayed_copy_for_one_peer_does_not_open_for_another(tmp_path):
     engine, _ = make_engine(tmp_path, "sealed")
     sealer = engine.protocol.stage_for("sealed", "model")
-    data = sealer.seal(engine, model_of(engine.clients[0]), "model", 0, "client-1",
+    data = sealer.seal(engine, model_of(engine.clients[0]), "model", 0, "relay", "client-1",
                        ["client-2", "client-3"])
     copy = sealer.relay(data, "client-2", "client-1")
-    assert sealer.open(engine, copy, "model", 0, "client-1", "client-2")["bias"][1] == 1
+    assert sealer.open(engine, copy, "model", 0, "relay", "client-1", "client-2")["bias"][1] == 1
     with pytest.raises(ProtocolError):
-        sealer.open(engine, copy, "model", 0, "client-1", "client-3")
+        sealer.open(engine, copy, "model", 0, "relay", "client-1", "client-3")
 
 
 def test_send_seals_for_one_recipient_and_refuses_an_aggregated_kind(tmp_path):
