@@ -70,7 +70,8 @@ def build_parser() -> argparse.ArgumentParser:
             shown = ",".join(map(str, default)) if isinstance(default, tuple) else default
             run.add_argument(flag, dest=f.name, default=None, metavar=f.name.upper(),
                              help=f"{_HELP.get(f.name, '')} (default {shown})".strip())
-    audit = sub.add_parser("audit", help="verify a run's signed, hash-chained message log")
+    audit = sub.add_parser("audit", help="verify a run's signed, hash-chained message log "
+                           "(against a pin kept apart), or print its pin")
     add_audit_arguments(audit)
     fedwad = sub.add_parser("fedwad", help="FedWAD: W_p between clients' data sets; the server "
                             "sees only interpolating measures (docs/fedwad.md)")

@@ -79,7 +79,9 @@ def test_threat_model_drop_aborts_two_client_rounds_and_is_logged(small_config):
     result = run(small_config(method="vanilla", protocol="secagg", rounds=6,
                               threat_model="drop-after-sharing"))
     assert result.metrics["aborted_aggregations"] == 3
-    assert result.metrics["messages"]["events"] == {"aborted": 3, "dropped": 3, "closed": 1}
+    assert result.metrics["messages"]["events"] == {"aborted": 3, "dropped": 3, "aggregated": 3,
+                                                    "closed": 1}
+    assert verify_run(result.out).ok
 
 
 def test_threat_model_faulty_uploads_are_rejected_and_rounds_complete(small_config):

@@ -1,7 +1,9 @@
-"""Audits of a finished run: log verification (threat-model checks and attacks come later)."""
+"""Audits of a finished run: log verification against the protocol rules and, when kept apart,
+a pin (threat-model checks and attacks come later)."""
 
 from __future__ import annotations
 
-from .verify import AuditFinding, AuditReport, main, verify_run
+from .pin import RunPin, load_pin
+from .verify import AuditFinding, AuditReport, main, pin_run, verify_run
 
-__all__ = ["AuditFinding", "AuditReport", "verify_run", "main"]
+__all__ = ["AuditFinding", "AuditReport", "RunPin", "load_pin", "main", "pin_run", "verify_run"]

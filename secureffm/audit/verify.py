@@ -1,5 +1,19 @@
-"""Verify a run's message log: every record well formed, in order, chained, signed and, when the
-payloads were kept, matching the bytes stored in ``payloads.bin``.
+"""Verify a run's message log: every record well formed, in order, chained, signed, matching
+its payload in ``payloads.bin``, and obeying the protocol rules; optionally against a pin kept
+apart from the run folder.
+
+What it proves depends on what was pinned:
+
+- nothing pinned (``--verify RUN_DIR``): integrity against accidental damage only. Anyone who
+  can write the run folder can regenerate every key, rewrite parties.json and re-sign a
+  rebuilt log that passes; only the protocol rules (:mod:`secureffm.audit.rules`) can still
+  catch a rebuild that breaks them.
+- keys pinned (``--parties PINNED``: a parties.json copy or a pin file): every record was
+  signed with the pinned keys, so a folder writer who holds none of the parties' private keys
+  cannot rebuild the log. A key holder can still re-sign records that only it signed, e.g.
+  the server the records after the last one a client signed.
+- head pinned (``--expect-head HASH``, or a pin file): the log and parties.json are exactly
+  those pinned, against anyone who can write the folder, key holders included.
 
 The checks, in order, for each line of ``messages.jsonl`` (stopping at the first failure):
 
@@ -8,15 +22,17 @@ The checks, in order, for each line of ``messages.jsonl`` (stopping at the first
 3. ``prev`` equals the sha256 of the previous line's exact bytes (of parties.json for the first);
 4. ``sender`` is a party of ``parties.json``;
 5. ``sig`` is the sender's Ed25519 signature of :func:`~secureffm.federation.log.canonical`;
-6. if ``payloads.bin`` exists and the record has ``offset``, the ``bytes`` stored there hash to
-   ``sha256``.
+6. a record with ``offset`` needs ``payloads.bin`` (its absence fails), and the ``bytes`` stored
+   there hash to ``sha256``; message records carry offsets all or none;
+7. the protocol rules of :class:`~secureffm.audit.rules.ProtocolRules`;
+
+and, before the first line, parties.json against the pinned keys; after the last, the head
+(sha256 of the closing line) against the pinned head.
 
 A deleted, inserted or reordered line shows up as the first seq mismatch or broken chain link;
 an edited field as a signature failure (or, when the editor re-signed it with the sender's key,
 as a broken link on the next line); replaced keys as a broken first link (its ``prev`` is the
-sha256 of parties.json); lines cut off the end by the missing closing record, which only the
-server's key can sign. What the chain cannot show: a log rebuilt end to end by someone holding
-the keys, which is why its last hash is worth keeping elsewhere.
+sha256 of parties.json); lines cut off the end by the missing closing record.
 """
 
 from __future__ import annotations
@@ -27,15 +43,17 @@ import json
 import sys
 from collections import Counter
 from contextlib import ExitStack
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, BinaryIO
 
 from ..errors import SecureFFMError
 from ..federation.log import PARTIES_FILE, PAYLOADS_FILE, canonical, genesis
 from ..protocols.crypto import verify_signature
+from .pin import PartyKeys, RunPin, is_hex, load_parties, load_pin, sha256_hex
+from .rules import ProtocolRules
 
-__all__ = ["AuditFinding", "AuditReport", "verify_run", "main", "LOG_FILE"]
+__all__ = ["AuditFinding", "AuditReport", "verify_run", "pin_run", "main", "LOG_FILE"]
 
 LOG_FILE = "messages.jsonl"
 
@@ -58,17 +76,32 @@ _EVENT_FIELDS: dict[str, tuple[type, str]] = {
     "party": (str, "a string"),
     "detail": (str, "a string"),
 }
-_HEX = frozenset("0123456789abcdef")
+# Structured fields of particular events.
+_EVENT_EXTRA: dict[str, dict[str, tuple[type, str]]] = {
+    "closed": {"records": (int, "an integer")},
+    "aggregated": {"included": (list, "a list"), "of_kind": (str, "a string")},
+}
 _CHAIN_HINT = "(a record was deleted, inserted, reordered or edited)"
+_SCOPE = {
+    (): ("integrity against accidental damage only: anyone who can write the run folder can "
+         "rebuild it with new keys and pass this check; keep a pin apart (secureffm audit "
+         "--pin) and verify with --expect-head or --parties"),
+    ("keys",): ("every record is signed with the pinned keys: a folder writer holding none of "
+                "the parties' private keys cannot rebuild the log; a key holder can re-sign "
+                "what only it signed (pin the head too)"),
+    ("head",): ("the log and parties.json are exactly the pinned ones, against anyone who can "
+                "write the run folder"),
+}
 
 
 @dataclass(frozen=True)
 class AuditFinding:
-    """The first bad record: its ``seq`` as written (None when unreadable), its 1-based ``line``
-    in messages.jsonl, and a sentence saying what is wrong."""
+    """The first problem: the bad record's ``seq`` as written (None when unreadable or not a
+    record), its 1-based ``line`` in messages.jsonl (None for a problem of the folder as a
+    whole: keys or head differing from the pin), and a sentence saying what is wrong."""
 
     seq: int | None
-    line: int
+    line: int | None
     problem: str
 
 
@@ -79,7 +112,9 @@ class AuditReport:
     ``records``: records that verified (all of them when ``ok``; those before ``first_bad``
     otherwise). ``events``: event records by their ``event`` field and ``kinds``: message
     records by kind, both over the verified records. ``payloads``: records whose payload bytes
-    were checked against payloads.bin. ``lines``: lines in messages.jsonl.
+    were checked against payloads.bin. ``lines``: lines in messages.jsonl. ``head``: sha256 of
+    the closing line, once verified. ``pinned``: what was compared with a pin ("keys", "head").
+    ``checks``: each protocol rule over many records -> what it checked, or why not done.
     """
 
     ok: bool
@@ -89,20 +124,32 @@ class AuditReport:
     kinds: dict[str, int] = field(default_factory=dict)
     payloads: int = 0
     lines: int = 0
+    head: str | None = None
+    pinned: tuple[str, ...] = ()
+    checks: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def scope(self) -> str:
+        """What an ``ok`` verdict proves, given what was pinned."""
+        return _SCOPE[("head",) if "head" in self.pinned else self.pinned]
 
     def summary(self) -> str:
         """A few human lines, the verdict first."""
         if self.ok:
-            out = [f"OK: log intact: {self.records} records chained and signed by known parties"]
+            out = [f"OK: log intact: {self.records} records chained and signed by known parties "
+                   "and obeying the protocol rules", f"proves: {self.scope}",
+                   f"head: {self.head}"]
         else:
             bad = self.first_bad
             assert bad is not None
+            where = f" before line {bad.line}" if bad.line is not None else ""
             out = [f"FAILED: log not intact: {bad.problem}",
-                   f"{self.records} of {self.lines} lines verified before line {bad.line}"]
+                   f"{self.records} of {self.lines} lines verified{where}"]
         if self.payloads:
             out.append(f"payloads: {self.payloads} matched their sha256 in {PAYLOADS_FILE}")
         else:
-            out.append(f"payloads: not checked (no {PAYLOADS_FILE} or no offsets in the log)")
+            out.append("payloads: not checked (no offsets in the log: payloads were not kept)")
+        out += [f"{rule}: {status}" for rule, status in self.checks.items()]
         kinds = ", ".join(f"{k} {n}" for k, n in sorted(self.kinds.items())) or "none"
         events = ", ".join(f"{k} {n}" for k, n in sorted(self.events.items())) or "none"
         out.append(f"messages by kind: {kinds}")
@@ -114,30 +161,6 @@ def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _is_hex(value: str, length: int) -> bool:
-    return len(value) == length and set(value) <= _HEX
-
-
-def _load_parties(run_dir: Path) -> dict[str, bytes]:
-    path = run_dir / PARTIES_FILE
-    if not path.is_file():
-        raise SecureFFMError(f"{path} is missing: a run folder needs {PARTIES_FILE} (the "
-                             "parties' public keys) beside messages.jsonl")
-    try:
-        parties = json.loads(path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise SecureFFMError(f"{path} is not valid JSON: {err}") from None
-    if not isinstance(parties, dict):
-        raise SecureFFMError(f"{path} must map party id -> hex Ed25519 public key")
-    keys = {}
-    for party, key in parties.items():
-        if not isinstance(key, str) or not _is_hex(key, 64):
-            raise SecureFFMError(f"{path}: the key of {party!r} is not a 32-byte hex Ed25519 "
-                                 "public key")
-        keys[party] = bytes.fromhex(key)
-    return keys
-
-
 def _check_fields(record: Any, line: int) -> str | None:
     """None when ``record`` has every required field with the right type, else the problem."""
     if not isinstance(record, dict):
@@ -145,6 +168,7 @@ def _check_fields(record: Any, line: int) -> str | None:
     fields = dict(_FIELDS)
     if record.get("kind") == "event":
         fields.update(_EVENT_FIELDS)
+        fields.update(_EVENT_EXTRA.get(record.get("event"), {}))
     missing = [name for name in fields if name not in record]
     if missing:
         return f"line {line}: record is missing field(s) {', '.join(map(repr, missing))}"
@@ -152,24 +176,112 @@ def _check_fields(record: Any, line: int) -> str | None:
         value = record[name]
         if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
             return f"line {line}: field {name!r} must be {words}, got {value!r}"
+    if "included" in fields and not all(isinstance(c, str) for c in record["included"]):
+        return f"line {line}: field 'included' must list client ids (strings)"
     if "offset" in record and not (_is_int(record["offset"]) and record["offset"] >= 0):
         return f"line {line}: field 'offset' must be a non-negative integer"
     if record["bytes"] < 0:
         return f"line {line}: field 'bytes' must be non-negative"
     for name, length in (("sha256", 64), ("prev", 64), ("sig", 128)):
-        if not _is_hex(record[name], length):
+        if not is_hex(record[name], length):
             return f"line {line}: field {name!r} is not {length} lowercase hex digits"
     return None
 
 
-def verify_run(run_dir: str | Path) -> AuditReport:
-    """Check ``RUN_DIR/messages.jsonl`` against ``RUN_DIR/parties.json`` (and payloads.bin).
+class _Walk:
+    """State while reading one log front to back: the previous line's hash, the payload file,
+    whether message records carry offsets, and the protocol rules."""
+
+    def __init__(self, parties: dict[str, PartyKeys], parties_text: bytes,
+                 payloads: BinaryIO | None):
+        self.parties = parties
+        self.payloads = payloads
+        self.prev = genesis(parties_text)
+        self.offsets: bool | None = None  # message records carry offsets (None: none seen)
+        self.rules = ProtocolRules(parties)
+
+    def line(self, index: int, text: bytes) -> tuple[Any, AuditFinding | None]:
+        """Line ``index`` (0-based) parsed, and its first problem."""
+        line = index + 1
+        try:
+            record = json.loads(text)
+        except (UnicodeDecodeError, json.JSONDecodeError):
+            return None, AuditFinding(None, line, f"line {line} is not valid JSON")
+        seq = record.get("seq") if isinstance(record, dict) else None
+        seq = seq if _is_int(seq) else None
+        problem = self._record(record, index, text)
+        if problem is None:
+            self.prev = sha256_hex(text)
+        return record, None if problem is None else AuditFinding(seq, line, problem)
+
+    def _record(self, record: Any, index: int, text: bytes) -> str | None:
+        problem = (_check_fields(record, index + 1) or self._chain(record, index, text)
+                   or self._signature(record))
+        if problem:
+            return problem
+        payload, problem = self._payload(record)
+        return problem or self.rules.check(record, payload)
+
+    def _chain(self, record: dict, index: int, text: bytes) -> str | None:
+        line, seq = index + 1, record["seq"]
+        if text != json.dumps(record, sort_keys=True, separators=(",", ":")).encode():
+            return (f"line {line} is not in the log's exact form (sorted keys, compact JSON): "
+                    "it was rewritten after signing")
+        if seq != index:
+            return (f"line {line}: seq is {seq}, expected {index} (a record was deleted, "
+                    "inserted or reordered at or before this line)")
+        if record["prev"] != self.prev:
+            what = (f"the sha256 of {PARTIES_FILE} (keys replaced?)" if index == 0
+                    else f"the hash of line {line - 1}")
+            return f"line {line}: chain broken: prev does not match {what} {_CHAIN_HINT}"
+        return None
+
+    def _signature(self, record: dict) -> str | None:
+        seq, sender = record["seq"], record["sender"]
+        if sender not in self.parties:
+            return f"record {seq}: sender {sender!r} is not in {PARTIES_FILE}"
+        if not verify_signature(self.parties[sender].sign, bytes.fromhex(record["sig"]),
+                                canonical(record)):
+            return (f"record {seq}: signature does not verify with {sender}'s key (a signed "
+                    "field was edited, or another key signed it)")
+        return None
+
+    def _payload(self, record: dict) -> tuple[bytes | None, str | None]:
+        """The record's payload bytes from payloads.bin (None when it has no offset), and the
+        problem with them."""
+        seq = record["seq"]
+        if record["kind"] != "event":
+            has = "offset" in record
+            if self.offsets is not None and has != self.offsets:
+                return None, (f"record {seq} {'has' if has else 'has no'} payload offset, "
+                              f"unlike the message records before it: payloads are kept for "
+                              "all messages or none")
+            self.offsets = has
+        if "offset" not in record:
+            return None, None
+        if self.payloads is None:
+            return None, (f"record {seq} has a payload offset but {PAYLOADS_FILE} is missing: "
+                          "the payloads were deleted, so no payload can be checked")
+        self.payloads.seek(record["offset"])
+        data = self.payloads.read(record["bytes"])
+        if len(data) != record["bytes"]:
+            return None, (f"record {seq}: {PAYLOADS_FILE} ends before its payload "
+                          f"({record['bytes']} bytes at offset {record['offset']})")
+        if hashlib.sha256(data).hexdigest() != record["sha256"]:
+            return None, f"record {seq}: payload in {PAYLOADS_FILE} does not match its sha256"
+        return data, None
+
+
+def verify_run(run_dir: str | Path, pin: RunPin | None = None) -> AuditReport:
+    """Check ``RUN_DIR/messages.jsonl`` against ``RUN_DIR/parties.json`` (and payloads.bin),
+    and against ``pin`` (kept apart from the folder) when given.
 
     Raises SecureFFMError when parties.json or messages.jsonl is missing or unreadable; every
-    problem inside the log is reported in the returned report instead.
+    problem inside the log, or with respect to the pin, is reported in the returned report.
     """
     run_dir = Path(run_dir)
-    parties = _load_parties(run_dir)
+    pin = pin or RunPin()
+    parties, parties_text = load_parties(run_dir / PARTIES_FILE)
     log_path = run_dir / LOG_FILE
     if not log_path.is_file():
         raise SecureFFMError(f"{log_path} is missing: is {run_dir} a run folder?")
@@ -177,12 +289,15 @@ def verify_run(run_dir: str | Path) -> AuditReport:
     kinds: Counter[str] = Counter()
     events: Counter[str] = Counter()
     checked = verified = lines = 0
-    prev = genesis((run_dir / PARTIES_FILE).read_bytes())
-    finding = None
-    closed_at = None
+    differs = pin.key_differences(parties, parties_text)
+    finding = None if differs is None else AuditFinding(
+        None, None, f"{PARTIES_FILE} differs from the pinned parties: {differs} (a log signed "
+        "under other keys than the pinned ones proves nothing about the run)")
+    closed_at = head = None
     with ExitStack() as stack:
         log = stack.enter_context(log_path.open("rb"))
         payloads = stack.enter_context(payload_path.open("rb")) if payload_path.is_file() else None
+        walk = _Walk(parties, parties_text, payloads)
         for index, raw in enumerate(log):
             lines += 1
             if finding is not None:
@@ -192,83 +307,86 @@ def verify_run(run_dir: str | Path) -> AuditReport:
                 finding = AuditFinding(None, index + 1, f"line {index + 1} comes after the "
                                        f"closing record (line {closed_at})")
                 continue
-            record, finding = _check_line(index, text, prev, parties, payloads)
+            record, finding = walk.line(index, text)
             if finding is not None:
                 continue
             if record["kind"] == "event":
                 events[record["event"]] += 1
                 if record["event"] == "closed":
-                    closed_at = index + 1
+                    closed_at, head = index + 1, walk.prev
             else:
                 kinds[record["kind"]] += 1
-            checked += payloads is not None and "offset" in record
+            checked += "offset" in record
             verified += 1
-            prev = hashlib.sha256(text).hexdigest()
     if finding is None and closed_at is None:
         finding = AuditFinding(None, lines, f"the log ends at line {lines} without its signed "
                                "closing record: it was cut short, or the run never finished")
+    if finding is None and pin.head is not None and head != pin.head:
+        finding = AuditFinding(None, None, f"the log's head {head} differs from the pinned head "
+                               f"{pin.head}: the log was rebuilt or changed after it was pinned")
+    pinned = tuple(name for name, value in (("keys", pin.fingerprints), ("head", pin.head))
+                   if value is not None)
     return AuditReport(ok=finding is None, records=verified, first_bad=finding,
-                       events=dict(events), kinds=dict(kinds), payloads=checked, lines=lines)
+                       events=dict(events), kinds=dict(kinds), payloads=checked, lines=lines,
+                       head=head if finding is None else None, pinned=pinned,
+                       checks=walk.rules.status())
 
 
-def _check_line(index: int, text: bytes, prev: str, parties: dict[str, bytes],
-                payloads: BinaryIO | None) -> tuple[Any, AuditFinding | None]:
-    """Line ``index`` (0-based) parsed, and its first problem given the previous line's hash."""
-    line = index + 1
-    try:
-        record = json.loads(text)
-    except (UnicodeDecodeError, json.JSONDecodeError):
-        return None, AuditFinding(None, line, f"line {line} is not valid JSON")
-    seq = record.get("seq") if isinstance(record, dict) else None
-    seq = seq if _is_int(seq) else None
-    problem = _check_record(record, index, text, prev, parties, payloads)
-    return record, None if problem is None else AuditFinding(seq, line, problem)
+def pin_run(run_dir: str | Path) -> RunPin:
+    """The pin of a finished run whose log verifies: its head, the sha256 of parties.json and
+    each party's key fingerprint. Keep it apart from the run folder (print it, store it
+    elsewhere) to verify the folder later with ``verify_run(run_dir, pin)``.
 
-
-def _check_record(record: Any, index: int, text: bytes, prev: str, parties: dict[str, bytes],
-                  payloads: BinaryIO | None) -> str | None:
-    line = index + 1
-    problem = _check_fields(record, line)
-    if problem:
-        return problem
-    seq = record["seq"]
-    if text != json.dumps(record, sort_keys=True, separators=(",", ":")).encode():
-        return (f"line {line} is not in the log's exact form (sorted keys, compact JSON): it "
-                "was rewritten after signing")
-    if seq != index:
-        return (f"line {line}: seq is {seq}, expected {index} (a record was deleted, inserted "
-                "or reordered at or before this line)")
-    if record["prev"] != prev:
-        what = (f"the sha256 of {PARTIES_FILE} (keys replaced?)" if index == 0
-                else f"the hash of line {line - 1}")
-        return f"line {line}: chain broken: prev does not match {what} {_CHAIN_HINT}"
-    sender = record["sender"]
-    if sender not in parties:
-        return f"record {seq}: sender {sender!r} is not in {PARTIES_FILE}"
-    if not verify_signature(parties[sender], bytes.fromhex(record["sig"]), canonical(record)):
-        return (f"record {seq}: signature does not verify with {sender}'s key (a signed field "
-                "was edited, or another key signed it)")
-    if payloads is not None and "offset" in record:
-        payloads.seek(record["offset"])
-        data = payloads.read(record["bytes"])
-        if len(data) != record["bytes"]:
-            return (f"record {seq}: {PAYLOADS_FILE} ends before its payload "
-                    f"({record['bytes']} bytes at offset {record['offset']})")
-        if hashlib.sha256(data).hexdigest() != record["sha256"]:
-            return f"record {seq}: payload in {PAYLOADS_FILE} does not match its sha256"
-    return None
+    Raises SecureFFMError when the log does not verify: there is nothing sound to pin.
+    """
+    report = verify_run(run_dir)
+    if not report.ok:
+        assert report.first_bad is not None
+        raise SecureFFMError(f"{run_dir}: the log does not verify, so it cannot be pinned: "
+                             f"{report.first_bad.problem}")
+    parties, text = load_parties(Path(run_dir) / PARTIES_FILE)
+    return RunPin(report.head, sha256_hex(text), {p: k.fingerprint for p, k in parties.items()})
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The options of ``secureffm audit``."""
-    parser.add_argument("--verify", metavar="RUN_DIR", required=True,
+    action = parser.add_mutually_exclusive_group(required=True)
+    action.add_argument("--verify", metavar="RUN_DIR",
                         help="run folder holding messages.jsonl and parties.json")
+    action.add_argument("--pin", metavar="RUN_DIR",
+                        help="print the run's pin (head, parties.json hash, key fingerprints) "
+                             "as JSON, to keep apart from the folder")
+    parser.add_argument("--expect-head", metavar="HASH",
+                        help="with --verify: the head (sha256 of the closing line) kept apart")
+    parser.add_argument("--parties", metavar="PINNED_JSON",
+                        help="with --verify: a pin file from --pin, or a copy of parties.json "
+                             "kept apart from the run folder")
+
+
+def _pin_from_args(args: argparse.Namespace) -> RunPin:
+    pin = load_pin(args.parties) if args.parties else RunPin()
+    head = args.expect_head
+    if head is None:
+        return pin
+    if not is_hex(head, 64):
+        raise SecureFFMError(f"--expect-head {head!r} is not a sha256: give the 64 lowercase "
+                             "hex digits printed at the end of the run or by --pin")
+    if pin.head is not None and pin.head != head:
+        raise SecureFFMError(f"--expect-head differs from the head in {args.parties}; give the "
+                             "one you trust")
+    return replace(pin, head=head)
 
 
 def audit_command(args: argparse.Namespace) -> int:
-    """Print the verdict; 0 intact, 1 tampered, 2 when the folder cannot be read."""
+    """Print the verdict or the pin; 0 intact, 1 tampered, 2 when the folder or pin cannot be
+    read or the options do not fit."""
     try:
-        report = verify_run(args.verify)
+        if args.pin:
+            if args.expect_head or args.parties:
+                raise SecureFFMError("--expect-head and --parties go with --verify, not --pin")
+            print(json.dumps(pin_run(args.pin).as_dict(), indent=1, sort_keys=True))
+            return 0
+        report = verify_run(args.verify, _pin_from_args(args))
     except SecureFFMError as err:
         print(f"secureffm: error: {err}", file=sys.stderr)
         return 2
@@ -277,8 +395,9 @@ def audit_command(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str]) -> int:
-    """``secureffm audit --verify RUN_DIR`` as a function (see :func:`audit_command`)."""
+    """``secureffm audit`` as a function (see :func:`audit_command`)."""
     parser = argparse.ArgumentParser(prog="secureffm audit",
-                                     description="Verify a run's signed, hash-chained log.")
+                                     description="Verify a run's signed, hash-chained log, or "
+                                                 "print its pin.")
     add_arguments(parser)
     return audit_command(parser.parse_args(argv))

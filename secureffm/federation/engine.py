@@ -63,7 +63,7 @@ class InProcessEngine:
         # Long-term X25519 keys for sealed messages; every party knows the public halves.
         self.sealing_keys = {SERVER: new_key_pair(), **{c.id: c.sealing for c in clients}}
         self.sealing_public = {party: key.public for party, key in self.sealing_keys.items()}
-        log.register(self.public_keys)
+        log.register(self.public_keys, self.sealing_public)
         self._seen: set[tuple] = set()
         self._injected: set[tuple] = set()
         protocol.validate_for(len(clients))
@@ -131,9 +131,10 @@ class InProcessEngine:
         """Log that ``by`` rejected (or, for a client, withheld) a message of ``party``."""
         self.log.event(round_, phase, "rejected", party, reason, self.identities[by], sender=by)
 
-    def close(self) -> None:
-        """End the run's log with the server's signed closing record."""
-        self.log.close(self.identities[SERVER])
+    def close(self) -> str | None:
+        """End the run's log with the server's signed closing record; returns the log's head
+        (sha256 of the closing line, see :meth:`MessageLog.close`)."""
+        return self.log.close(self.identities[SERVER])
 
     # -- what methods call -----------------------------------------------------------------
 
@@ -150,12 +151,19 @@ class InProcessEngine:
         """Each client computes a payload matching ``template``; the server obtains, through
         the protocol, only the weighted mean over the clients that made it through the round.
         ``noise``: distributed DP noise parameters (protocols.dp.DistributedNoise) or None.
+
+        The server logs each dropped client, then either ``aborted`` or ``aggregated`` with the
+        counted client ids in ``included`` and the aggregated kind in ``of_kind``, so an audit
+        can check that each counted client sent its input.
         """
         result = self.protocol.aggregate(self, round_, kind, compute, weights, template, noise)
+        server = self.identities[SERVER]
         for client_id, why in result.dropped.items():
-            self.log.event(round_, "aggregate", "dropped", client_id, why,
-                           self.identities[SERVER])
+            self.log.event(round_, "aggregate", "dropped", client_id, why, server)
         if result.payload is None:
-            self.log.event(round_, "aggregate", "aborted", "*", result.reason,
-                           self.identities[SERVER])
+            self.log.event(round_, "aggregate", "aborted", "*", result.reason, server)
+        else:
+            self.log.event(round_, "aggregate", "aggregated", "*",
+                           f"{len(result.included)} of {len(self.clients)} clients counted",
+                           server, fields={"included": list(result.included), "of_kind": kind})
         return result

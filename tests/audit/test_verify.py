@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 from dataclasses import dataclass
@@ -29,6 +30,7 @@ class Run:
     path: Path
     keys: dict[str, Identity]
     summary: dict
+    head: str | None = None
 
     @property
     def log(self) -> Path:
@@ -45,7 +47,7 @@ class Run:
 
     def copy(self, to: Path) -> Run:
         shutil.copytree(self.path, to)
-        return Run(to, self.keys, self.summary)
+        return Run(to, self.keys, self.summary, self.head)
 
 
 def build_run(path: Path, protocol: str, faults: FaultPlan | None = None) -> Run:
@@ -59,9 +61,9 @@ def build_run(path: Path, protocol: str, faults: FaultPlan | None = None) -> Run
         engine.broadcast(r, "global_model", {"theta": np.zeros(4, np.float32)})
         engine.aggregate(r, "gradient", lambda c: {"gradient": np.ones(3, np.float32)},
                          {c.id: 1 / 3 for c in clients}, VECTOR3)
-    engine.close()
+    head = engine.close()
     keys = {c.id: c.identity for c in clients} | {SERVER: engine.identities[SERVER]}
-    return Run(path, keys, log.summary())
+    return Run(path, keys, log.summary(), head)
 
 
 @pytest.fixture(scope="module")
@@ -103,15 +105,16 @@ def assert_first_bad(report: AuditReport, seq: int | None, line: int, *words: st
 # -- intact logs ------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("protocol, count", [("secagg", 49), ("plaintext", 13)])
+@pytest.mark.parametrize("protocol, count", [("secagg", 51), ("plaintext", 15)])
 def test_intact_log_verifies_with_its_record_count(runs, protocol, count):
     run = runs[protocol]
     report = verify_run(run.path)
     assert report.ok and report.first_bad is None
     assert report.records == report.lines == len(run.lines()) == count
-    assert report.payloads == count - 1  # the closing record carries no payload
+    assert report.payloads == count - 3  # two aggregated events and the closing record
     assert report.kinds == {k: v["messages"] for k, v in run.summary["kinds"].items()}
-    assert report.events == {"closed": 1}
+    assert report.events == {"aggregated": 2, "closed": 1}
+    assert report.head == run.head == hashlib.sha256(run.lines()[-1].encode()).hexdigest()
     assert report.summary().splitlines()[0].startswith(f"OK: log intact: {count} records")
 
 
@@ -123,9 +126,10 @@ def test_event_records_are_verified_and_counted(tmp_path):
     assert report.ok, report.first_bad
     # client-2's corrupted input is rejected and dropped; client-3, offline only at unmask in
     # round 2, stays in that round's sum.
-    assert report.events == run.summary["events"] == {"rejected": 1, "dropped": 1, "closed": 1}
+    assert report.events == run.summary["events"] == {"rejected": 1, "dropped": 1,
+                                                      "aggregated": 2, "closed": 1}
     assert report.records == len(run.lines())
-    assert report.payloads == report.records - 3  # event records carry no payload
+    assert report.payloads == report.records - 5  # event records carry no payload
 
 
 # -- edits, deletions, insertions, reordering ------------------------------------------------
@@ -219,7 +223,7 @@ def test_reformatted_line_is_caught_even_at_the_end(run):
     lines = run.lines()
     lines[-1] = json.dumps(json.loads(lines[-1]), sort_keys=True)  # spaces after , and :
     run.write(lines)
-    assert_first_bad(verify_run(run.path), 48, 49, "line 49 is not in the log's exact form")
+    assert_first_bad(verify_run(run.path), 50, 51, "line 51 is not in the log's exact form")
 
 
 @pytest.mark.parametrize("keep", [0, 30, -1])
@@ -237,7 +241,7 @@ def test_records_after_the_closing_record_are_caught(run):
 
 def test_replaced_keys_break_the_chain_at_its_start(run):
     parties = json.loads((run.path / "parties.json").read_text())
-    parties["client-1"] = Identity().public.hex()
+    parties["client-1"]["sign"] = Identity().public.hex()
     (run.path / "parties.json").write_text(json.dumps(parties, indent=1, sort_keys=True))
     report = verify_run(run.path)
     assert report.first_bad.line == 1 and "parties.json" in report.first_bad.problem
@@ -264,11 +268,10 @@ def test_truncated_payload_file_is_named(run):
     assert_first_bad(verify_run(run.path), k, k + 1, f"record {k}: payloads.bin ends before")
 
 
-def test_payloads_are_not_checked_without_payloads_bin(run):
+def test_deleted_payloads_bin_fails_at_the_first_record_with_an_offset(run):
     (run.path / "payloads.bin").unlink()
-    report = verify_run(run.path)
-    assert report.ok and report.payloads == 0
-    assert "payloads: not checked" in report.summary()
+    assert_first_bad(verify_run(run.path), 0, 1,
+                     "record 0 has a payload offset but payloads.bin is missing")
 
 
 def test_unknown_sender_is_named(run):
@@ -291,7 +294,7 @@ def test_party_removed_from_parties_json_breaks_the_chain_start(run):
 def test_replaced_key_in_parties_json_breaks_the_chain_start(run):
     path = run.path / "parties.json"
     parties = json.loads(path.read_text())
-    parties["client-2"] = Identity().public.hex()
+    parties["client-2"]["sign"] = Identity().public.hex()
     path.write_text(json.dumps(parties))
     assert_first_bad(verify_run(run.path), 0, 1, "prev does not match the sha256 of parties.json")
 
@@ -327,6 +330,7 @@ def test_malformed_record_is_named(run, change, seq, problem):
     ("parties.json", None),
     ("parties.json", "{not json"),
     ("parties.json", '{"client-1": "xyz"}'),
+    ("parties.json", '{"client-1": {"sign": "ab"}}'),
     ("messages.jsonl", None),
 ])
 def test_missing_or_malformed_run_files_raise(run, name, content):
@@ -339,12 +343,100 @@ def test_missing_or_malformed_run_files_raise(run, name, content):
         verify_run(run.path)
 
 
+# -- protocol rules on logs written by the real writer ----------------------------------------
+
+
+def test_server_rejecting_an_unregistered_sender_verifies(tmp_path):
+    faults = FaultPlan(faults=(Fault("unknown_sender", "client-99", "upload", (1,)),))
+    run = build_run(tmp_path / "run", "plaintext", faults)
+    report = verify_run(run.path)
+    assert report.ok, report.first_bad
+    assert [r["party"] for r in run.records() if r.get("event") == "rejected"] == ["client-99"]
+
+
+def test_closing_count_re_signed_by_the_server_must_match(run):
+    lines = run.lines()
+    closing = json.loads(lines[-1])
+    lines[-1] = dump(resign(closing | {"records": closing["records"] - 1}, run.keys[SERVER]))
+    run.write(lines)
+    assert_first_bad(verify_run(run.path), 50, 51, "states 49 records before it, but 50 precede")
+
+
+def single_log(tmp_path: Path, parties: list[str]) -> tuple[MessageLog, dict[str, Identity]]:
+    keys = {party: Identity() for party in parties}
+    log = MessageLog(tmp_path / "messages.jsonl")
+    log.register({party: key.public for party, key in keys.items()})
+    return log, keys
+
+
+def test_a_single_party_run_closes_its_own_log(tmp_path):
+    """A centralized run (secureffm/run.py) has no server: its only party closes."""
+    log, keys = single_log(tmp_path, ["central"])
+    head = log.close(keys["central"], party="central")
+    report = verify_run(tmp_path)
+    assert report.ok and report.head == head
+    assert json.loads((tmp_path / "parties.json").read_text()) == {
+        "central": {"sign": keys["central"].public.hex()}}
+
+
+def test_several_parties_without_a_server_cannot_close(tmp_path):
+    log, keys = single_log(tmp_path, ["client-1", "client-2"])
+    log.close(keys["client-1"], party="client-1")
+    assert_first_bad(verify_run(tmp_path), 0, 1, "parties.json has no server but 2 parties")
+
+
+@pytest.mark.parametrize("event", ["dropped", "aborted", "aggregated"])
+def test_server_events_signed_by_a_client_are_caught(tmp_path, event):
+    log, keys = single_log(tmp_path, [SERVER, "client-1"])
+    fields = {"included": [], "of_kind": "gradient"} if event == "aggregated" else None
+    log.event(1, "aggregate", event, "client-1", "x", keys["client-1"], sender="client-1",
+              fields=fields)
+    log.close(keys[SERVER])
+    assert_first_bad(verify_run(tmp_path), 0, 1,
+                     f"a {event!r} event is the server's, but client-1 signed it")
+
+
+def test_event_about_an_unregistered_party_is_caught(tmp_path):
+    log, keys = single_log(tmp_path, [SERVER, "client-1"])
+    log.event(1, "aggregate", "dropped", "client-99", "x", keys[SERVER])
+    log.close(keys[SERVER])
+    assert_first_bad(verify_run(tmp_path), 0, 1, "party 'client-99' is not in parties.json")
+
+
+def test_engine_pins_both_keys_of_every_party(runs):
+    run = runs["secagg"]
+    parties = json.loads((run.path / "parties.json").read_text())
+    assert set(parties) == {SERVER, "client-1", "client-2", "client-3"}
+    assert all(set(keys) == {"sign", "seal"} for keys in parties.values())
+    assert all(parties[p]["sign"] == key.public.hex() for p, key in run.keys.items())
+
+
 # -- the entry point -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--pin", "{run}", "--expect-head", "ab"], "go with --verify"),
+    (["--verify", "{run}", "--expect-head", "ab"], "is not a sha256"),
+    (["--verify", "{run}", "--parties", "{run}/messages.jsonl"], "is not valid JSON"),
+    (["--verify", "{run}", "--parties", "{run}/nothing.json"], "nothing.json is missing"),
+    (["--verify", "{run}", "--parties", "{run}/config.json"], "neither a pin file nor"),
+])
+def test_audit_options_that_do_not_fit_exit_2_naming_what_to_change(run, capsys, argv, message):
+    (run.path / "config.json").write_text('{"rounds": 3}')
+    assert main([a.format(run=run.path) for a in argv]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("secureffm: error: ") and message in err
+
+
+def test_a_log_that_does_not_verify_cannot_be_pinned(run, capsys):
+    run.write(run.lines()[:-1])
+    assert main(["--pin", str(run.path)]) == 2
+    assert "cannot be pinned: the log ends at line 50" in capsys.readouterr().err
 
 
 def test_main_prints_the_verdict_and_exits_by_it(run, capsys):
     assert main(["--verify", str(run.path)]) == 0
-    assert capsys.readouterr().out.startswith("OK: log intact: 49 records")
+    assert capsys.readouterr().out.startswith("OK: log intact: 51 records")
     lines = run.lines()
     del lines[5]
     run.write(lines)
@@ -352,7 +444,7 @@ def test_main_prints_the_verdict_and_exits_by_it(run, capsys):
     out = capsys.readouterr().out.splitlines()
     assert out[0] == ("FAILED: log not intact: line 6: seq is 6, expected 5 (a record was "
                       "deleted, inserted or reordered at or before this line)")
-    assert out[1] == "5 of 48 lines verified before line 6"
+    assert out[1] == "5 of 50 lines verified before line 6"
     (run.path / "parties.json").unlink()
     assert main(["--verify", str(run.path)]) == 2
     err = capsys.readouterr().err

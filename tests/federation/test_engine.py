@@ -75,12 +75,14 @@ def test_every_delivery_is_logged_with_hash_chain_and_keys(tmp_path):
     records = [json.loads(line) for line in lines]
     assert [(r["sender"], r["recipient"], r["kind"]) for r in records] == (
         [("server", c.id, "global_model") for c in clients]
-        + [(c.id, "server", "gradient") for c in clients])
+        + [(c.id, "server", "gradient") for c in clients] + [("server", "log", "event")])
+    assert records[-1]["event"] == "aggregated"  # the server names whom it counted
+    assert records[-1]["included"] == [c.id for c in clients]
     assert records[0]["sha256"] == hashlib.sha256(serialize_payload(payload)).hexdigest()
     assert records[0]["bytes"] == len(serialize_payload(payload))
     for prev_line, record in zip(lines, records[1:], strict=False):
         assert record["prev"] == hashlib.sha256(prev_line.encode()).hexdigest()
-    assert [r["seq"] for r in records] == list(range(6))
+    assert [r["seq"] for r in records] == list(range(7))
     parties = json.loads((tmp_path / "parties.json").read_text())
     assert set(parties) == {"server", "client-1", "client-2", "client-3"}
     assert all(c.inbox["global_model"]["theta"].tolist() == [0, 1, 2, 3] for c in clients)

@@ -1,0 +1,183 @@
+"""Protocol rules a run's log must obey beyond integrity, checked record by record in order.
+
+Integrity (chain, signatures) says who signed what; these rules say whether what was signed
+is a run the protocols could have produced. The first broken rule is named:
+
+- every ``recipient``, ``origin`` and event ``party`` is in parties.json, or ``"*"`` / ``"log"``;
+  the one exception is a ``rejected`` event signed by the server, which may name the
+  unregistered sender it refused;
+- ``dropped``, ``aborted`` and ``aggregated`` events are signed by the server;
+- the ``closed`` record is signed by the server (by the only party when parties.json has no
+  server: a centralized run) and its ``records`` equals the records before it;
+- every client in an ``aggregated`` event's ``included`` sent its input of that kind to the
+  server in that round (``masked_input`` under secure aggregation, ``upload`` in the clear);
+- secure aggregation (phases of :data:`secureffm.protocols.secagg.PHASES`): a client takes part
+  in an aggregation only after advertising keys in it, and the keys the server relays in
+  ``keys`` are those each client advertised. The last rule reads payloads; without payloads.bin
+  it is reported as not done, never as passed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+
+from ..errors import MessageError
+from ..federation.message import SERVER, deserialize_payload
+from ..protocols.secagg import PHASES as SECAGG_PHASES
+
+__all__ = ["ProtocolRules", "INPUT_PHASES"]
+
+INPUT_PHASES = ("upload", "masked_input")  # a client's input to an aggregate
+_SERVER_EVENTS = ("dropped", "aborted", "aggregated")
+_RELAYED_KEYS = "secagg: relayed keys equal the advertised ones"
+_COUNTED = "aggregates: every counted client sent its input"
+
+Keys = dict[str, bytes]  # "c_pk" / "s_pk" -> raw X25519 public key
+
+
+class ProtocolRules:
+    """Feed :meth:`check` every verified record in log order; it returns the first broken rule.
+
+    ``parties``: the party ids of parties.json.
+    """
+
+    def __init__(self, parties: Collection[str]):
+        self.parties = frozenset(parties)
+        self._inputs: dict[tuple[int, str], set[str]] = {}
+        # (round, kind) -> client -> its advertised keys (None: payload not kept or unreadable)
+        self._advertised: dict[tuple[int, str], dict[str, Keys | None]] = {}
+        self._aggregates = 0
+        self._keys_checked = 0
+        self._keys_unchecked = 0
+
+    def check(self, record: dict, payload: bytes | None) -> str | None:
+        """The first rule ``record`` breaks (a sentence naming it), or None.
+
+        ``payload``: the record's payload bytes from payloads.bin, None when not kept.
+        """
+        if record["kind"] == "event":
+            return self._named(record) or self._event(record)
+        problem = self._named(record)
+        if problem is None and record["phase"] in SECAGG_PHASES:
+            problem = self._secagg(record, payload)
+        if problem is None and record["phase"] in INPUT_PHASES and record["recipient"] == SERVER:
+            self._inputs.setdefault((record["round"], record["kind"]), set()).add(
+                record["sender"])
+        return problem
+
+    def status(self) -> dict[str, str]:
+        """Each rule that reads more than one record: what it checked, or why it was not
+        done."""
+        out = {_COUNTED: f"done: {self._aggregates} aggregated event(s) checked"}
+        if self._keys_checked or self._keys_unchecked:
+            out[_RELAYED_KEYS] = (
+                f"done: {self._keys_checked} keys message(s) checked" if not self._keys_unchecked
+                else f"NOT DONE for {self._keys_unchecked} keys message(s): payloads.bin was "
+                "not kept (run with --keep-payloads), so the relayed keys cannot be compared")
+        return out
+
+    # -- one rule each -----------------------------------------------------------------------
+
+    def _named(self, record: dict) -> str | None:
+        """Every party a record names is registered."""
+        seq = record["seq"]
+        fields = [("recipient", record["recipient"])]
+        if "origin" in record:
+            fields.append(("origin", record["origin"]))
+        if record["kind"] == "event" and not (record["event"] == "rejected"
+                                              and record["sender"] == SERVER):
+            fields.append(("party", record["party"]))
+        for name, party in fields:
+            if party not in self.parties and party not in ("*", "log"):
+                return f"record {seq}: {name} {party!r} is not in parties.json"
+        return None
+
+    def _event(self, record: dict) -> str | None:
+        seq, event = record["seq"], record["event"]
+        if event in _SERVER_EVENTS and record["sender"] != SERVER:
+            return (f"record {seq}: a {event!r} event is the server's, but {record['sender']} "
+                    "signed it")
+        if event == "closed":
+            return self._closed(record)
+        if event == "aggregated":
+            return self._aggregated(record)
+        return None
+
+    def _closed(self, record: dict) -> str | None:
+        """The closing record is the server's (the single party's without a server) and counts
+        the records before it."""
+        seq = record["seq"]
+        if SERVER in self.parties:
+            closer = SERVER
+        elif len(self.parties) == 1:
+            closer = next(iter(self.parties))
+        else:
+            return (f"record {seq}: parties.json has no server but {len(self.parties)} parties; "
+                    "only a single-party run closes its own log")
+        if record["sender"] != closer:
+            return (f"record {seq}: the closing record must be signed by {closer}, but "
+                    f"{record['sender']} signed it")
+        if record["records"] != seq:
+            return (f"record {seq}: the closing record states {record['records']} records "
+                    f"before it, but {seq} precede it")
+        return None
+
+    def _aggregated(self, record: dict) -> str | None:
+        """Every counted client sent its input to this aggregation."""
+        seq, round_, kind = record["seq"], record["round"], record["of_kind"]
+        sent = self._inputs.pop((round_, kind), set())
+        for client in record["included"]:
+            if client not in sent:
+                return (f"record {seq}: {client} is counted in the round-{round_} {kind} "
+                        f"aggregate but sent no input to it ({' or '.join(INPUT_PHASES)})")
+        self._aggregates += 1
+        return None
+
+    def _secagg(self, record: dict, payload: bytes | None) -> str | None:
+        """Clients join an aggregation by advertising keys; the server relays them unchanged."""
+        seq, phase = record["seq"], record["phase"]
+        session = self._advertised.setdefault((record["round"], record["kind"]), {})
+        if phase == "advertise_keys":
+            session[record["sender"]] = _advertised_keys(payload)
+            return None
+        client = record["recipient"] if record["sender"] == SERVER else record["sender"]
+        if client not in session:
+            return (f"record {seq}: {client} takes part in the round-{record['round']} "
+                    f"{record['kind']} secure aggregation ({phase}) without advertising keys "
+                    "in it")
+        if phase == "keys":
+            return self._relayed_keys(seq, client, session, payload)
+        return None
+
+    def _relayed_keys(self, seq: int, client: str, session: dict[str, Keys | None],
+                      payload: bytes | None) -> str | None:
+        if payload is None:
+            self._keys_unchecked += 1
+            return None
+        try:
+            relayed = _uint8_fields(payload)
+        except MessageError:
+            return f"record {seq}: the keys the server sent {client} are not a valid payload"
+        for name, key in sorted(relayed.items()):
+            key_kind, _, peer = name.partition(":")
+            if session.get(peer) is None or session[peer].get(key_kind) != key:
+                return (f"record {seq}: the server relayed to {client} a {key_kind} for {peer} "
+                        f"that {peer} did not advertise in this aggregation")
+        self._keys_checked += 1
+        return None
+
+
+def _uint8_fields(payload: bytes) -> dict[str, bytes]:
+    """A secagg byte payload (named uint8 arrays, see secagg's ``_bytes_payload``) as bytes."""
+    return {name: array.tobytes() for name, array in deserialize_payload(payload).items()}
+
+
+def _advertised_keys(payload: bytes | None) -> Keys | None:
+    """The keys in an advertise_keys payload, None when not kept or unreadable (the server
+    rejects such a message, so it relays nothing of it)."""
+    if payload is None:
+        return None
+    try:
+        return _uint8_fields(payload)
+    except MessageError:
+        return None
