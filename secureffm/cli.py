@@ -12,6 +12,7 @@ from .config import config_fields, load_config
 from .errors import SecureFFMError
 from .fedwad_run import add_arguments as add_fedwad_arguments
 from .fedwad_run import fedwad_command
+from .runtime import pin_message
 
 __all__ = ["main", "build_parser"]
 
@@ -30,6 +31,8 @@ _HELP = {
     "batch_size": "mini-batch size per client and step",
     "device": "auto | cpu | cuda",
     "out": "run folder (default runs/<method>-<protocol>-<data>-s<seed>)",
+    "pin_to": "also write the run's pin (log head, key fingerprints) to this file, kept apart "
+              "from the run folder; secureffm audit --verify RUN --parties FILE checks it",
     "overwrite": "replace the files of an earlier run in the run folder (else it must be empty)",
     "insecure_deterministic": "INSECURE, debugging only: derive every party's secret random "
                               "streams (DP noise and sampling, rounding, t) from --seed, which "
@@ -87,6 +90,7 @@ def _run(args: argparse.Namespace) -> None:
     config = load_config(args.config, overrides)
     result = run(config)
     print(f"run folder: {result.out}")
+    print(pin_message(result.out, result.pin, config.pin_to))
     evaluation = result.metrics["eval"]
     if "w2" in evaluation:
         print("W2 by NFE: " + ", ".join(f"{k}: {v:.3f}" for k, v in evaluation["w2"].items()))

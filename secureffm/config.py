@@ -68,6 +68,7 @@ class RunConfig:
     device: str = "auto"
     out: str = ""  # empty: runs/<method>-<protocol>-<data>-s<seed>
     overwrite: bool = False  # replace the files of an earlier run in ``out``
+    pin_to: str = ""  # also write the log's pin (head, key fingerprints) to this file
     # Derive the parties' secret streams from ``seed`` (replayable by anyone: debugging only).
     insecure_deterministic: bool = False
     progress: bool = True

@@ -49,9 +49,11 @@ from .privacy.accounting import calibrate_noise, epsilon  # noqa: E402
 from .privacy.ledger import PrivacyLedger  # noqa: E402
 from .protocols.protocol import load_protocol  # noqa: E402
 from .runtime import (  # noqa: E402
+    check_pin_path,
     load_checkpoint,
     party_generator,
     prepare_run_folder,
+    record_pin,
     resolve_device,
 )
 
@@ -287,7 +289,9 @@ def run_dcfm(config: RunConfig):
     from .run import RunResult, run_folder
 
     device = resolve_device(config.device)
-    out = prepare_run_folder(run_folder(config), config.overwrite)
+    out = run_folder(config)
+    check_pin_path(out, config.pin_to)
+    prepare_run_folder(out, config.overwrite)
     write_config(config, out / "config.toml")
     torch.manual_seed(config.seed)  # network initialisation only; parties use their generators
     data = conditional_data(config)
@@ -317,7 +321,8 @@ def run_dcfm(config: RunConfig):
     try:
         sampler, training = _train(config, data, engine, experts, device)
     finally:
-        engine.close()
+        head = engine.close()
+    pin = record_pin(out, head, config.pin_to)
     train_seconds = time.perf_counter() - start
     report, samples = _evaluate(config, data, sampler, device)
     metrics = {
@@ -342,7 +347,7 @@ def run_dcfm(config: RunConfig):
                 "shape": data.shape}, out / "checkpoint.pt")
     label = f"{config.method}, {protocol.name}, {config.partition} ({config.data})"
     _plot_samples(out / "samples.png", data, samples, f"samples: {label}")
-    return RunResult(out, metrics)
+    return RunResult(out, metrics, pin)
 
 
 def load_dcfm(run_dir: str | Path, device: str = "cpu") -> DCFMSampler:

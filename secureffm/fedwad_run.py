@@ -25,7 +25,7 @@ from .federation.parties import new_client, secret_randomness
 from .methods.fedwad import FedWADConfig, check_samples, ground_cost
 from .methods.fedwad_federated import federated_distance, pairwise_distances
 from .protocols.protocol import load_protocol
-from .runtime import prepare_run_folder
+from .runtime import check_pin_path, pin_message, prepare_run_folder, record_pin
 from .transport import emd_cost
 
 __all__ = ["FedWADRun", "FedWADRunResult", "run_fedwad", "client_data", "add_arguments",
@@ -61,6 +61,7 @@ class FedWADRun:
     progress: bool = True
     overwrite: bool = False
     insecure_deterministic: bool = False
+    pin_to: str = ""
 
     def __post_init__(self) -> None:
         if not self.client_files:
@@ -85,10 +86,12 @@ class FedWADRun:
 
 @dataclass(frozen=True)
 class FedWADRunResult:
-    """Where the run wrote its files, and result.json's contents."""
+    """Where the run wrote its files, result.json's contents, and the run's pin (log head and
+    key fingerprints, to keep apart from the folder)."""
 
     out: Path
     result: dict
+    pin: dict | None = None
 
 
 def client_data(run: FedWADRun) -> list[np.ndarray]:
@@ -134,7 +137,9 @@ def run_fedwad(run: FedWADRun) -> FedWADRunResult:
     """Run FedWAD as ``run`` says and write the run folder."""
     data = client_data(run)
     protocol = load_protocol(run.protocol)
-    out = prepare_run_folder(_folder(run), run.overwrite)
+    out = _folder(run)
+    check_pin_path(out, run.pin_to)
+    prepare_run_folder(out, run.overwrite)
     (out / "config.toml").write_text(tomli_w.dumps(run.to_dict()))
     seed = run.seed if run.insecure_deterministic else None
     clients = [new_client(f"client-{i}", torch.from_numpy(x), seed)
@@ -159,10 +164,8 @@ def run_fedwad(run: FedWADRun) -> FedWADRunResult:
             result["matrix"] = matrix.tolist()
         result["seconds"] = time.perf_counter() - start
     finally:
-        if engine is not None:
-            engine.close()
-        else:
-            log.close()
+        head = engine.close() if engine is not None else log.close()
+    pin = record_pin(out, head, run.pin_to)
     result["messages"] = log.summary()
     if run.check_exact:
         exact = _exact(data, run.fedwad.p)
@@ -172,7 +175,7 @@ def run_fedwad(run: FedWADRun) -> FedWADRunResult:
         mask = reference > 0
         result["max_relative_error"] = float(np.max(np.abs(estimate[mask] / reference[mask] - 1)))
     (out / "result.json").write_text(json.dumps(result, indent=2))
-    return FedWADRunResult(out, result)
+    return FedWADRunResult(out, result, pin)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -201,6 +204,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--keep-payloads", action="store_true", help="keep delivered payloads in payloads.bin")
     add("--overwrite", action="store_true",
         help="replace the files of an earlier run in the run folder (else it must be empty)")
+    add("--pin-to", default="", metavar="FILE",
+        help="also write the run's pin (log head, key fingerprints) to FILE, kept apart from "
+             "the run folder")
     add("--insecure-deterministic", action="store_true",
         help="INSECURE, debugging only: derive the clients' secret t and noise from --seed, "
              "which config.toml publishes (recorded in config.toml and result.json)")
@@ -215,8 +221,10 @@ def fedwad_command(args: argparse.Namespace) -> None:
                                 tuple(args.client_files), args.protocol, args.seed, args.out,
                                 args.check_exact, args.keep_payloads,
                                 overwrite=args.overwrite,
-                                insecure_deterministic=args.insecure_deterministic))
+                                insecure_deterministic=args.insecure_deterministic,
+                                pin_to=args.pin_to))
     print(f"run folder: {done.out}")
+    print(pin_message(done.out, done.pin, args.pin_to))
     if "distance" in done.result:
         line = f"FedWAD W_{args.p}: {done.result['distance']:.6g}"
         if "exact" in done.result:

@@ -27,7 +27,14 @@ from .metrics.evaluate import evaluate_flow, potential_health
 from .metrics.sampling import trajectories
 from .plots import plot_trajectories, plot_w2_nfe
 from .protocols.protocol import load_protocol
-from .runtime import load_checkpoint, party_generator, prepare_run_folder, resolve_device
+from .runtime import (
+    check_pin_path,
+    load_checkpoint,
+    party_generator,
+    prepare_run_folder,
+    record_pin,
+    resolve_device,
+)
 
 __all__ = ["run", "RunResult", "run_folder", "load_velocity"]
 
@@ -36,10 +43,12 @@ EVALUATOR = 1_000_000  # party index of the evaluator's generator (outside the f
 
 @dataclass(frozen=True)
 class RunResult:
-    """Where the run wrote its files, and its metrics as written to metrics.json."""
+    """Where the run wrote its files, its metrics as written to metrics.json, and its pin (the
+    log's head and the parties' key fingerprints, to keep apart from the folder)."""
 
     out: Path
     metrics: dict
+    pin: dict | None = None
 
 
 def run_folder(config: RunConfig) -> Path:
@@ -70,15 +79,16 @@ def _build(config: RunConfig, device: torch.device, log: MessageLog):
     return pair, shards, FederatedFlowMatching(config, pair, engine, device)
 
 
-def _close_log(log: MessageLog, trainer) -> None:
-    """End the log with a signed closing record, also when the run failed part way."""
+def _close_log(log: MessageLog, trainer) -> str | None:
+    """End the log with a signed closing record, also when the run failed part way; returns
+    the log's head (None when the run failed before it had parties)."""
     if isinstance(trainer, FederatedFlowMatching):
-        trainer.engine.close()
-    elif isinstance(trainer, CentralizedFlowMatching):
-        log.register({trainer.party.id: trainer.party.identity.public})
-        log.close(trainer.party.identity, party=trainer.party.id)
-    else:
-        log.close()
+        return trainer.engine.close()
+    if isinstance(trainer, CentralizedFlowMatching):
+        party = trainer.party
+        log.register({party.id: party.identity.public}, {party.id: party.sealing.public})
+        return log.close(party.identity, party=party.id)
+    return log.close()
 
 
 def run(config: RunConfig) -> RunResult:
@@ -89,7 +99,9 @@ def run(config: RunConfig) -> RunResult:
 
         return run_dcfm(config)
     device = resolve_device(config.device)
-    out = prepare_run_folder(run_folder(config), config.overwrite)
+    out = run_folder(config)
+    check_pin_path(out, config.pin_to)
+    prepare_run_folder(out, config.overwrite)
     write_config(config, out / "config.toml")
     torch.manual_seed(config.seed)  # network initialisation only; parties use their generators
     log = MessageLog(out / "messages.jsonl", keep_payloads=config.keep_payloads)
@@ -120,7 +132,8 @@ def run(config: RunConfig) -> RunResult:
                 curves["dual"].append([round_, report["dual"]])
         train_seconds = time.perf_counter() - start
     finally:
-        _close_log(log, trainer)
+        head = _close_log(log, trainer)
+    pin = record_pin(out, head, config.pin_to)
 
     evaluator = party_generator(config.seed, EVALUATOR, device)
     model = trainer.velocity.averaged
@@ -165,7 +178,7 @@ def run(config: RunConfig) -> RunResult:
              f"{metrics['clients']} client(s))")
     plot_trajectories(out / "trajectories.png", shards, paths, f"trajectories: {label}")
     plot_w2_nfe(out / "w2_nfe.png", {config.method: report.w2}, f"W2 against NFE: {label}")
-    return RunResult(out, metrics)
+    return RunResult(out, metrics, pin)
 
 
 def load_velocity(run_dir: str | Path, device: str = "cpu") -> torch.nn.Module:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import pickle
 from pathlib import Path
 
@@ -10,7 +11,7 @@ import torch
 from .errors import ConfigError
 
 __all__ = ["resolve_device", "party_generator", "prepare_run_folder", "RUN_ARTIFACTS",
-           "load_checkpoint"]
+           "load_checkpoint", "check_pin_path", "record_pin", "pin_message"]
 
 
 def resolve_device(name: str) -> torch.device:
@@ -74,3 +75,34 @@ def load_checkpoint(path: Path, device: torch.device | str = "cpu") -> dict:
         raise ConfigError(f"{path} holds something other than tensors and plain values, so it "
                           f"was not loaded (nothing in it ran): {first}. Load only checkpoints "
                           "that secureffm wrote") from None
+
+
+def check_pin_path(out: Path, pin_to: str) -> None:
+    """A pin written inside the run folder protects nothing: refuse it before the run starts."""
+    if pin_to and Path(pin_to).resolve().is_relative_to(out.resolve()):
+        raise ConfigError(f"pin_to = {pin_to!r} lies inside the run folder {str(out)!r}; whoever "
+                          "can rewrite the folder could rewrite the pin. Keep it elsewhere")
+
+
+def record_pin(out: Path, head: str | None, pin_to: str) -> dict | None:
+    """The run's pin (log head, parties.json hash, key fingerprints; see
+    :func:`secureffm.audit.pin.pin_of`), written to ``pin_to`` when given; None when the log
+    has no closing record."""
+    from .audit.pin import pin_of
+
+    if head is None:
+        return None
+    pin = pin_of(out, head).as_dict()
+    if pin_to:
+        Path(pin_to).parent.mkdir(parents=True, exist_ok=True)
+        Path(pin_to).write_text(json.dumps(pin, indent=1))
+    return pin
+
+
+def pin_message(out: Path, pin: dict | None, pin_to: str) -> str:
+    """What a command prints about the run's pin, so the user can keep it apart."""
+    if pin is None:
+        return "log head: none (the log has no closing record)"
+    where = f"; pin written to {pin_to}" if pin_to else ""
+    return (f"log head: {pin['head']}{where}\n  keep it apart from the run folder; later: "
+            f"secureffm audit --verify {out} --expect-head {pin['head']}")

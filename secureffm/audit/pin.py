@@ -21,8 +21,8 @@ from pathlib import Path
 
 from ..errors import SecureFFMError
 
-__all__ = ["PartyKeys", "RunPin", "parse_parties", "load_parties", "load_pin", "sha256_hex",
-           "is_hex"]
+__all__ = ["PartyKeys", "RunPin", "parse_parties", "load_parties", "load_pin", "pin_of",
+           "sha256_hex", "is_hex"]
 
 _HEX = frozenset("0123456789abcdef")
 _PIN_FIELDS = {"head", "parties_sha256", "fingerprints"}
@@ -123,6 +123,12 @@ def load_parties(path: Path) -> tuple[dict[str, PartyKeys], bytes]:
                              "parties' public keys) beside messages.jsonl")
     text = path.read_bytes()
     return parse_parties(text, str(path)), text
+
+
+def pin_of(run_dir: Path, head: str) -> RunPin:
+    """The pin of the run in ``run_dir`` whose log ``head`` its writer returned on closing."""
+    parties, text = load_parties(Path(run_dir) / "parties.json")
+    return RunPin(head, sha256_hex(text), {p: k.fingerprint for p, k in parties.items()})
 
 
 def load_pin(path: str | Path) -> RunPin:

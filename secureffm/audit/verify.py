@@ -41,6 +41,7 @@ import argparse
 import hashlib
 import json
 import sys
+import tomllib
 from collections import Counter
 from contextlib import ExitStack
 from dataclasses import dataclass, field, replace
@@ -50,7 +51,7 @@ from typing import Any, BinaryIO
 from ..errors import SecureFFMError
 from ..federation.log import PARTIES_FILE, PAYLOADS_FILE, canonical, genesis
 from ..protocols.crypto import verify_signature
-from .pin import PartyKeys, RunPin, is_hex, load_parties, load_pin, sha256_hex
+from .pin import PartyKeys, RunPin, is_hex, load_parties, load_pin, pin_of, sha256_hex
 from .rules import ProtocolRules
 
 __all__ = ["AuditFinding", "AuditReport", "verify_run", "pin_run", "main", "LOG_FILE"]
@@ -115,6 +116,7 @@ class AuditReport:
     were checked against payloads.bin. ``lines``: lines in messages.jsonl. ``head``: sha256 of
     the closing line, once verified. ``pinned``: what was compared with a pin ("keys", "head").
     ``checks``: each protocol rule over many records -> what it checked, or why not done.
+    ``randomness``: where the parties' secret streams came from, as config.toml states it.
     """
 
     ok: bool
@@ -127,6 +129,7 @@ class AuditReport:
     head: str | None = None
     pinned: tuple[str, ...] = ()
     checks: dict[str, str] = field(default_factory=dict)
+    randomness: str = ""
 
     @property
     def scope(self) -> str:
@@ -150,6 +153,7 @@ class AuditReport:
         else:
             out.append("payloads: not checked (no offsets in the log: payloads were not kept)")
         out += [f"{rule}: {status}" for rule, status in self.checks.items()]
+        out.append(f"secret randomness: {self.randomness}")
         kinds = ", ".join(f"{k} {n}" for k, n in sorted(self.kinds.items())) or "none"
         events = ", ".join(f"{k} {n}" for k, n in sorted(self.events.items())) or "none"
         out.append(f"messages by kind: {kinds}")
@@ -329,7 +333,21 @@ def verify_run(run_dir: str | Path, pin: RunPin | None = None) -> AuditReport:
     return AuditReport(ok=finding is None, records=verified, first_bad=finding,
                        events=dict(events), kinds=dict(kinds), payloads=checked, lines=lines,
                        head=head if finding is None else None, pinned=pinned,
-                       checks=walk.rules.status())
+                       checks=walk.rules.status(), randomness=_randomness(run_dir))
+
+
+def _randomness(run_dir: Path) -> str:
+    """What config.toml says of the parties' secret streams (``insecure_deterministic``)."""
+    path = run_dir / "config.toml"
+    try:
+        config = tomllib.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
+        return f"unknown ({path.name} missing or unreadable)"
+    if config.get("insecure_deterministic") is True:
+        return ("INSECURE: config.toml says insecure_deterministic = true: DP noise, sampling, "
+                "rounding and t were derived from the published seed; no privacy claim holds")
+    return ("OS entropy, as config.toml states (the log does not sign config.toml: a folder "
+            "writer could change this line, not the streams)")
 
 
 def pin_run(run_dir: str | Path) -> RunPin:
@@ -344,8 +362,7 @@ def pin_run(run_dir: str | Path) -> RunPin:
         assert report.first_bad is not None
         raise SecureFFMError(f"{run_dir}: the log does not verify, so it cannot be pinned: "
                              f"{report.first_bad.problem}")
-    parties, text = load_parties(Path(run_dir) / PARTIES_FILE)
-    return RunPin(report.head, sha256_hex(text), {p: k.fingerprint for p, k in parties.items()})
+    return pin_of(Path(run_dir), report.head)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -27,3 +27,21 @@ def test_a_non_empty_run_folder_is_refused_and_overwrite_clears_old_claims(small
     second = run(small_config(method="vanilla", protocol="plaintext", rounds=3, overwrite=True))
     assert second.out == first.out
     assert not (second.out / "privacy.json").exists()
+
+
+def test_the_pin_is_kept_apart_and_catches_a_rebuilt_folder(small_config, tmp_path):
+    """A pin inside the run folder is refused (its writer could rewrite it too); the pin a run
+    writes elsewhere verifies the honest folder and fails once parties.json is rewritten."""
+    from secureffm.audit.pin import load_pin
+    from secureffm.audit.verify import verify_run
+
+    with pytest.raises(ConfigError, match="inside the run folder"):
+        run(small_config(method="vanilla", rounds=2, pin_to=str(tmp_path / "run" / "pin.json")))
+    pin_file = tmp_path / "kept" / "pin.json"
+    result = run(small_config(method="vanilla", rounds=2, pin_to=str(pin_file),
+                              out=str(tmp_path / "pinned")))
+    assert json.loads(pin_file.read_text()) == result.pin
+    assert verify_run(result.out, load_pin(pin_file)).ok
+    parties = result.out / "parties.json"
+    parties.write_text(parties.read_text() + " ")
+    assert not verify_run(result.out, load_pin(pin_file)).ok

@@ -22,6 +22,7 @@ import torch
 from safetensors.numpy import load
 
 import secureffm
+from secureffm.audit.verify import verify_run
 from secureffm.federation.parties import STREAM_PURPOSES, SecretStreams, new_client
 from secureffm.fedwad_run import FedWADRun, run_fedwad
 from secureffm.methods.fedwad import FedWADConfig
@@ -98,6 +99,7 @@ def test_the_insecure_switch_makes_the_attack_work_and_says_so(tmp_path):
     assert _error(_invert(out, t), _client_one_data()) < 1e-9
     assert tomllib.loads((out / "config.toml").read_text())["insecure_deterministic"] is True
     assert "INSECURE" in json.loads((out / "result.json").read_text())["secret_randomness"]
+    assert "secret randomness: INSECURE" in verify_run(out).summary()
 
 
 @pytest.mark.parametrize("purpose", STREAM_PURPOSES)
