@@ -61,6 +61,12 @@ Step = Callable[[float], np.ndarray | None]
 Factory = Callable[[nn.Module, torch.Tensor, torch.Tensor, float, float], Step]
 
 
+
+def _fm_loss(model: nn.Module, x0: torch.Tensor, x1: torch.Tensor,
+             gen: torch.Generator) -> torch.Tensor:
+    """The per-example flow matching loss [B] at times t ~ U[0, 1) drawn from ``gen``."""
+    return flow_matching_loss(model, x0, x1, torch.rand(len(x0), generator=gen))
+
 def _say(text: str) -> None:
     print(text, file=sys.stderr, flush=True)
 
@@ -91,7 +97,7 @@ def _plain(model: nn.Module, x0: torch.Tensor, x1: torch.Tensor, clip: float,
 
     def step(scale: float = 1.0) -> None:
         model.zero_grad(set_to_none=True)
-        (scale * flow_matching_loss(model, x0, x1, gen)).mean().backward()
+        (scale * _fm_loss(model, x0, x1, gen)).mean().backward()
 
     return step
 
@@ -114,7 +120,7 @@ def _opacus(mode: str, set_to_none: bool = True) -> Factory:
 
         def step(scale: float = 1.0) -> None:
             optimizer.zero_grad(set_to_none=set_to_none)
-            losses = scale * flow_matching_loss(module, x0, x1, gen)
+            losses = scale * _fm_loss(module, x0, x1, gen)
             if ghost:
                 DPTensorFastGradientClipping(module, optimizer, losses, "mean").backward()
             else:
@@ -129,7 +135,7 @@ def _opacus(mode: str, set_to_none: bool = True) -> Factory:
 def _plain_gradient(model: nn.Module, x0: torch.Tensor, x1: torch.Tensor, clip: float,
                     sigma: float) -> Step:
     estimator, gen = PlainGradient(model), _t_gen()
-    return lambda scale=1.0: estimator(scale * flow_matching_loss(model, x0, x1, gen), len(x0))
+    return lambda scale=1.0: estimator(scale * _fm_loss(model, x0, x1, gen), len(x0))
 
 
 def _dp_gradient(mode: str) -> Factory:
@@ -139,7 +145,7 @@ def _dp_gradient(mode: str) -> Factory:
                                mode=mode)
         gen = _t_gen()
         return lambda scale=1.0: estimator(
-            scale * flow_matching_loss(estimator.forward_module, x0, x1, gen), len(x0))
+            scale * _fm_loss(estimator.forward_module, x0, x1, gen), len(x0))
 
     return make
 
@@ -153,7 +159,7 @@ def _dp_gradient_rebuilt(model: nn.Module, x0: torch.Tensor, x1: torch.Tensor, c
             last.pop().forward_module._close()  # remove the hooks, as a fresh wrapper needs
         estimator = DPGradient(model, clip, sigma, len(x0), noise, mode="ghost")
         last.append(estimator)
-        return estimator(scale * flow_matching_loss(estimator.forward_module, x0, x1, gen),
+        return estimator(scale * _fm_loss(estimator.forward_module, x0, x1, gen),
                          len(x0))
 
     return step
@@ -183,7 +189,7 @@ def _ghost_own_noise(model: nn.Module, x0: torch.Tensor, x1: torch.Tensor, clip:
     def step(scale: float = 1.0) -> None:
         for p in params:
             p.grad = None
-        losses = scale * flow_matching_loss(module, x0, x1, gen)
+        losses = scale * _fm_loss(module, x0, x1, gen)
         losses.sum().backward(retain_graph=True)  # hooks store each example's norm
         for p in params:
             p.grad = None
@@ -299,7 +305,7 @@ def _reference(base: nn.Module, x0: torch.Tensor,
     """The checks' truth, one example at a time with plain autograd: the clip C = the median
     per-example gradient norm (so about half the examples clip) and sum_i clip_C(g_i) / B."""
     model = copy.deepcopy(base)
-    t = torch.rand(len(x0), generator=_t_gen())  # the draw flow_matching_loss makes
+    t = torch.rand(len(x0), generator=_t_gen())  # the draw _fm_loss makes
     grads = []
     for i in range(len(x0)):
         path = sample_path(x0[i:i + 1], x1[i:i + 1], t[i:i + 1])
@@ -462,7 +468,7 @@ def _phases(rounds: int) -> str:
         clock[0] = time.perf_counter()
         plain_model.zero_grad(set_to_none=True)
         lap("plain: `zero_grad`")
-        losses = flow_matching_loss(plain_model, x0, x1, gen)
+        losses = _fm_loss(plain_model, x0, x1, gen)
         lap("plain: forward (loss [B])")
         losses.mean().backward()
         lap("plain: backward")
@@ -472,7 +478,7 @@ def _phases(rounds: int) -> str:
         for p in params:
             p.grad = None
         lap("DP: clear grads")
-        losses = flow_matching_loss(module, x0, x1, gen)
+        losses = _fm_loss(module, x0, x1, gen)
         lap("DP: forward through the hooked module (activations stored)")
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message="Full backward hook is firing")

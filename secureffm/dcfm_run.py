@@ -334,8 +334,8 @@ def run_dcfm(config: RunConfig):
         "messages": log.summary(),
     }
     if ledger is not None:
-        privacy = ledger.report(dp.target_epsilon)
-        privacy.update(noise_multiplier=sigmas, clip=dp.clip, enforced_by=dp.accountant,
+        privacy = ledger.report(dp.target_epsilon, dp.accountant)
+        privacy.update(noise_multiplier=sigmas, clip=dp.clip,
                        label_statistics="label counts per combination travel in model "
                                         "messages without DP (docs/dcfm.md)",
                        secret_randomness=secret_randomness(config.insecure_deterministic))

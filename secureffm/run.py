@@ -151,10 +151,9 @@ def run(config: RunConfig) -> RunResult:
 
     ledger = getattr(trainer, "ledger", None)
     if ledger is not None:
-        privacy = ledger.report(trainer.dp.target_epsilon)
+        privacy = ledger.report(trainer.dp.target_epsilon, trainer.dp.accountant)
         privacy["noise_multiplier"] = trainer.noise_multipliers
         privacy["clip"] = trainer.dp.clip
-        privacy["enforced_by"] = trainer.dp.accountant
         privacy["rounds_run"] = budget
         privacy["secret_randomness"] = secret_randomness(config.insecure_deterministic)
         (out / "privacy.json").write_text(json.dumps(privacy, indent=2))

@@ -11,57 +11,111 @@ streams from the run seed, for reproducible debugging, and the run records that 
 from __future__ import annotations
 
 import hashlib
+import hmac
 import secrets
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import torch
+from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
 
 from ..protocols.crypto import Identity, KeyPair, new_key_pair
 from .message import Payload
 
-__all__ = ["Client", "SecretStreams", "new_client", "secret_randomness", "STREAM_PURPOSES"]
+__all__ = ["Client", "SecretStreams", "new_client", "secret_randomness", "keyed_uniforms",
+           "STREAM_PURPOSES"]
 
-# What each purpose seeds: "training": mini-batches (without DP), source noise x0, times t,
-# DCFM's masks and routes; "dp": Poisson sampling and Gaussian noise of DP-SGD; "protocol":
-# stochastic rounding, randomized t and support-point noise.
-STREAM_PURPOSES = ("training", "dp", "protocol")
+# What each purpose seeds: "training": mini-batches without DP, and what methods draw per
+# batch; "examples": per-example randomness keyed by (round, kind) and example index (source
+# noise x0, times t, candidate pools); "dp": Poisson sampling and Gaussian noise of DP-SGD;
+# "protocol": stochastic rounding, randomized t and support-point noise.
+STREAM_PURPOSES = ("training", "examples", "dp", "protocol")
 
 
 @dataclass(frozen=True)
 class SecretStreams:
-    """The seeds of one party's private random streams.
+    """One party's secret key and the random streams derived from it.
 
-    ``seed``: None (the default) draws each stream's seed from the OS CSPRNG (``secrets``: 64
-    bits for a torch generator, the most it takes; 128 for numpy). An integer, only under
-    ``--insecure-deterministic``, derives it as SHA-256("secureffm-stream|seed|party|purpose"):
-    reproducible, and replayable by anyone who reads config.toml.
+    ``seed``: None (the default) draws the 32-byte key from the OS CSPRNG (``secrets``). An
+    integer, only under ``--insecure-deterministic``, derives it as
+    SHA-256("secureffm-stream|seed|party"): reproducible, and replayable by anyone who reads
+    config.toml. Every stream is keyed by HMAC-SHA256(key, purpose and context), so streams of
+    different purposes, rounds or message kinds are independent.
     """
 
     party: str = ""
     seed: int | None = None
+    key: bytes = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        key = (secrets.token_bytes(32) if self.seed is None else
+               hashlib.sha256(f"secureffm-stream|{self.seed}|{self.party}".encode()).digest())
+        object.__setattr__(self, "key", key)
 
     @property
     def deterministic(self) -> bool:
         return self.seed is not None
 
-    def seed_for(self, purpose: str, bits: int) -> int:
-        """A ``bits``-bit seed for ``purpose`` (one of :data:`STREAM_PURPOSES`)."""
+    def _derive(self, purpose: str, context: tuple) -> bytes:
         if purpose not in STREAM_PURPOSES:
             raise ValueError(f"unknown stream purpose {purpose!r}; use one of {STREAM_PURPOSES}")
-        if self.seed is None:
-            return secrets.randbits(bits)
-        digest = hashlib.sha256(f"secureffm-stream|{self.seed}|{self.party}|{purpose}".encode())
-        return int.from_bytes(digest.digest(), "big") >> (256 - bits)
+        label = "|".join([purpose, *map(str, context)]).encode()
+        return hmac.new(self.key, label, hashlib.sha256).digest()
 
-    def torch(self, purpose: str, device: torch.device | str = "cpu") -> torch.Generator:
-        """A torch generator on ``device`` for ``purpose``."""
-        return torch.Generator(device=device).manual_seed(self.seed_for(purpose, 64))
+    def seed_for(self, purpose: str, bits: int, *context) -> int:
+        """A ``bits``-bit seed for ``purpose`` (one of :data:`STREAM_PURPOSES`) in ``context``."""
+        return int.from_bytes(self._derive(purpose, context), "big") >> (256 - bits)
 
-    def numpy(self, purpose: str) -> np.random.Generator:
-        """A numpy generator for ``purpose``."""
-        return np.random.default_rng(self.seed_for(purpose, 128))
+    def torch(self, purpose: str, device: torch.device | str = "cpu",
+              *context) -> torch.Generator:
+        """A torch generator on ``device`` for ``purpose`` in ``context`` (64-bit seed, the
+        most torch takes)."""
+        return torch.Generator(device=device).manual_seed(self.seed_for(purpose, 64, *context))
+
+    def numpy(self, purpose: str, *context) -> np.random.Generator:
+        """A numpy generator for ``purpose`` in ``context`` (128-bit seed)."""
+        return np.random.default_rng(self.seed_for(purpose, 128, *context))
+
+    def example_uniforms(self, context: tuple, rows, width: int) -> np.ndarray:
+        """U[0, 1) float64 [len(rows), width]: row i belongs to example index ``rows[i]``.
+
+        ChaCha20 keyed by HMAC(key, "examples" and ``context``), read at the keystream position
+        of each example index, so an example's uniforms depend on the key, the context and its
+        own index only: never on which or how many other examples were drawn (the premise of a
+        per-example DP bound), and never on an earlier call's consumption.
+        """
+        return keyed_uniforms(self._derive("examples", context),
+                              np.asarray(rows, dtype=np.int64), width)
+
+
+_WHOLE_TABLE_BYTES = 8 * 2**20
+
+
+def keyed_uniforms(key: bytes, rows: np.ndarray, width: int) -> np.ndarray:
+    """[len(rows), width] float64 in [0, 1) from the ChaCha20 keystream of ``key``: row index r
+    owns keystream blocks r*m .. r*m + m - 1 (m = ceil(8 width / 64)); each uniform is a uint64
+    word's top 53 bits times 2^-53."""
+    blocks = -(-8 * width // 64)
+    row_bytes = 64 * blocks
+    if rows.size and (rows.min() < 0 or (int(rows.max()) + 1) * blocks > 2**32):
+        raise ValueError("example indices must lie in [0, 2^32 / blocks per example)")
+    if not rows.size:
+        return np.zeros((0, width))
+    span = (int(rows.max()) + 1) * row_bytes
+    if span <= _WHOLE_TABLE_BYTES:
+        table = _keystream(key, 0, span).reshape(-1, row_bytes)[rows]
+    else:
+        table = np.stack([_keystream(key, int(r) * blocks, row_bytes) for r in rows])
+    words = table[:, :8 * width].copy().view("<u8")
+    return (words >> np.uint64(11)).astype(np.float64) * 2.0**-53
+
+
+def _keystream(key: bytes, block: int, length: int) -> np.ndarray:
+    """``length`` bytes of ChaCha20(key) from block counter ``block``, as uint8."""
+    nonce = block.to_bytes(4, "little") + bytes(12)
+    encryptor = Cipher(algorithms.ChaCha20(key, nonce), mode=None).encryptor()
+    return np.frombuffer(encryptor.update(bytes(length)), dtype=np.uint8)
 
 
 @dataclass
@@ -93,10 +147,14 @@ class Client:
     def size(self) -> int:
         return int(self.data.shape[0])
 
+    def minibatch_rows(self, batch_size: int) -> torch.Tensor:
+        """Indices [batch_size] of shard rows drawn uniformly without replacement."""
+        index = torch.randperm(self.size, generator=self.generator, device=self.data.device)
+        return index[:batch_size]
+
     def minibatch(self, batch_size: int) -> torch.Tensor:
         """Rows of the shard drawn uniformly without replacement, shape [batch_size, d]."""
-        index = torch.randperm(self.size, generator=self.generator, device=self.data.device)
-        return self.data[index[:batch_size]]
+        return self.data[self.minibatch_rows(batch_size)]
 
 
 def new_client(party: str, data: torch.Tensor, deterministic_seed: int | None = None) -> Client:

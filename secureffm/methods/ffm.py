@@ -24,8 +24,8 @@ from ..federation.engine import InProcessEngine
 from ..federation.parties import Client
 from ..models.mlp import PotentialMLP, VelocityMLP
 from ..models.params import load_flat_params
-from ..privacy.accounting import epsilon, smallest_multiplier
-from ..privacy.dpsgd import DPGradient, PlainGradient, poisson_batch
+from ..privacy.accounting import check_delta, epsilon, smallest_multiplier
+from ..privacy.dpsgd import DPGradient, PlainGradient, poisson_rows
 from ..privacy.ledger import LedgerEntry, PrivacyLedger
 from ..privacy.skellam import SkellamStep, skellam_epsilon
 from ..protocols.dp import DistributedNoise
@@ -45,10 +45,12 @@ LOT_DP_REFUSAL = (
 
 
 def velocity_gradient(model, coupling, x0, x1, generator) -> tuple[np.ndarray, float]:
-    """Couple (x0, x1), take the mean flow matching loss, return (flat gradient [P], loss)."""
+    """Couple (x0, x1), take the mean flow matching loss at t ~ U[0, 1) from ``generator``,
+    return (flat gradient [P], loss)."""
     estimator = PlainGradient(model)
     x0, x1 = coupling.couple(x0, x1, generator)
-    losses = flow_matching_loss(model, x0, x1, generator)
+    t = torch.rand(len(x0), generator=generator, device=x0.device)
+    losses = flow_matching_loss(model, x0, x1, t)
     return estimator(losses, len(losses)), float(losses.detach().mean())
 
 
@@ -74,7 +76,6 @@ class FederatedFlowMatching:
         self.pair = pair
         self.engine = engine
         self.device = device
-        self.weights = client_weights(engine.clients, config.weighting)
         self.velocity = GlobalModel(VelocityMLP(pair.dim, config.hidden).to(device),
                                     config.lr, config.ema_decay)
         self.potential = None
@@ -83,6 +84,9 @@ class FederatedFlowMatching:
                 PotentialMLP(pair.dim, config.potential_hidden).to(device), config.potential_lr
             )
         self.dp = self._dp_settings()
+        # Under DP nothing released may depend on a client's true shard size (adding or
+        # removing an example must not show): weights, like q, use the public nominal size.
+        self.weights = client_weights(engine.clients, "uniform" if self.dp else config.weighting)
         self.ledger = PrivacyLedger(self.dp.delta) if self.dp else None
         self.noise_multipliers: dict[str, float] = {}
         self.distributed = self.dp is not None and self.dp.noise == "distributed"
@@ -111,7 +115,13 @@ class FederatedFlowMatching:
                 f"protocol {protocol.name!r} applies DP to some updates but method "
                 f"{self.config.method!r} also sends {unprotected[0]!r} updates computed from "
                 f"client data; add {unprotected[0]!r} to the dp stage's 'protects'")
-        return self.config.dp_overrides(settings[0])
+        if self.config.method == "got" and self.config.ctransform_steps:
+            raise ConfigError("ctransform_steps > 0 refines f^c by gradient steps through the "
+                              "potential, which DP-SGD's per-example hooks cannot run; use "
+                              "ctransform_steps = 0 under a dp protocol")
+        dp = self.config.dp_overrides(settings[0])
+        check_delta(dp.delta, self.config.shard_size)
+        return dp
 
     def planned_steps(self, rounds: int | None = None) -> dict[str, int]:
         """DP mechanism invocations per client over ``rounds`` (the run's), by message kind."""
@@ -140,7 +150,7 @@ class FederatedFlowMatching:
         every client and kind: the given one, or the smallest keeping every client within the
         target."""
         clients = self.engine.clients
-        sensitivity = {c.id: self.dp.clip / (c.state["rate"] * c.size) for c in clients}
+        sensitivity = {c.id: self.dp.clip / self.config.batch_size for c in clients}
         sizes = {"gradient": self.velocity.flat().size}
         if self.potential is not None:
             sizes["dual_update"] = self.potential.flat().size
@@ -185,7 +195,7 @@ class FederatedFlowMatching:
             if self.potential is not None:
                 client.state["dual_grad"] = PlainGradient(potential)
             return
-        rate = min(1.0, c.batch_size / client.size)
+        rate = c.batch_size / c.shard_size  # q from the public nominal shard size
         client.state["rate"] = rate
         if self.dp.noise == "distributed":  # the clipped sum; secure aggregation adds noise
             sigma = 0.0
@@ -197,11 +207,12 @@ class FederatedFlowMatching:
         # Sampling and noise must be unpredictable: OS entropy, never the published seed.
         secret = client.streams.torch("dp", self.device)
         client.state["dp_rng"] = secret
+        # The divisor is the expected batch at the nominal size, q * shard_size = batch_size.
         client.state["velocity_grad"] = DPGradient(velocity, self.dp.clip, sigma,
-                                                   rate * client.size, secret)
+                                                   c.batch_size, secret)
         if self.potential is not None:  # its per-example loss evaluates f at two points
             client.state["dual_grad"] = DPGradient(potential, self.dp.clip, sigma,
-                                                   rate * client.size, secret, mode="hooks")
+                                                   c.batch_size, secret, mode="hooks")
 
     def _coupling(self, client: Client):
         if self.config.method == "vanilla":
@@ -212,14 +223,54 @@ class FederatedFlowMatching:
 
     # -- client side ---------------------------------------------------------------------
 
-    def _source(self, client: Client, n: int) -> torch.Tensor:
-        return self.pair.source.sample(n, client.generator, self.device)[0]
-
-    def _batch(self, client: Client) -> torch.Tensor:
-        """Poisson sampling under DP (rate q, secret stream), else a uniform mini-batch."""
+    def _rows(self, client: Client) -> torch.Tensor:
+        """Indices [b] of this step's examples: Poisson sampling under DP (rate q, the secret
+        dp stream), else a uniform mini-batch."""
         if self.dp is None:
-            return client.minibatch(self.config.batch_size)
-        return poisson_batch(client.data, client.state["rate"], client.state["dp_rng"])
+            return client.minibatch_rows(self.config.batch_size)
+        rows = poisson_rows(client.size, client.state["rate"], client.state["dp_rng"])
+        return rows.to(client.data.device)
+
+    def _uniforms(self, client: Client, context: tuple, rows: torch.Tensor,
+                  width: int) -> torch.Tensor:
+        u = client.streams.example_uniforms(context, rows.cpu().numpy(), width)
+        return torch.as_tensor(u, dtype=torch.float32, device=self.device)
+
+    def example_noise(self, client: Client, round_: int, kind: str,
+                      rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Source points x0 [b, d] and times t [b] of the examples ``rows``: example r's draw
+        is keyed by (the client's secret key, round, kind, r) alone, so adding or removing an
+        example never changes another's noise, this round or later."""
+        u = self._uniforms(client, (round_, kind, "example"), rows, self.pair.source.uniforms + 1)
+        return self.pair.source.from_uniforms(u[:, 1:])[0], u[:, 0]
+
+    def candidate_pool(self, client: Client, round_: int, kind: str) -> torch.Tensor:
+        """GOT's K candidate source points [K, d] for one round and kind: K draws keyed by
+        (the client's secret key, round, kind), whatever the batch."""
+        rows = torch.arange(self.config.candidates)
+        u = self._uniforms(client, (round_, kind, "pool"), rows, self.pair.source.uniforms)
+        return self.pair.source.from_uniforms(u)[0]
+
+    def velocity_losses(self, client: Client, round_: int, rows: torch.Tensor) -> torch.Tensor:
+        """Per-example flow matching losses [b] of the examples ``rows``; term j depends on
+        example rows[j], its keyed noise and (GOT) the round's keyed candidate pool only."""
+        x1 = client.data[rows]
+        x0, t = self.example_noise(client, round_, "gradient", rows)
+        if self.config.method == "got":
+            x0 = self.candidate_pool(client, round_, "gradient")
+        x0, x1 = client.state["coupling"].couple(x0, x1, client.generator)
+        return flow_matching_loss(client.state["velocity_grad"].forward_module, x0, x1, t)
+
+    def dual_losses(self, client: Client, round_: int, rows: torch.Tensor) -> torch.Tensor:
+        """Ascent on the semi-dual: per example j, loss_j = -(f(x0_j) + f^c(x1_j)) with x0_j the
+        example's keyed source draw and f^c the minimum over the round's K keyed candidates, so
+        each term (and each clipped gradient under DP) belongs to one data example."""
+        c = self.config
+        f = client.state["dual_grad"].forward_module
+        x0, _ = self.example_noise(client, round_, "dual_update", rows)
+        pool = self.candidate_pool(client, round_, "dual_update")
+        return -(f(x0) + c_transform(f, pool, client.data[rows], c.ctransform_steps,
+                                     c.ctransform_lr))
 
     def _record(self, client: Client, kind: str, round_: int) -> None:
         if self.ledger is None:
@@ -242,28 +293,15 @@ class FederatedFlowMatching:
 
     def _client_velocity(self, client: Client, round_: int) -> dict[str, np.ndarray]:
         self._sync(client)
-        x1 = self._batch(client)
-        n0 = self.config.candidates if self.config.method == "got" else len(x1)
-        x0, x1 = client.state["coupling"].couple(self._source(client, n0), x1, client.generator)
-        estimator = client.state["velocity_grad"]
-        losses = flow_matching_loss(estimator.forward_module, x0, x1, client.generator)
-        grad = estimator(losses, len(losses))
+        losses = self.velocity_losses(client, round_, self._rows(client))
+        grad = client.state["velocity_grad"](losses, len(losses))
         self._record(client, "gradient", round_)
         client.state["last_loss"] = float(losses.detach().mean()) if len(losses) else 0.0
         return {"gradient": grad}
 
     def _client_dual(self, client: Client, round_: int) -> dict[str, np.ndarray]:
-        """Ascent on the semi-dual: per example j, loss_j = -(f(x0_j) + f^c(x1_j)) with x0_j a
-        fresh public source draw, so each term (and each clipped gradient under DP) belongs to
-        one data example; f^c is the minimum over K public candidates."""
-        c = self.config
-        x1 = self._batch(client)
-        estimator = client.state["dual_grad"]
-        f = estimator.forward_module
-        x0 = self._source(client, len(x1))
-        losses = -(f(x0) + c_transform(f, self._source(client, c.candidates), x1,
-                                       c.ctransform_steps, c.ctransform_lr))
-        grad = estimator(losses, len(losses))
+        losses = self.dual_losses(client, round_, self._rows(client))
+        grad = client.state["dual_grad"](losses, len(losses))
         self._record(client, "dual_update", round_)
         client.state["last_dual"] = float(-losses.detach().mean()) if len(losses) else 0.0
         return {"gradient": grad}

@@ -30,13 +30,11 @@ def sample_path(x0: torch.Tensor, x1: torch.Tensor, t: torch.Tensor) -> PathSamp
 
 
 def flow_matching_loss(
-    model: nn.Module, x0: torch.Tensor, x1: torch.Tensor, generator: torch.Generator
+    model: nn.Module, x0: torch.Tensor, x1: torch.Tensor, t: torch.Tensor
 ) -> torch.Tensor:
-    """Per-example loss |v(x_t, t) - (x1 - x0)|^2 averaged over dimensions, shape [B].
-
-    t ~ U[0, 1] is drawn from ``generator``. Per-example form so DP clipping applies later.
-    """
-    t = torch.rand(x0.shape[0], generator=generator, device=x0.device)
+    """Per-example loss |v(x_t, t) - (x1 - x0)|^2 averaged over dimensions, shape [B], at
+    times ``t`` [B] in [0, 1]. Term i depends on (x0_i, x1_i, t_i) only, so DP clipping
+    applies to it."""
     path = sample_path(x0, x1, t)
     error = model(path.x_t, path.t) - path.u_t
     return error.pow(2).flatten(1).mean(dim=1)

@@ -13,7 +13,8 @@ from opacus.accountants import PRVAccountant, RDPAccountant
 
 from ..errors import ConfigError
 
-__all__ = ["epsilon", "calibrate_noise", "smallest_multiplier", "ACCOUNTANTS", "Schedule"]
+__all__ = ["epsilon", "calibrate_noise", "smallest_multiplier", "check_delta", "ACCOUNTANTS",
+           "Schedule"]
 
 Schedule = list[tuple[float, float, int]]
 ACCOUNTANTS = ("rdp", "prv")
@@ -60,3 +61,14 @@ def smallest_multiplier(eps: Callable[[float], float], target: float, delta: flo
         mid = (low + high) / 2
         low, high = (mid, high) if eps(mid) > target else (low, mid)
     return high
+
+
+def check_delta(delta: float, records: int) -> None:
+    """Refuse a delta that is not well below 1 / ``records`` (the public nominal count of
+    records one client holds): at delta >= 1 / N a mechanism that publishes one random
+    record outright meets (0, delta)-DP, so the guarantee says nothing."""
+    if delta * records >= 0.1:
+        raise ConfigError(f"delta = {delta:g} is not well below 1 / N = {1 / records:.3g} for "
+                          f"shards of {records} records: a mechanism that releases a random "
+                          f"record meets it. Use delta <= {0.1 / records:.3g} (1e-5 or less is "
+                          "usual)")

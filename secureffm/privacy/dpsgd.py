@@ -21,14 +21,19 @@ from torch import nn
 from ..errors import ConfigError
 from ..models.params import flat_grad
 
-__all__ = ["PlainGradient", "DPGradient", "poisson_batch"]
+__all__ = ["PlainGradient", "DPGradient", "poisson_batch", "poisson_rows"]
+
+
+def poisson_rows(count: int, rate: float, generator: torch.Generator) -> torch.Tensor:
+    """Indices [b] of rows 0..count-1, each kept independently with probability ``rate`` (the
+    sampling that privacy amplification by subsampling assumes); b ~ Bin(count, rate)."""
+    keep = torch.rand(count, generator=generator, device=generator.device) < rate
+    return torch.nonzero(keep).squeeze(1)
 
 
 def poisson_batch(data: torch.Tensor, rate: float, generator: torch.Generator) -> torch.Tensor:
-    """Each row of ``data`` [N, ...] independently with probability ``rate`` (the sampling
-    that privacy amplification by subsampling assumes). Returns [b, ...], b ~ Bin(N, rate)."""
-    keep = torch.rand(data.shape[0], generator=generator, device=data.device) < rate
-    return data[keep]
+    """The rows of ``data`` [N, ...] that :func:`poisson_rows` keeps, [b, ...]."""
+    return data[poisson_rows(data.shape[0], rate, generator).to(data.device)]
 
 
 class PlainGradient:

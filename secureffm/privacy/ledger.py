@@ -89,9 +89,10 @@ class PrivacyLedger:
     def clients(self) -> list[str]:
         return sorted(set(self._schedules) | set(self._skellam))
 
-    def report(self, target: float | None) -> dict:
-        """epsilon per client, overall and per kind, from the RDP accountant (which enforces
-        the target) and the PRV accountant (reported; None with the reason where it fails)."""
+    def report(self, target: float | None, accountant: str = "rdp") -> dict:
+        """epsilon per client, overall and per kind, from the RDP and the PRV accountant (PRV
+        None with the reason where it fails); ``target_held`` tests ``accountant``'s total, the
+        one that calibrated the noise and enforces the target."""
         clients = {}
         for client in self.clients():
             kinds = self._kinds(client)
@@ -110,9 +111,11 @@ class PrivacyLedger:
             if self._skellam[client]:
                 row["skellam_schedule"] = {k: [asdict(s) for s in self._skellam[client][k]]
                                            for k in kinds if k in self._skellam[client]}
-            row["target_held"] = None if target is None else row["rdp"]["total"] <= target
+            spent = row[accountant]["total"]
+            row["target_held"] = None if target is None or spent is None else spent <= target
             clients[client] = row
-        return {"delta": self.delta, "target_epsilon": target, "clients": clients}
+        return {"delta": self.delta, "target_epsilon": target, "enforced_by": accountant,
+                "clients": clients}
 
     def state_dict(self) -> dict:
         return {"delta": self.delta, "entries": [asdict(e) for e in self.entries]}

@@ -41,12 +41,13 @@ def test_a_dp_sgd_step_clips_each_example_and_returns_a_finite_flat_gradient():
     x0, x1 = torch.randn(8, 3, 8, 8, generator=g), torch.randn(8, 3, 8, 8, generator=g)
     dp = DPGradient(model, clip=0.05, noise_multiplier=0.0, expected_batch=8,
                     generator=torch.Generator().manual_seed(1))
-    losses = flow_matching_loss(dp.forward_module, x0, x1, g)
+    losses = flow_matching_loss(dp.forward_module, x0, x1, torch.rand(len(x0), generator=g))
     assert losses.shape == (8,)
     grad = dp(1e4 * losses, 8)  # every example's gradient is far above the clip
     assert grad.shape == (size,) and grad.dtype == np.float32 and np.isfinite(grad).all()
     assert 0 < np.linalg.norm(grad) <= 0.05 + 1e-6  # (sum of <= 8 vectors of norm 0.05) / 8
     noisy = DPGradient(UNet(3, base_width=16), clip=1.0, noise_multiplier=1.0, expected_batch=8,
                        generator=torch.Generator().manual_seed(2))
-    out = noisy(flow_matching_loss(noisy.forward_module, x0, x1, g), 8)
+    t = torch.rand(len(x0), generator=g)
+    out = noisy(flow_matching_loss(noisy.forward_module, x0, x1, t), 8)
     assert out.shape == (size,) and np.isfinite(out).all()
