@@ -15,9 +15,9 @@ interpolation; any t - 1 shares are jointly uniform whatever s is (Shamir 1979).
 
 The shares are a Reed-Solomon codeword, so :func:`decode` can also check them: with m > t
 shares it confirms that all lie on one polynomial of degree t - 1, and otherwise places up to
-(m - t) / 2 wrong shares (Gao 2003, "A new algorithm for decoding Reed-Solomon codes"). With
-m = t shares every set fits a polynomial: a wrong share changes the secret unnoticed unless the
-caller can check the secret (``accept``).
+(m - t) / 2 wrong shares (Gao 2003, "A new algorithm for decoding Reed-Solomon codes"), one
+more when the caller can check the secret (``accept``). With m = t shares every set fits a
+polynomial: a wrong share changes the secret unnoticed unless ``accept`` refuses it.
 """
 
 from __future__ import annotations
@@ -162,9 +162,13 @@ def decode(shares: list[Share], threshold: int,
     is left out in turn and the rest decoded again, which places one more wrong share (m + 1
     decodings, O(m^3) field operations, run only when a share is wrong).
 
-    Returns f(0) and the x of the shares with y != f(x). Raises ``ProtocolError`` when no
-    accepted f is found: with m = t any t shares fit a polynomial, so a wrong share is seen
-    only through ``accept`` and cannot be placed. Input checks as in :func:`reconstruct`.
+    Returns f(0) and the x of the shares with y != f(x): exactly the wrong shares while at
+    most (m - t) / 2 are wrong ((m - t + 1) / 2 with ``accept``). Beyond that the secret still
+    passed ``accept``, but wrong shares chosen together (x is public) can make f a polynomial
+    through them whose f(0) is right, and then right shares are the ones returned. Raises
+    ``ProtocolError`` when no accepted f is found: with m = t any t shares fit a polynomial,
+    so a wrong share is seen only through ``accept`` and cannot be placed. Input checks as in
+    :func:`reconstruct`.
     """
     points = _distinct_points(shares, threshold)
     m = len(points)
