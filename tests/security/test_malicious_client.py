@@ -166,6 +166,22 @@ def test_an_altered_unmask_share_is_left_out_and_its_holder_named(tmp_path, n, c
     assert_exact(outcome, ids(n))
 
 
+def test_an_altered_share_of_a_dropped_clients_mask_key_is_placed_through_its_s_pk(tmp_path):
+    """Adversary: client-2 flips a bit of its share of s_sk of client-5, which dropped before
+    its masked input; four holders answer (t = 3), so only the check of the rebuilt key
+    against client-5's advertised s_pk places the lie. Before the fix: uncaught ProtocolError
+    (the wrong key left client-5's pairwise masks in the sum: 'the masks did not cancel')."""
+    def flip(fields):
+        blob = fields["s:client-5"]
+        fields["s:client-5"] = blob[:-1] + bytes([blob[-1] ^ 1])
+
+    outcome = play(tmp_path, {("client-2", "unmask"): edit(flip)},
+                   faults=[Fault("drop", "client-5", "masked_input")])
+    assert_named(outcome, "client-2", "unmask",
+                 "share of client-5's s (mask key, dropped) is off the polynomial")
+    assert_exact(outcome, ids(4))
+
+
 @pytest.mark.parametrize("tamper, fragment", [
     (edit(lambda f: f.update({"bclient-1": f.pop("b:client-1")})), "has field 'bclient-1'"),
     (edit(lambda f: f.update({"b:client-1": f["b:client-1"][:-1]})), "67 bytes, expected 68"),
@@ -188,16 +204,43 @@ def test_a_malformed_unmask_reply_is_discarded_whole_and_its_sender_named(tmp_pa
 
 # -- sealed shares ----------------------------------------------------------------------------
 
+def zero_sealed_for(*recipients):
+    return edit(lambda f: f.update({v: bytes(len(f[v])) for v in recipients}))
+
+
 def test_a_zeroed_share_ciphertext_is_refused_by_its_recipient(tmp_path):
     """Adversary: client-2 seals garbage for client-3 (an all-zero ciphertext of the right
     length), which the relaying server cannot check. Before the fix: uncaught ProtocolError
     ('ciphertext failed authentication') when client-3 opened it to answer the unmask."""
-    outcome = play(tmp_path, {("client-2", "share_keys"): edit(
-        lambda f: f.update({"client-3": bytes(len(f["client-3"]))}))})
+    outcome = play(tmp_path, {("client-2", "share_keys"): zero_sealed_for("client-3")})
     assert_named(outcome, "client-2", "shares", "failed authentication", by="client-3")
     # client-3 still masks with client-2 (masks need only public keys), so the sum is exact;
     # client-2's secrets are rebuilt from its other four holders.
     assert_exact(outcome, ids(5))
+
+
+def test_shares_most_holders_cannot_open_abort_the_round_naming_their_dealer(tmp_path):
+    """Adversary: client-2 seals garbage for three of its four peers, so only two shares of
+    its seed exist (its own and client-5's), t = 3. Before the fix: uncaught ProtocolError
+    ('ciphertext failed authentication')."""
+    outcome = play(tmp_path, {("client-2", "share_keys"): zero_sealed_for(
+        "client-1", "client-3", "client-4")})
+    for holder in ("client-1", "client-3", "client-4"):
+        assert_named(outcome, "client-2", "shares", "failed authentication", by=holder)
+    assert_aborted(outcome, "only 2 shares of client-2's b (self-mask seed) came back, 3 needed")
+
+
+def test_a_client_that_shares_another_seed_than_it_committed_to_aborts_named(tmp_path):
+    """Adversary: client-2 advertises a commitment to a seed other than the one it shares
+    and masks with (a dealer lying about its own secret). Its five shares agree with each
+    other, but not with the commitment. Before the fix there was no commitment, and a client
+    dealing shares of another seed than the one it masked with (run with its split patched)
+    made the masks not cancel: uncaught ProtocolError."""
+    outcome = play(tmp_path, {("client-2", "advertise_keys"): edit(
+        lambda f: f.update({"b_commit": hashlib.sha256(b"another seed").digest()}))})
+    assert_aborted(outcome, "the 5 shares of client-2's b (self-mask seed) from client-1, "
+                   "client-2, client-3, client-4, client-5 do not rebuild the seed it "
+                   "committed to", "client-2 dealt other shares than it committed to")
 
 
 def test_a_truncated_share_ciphertext_is_rejected_by_the_server(tmp_path):
@@ -301,35 +344,61 @@ def test_a_garbled_shares_delivery_is_refused_and_its_recipient_drops_out(tmp_pa
     assert_exact(outcome, ["client-1", "client-3", "client-4", "client-5"])
 
 
-@pytest.mark.parametrize("phase, included", [
-    ("keys", ["client-1", "client-3", "client-4", "client-5"]),
-    ("shares", ["client-1", "client-3", "client-4", "client-5"]),
-    ("unmask_request", ids(5)),  # client-2's input is in; it just reveals no shares
+def to_client_2(change):
+    """Apply ``change`` only to the server's message for client-2."""
+    return lambda data, to: change(data, to) if to == "client-2" else data
+
+
+@pytest.mark.parametrize("phase, change, fragment", [
+    ("keys", replace_with(b"garbage"), "not a valid payload"),
+    ("keys", edit(lambda f: f.update({"s_pk:client-3": bytes(32)})), "an unusable key"),
+    ("shares", replace_with(b"garbage"), "not a valid payload"),
+    ("unmask_request", replace_with(b"garbage"), "not a valid payload"),
 ])
-def test_a_garbled_server_message_makes_only_its_recipient_drop_out(tmp_path, phase,
-                                                                   included):
-    """Adversary: a faulty server signs garbage as its message to client-2 at one phase (it
-    passes every transport check). Before the fix: uncaught MessageError ('not a valid
-    payload') in client-2's parsing."""
-    outcome = play(tmp_path, {("server", phase): lambda data, to: (
-        b"garbage" if to == "client-2" else data)})
-    assert_named(outcome, "server", {"unmask_request": "unmask"}.get(phase, phase),
-                 "not a valid payload", by="client-2")
-    assert_exact(outcome, included)
+def test_a_garbled_server_message_makes_only_its_recipient_drop_out(tmp_path, phase, change,
+                                                                   fragment):
+    """Adversary: a faulty server signs garbage, or a low-order key, as its message to
+    client-2 at one phase (it passes every transport check). Before the fix: uncaught
+    MessageError ('not a valid payload') in client-2's parsing, or ProtocolError ('invalid
+    X25519 public key') when client-2 derived its mask with client-3."""
+    outcome = play(tmp_path, {("server", phase): to_client_2(change)})
+    assert_named(outcome, "server", {"unmask_request": "unmask"}.get(phase, phase), fragment,
+                 by="client-2")
+    # client-2 drops out before masking, except at the unmask: its input is in by then, and
+    # the other four holders reveal enough shares without it.
+    assert_exact(outcome, ids(5) if phase == "unmask_request"
+                 else ["client-1", "client-3", "client-4", "client-5"])
 
 
 # -- what is not caught: a wrong masked input -------------------------------------------------
+
+def garbage_masked_input(data: bytes, recipient: str) -> bytes:
+    size = deserialize_payload(data)["y"].size
+    words = np.random.default_rng(3).integers(0, 2**32, size, dtype=np.uint64)
+    return serialize_payload({"y": words.astype(np.uint32)})
+
 
 def test_a_garbage_masked_input_aborts_cleanly_but_unnamed(tmp_path):
     """Adversary: client-2 sends uniformly random words as its masked input. The sum then
     falls outside the quantizer's range, so the round aborts; nothing can tell whose input it
     was (input validation is out of scope). Before the fix: uncaught ProtocolError from
     dequantization ('the masks did not cancel')."""
-    words = np.random.default_rng(3).integers(0, 2**32, D, dtype=np.uint64).astype(np.uint32)
-    outcome = play(tmp_path, {("client-2", "masked_input"): replace_with(
-        serialize_payload({"y": words}))})
+    outcome = play(tmp_path, {("client-2", "masked_input"): garbage_masked_input})
     assert_aborted(outcome, "the unmasked sum is unusable")
     assert not [e for e in outcome.events if e["event"] == "rejected"]
+
+
+def test_under_distributed_noise_a_garbage_masked_input_moves_the_mean_unseen(tmp_path):
+    """What does NOT hold. Adversary: as above, under dp-secagg-distributed, where the noisy
+    sum is read as the residue nearest its centre, with no range check. The round completes
+    with a mean far from 0.01 and no event: the attack succeeds, before the fix and after."""
+    values = {cid: np.full(400, 0.01, dtype=np.float32) for cid in ids(4)}
+    outcome = play(tmp_path, {("client-2", "masked_input"): garbage_masked_input}, n=4,
+                   protocol="dp-secagg-distributed", values=values,
+                   noise=DistributedNoise(1.0, {cid: 1e-3 for cid in ids(4)}))
+    assert outcome.result.included == ids(4)
+    assert np.abs(outcome.result.payload[KIND] - 0.01).mean() > 1.0
+    assert not [e for e in outcome.events if e["event"] in ("rejected", "aborted")]
 
 
 # -- a forged envelope ------------------------------------------------------------------------
