@@ -2,8 +2,9 @@
 
 It knows neither the method nor what payloads mean: protocols call :meth:`send` for each
 message of each phase; the engine signs the record with the sender's identity, applies injected
-faults, checks the message on receipt (known sender, unaltered bytes, valid signature, not a
-duplicate) and logs a server event for everything it rejects.
+faults (the server's deliveries included), checks the message on receipt (known sender,
+unaltered bytes, valid signature, not a duplicate) and logs a ``rejected`` event, signed by
+the recipient, for everything it rejects.
 """
 
 from __future__ import annotations
@@ -78,53 +79,72 @@ class InProcessEngine:
     def send(self, round_: int, phase: str, kind: str, sender: str, recipient: str,
              data: bytes, stages: tuple[str, ...] = (), origin: str = "") -> bytes | None:
         """Deliver ``data``; returns the bytes the recipient accepted, or None when the sender
-        is offline or the recipient rejected the message (a logged event says why).
-        ``origin``: the client whose payload the server relays, if any."""
+        is offline, the message was lost, or the recipient rejected it (a logged event says
+        why). ``origin``: the client whose payload the server relays, if any.
+
+        A ``sender`` that is not registered (a forger) is rejected by name on receipt; its
+        message is not logged as a delivery, since no key in parties.json could verify it."""
         if not self.alive(sender, round_, phase):
             return None
-        self._inject_unknown_sender(round_, phase, recipient)
+        self._inject_unknown_sender(round_, phase, kind, recipient, data)
         envelope = Envelope(kind, sender, recipient, round_, phase, data, stages, origin)
+        if sender not in self.identities:
+            return self._receive({"round": round_, "phase": phase, "kind": kind,
+                                  "sender": sender, "recipient": recipient,
+                                  "sha256": envelope.sha256}, data)
         record = self.log.append(envelope, self.identities[sender])
-        if self.faults.find("delay", sender, round_, phase):
+        if self.faults.find("lose", sender, round_, phase, recipient):
+            return None
+        if self.faults.find("delay", sender, round_, phase, recipient):
             self.reject(round_, phase, sender, f"{kind} message seq {record['seq']} arrived "
-                        "after the phase closed")
+                        "after the phase closed", by=recipient)
             return None
         received = data
-        if self.faults.find("corrupt", sender, round_, phase) and data:
+        if self.faults.find("corrupt", sender, round_, phase, recipient) and data:
             received = bytes([data[0] ^ 0xFF]) + data[1:]
         accepted = self._receive(record, received)
-        if self.faults.find("replay", sender, round_, phase):
+        if self.faults.find("replay", sender, round_, phase, recipient):
             self._receive(record, data)
         return accepted
 
     def _receive(self, record: dict, received: bytes) -> bytes | None:
+        """The recipient's checks: known sender, unaltered bytes, valid signature, first copy.
+        A failed check is a ``rejected`` event signed by the recipient."""
         sender, round_, phase = record["sender"], record["round"], record["phase"]
+        recipient = record["recipient"]
+        if sender not in self.public_keys:
+            self.reject(round_, phase, sender, f"{record['kind']} message (sha256 "
+                        f"{record['sha256'][:16]}...) from a party that is not registered in "
+                        "this federation", by=recipient)
+            return None
         if hashlib.sha256(received).hexdigest() != record["sha256"]:
             self.reject(round_, phase, sender, f"message seq {record['seq']} was altered in "
-                        "transit (sha256 of the bytes received does not match the signed one)")
+                        "transit (sha256 of the bytes received does not match the signed one)",
+                        by=recipient)
             return None
         if not verify_signature(self.public_keys[sender], bytes.fromhex(record["sig"]),
                                 canonical(record)):
             self.reject(round_, phase, sender, f"message seq {record['seq']} has an invalid "
-                        "signature")
+                        "signature", by=recipient)
             return None
-        key = (round_, phase, record["kind"], sender, record["recipient"],
-               record.get("origin", ""))
+        key = (round_, phase, record["kind"], sender, recipient, record.get("origin", ""))
         if key in self._seen:
             self.reject(round_, phase, sender, f"duplicate or replayed {record['kind']} message "
-                        f"(round {round_}, phase {phase}); the first copy stands")
+                        f"(round {round_}, phase {phase}); the first copy stands", by=recipient)
             return None
         self._seen.add(key)
         return received
 
-    def _inject_unknown_sender(self, round_: int, phase: str, recipient: str) -> None:
+    def _inject_unknown_sender(self, round_: int, phase: str, kind: str, recipient: str,
+                               data: bytes) -> None:
+        """Each ``unknown_sender`` fault due now sends, once, a copy of ``data`` to the
+        server in the name of its unregistered party, through :meth:`send` like any message."""
         for fault in self.faults.faults:
             key = (fault.party, round_, phase)
             if (fault.action == "unknown_sender" and fault.phase == phase and fault.hits(round_)
                     and recipient == SERVER and key not in self._injected):
                 self._injected.add(key)
-                self.reject(round_, phase, fault.party, "message from a party that is not "
-                            "registered in this federation")
+                self.send(round_, phase, kind, fault.party, SERVER, data)
 
     def reject(self, round_: int, phase: str, party: str, reason: str,
                by: str = SERVER) -> None:

@@ -1,14 +1,22 @@
 """Fault injection for the in-process engine, read from ``threat_models/*.toml``.
 
-A threat model lists faults; each names an ``action``, the ``party`` it hits, the ``phase`` of
-the protocol at which it hits, and optionally the ``rounds`` (every round when omitted):
+A threat model lists faults; each names an ``action``, the ``party`` it hits (a client, or
+``server`` for the server's own deliveries), the ``phase`` of the protocol at which it hits,
+optionally the ``recipient`` whose delivery it hits (every recipient when omitted) and the
+``rounds`` (every round when omitted):
 
-- ``drop``: the party goes offline at that phase and sends nothing more that round.
+- ``drop``: the client goes offline at that phase and sends nothing more that round (never the
+  server, and never for one recipient: lose a delivery instead).
+- ``lose``: its message at that phase is lost in transit; it stays online. Under secagg a lost
+  ``shares`` delivery makes its recipient drop out before masking.
 - ``corrupt``: its message at that phase is altered in transit (one byte flipped).
 - ``replay``: its message at that phase is delivered a second time.
 - ``delay``: its message at that phase arrives after the phase closed.
 - ``unknown_sender``: a message claiming to be from ``party`` (a name no one registered) arrives
-  at that phase.
+  at the server at that phase, a copy of a real message's bytes.
+
+Corrupted, replayed, delayed and forged messages are rejected on receipt by their recipient
+and logged; a lost one leaves only its sender's record.
 """
 
 from __future__ import annotations
@@ -19,20 +27,24 @@ from importlib import resources
 from pathlib import Path
 
 from ..errors import ConfigError
+from .message import SERVER
 
 __all__ = ["Fault", "FaultPlan", "load_threat_model", "ACTIONS"]
 
-ACTIONS = ("drop", "corrupt", "replay", "delay", "unknown_sender")
-_FAULT_KEYS = {"action", "party", "phase", "rounds"}
+ACTIONS = ("drop", "lose", "corrupt", "replay", "delay", "unknown_sender")
+_FAULT_KEYS = {"action", "party", "phase", "recipient", "rounds"}
 _MODEL_KEYS = {"name", "description", "faults"}
 
 
 @dataclass(frozen=True)
 class Fault:
+    """One fault; ``recipient`` "" hits every recipient, ``rounds`` () every round."""
+
     action: str
     party: str
     phase: str
     rounds: tuple[int, ...] = ()
+    recipient: str = ""
 
     def hits(self, round_: int) -> bool:
         return not self.rounds or round_ in self.rounds
@@ -46,10 +58,12 @@ class FaultPlan:
     faults: tuple[Fault, ...] = ()
     description: str = ""
 
-    def find(self, action: str, party: str, round_: int, phase: str) -> Fault | None:
+    def find(self, action: str, party: str, round_: int, phase: str,
+             recipient: str = "") -> Fault | None:
+        """The fault ``action`` on ``party``'s message to ``recipient`` at ``phase``, if any."""
         for fault in self.faults:
             if (fault.action == action and fault.party == party and fault.phase == phase
-                    and fault.hits(round_)):
+                    and fault.hits(round_) and fault.recipient in ("", recipient)):
                 return fault
         return None
 
@@ -63,15 +77,31 @@ class FaultPlan:
                    for f in self.faults)
 
     def check_phases(self, phases: tuple[str, ...], parties: list[str]) -> None:
-        """Every fault must name a phase of the protocol in use and, but for
-        ``unknown_sender``, a real party."""
+        """Every fault must name a phase of the protocol in use and a real party (a client
+        or the server; for ``unknown_sender``, a name no one registered), and a recipient
+        only where one makes sense."""
+        known = [SERVER, *parties]
         for fault in self.faults:
+            where = f"threat model {self.name!r}: {fault.action} fault on {fault.party!r}"
             if fault.phase not in phases:
-                raise ConfigError(f"threat model {self.name!r}: phase {fault.phase!r} is not a "
-                                  f"phase of this protocol; its phases are {', '.join(phases)}")
-            if fault.action != "unknown_sender" and fault.party not in parties:
-                raise ConfigError(f"threat model {self.name!r}: party {fault.party!r} does not "
-                                  f"exist; parties are {', '.join(parties)}")
+                raise ConfigError(f"{where}: phase {fault.phase!r} is not a phase of this "
+                                  f"protocol; its phases are {', '.join(phases)}")
+            if fault.action == "unknown_sender":
+                if fault.party in known:
+                    raise ConfigError(f"{where}: {fault.party!r} is registered; name a party "
+                                      "that is not, such as 'mallory'")
+            elif fault.party not in known:
+                raise ConfigError(f"{where}: party {fault.party!r} does not exist; parties "
+                                  f"are {', '.join(known)}")
+            if fault.action == "drop" and fault.party == SERVER:
+                raise ConfigError(f"{where}: the server cannot go offline; use action "
+                                  "'lose' to lose one of its deliveries")
+            if fault.recipient and (fault.action in ("drop", "unknown_sender")
+                                    or fault.recipient not in known
+                                    or fault.recipient == fault.party):
+                raise ConfigError(f"{where}: recipient {fault.recipient!r} is not possible; "
+                                  "give another party for lose, corrupt, replay or delay, and "
+                                  "none for drop or unknown_sender")
 
 
 def load_threat_model(name_or_path: str) -> FaultPlan:
@@ -97,18 +127,34 @@ def load_threat_model(name_or_path: str) -> FaultPlan:
     if unknown:
         raise ConfigError(f"threat model {source}: unknown key {unknown[0]!r}; allowed: "
                           f"{', '.join(sorted(_MODEL_KEYS))}")
-    faults = []
-    for index, table in enumerate(values.get("faults", [])):
-        bad = sorted(set(table) - _FAULT_KEYS)
-        if bad:
-            raise ConfigError(f"threat model {source}: faults[{index}] has unknown key "
-                              f"{bad[0]!r}; allowed: {', '.join(sorted(_FAULT_KEYS))}")
-        missing = sorted({"action", "party", "phase"} - set(table))
-        if missing:
-            raise ConfigError(f"threat model {source}: faults[{index}] needs {missing[0]!r}")
-        if table["action"] not in ACTIONS:
-            raise ConfigError(f"threat model {source}: faults[{index}].action = "
-                              f"{table['action']!r}; choose one of {', '.join(ACTIONS)}")
-        faults.append(Fault(table["action"], table["party"], table["phase"],
-                            tuple(int(r) for r in table.get("rounds", ()))))
+    tables = values.get("faults", [])
+    if not isinstance(tables, list):
+        raise ConfigError(f"threat model {source}: faults must be a list of [[faults]] tables")
+    faults = [_fault(table, f"threat model {source}: faults[{index}]")
+              for index, table in enumerate(tables)]
     return FaultPlan(values.get("name", source), tuple(faults), values.get("description", ""))
+
+
+def _fault(table, where: str) -> Fault:
+    """One ``[[faults]]`` table, its keys and value types checked."""
+    if not isinstance(table, dict):
+        raise ConfigError(f"{where} is not a table")
+    bad = sorted(set(table) - _FAULT_KEYS)
+    if bad:
+        raise ConfigError(f"{where} has unknown key {bad[0]!r}; allowed: "
+                          f"{', '.join(sorted(_FAULT_KEYS))}")
+    missing = sorted({"action", "party", "phase"} - set(table))
+    if missing:
+        raise ConfigError(f"{where} needs {missing[0]!r}")
+    for key in ("action", "party", "phase", "recipient"):
+        if key in table and not isinstance(table[key], str):
+            raise ConfigError(f"{where}.{key} = {table[key]!r}; give a string")
+    if table["action"] not in ACTIONS:
+        raise ConfigError(f"{where}.action = {table['action']!r}; choose one of "
+                          f"{', '.join(ACTIONS)}")
+    rounds = table.get("rounds", [])
+    if not isinstance(rounds, list) or not all(
+            isinstance(r, int) and not isinstance(r, bool) and r >= 0 for r in rounds):
+        raise ConfigError(f"{where}.rounds = {rounds!r}; give a list of round numbers (>= 0)")
+    return Fault(table["action"], table["party"], table["phase"], tuple(rounds),
+                 table.get("recipient", ""))

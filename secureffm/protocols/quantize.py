@@ -10,7 +10,8 @@ each client first maps its real update to integers. With step ``s = 2 * clip / (
 
 which has the law of ``floor(v + u)`` and ``E[q] = v``, so ``q * s - c`` is an unbiased estimate of
 the clipped update. The server's unmasked total is ``sum_i q_i``; it equals the true integer sum
-as long as ``n * (L - 1) < 2**bits`` (:meth:`Quantizer.check`).
+as long as ``n * (L - 1) < 2**bits`` (:meth:`Quantizer.check`). Clipping biases the sum;
+:meth:`Quantizer.clipped` counts the entries it changes.
 """
 
 from __future__ import annotations
@@ -131,6 +132,11 @@ class Quantizer:
                 f"n_clients * (levels - 1) = {n_clients * (self.levels - 1)} >= 2**{self.bits}; "
                 f"{fix}"
             )
+
+    def clipped(self, x: np.ndarray) -> int:
+        """How many entries of ``x`` lie outside ``[-clip, clip]`` (:meth:`quantize` clips them;
+        NaN counts as outside)."""
+        return int(np.count_nonzero(~(np.abs(np.asarray(x, dtype=np.float64)) <= self.clip)))
 
     def quantize(self, x: np.ndarray, rng: np.random.Generator) -> np.ndarray:
         """Clip, map to ``[0, levels - 1]`` and round stochastically; same shape as x, uint64.

@@ -4,31 +4,52 @@ updates of the clients that survive a round, or, below the threshold, nothing.
 
 One aggregation (a fresh session, fresh keys) runs these phases:
 
-1. ``advertise_keys``: each client u sends X25519 public keys c_pk (channel) and s_pk (mask).
+1. ``advertise_keys``: each client u sends X25519 public keys c_pk (channel) and s_pk (mask)
+   and a commitment SHA-256(label || b_u) to a fresh self-mask seed b_u from the OS CSPRNG.
 2. ``keys``: the server picks each client's neighbours N(u) (all others, or a random
    ``neighbours``-regular graph) and sends u their public keys.
-3. ``share_keys``: u Shamir-shares its mask secret key s_sk and a fresh self-mask seed b_u among
-   S(u) = N(u) + {u}, t of |S(u)|; the share for v travels AES-GCM-encrypted under
-   HKDF(X25519(c_sk_u, c_pk_v)), relayed by the server, which cannot read it.
-4. ``shares``: the server routes the ciphertexts.
+3. ``share_keys``: u Shamir-shares its mask secret key s_sk and b_u among S(u) = N(u) + {u},
+   t of |S(u)|; the share for v travels AES-GCM-encrypted under HKDF(X25519(c_sk_u, c_pk_v)),
+   relayed by the server, which cannot read it.
+4. ``shares``: the server routes the ciphertexts; each recipient opens them at once.
 5. ``masked_input``: u clips and quantizes w_u x_u to Z_{2^bits} (under distributed DP noise,
-   adds its share of integer Skellam noise) and adds PRG(b_u) and, for each neighbour v that
-   shared, +-PRG(HKDF(X25519(s_sk_u, s_pk_v))) (+ if u precedes v).
+   adds its share of integer Skellam noise) and adds PRG(b_u) and, for each neighbour v whose
+   shares the server routed to u, +-PRG(HKDF(X25519(s_sk_u, s_pk_v))) (+ if u precedes v).
 6. ``unmask_request``: the server names the survivors (sent a masked input) and the dropped.
 7. ``unmask``: each survivor reveals, per peer, the share of b for survivors or the share of
    s_sk for the dropped, never both; a request naming a peer in both lists is refused.
 
-The server reconstructs, removes the self masks and the dropped clients' pairwise masks, and
-dequantizes: sum_{survivors} w_u x_u / sum_{survivors} w_u.
+The server rebuilds each secret with :func:`~secureffm.protocols.shamir.decode`, checks it
+(b_u against u's commitment, s_sk against u's advertised s_pk), removes the self masks and the
+dropped clients' pairwise masks, and dequantizes: sum_{survivors} w_u x_u / sum_{survivors} w_u.
+
+Every message is parsed under a guard, by the server or by the client it is for. A bad one is
+rejected by name (a ``rejected`` event, signed by whoever rejected it), and then:
+
+- a client whose advertisement (keys that are not X25519 points of large order, a missing
+  commitment), shares or masked input the server rejects is dropped from the round;
+- a client that cannot use the server's keys or shares message drops out before it masks, and
+  the server removes its pairwise masks as for any client that dropped before masking;
+- a recipient that cannot open a peer's share (failed authentication, wrong length) names the
+  peer and holds no share of it; it still masks with the peer (the masks need only public keys);
+- an unmask reply that is malformed is discarded whole; a share that does not lie on the
+  polynomial of the others, or claims the wrong x, is left out and its holder named (the
+  holder altered it, or the dealer dealt it so). The holder's input stays in the sum: it
+  arrived masked before the reply, and taking it out would need both of its secrets.
+
+Each clipped coordinate is counted; a client with any logs a ``clipped`` event with the count.
+The round then is exact over the survivors or aborts with a reason (``Aggregate.payload`` None).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import random
 import secrets
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -36,21 +57,42 @@ from ..errors import MessageError, ProtocolError
 from ..federation.message import SERVER, deserialize_payload, serialize_payload
 from ..privacy.skellam import grid_sensitivity
 from .aggregation import check_payload, flatten, unflatten
-from .crypto import agree, new_key_pair, open_sealed, private_bytes, private_from_bytes, seal
+from .crypto import (
+    KeyPair,
+    agree,
+    new_key_pair,
+    open_sealed,
+    private_bytes,
+    private_from_bytes,
+    seal,
+)
+from .crypto import public_bytes as public_of
 from .prg import expand_seed
 from .protocol import check_protects, check_table, register_stage
 from .quantize import Quantizer
-from .shamir import Share, reconstruct_bytes, share_from_bytes, share_to_bytes, split_bytes
+from .shamir import (
+    SHARE_BYTES,
+    Share,
+    decode,
+    share_from_bytes,
+    share_to_bytes,
+    split_bytes,
+)
 
 __all__ = ["SecAggStage", "harary_neighbours", "NoiseGeometry"]
 
 PHASES = ("advertise_keys", "keys", "share_keys", "shares", "masked_input", "unmask_request",
           "unmask")
 _KEYS = {"stage", "protects", "threshold", "neighbours", "clip", "levels", "bits"}
-_MASK, _CHANNEL = b"mask-seed", b"share-channel"
+_MASK, _CHANNEL, _COMMIT = b"mask-seed", b"share-channel", b"secureffm/self-mask-seed"
+_ADVERTISED = ("b_commit", "c_pk", "s_pk")  # 32 bytes each
+_SEALED_BYTES = 12 + 2 * SHARE_BYTES + 16  # nonce, the two shares, GCM tag
 # Headroom for distributed noise: the decoded sum must stay within half the modulus of the
 # centre of its noiseless range for this many standard deviations of the total noise.
 _NOISE_SIGMAS = 12.0
+# Each secret the server rebuilds: how reasons name it, and what the rebuilt value must match.
+_SECRETS = {"b": ("b (self-mask seed)", "the seed it committed to"),
+            "s": ("s (mask key, dropped)", "the key of its advertised s_pk")}
 
 
 @dataclass(frozen=True)
@@ -94,12 +136,19 @@ def harary_neighbours(ids: list[str], k: int, rng: random.Random) -> dict[str, s
     return graph
 
 
+# -- wire formats: each parser raises MessageError naming the problem ---------------------------
+
 def _bytes_payload(items: dict[str, bytes]) -> bytes:
     return serialize_payload({k: np.frombuffer(v, dtype=np.uint8) for k, v in items.items()})
 
 
 def _payload_bytes(data: bytes, sender: str) -> dict[str, bytes]:
-    return {k: v.tobytes() for k, v in deserialize_payload(data, sender).items()}
+    payload = deserialize_payload(data, sender)
+    for name, array in payload.items():
+        if array.dtype != np.uint8 or array.ndim != 1:
+            raise MessageError(f"{sender} sent field {name!r} as {array.dtype} {array.shape}, "
+                               "expected a byte string")
+    return {k: v.tobytes() for k, v in payload.items()}
 
 
 def _json_payload(value) -> bytes:
@@ -107,7 +156,99 @@ def _json_payload(value) -> bytes:
 
 
 def _payload_json(data: bytes, sender: str):
-    return json.loads(_payload_bytes(data, sender)["json"])
+    fields = _payload_bytes(data, sender)
+    try:
+        return json.loads(fields["json"])
+    except (KeyError, ValueError) as err:  # ValueError covers bad JSON and bad UTF-8
+        raise MessageError(f"{sender} sent no valid JSON field: {err!r}") from None
+
+
+def _commit(seed: bytes) -> bytes:
+    return hashlib.sha256(_COMMIT + seed).digest()
+
+
+def _matches(which: str, value: int, advertised: dict[str, bytes]) -> bool:
+    """Whether ``value`` is the 32-byte secret its owner advertised: b_u hashes to its
+    commitment; s_sk_u has its advertised s_pk as public key."""
+    if value >= 2**256:
+        return False
+    secret = value.to_bytes(32, "big")
+    if which == "b":
+        return _commit(secret) == advertised["b_commit"]
+    return public_of(private_from_bytes(secret)) == advertised["s_pk"]
+
+
+def _check_point(key: bytes, what: str) -> None:
+    """Refuse a public key that is not an X25519 point of large order: an exchange with it
+    yields the all-zero secret, which ``cryptography`` refuses (a fresh private key tries)."""
+    try:
+        agree(private_from_bytes(secrets.token_bytes(32)), key, b"key-check")
+    except ProtocolError as err:
+        raise MessageError(f"{what} is not a usable X25519 public key ({err})") from None
+
+
+def _parse_advertisement(data: bytes, u: str) -> dict[str, bytes]:
+    fields = _payload_bytes(data, u)
+    if sorted(fields) != list(_ADVERTISED) or any(len(v) != 32 for v in fields.values()):
+        raise MessageError(f"{u} advertised fields {sorted(fields)} with lengths "
+                           f"{[len(v) for v in fields.values()]}, expected 32 bytes each of "
+                           f"{', '.join(_ADVERTISED)}")
+    for name in ("c_pk", "s_pk"):
+        _check_point(fields[name], f"{u}'s {name}")
+    return fields
+
+
+def _parse_dealt(data: bytes, u: str, neighbours: set[str]) -> dict[str, bytes]:
+    dealt = _payload_bytes(data, u)
+    if set(dealt) != neighbours:
+        raise MessageError(f"{u} sent shares for {sorted(dealt)}, expected its neighbours "
+                           f"{sorted(neighbours)}")
+    for v, sealed in dealt.items():
+        if len(sealed) != _SEALED_BYTES:
+            raise MessageError(f"{u}'s sealed shares for {v} are {len(sealed)} bytes, expected "
+                               f"{_SEALED_BYTES}")
+    return dealt
+
+
+def _parse_masked(data: bytes, u: str, size: int, wire: type) -> np.ndarray:
+    got = deserialize_payload(data, u)
+    check_payload(u, got, {"y": np.zeros(size, dtype=wire)})
+    return got["y"].astype(np.uint64)
+
+
+def _parse_request(data: bytes) -> tuple[set[str], set[str]]:
+    request = _payload_json(data, SERVER)
+    if (not isinstance(request, dict) or sorted(request) != ["dropped", "survivors"]
+            or not all(isinstance(ids, list) and all(isinstance(i, str) for i in ids)
+                       for ids in request.values())):
+        raise MessageError("the unmask request is not {'survivors': [ids], 'dropped': [ids]}")
+    return set(request["survivors"]), set(request["dropped"])
+
+
+def _parse_reply(data: bytes, v: str, allowed: set[tuple[str, str]]) -> dict[tuple, Share]:
+    """(which, peer) -> share from v's unmask reply; ``allowed``: what v may reveal."""
+    out = {}
+    for name, blob in _payload_bytes(data, v).items():
+        which, colon, peer = name.partition(":")
+        if not colon or (which, peer) not in allowed:
+            raise MessageError(f"{v}'s unmask reply has field {name!r}; it may reveal only "
+                               "b:<survivor> or s:<dropped> for peers whose shares it holds")
+        try:
+            out[which, peer] = share_from_bytes(blob)
+        except ProtocolError as err:
+            raise MessageError(f"{v}'s unmask reply field {name!r}: {err}") from None
+    return out
+
+
+# -- one client ---------------------------------------------------------------------------------
+
+@dataclass
+class _Peer:
+    """What a client derives from one neighbour's public keys."""
+
+    channel: bytes  # AES key for the shares between the two
+    pair_seed: bytes  # seed of their pairwise mask
+    first: bool  # whether this client precedes the neighbour (then it adds the mask)
 
 
 @dataclass
@@ -115,13 +256,132 @@ class _ClientSession:
     """What one client holds during one aggregation. Only its own client touches it."""
 
     id: str
-    channel: object = None
-    mask: object = None
-    self_seed: bytes = b""
-    own_shares: tuple[Share, Share] | None = None
-    neighbour_keys: dict[str, dict[str, bytes]] = field(default_factory=dict)
-    channels: dict[str, bytes] = field(default_factory=dict)  # AES key per neighbour
-    received: dict[str, bytes] = field(default_factory=dict)
+    channel: KeyPair = field(default_factory=lambda: new_key_pair())  # looked up when called
+    mask: KeyPair = field(default_factory=lambda: new_key_pair())
+    self_seed: bytes = field(default_factory=lambda: secrets.token_bytes(32))
+    peers: dict[str, _Peer] = field(default_factory=dict)
+    holdings: dict[str, tuple[Share, Share]] = field(default_factory=dict)  # author -> (s, b)
+    masks_with: tuple[str, ...] = ()
+
+    def advertisement(self) -> bytes:
+        return _bytes_payload({"c_pk": self.channel.public, "s_pk": self.mask.public,
+                               "b_commit": _commit(self.self_seed)})
+
+    def take_keys(self, data: bytes, order: dict[str, int]) -> None:
+        """Derive channel keys and mask seeds from the server's ``keys`` message; raises
+        MessageError for a malformed message or a key that is not a usable point."""
+        keys: dict[str, dict[str, bytes]] = {}
+        for name, key in _payload_bytes(data, SERVER).items():
+            kind, _, v = name.partition(":")
+            if kind not in ("c_pk", "s_pk") or v not in order or v == self.id or len(key) != 32:
+                raise MessageError(f"the keys message has field {name!r} ({len(key)} bytes)")
+            keys.setdefault(v, {})[kind] = key
+        if not keys or any(len(k) != 2 for k in keys.values()):
+            raise MessageError("the keys message lacks a c_pk or s_pk of some neighbour")
+        try:
+            self.peers = {v: _Peer(agree(self.channel.private, k["c_pk"], _CHANNEL),
+                                   agree(self.mask.private, k["s_pk"], _MASK),
+                                   order[self.id] < order[v]) for v, k in keys.items()}
+        except ProtocolError as err:
+            raise MessageError(f"the keys message holds an unusable key: {err}") from None
+
+    def deal(self, members: list[str], t: int, context) -> bytes:
+        """Shares of s_sk and b_u for each of ``members`` (S(u), in client order), t needed;
+        each peer's pair sealed under their channel key, this client's own kept."""
+        key_shares = split_bytes(private_bytes(self.mask.private), t, len(members))
+        seed_shares = split_bytes(self.self_seed, t, len(members))
+        sealed = {}
+        for v, ks, bs in zip(members, key_shares, seed_shares, strict=True):
+            if v == self.id:
+                self.holdings[v] = (ks, bs)
+            else:
+                sealed[v] = seal(self.peers[v].channel, share_to_bytes(ks) + share_to_bytes(bs),
+                                 context(self.id, v), secrets.token_bytes(12))
+        return _bytes_payload(sealed)
+
+    def take_shares(self, data: bytes, context) -> dict[str, str]:
+        """Open the shares the server routed; returns why each unusable author's failed.
+        Raises MessageError when the bundle itself is malformed (then it does not mask)."""
+        bundle = _payload_bytes(data, SERVER)
+        strangers = sorted(set(bundle) - set(self.peers))
+        if strangers:
+            raise MessageError(f"the server routed shares from {strangers[0]}, not a neighbour")
+        failed = {}
+        for u, sealed in bundle.items():
+            try:
+                if len(sealed) != _SEALED_BYTES:
+                    raise ProtocolError(f"{len(sealed)} bytes sealed, expected {_SEALED_BYTES}")
+                plain = open_sealed(self.peers[u].channel, sealed, context(u, self.id))
+                key_share = share_from_bytes(plain[:SHARE_BYTES])
+                seed_share = share_from_bytes(plain[SHARE_BYTES:])
+            except ProtocolError as err:
+                failed[u] = str(err)
+                continue
+            self.holdings[u] = (key_share, seed_share)
+        self.masks_with = tuple(bundle)
+        return failed
+
+    def masked(self, q: np.ndarray, quantizer: Quantizer) -> np.ndarray:
+        """y = q + PRG(b_u) + sum_v +-PRG(s_uv) mod 2^bits over the peers it masks with."""
+        size, bits = q.size, quantizer.bits
+        y = quantizer.add_mod(q, expand_seed(self.self_seed, size, bits))
+        for v in self.masks_with:
+            peer = self.peers[v]
+            mask = expand_seed(peer.pair_seed, size, bits)
+            y = quantizer.add_mod(y, mask) if peer.first else quantizer.sub_mod(y, mask)
+        return y
+
+    def answer(self, data: bytes, needed: int) -> bytes:
+        """The unmask reply; raises MessageError (a refusal) for a malformed request, one that
+        names a peer both alive and dropped, or one with fewer than ``needed`` survivors."""
+        survivors, gone = _parse_request(data)
+        both = sorted(survivors & gone)
+        if both:
+            raise MessageError(f"the request names {both[0]} both alive and dropped, which "
+                               "would reveal its update")
+        if len(survivors) < needed:
+            raise MessageError(f"only {len(survivors)} survivors, threshold {needed}")
+        answer = {}
+        for u, (key_share, seed_share) in self.holdings.items():
+            if u in survivors:
+                answer[f"b:{u}"] = share_to_bytes(seed_share)
+            elif u in gone:
+                answer[f"s:{u}"] = share_to_bytes(key_share)
+        return _bytes_payload(answer)
+
+
+# -- one aggregation ----------------------------------------------------------------------------
+
+@dataclass
+class _Round:
+    """One aggregation: how to send and reject, and what the server has learnt so far."""
+
+    engine: Any
+    number: int
+    kind: str
+    stages: tuple[str, ...]
+    order: dict[str, int]  # client id -> position in the federation's client list
+    dropped: dict[str, str] = field(default_factory=dict)
+    sessions: dict[str, _ClientSession] = field(default_factory=dict)  # client side
+    advertised: dict[str, dict[str, bytes]] = field(default_factory=dict)
+    graph: dict[str, set[str]] = field(default_factory=dict)
+    routed: dict[str, set[str]] = field(default_factory=dict)  # whom each client masks with
+
+    def send(self, phase: str, sender: str, recipient: str, data: bytes) -> bytes | None:
+        return self.engine.send(self.number, phase, self.kind, sender, recipient, data,
+                                self.stages)
+
+    def reject(self, phase: str, party: str, reason: str, by: str = SERVER) -> None:
+        self.engine.reject(self.number, phase, party, reason, by=by)
+
+    def context(self, author: str, recipient: str) -> bytes:
+        """Associated data binding a sealed share to this round, kind and pair."""
+        return f"{self.number}|{self.kind}|{author}|{recipient}".encode()
+
+    def members(self, u: str) -> list[str]:
+        """S(u): u and its neighbours in client order; v's share of u's secrets is at x =
+        position + 1."""
+        return sorted(self.graph[u] | {u}, key=self.order.get)
 
 
 @register_stage
@@ -233,206 +493,258 @@ class SecAggStage:
         from ..federation.engine import Aggregate
 
         ids = [c.id for c in engine.clients]
-        order = {cid: i for i, cid in enumerate(ids)}
-        clients = {c.id: c for c in engine.clients}
-        n = len(ids)
-        scale = self.scales(weights)
         size = sum(int(np.prod(shape)) for shape, _ in template.values())
-        share_variance = self._share_variance(noise, weights, size, n)
-        wire = np.uint32 if self.quantizer.bits <= 32 else np.uint64
-        dropped: dict[str, str] = {}
-        stages = (*prior, self.name)
+        share_variance = self._share_variance(noise, weights, size, len(ids))
+        r = _Round(engine, round_, kind, (*prior, self.name), {c: i for i, c in enumerate(ids)})
+        needed = self.shares_needed(self.group_size(len(ids)))
 
-        def send(phase, sender, recipient, data):
-            return engine.send(round_, phase, kind, sender, recipient, data, stages)
+        def abort(reason: str) -> Aggregate:
+            return Aggregate(None, [], r.dropped, reason)
 
-        def abort(reason):
-            return Aggregate(None, [], dropped, reason)
-
-        # 1. advertise_keys
-        sessions: dict[str, _ClientSession] = {}
-        advertised: dict[str, dict[str, bytes]] = {}
-        for cid in ids:
-            s = _ClientSession(cid, new_key_pair(), new_key_pair())
-            data = send("advertise_keys", cid, SERVER,
-                        _bytes_payload({"c_pk": s.channel.public, "s_pk": s.mask.public}))
-            if data is None:
-                dropped[cid] = "dropped before advertising keys"
-                continue
-            try:
-                keys = _payload_bytes(data, cid)
-                if sorted(keys) != ["c_pk", "s_pk"] or any(len(v) != 32 for v in keys.values()):
-                    raise MessageError(f"{cid} advertised malformed keys")
-            except MessageError as err:
-                engine.reject(round_, "advertise_keys", cid, str(err))
-                dropped[cid] = str(err)
-                continue
-            sessions[cid], advertised[cid] = s, keys
-        u1 = [cid for cid in ids if cid in advertised]
-        group = self.group_size(n)
-        needed = self.shares_needed(group)
+        u1 = self._advertise(r, ids)
         if len(u1) < needed:
             return abort(f"only {len(u1)} clients advertised keys, threshold is {needed}")
-
-        # 2. keys: the server fixes the neighbour graph over U1 and sends each its neighbours.
-        graph = harary_neighbours(u1, self.neighbours, self._rng)
-        for u in u1:
-            data = send("keys", SERVER, u, _bytes_payload(
-                {f"{kind_}:{v}": advertised[v][kind_] for v in sorted(graph[u])
-                 for kind_ in ("c_pk", "s_pk")}))
-            if data is not None:
-                for name, key in _payload_bytes(data, SERVER).items():
-                    key_kind, v = name.split(":", 1)
-                    sessions[u].neighbour_keys.setdefault(v, {})[key_kind] = key
-
-        # 3. share_keys
-        outgoing: dict[str, dict[str, bytes]] = {}
-        for u in u1:
-            s = sessions[u]
-            if not engine.alive(u, round_, "share_keys") or len(s.neighbour_keys) < len(graph[u]):
-                dropped[u] = "dropped before sharing keys"
-                continue
-            s.self_seed = secrets.token_bytes(32)
-            members = sorted(graph[u] | {u}, key=order.get)
-            t_u = self.shares_needed(len(members))
-            key_shares = split_bytes(private_bytes(s.mask.private), t_u, len(members))
-            seed_shares = split_bytes(s.self_seed, t_u, len(members))
-            ciphertexts = {}
-            for v, ks, bs in zip(members, key_shares, seed_shares, strict=True):
-                if v == u:
-                    s.own_shares = (ks, bs)
-                    continue
-                channel = s.channels[v] = agree(s.channel.private,
-                                                s.neighbour_keys[v]["c_pk"], _CHANNEL)
-                context = f"{round_}|{kind}|{u}|{v}".encode()
-                ciphertexts[v] = seal(channel, share_to_bytes(ks) + share_to_bytes(bs), context,
-                                      secrets.token_bytes(12))
-            data = send("share_keys", u, SERVER, _bytes_payload(ciphertexts))
-            if data is None:
-                dropped[u] = "dropped while sharing keys"
-                continue
-            try:
-                received = _payload_bytes(data, u)
-                if set(received) != graph[u]:
-                    raise MessageError(f"{u} sent shares for {sorted(received)}, expected its "
-                                       f"neighbours {sorted(graph[u])}")
-            except MessageError as err:
-                engine.reject(round_, "share_keys", u, str(err))
-                dropped[u] = str(err)
-                continue
-            outgoing[u] = received
-        u2 = [u for u in u1 if u in outgoing]
+        r.graph = harary_neighbours(u1, self.neighbours, self._rng)
+        dealt = self._share_keys(r, self._send_keys(r, u1))
+        u2 = list(dealt)
         if len(u2) < needed:
             return abort(f"only {len(u2)} clients shared keys, threshold is {needed}")
-
-        # 4. shares: route each ciphertext to its recipient; the server remembers what each
-        # client accepted, since that is whom it masks with.
-        routed: dict[str, set[str]] = {v: set() for v in u2}
-        for v in u2:
-            bundle = {u: outgoing[u][v] for u in u2 if v in outgoing[u]}
-            data = send("shares", SERVER, v, _bytes_payload(bundle))
-            if data is not None:
-                sessions[v].received = _payload_bytes(data, SERVER)
-                routed[v] = set(bundle)
-
-        # 5. masked_input
-        masked: dict[str, np.ndarray] = {}
-        for u in u2:
-            s = sessions[u]
-            if not engine.alive(u, round_, "masked_input"):
-                dropped[u] = "dropped before sending its masked input"
-                continue
-            client = clients[u]
-            payload = compute(client)
-            try:
-                check_payload(u, payload, {name: np.zeros(shape, dtype)
-                                           for name, (shape, dtype) in template.items()})
-            except MessageError as err:
-                engine.reject(round_, "masked_input", u, f"withheld its update: {err}", by=u)
-                dropped[u] = str(err)
-                continue
-            y = self.quantizer.quantize(scale[u] * flatten(payload, template),
-                                        client.protocol_rng)
-            if share_variance:
-                y = self.quantizer.add_mod(y, _skellam(share_variance, size))
-            y = self.quantizer.add_mod(y, expand_seed(s.self_seed, size, self.quantizer.bits))
-            for v in s.received:  # neighbours that shared with u
-                pair_seed = agree(s.mask.private, s.neighbour_keys[v]["s_pk"], _MASK)
-                mask = expand_seed(pair_seed, size, self.quantizer.bits)
-                y = (self.quantizer.add_mod(y, mask) if order[u] < order[v]
-                     else self.quantizer.sub_mod(y, mask))
-            data = send("masked_input", u, SERVER, serialize_payload({"y": y.astype(wire)}))
-            if data is None:
-                dropped[u] = "its masked input was rejected or never arrived"
-                continue
-            try:
-                got = deserialize_payload(data, u)
-                check_payload(u, got, {"y": np.zeros(size, dtype=wire)})
-            except MessageError as err:
-                engine.reject(round_, "masked_input", u, str(err))
-                dropped[u] = str(err)
-                continue
-            masked[u] = got["y"].astype(np.uint64)
+        ready = self._route_shares(r, dealt)
+        masked = {}
+        for client in engine.clients:
+            if client.id in ready:
+                y = self._masked_input(r, client, compute, weights, template, share_variance)
+                if y is not None:
+                    masked[client.id] = y
         u3 = [u for u in u2 if u in masked]
         if len(u3) < needed:
             return abort(f"only {len(u3)} masked inputs arrived, threshold is {needed}")
         gone = [u for u in u2 if u not in masked]
+        revealed = self._unmask(r, u3, gone, needed)
+        rebuilt, reason = self._rebuild(r, u3, gone, revealed)
+        if reason:
+            return abort(reason)
+        total = self._unmasked_sum(r, masked, gone, rebuilt, size)
+        try:
+            summed = self.quantizer.dequantize_sum(total, len(u3), noisy=bool(share_variance))
+        except ProtocolError as err:
+            return abort(f"the unmasked sum is unusable ({err}): a survivor masked its input "
+                         "wrongly or sent one outside the quantizer's range")
+        scale = self.scales(weights)
+        mean = summed / sum(scale[u] for u in u3)
+        return Aggregate(unflatten(mean, template), u3, r.dropped)
 
-        # 6-7. unmask_request / unmask
-        revealed: dict[str, dict[str, list[Share]]] = {"b": {}, "s": {}}
-        responders = 0
-        for v in u3:
-            s = sessions[v]
-            data = send("unmask_request", SERVER, v, _json_payload({"survivors": u3,
-                                                                   "dropped": gone}))
-            if data is None or not engine.alive(v, round_, "unmask"):
-                continue  # still included: its input is in the sum, it just sends no shares
-            request = _payload_json(data, SERVER)
-            answer = self._answer(engine, round_, kind, s, request, needed)
-            if answer is None:
+    def _advertise(self, r: _Round, ids: list[str]) -> list[str]:
+        """Phase 1. Returns U1, the clients whose keys and commitment the server accepted."""
+        for u in ids:
+            session = _ClientSession(u)
+            data = r.send("advertise_keys", u, SERVER, session.advertisement())
+            if data is None:
+                r.dropped[u] = "dropped before advertising keys"
                 continue
-            reply = send("unmask", v, SERVER, _bytes_payload(answer))
+            try:
+                r.advertised[u] = _parse_advertisement(data, u)
+            except MessageError as err:
+                r.reject("advertise_keys", u, str(err))
+                r.dropped[u] = str(err)
+                continue
+            r.sessions[u] = session
+        return [u for u in ids if u in r.advertised]
+
+    def _send_keys(self, r: _Round, u1: list[str]) -> list[str]:
+        """Phase 2. Returns the clients that took their neighbours' keys."""
+        took = []
+        for u in u1:
+            data = r.send("keys", SERVER, u, _bytes_payload(
+                {f"{kind}:{v}": r.advertised[v][kind] for v in sorted(r.graph[u])
+                 for kind in ("c_pk", "s_pk")}))
+            if data is None:
+                r.dropped[u] = "never got its neighbours' keys"
+                continue
+            try:
+                r.sessions[u].take_keys(data, r.order)
+            except MessageError as err:
+                r.reject("keys", SERVER, f"{u} refused the keys message: {err}", by=u)
+                r.dropped[u] = f"refused the server's keys message: {err}"
+                continue
+            took.append(u)
+        return took
+
+    def _share_keys(self, r: _Round, ready: list[str]) -> dict[str, dict[str, bytes]]:
+        """Phase 3. Returns author -> recipient -> sealed shares for U2, the clients whose
+        shares the server accepted, in client order."""
+        dealt: dict[str, dict[str, bytes]] = {}
+        for u in ready:
+            if not r.engine.alive(u, r.number, "share_keys"):
+                r.dropped[u] = "dropped before sharing keys"
+                continue
+            members = sorted([u, *r.sessions[u].peers], key=r.order.get)  # u's view of S(u)
+            data = r.send("share_keys", u, SERVER, r.sessions[u].deal(
+                members, self.shares_needed(len(members)), r.context))
+            if data is None:
+                r.dropped[u] = "dropped while sharing keys"
+                continue
+            try:
+                dealt[u] = _parse_dealt(data, u, r.graph[u])
+            except MessageError as err:
+                r.reject("share_keys", u, str(err))
+                r.dropped[u] = str(err)
+        return dealt
+
+    def _route_shares(self, r: _Round, dealt: dict[str, dict[str, bytes]]) -> set[str]:
+        """Phase 4: each recipient gets the ciphertexts addressed to it and opens them.
+        Returns the clients ready to mask; ``r.routed[v]``: the authors v masks with."""
+        ready = set()
+        for v in dealt:
+            bundle = {u: to[v] for u, to in dealt.items() if v in to}
+            data = r.send("shares", SERVER, v, _bytes_payload(bundle))
+            if data is None:
+                r.dropped[v] = "its shares never arrived, so it did not mask"
+                continue
+            try:
+                failed = r.sessions[v].take_shares(data, r.context)
+            except MessageError as err:
+                r.reject("shares", SERVER, f"{v} refused the shares message: {err}", by=v)
+                r.dropped[v] = f"refused the server's shares message, so it did not mask: {err}"
+                continue
+            for u, why in failed.items():
+                r.reject("shares", u, f"{v} cannot use {u}'s shares ({why}); it holds none of "
+                         f"them and still masks with {u}", by=v)
+            r.routed[v] = set(bundle)
+            ready.add(v)
+        return ready
+
+    def _masked_input(self, r: _Round, client, compute, weights, template,
+                      share_variance: float) -> np.ndarray | None:
+        """Phase 5 for one client: its masked input as the server accepted it, or None."""
+        u, session = client.id, r.sessions[client.id]
+        if not r.engine.alive(u, r.number, "masked_input"):
+            r.dropped[u] = "dropped before sending its masked input"
+            return None
+        payload = compute(client)
+        try:
+            check_payload(u, payload, {name: np.zeros(shape, dtype)
+                                       for name, (shape, dtype) in template.items()})
+        except MessageError as err:
+            r.reject("masked_input", u, f"withheld its update: {err}", by=u)
+            r.dropped[u] = str(err)
+            return None
+        x = self.scales(weights)[u] * flatten(payload, template)
+        clipped = self.quantizer.clipped(x)
+        if clipped:
+            r.engine.log.event(r.number, "masked_input", "clipped", u,
+                               f"{clipped} of {x.size} coordinates of its scaled update lay "
+                               f"outside [-{self.quantizer.clip:g}, {self.quantizer.clip:g}] "
+                               "and were clipped", client.identity, sender=u)
+        q = self.quantizer.quantize(x, client.protocol_rng)
+        if share_variance:
+            q = self.quantizer.add_mod(q, _skellam(share_variance, x.size))
+        wire = np.uint32 if self.quantizer.bits <= 32 else np.uint64
+        data = r.send("masked_input", u, SERVER,
+                      serialize_payload({"y": session.masked(q, self.quantizer).astype(wire)}))
+        if data is None:
+            r.dropped[u] = "its masked input was rejected or never arrived"
+            return None
+        try:
+            return _parse_masked(data, u, x.size, wire)
+        except MessageError as err:
+            r.reject("masked_input", u, str(err))
+            r.dropped[u] = str(err)
+            return None
+
+    def _unmask(self, r: _Round, u3: list[str], gone: list[str],
+                needed: int) -> dict[tuple[str, str], dict[str, Share]]:
+        """Phases 6-7. Returns (which, peer) -> holder -> share, from the well-formed replies."""
+        revealed: dict[tuple[str, str], dict[str, Share]] = {}
+        request = _json_payload({"survivors": u3, "dropped": gone})
+        for v in u3:
+            data = r.send("unmask_request", SERVER, v, request)
+            if data is None or not r.engine.alive(v, r.number, "unmask"):
+                continue  # still included: its input is in the sum, it just sends no shares
+            try:
+                answer = r.sessions[v].answer(data, needed)
+            except MessageError as err:
+                r.reject("unmask", SERVER, f"refused: {err}", by=v)
+                continue
+            reply = r.send("unmask", v, SERVER, answer)
             if reply is None:
                 continue
-            responders += 1
-            for name, blob in _payload_bytes(reply, v).items():
-                which, peer = name.split(":", 1)
-                revealed[which].setdefault(peer, []).append(share_from_bytes(blob))
+            allowed = ({("b", u) for u in u3 if v in r.graph[u] | {u}}
+                       | {("s", u) for u in gone if v in r.graph[u]})
+            try:
+                shares = _parse_reply(reply, v, allowed)
+            except MessageError as err:
+                r.reject("unmask", v, f"{err}; all its shares were discarded")
+                continue
+            for key, share in shares.items():
+                revealed.setdefault(key, {})[v] = share
+        return revealed
 
-        total = np.zeros(size, dtype=np.uint64)
-        for u in u3:
-            total = self.quantizer.add_mod(total, masked[u])
-        def rebuild(which: str, u: str) -> bytes | None:
-            """u's secret from the revealed shares, or None with fewer than t_u of them."""
-            shares, t_u = revealed[which].get(u, []), self.shares_needed(len(graph[u]) + 1)
-            return reconstruct_bytes(shares, t_u, 32) if len(shares) >= t_u else None
-
-        def too_few(what: str, u: str) -> Aggregate:
-            return abort(f"only {len(revealed[what[0]].get(u, []))} shares of {u}'s {what} came "
-                         f"back, {self.shares_needed(len(graph[u]) + 1)} needed; the masked "
-                         "sum stays masked")
-
-        for u in u3:
-            seed = rebuild("b", u)
-            if seed is None:
-                return too_few("b (self-mask seed)", u)
-            total = self.quantizer.sub_mod(total, expand_seed(seed, size, self.quantizer.bits))
-        for u in gone:
-            secret = rebuild("s", u)
+    def _rebuild(self, r: _Round, u3: list[str], gone: list[str],
+                 revealed: dict) -> tuple[dict[tuple[str, str], bytes], str]:
+        """Every secret the server needs, checked, and the reason to abort ("" if none).
+        Holders of shares off the polynomial, or at the wrong x, are named."""
+        rebuilt, blamed, reason = {}, {}, ""
+        for key in [("b", u) for u in u3] + [("s", u) for u in gone]:
+            which, u = key
+            secret, problem = self._rebuild_one(r, which, u, revealed.get(key, {}), blamed)
             if secret is None:
-                return too_few("s (mask key, dropped)", u)
-            mask_key = private_from_bytes(secret)
-            for v in graph[u]:
-                if v not in masked or u not in routed[v]:
+                reason = reason or problem
+            rebuilt[key] = secret
+        for v, problems in blamed.items():
+            r.reject("unmask", v, "; ".join(problems) + ": those shares were left out")
+        return rebuilt, reason
+
+    def _rebuild_one(self, r: _Round, which: str, u: str, shares: dict[str, Share],
+                     blamed: dict[str, list[str]]) -> tuple[bytes | None, str]:
+        """u's secret ``which`` from its holders' shares, or None and why not."""
+        (what, check), members = _SECRETS[which], r.members(u)
+        t = self.shares_needed(len(members))
+        usable = {}
+        for v, share in shares.items():
+            x = members.index(v) + 1  # where u dealt v's share
+            if share.x == x:
+                usable[v] = share
+            else:
+                blamed.setdefault(v, []).append(
+                    f"its share of {u}'s {what} claims x = {share.x}, not its x = {x} ({v} "
+                    f"altered it, or {u} dealt it so)")
+        if len(usable) < t:
+            return None, (f"only {len(usable)} shares of {u}'s {what} came back, {t} needed; "
+                          "the masked sum stays masked")
+        holders = sorted(usable, key=r.order.get)
+        try:
+            found = decode([usable[v] for v in holders], t,
+                           lambda value: _matches(which, value, r.advertised[u]))
+        except ProtocolError as err:
+            return None, (f"the {len(holders)} shares of {u}'s {what} from "
+                          f"{', '.join(holders)} do not rebuild {check} ({err}; a holder "
+                          f"altered its share, or {u} dealt other shares than it committed "
+                          "to); the masked sum stays masked")
+        for v in holders:
+            if usable[v].x in found.inconsistent:
+                blamed.setdefault(v, []).append(
+                    f"its share of {u}'s {what} is off the polynomial of the others ({v} "
+                    f"altered it, or {u} dealt it so)")
+        return found.secret.to_bytes(32, "big"), ""
+
+    def _unmasked_sum(self, r: _Round, masked: dict[str, np.ndarray], gone: list[str],
+                      rebuilt: dict[tuple[str, str], bytes], size: int) -> np.ndarray:
+        """sum_u y_u minus every survivor's PRG(b_u) and every pairwise mask a survivor
+        shares with a dropped client (uint64, mod 2^bits)."""
+        q, bits = self.quantizer, self.quantizer.bits
+        total = np.zeros(size, dtype=np.uint64)
+        for u, y in masked.items():
+            total = q.sub_mod(q.add_mod(total, y), expand_seed(rebuilt["b", u], size, bits))
+        for u in gone:
+            mask_key = private_from_bytes(rebuilt["s", u])
+            for v in r.graph[u]:
+                if v not in masked or u not in r.routed[v]:
                     continue
-                pair_seed = agree(mask_key, advertised[v]["s_pk"], _MASK)
-                mask = expand_seed(pair_seed, size, self.quantizer.bits)
-                # v added +mask if v precedes u, else -mask: take it back out.
-                total = (self.quantizer.sub_mod(total, mask) if order[v] < order[u]
-                         else self.quantizer.add_mod(total, mask))
-        summed = self.quantizer.dequantize_sum(total, len(u3), noisy=bool(share_variance))
-        mean = summed / sum(scale[u] for u in u3)
-        return Aggregate(unflatten(mean, template), u3, dropped)
+                mask = expand_seed(agree(mask_key, r.advertised[v]["s_pk"], _MASK), size, bits)
+                undo = q.sub_mod if r.order[v] < r.order[u] else q.add_mod  # v added +-mask
+                total = undo(total, mask)
+        return total
 
     def _share_variance(self, noise, weights, size: int, n: int) -> float:
         """Each client's Skellam noise variance in levels (0 without distributed noise),
@@ -448,32 +760,6 @@ class SecAggStage:
                 f"{math.sqrt(variance):.3g} levels per client on {n} clients; raise bits or "
                 "lower levels in the secagg stage")
         return variance
-
-    def _answer(self, engine, round_, kind, s: _ClientSession, request: dict,
-                needed: int) -> dict[str, bytes] | None:
-        """A survivor's reply to an unmask request, or None when it refuses (logged)."""
-        survivors, gone = set(request["survivors"]), set(request["dropped"])
-        both = sorted(survivors & gone)
-        if both:
-            engine.reject(round_, "unmask", SERVER, f"refused: the request names {both[0]} both "
-                          "alive and dropped, which would reveal its update", by=s.id)
-            return None
-        if len(survivors) < needed:
-            engine.reject(round_, "unmask", SERVER, f"refused: only {len(survivors)} survivors, "
-                          f"threshold {needed}", by=s.id)
-            return None
-        answer = {}
-        holdings = {s.id: s.own_shares}
-        for u, sealed in s.received.items():
-            channel = s.channels[u]  # the key agreed with u while sharing (symmetric)
-            plain = open_sealed(channel, sealed, f"{round_}|{kind}|{u}|{s.id}".encode())
-            holdings[u] = (share_from_bytes(plain[:68]), share_from_bytes(plain[68:]))
-        for u, (key_share, seed_share) in holdings.items():
-            if u in survivors:
-                answer[f"b:{u}"] = share_to_bytes(seed_share)
-            elif u in gone:
-                answer[f"s:{u}"] = share_to_bytes(key_share)
-        return answer
 
 
 def _skellam(variance: float, size: int) -> np.ndarray:

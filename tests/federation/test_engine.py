@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import torch
 
-from secureffm.errors import MessageError
+from secureffm.errors import ConfigError, MessageError
 from secureffm.federation import (
     Client,
     InProcessEngine,
@@ -13,6 +13,7 @@ from secureffm.federation import (
     deserialize_payload,
     serialize_payload,
 )
+from secureffm.federation.faults import Fault, FaultPlan, load_threat_model
 from secureffm.methods.ffm import client_weights
 from secureffm.models import VelocityMLP, flat_grad, flat_params, load_flat_params
 from secureffm.protocols import load_protocol
@@ -127,3 +128,76 @@ def test_client_ids_must_be_unique(tmp_path):
     clients[1].id = clients[0].id
     with pytest.raises(MessageError, match="unique"):
         make_engine(tmp_path, clients)
+
+
+# -- fault plans ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("action, event", [("lose", None), ("corrupt", "altered in transit"),
+                                           ("delay", "after the phase closed")])
+def test_a_fault_on_the_servers_delivery_hits_only_its_recipient(tmp_path, action, event):
+    clients = make_clients([3, 3, 3])
+    plan = FaultPlan("t", (Fault(action, "server", "broadcast", (1,), "client-2"),))
+    engine, log = make_engine(tmp_path, clients, faults=plan)
+    for round_ in (1, 2):
+        for c in clients:
+            c.inbox.clear()
+        engine.broadcast(round_, "global_model", {"theta": np.arange(2, dtype=np.float32)})
+        got = [c.id for c in clients if "global_model" in c.inbox]
+        assert got == (["client-1", "client-3"] if round_ == 1 else [c.id for c in clients])
+    engine.close()
+    rejected = [e for e in log.events if e["event"] == "rejected"]
+    if event is None:  # a lost message leaves only the server's record of sending it
+        assert rejected == []
+    else:  # the recipient, not the server, rejects what it received
+        assert [(e["sender"], e["party"], e["round"]) for e in rejected] == [
+            ("client-2", "server", 1)]
+        assert event in rejected[0]["detail"]
+    sent = [json.loads(line) for line in (tmp_path / "messages.jsonl").read_text().splitlines()]
+    assert sum(r["kind"] == "global_model" for r in sent) == 6
+
+
+def _plan(tmp_path, body: str):
+    path = tmp_path / "model.toml"
+    path.write_text('name = "m"\n' + body)
+    return load_threat_model(str(path))
+
+
+@pytest.mark.parametrize("table, fragment", [
+    ('action = "drop"\nparty = "client-1"\nphase = "upload"\nsize = 3', "unknown key 'size'"),
+    ('action = "drop"\nparty = "client-1"', "needs 'phase'"),
+    ('action = "vanish"\nparty = "client-1"\nphase = "upload"', "action = 'vanish'"),
+    ('action = "drop"\nparty = 1\nphase = "upload"', "party = 1; give a string"),
+    ('action = "lose"\nparty = "server"\nphase = "upload"\nrecipient = ["client-1"]',
+     "recipient = ['client-1']; give a string"),
+    ('action = "drop"\nparty = "client-1"\nphase = "upload"\nrounds = ["two"]',
+     "rounds = ['two']; give a list of round numbers"),
+    ('action = "drop"\nparty = "client-1"\nphase = "upload"\nrounds = 2',
+     "rounds = 2; give a list"),
+])
+def test_a_malformed_fault_table_is_refused_at_load(tmp_path, table, fragment):
+    with pytest.raises(ConfigError, match=fragment.replace("[", r"\[")):
+        _plan(tmp_path, "[[faults]]\n" + table + "\n")
+
+
+@pytest.mark.parametrize("fault, fragment", [
+    (Fault("drop", "server", "upload"), "the server cannot go offline; use action 'lose'"),
+    (Fault("drop", "client-9", "upload"), "party 'client-9' does not exist"),
+    (Fault("corrupt", "client-1", "masked_input"), "phase 'masked_input' is not a phase"),
+    (Fault("unknown_sender", "client-1", "upload"), "'client-1' is registered"),
+    (Fault("unknown_sender", "server", "upload"), "'server' is registered"),
+    (Fault("drop", "client-1", "upload", (), "server"), "recipient 'server' is not possible"),
+    (Fault("lose", "server", "broadcast", (), "client-9"), "recipient 'client-9' is not"),
+    (Fault("lose", "server", "broadcast", (), "server"), "recipient 'server' is not"),
+])
+def test_a_fault_the_federation_cannot_suffer_is_refused_by_the_engine(tmp_path, fault,
+                                                                       fragment):
+    with pytest.raises(ConfigError, match=fragment):
+        make_engine(tmp_path, make_clients([3, 3]), faults=FaultPlan("m", (fault,)))
+
+
+def test_the_shipped_lost_delivery_model_targets_the_servers_shares_to_client_2():
+    plan = load_threat_model("lose-shares-delivery")
+    assert plan.faults == (Fault("lose", "server", "shares", (2, 3), "client-2"),)
+    plan.check_phases(load_protocol("secagg").phases, ["client-1", "client-2"])
+    with pytest.raises(ConfigError, match="phase 'shares' is not a phase"):
+        plan.check_phases(load_protocol("plaintext").phases, ["client-1", "client-2"])

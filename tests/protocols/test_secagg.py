@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 from scipy.stats import chisquare
 
 import secureffm.protocols.secagg as secagg
-from secureffm.errors import ProtocolError
+from secureffm.errors import MessageError, ProtocolError
 from secureffm.federation import Client, InProcessEngine, MessageLog, deserialize_payload
 from secureffm.federation.faults import Fault, FaultPlan
 from secureffm.protocols import load_protocol
@@ -412,38 +412,46 @@ def test_clients_refuse_an_unmask_request_naming_a_peer_alive_and_dropped(tmp_pa
 
 
 def test_answer_reveals_one_secret_per_peer_and_refuses_bad_requests(tmp_path, monkeypatch):
-    """Call SecAggStage._answer directly on real client sessions captured mid-protocol."""
+    """Call a client's answer directly on a real client session captured mid-protocol."""
     captured = []
-    real = SecAggStage._answer
+    real = secagg._ClientSession.answer
 
-    def spy(self, engine, round_, kind, s, request, needed):
-        captured.append((self, s, needed))
-        return real(self, engine, round_, kind, s, request, needed)
+    def spy(self, data, needed):
+        captured.append((self, needed))
+        return real(self, data, needed)
 
-    monkeypatch.setattr(SecAggStage, "_answer", spy)
+    monkeypatch.setattr(secagg._ClientSession, "answer", spy)
     clients = make_clients(4)
     ids = [c.id for c in clients]
     engine, log = make_engine(tmp_path, clients, write_spec(tmp_path),
                               [Fault("drop", "client-4", "masked_input")])
     result = run_round(engine, uniform_updates(4, 6), {cid: 1.0 for cid in ids})
     assert result.included == ids[:3]
-    stage, session, needed = captured[0]
+    session, needed = captured[0]
     assert session.id == "client-1" and needed == 3  # ceil(0.6 * 4)
-    honest = stage._answer(engine, 1, KIND, session,
-                           {"survivors": ids[:3], "dropped": ["client-4"]}, needed)
+
+    def ask(request) -> bytes:
+        return session.answer(secagg._json_payload(request), needed)
+
+    honest = deserialize_payload(ask({"survivors": ids[:3], "dropped": ["client-4"]}))
     assert sorted(honest) == ["b:client-1", "b:client-2", "b:client-3", "s:client-4"]
-    assert all(len(v) == 68 for v in honest.values())
-    before = len(log.events)
+    assert all(v.dtype == np.uint8 and len(v) == 68 for v in honest.values())
     for request, fragment in [
         ({"survivors": ids[:3], "dropped": ["client-4", "client-3"]}, "client-3 both alive"),
         ({"survivors": ids, "dropped": ["client-4"]}, "client-4 both alive"),
         ({"survivors": ["client-1"], "dropped": ids[1:]}, "only 1 survivors"),
+        ({"survivors": ids[:3]}, "not {'survivors'"),
+        ({"survivors": "client-1", "dropped": []}, "not {'survivors'"),
+        ([ids, []], "not {'survivors'"),
     ]:
-        assert stage._answer(engine, 1, KIND, session, request, needed) is None
-        event = log.events[-1]
-        assert event["event"] == "rejected" and event["sender"] == "client-1"
-        assert "refused" in event["detail"] and fragment in event["detail"]
-    assert len(log.events) == before + 3
+        with pytest.raises(MessageError, match=fragment):
+            ask(request)
+    for junk, fragment in [(b"junk", "not a valid payload"),
+                           (secagg._bytes_payload({"json": b"{"}), "no valid JSON"),
+                           (secagg._bytes_payload({"json": b"\xff"}), "no valid JSON"),
+                           (secagg._bytes_payload({}), "no valid JSON")]:
+        with pytest.raises(MessageError, match=fragment):
+            session.answer(junk, needed)
 
 
 def test_thresholds_at_or_below_half_are_refused_since_a_split_view_would_unmask(tmp_path):
@@ -627,7 +635,32 @@ def test_shipped_secagg_specs_load_with_their_documented_parameters():
             stage.validate_for(1025)
 
 
-# -- 8. faults other than drop ---------------------------------------------------------------
+# -- 8. clipping is counted ----------------------------------------------------------------------
+
+def test_each_client_logs_how_many_coordinates_the_quantizer_clipped(tmp_path):
+    n, d = 3, 40
+    clients = make_clients(n)
+    updates = uniform_updates(n, d, seed=2)  # within [-3, 3]
+    updates["client-2"][:7] = 20.0
+    updates["client-2"][7:9] = -15.0  # its scale is 1 * 3 / 5: -9 after scaling
+    updates["client-3"][:5] = 5.0  # 5 x its scale 3 * 3 / 5 = 9 > clip 8
+    weights = {"client-1": 1.0, "client-2": 1.0, "client-3": 3.0}
+    engine, log = make_engine(tmp_path, clients, write_spec(tmp_path, clip=8.0))
+    result = run_round(engine, updates, weights)
+    assert result.included == [c.id for c in clients]
+    scale = {cid: w * n / sum(weights.values()) for cid, w in weights.items()}
+    want = {cid: int(np.sum(np.abs(scale[cid] * updates[cid].astype(np.float64)) > 8.0))
+            for cid in scale}
+    assert want == {"client-1": 0, "client-2": 9, "client-3": want["client-3"]}
+    assert want["client-3"] >= 5
+    clipped = {e["party"]: e for e in log.events if e["event"] == "clipped"}
+    assert set(clipped) == {"client-2", "client-3"}  # none logged for a client with none
+    for cid, event in clipped.items():  # signed by the client itself, which alone knows it
+        assert event["sender"] == cid and event["phase"] == "masked_input"
+        assert event["detail"].startswith(f"{want[cid]} of {d} coordinates")
+
+
+# -- 9. faults other than drop ---------------------------------------------------------------
 
 @pytest.mark.parametrize("fault, n, threshold, included, party, fragment", [
     (Fault("corrupt", "client-2", "masked_input"), 4, 0.6, [1, 3, 4], "client-2",

@@ -1,20 +1,24 @@
-"""Shamir sharing against exact rational interpolation, hypothesis round trips, and a leak test."""
+"""Shamir sharing against exact rational interpolation, hypothesis round trips, a leak test, and
+the checking decoder against a brute-force search over every t-subset."""
 
 from __future__ import annotations
 
 import random
 import secrets
 from fractions import Fraction
+from itertools import combinations
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import event, given, settings
 from hypothesis import strategies as st
 from scipy import stats
 
 from secureffm.errors import ProtocolError
 from secureffm.protocols.shamir import (
     PRIME,
+    Decoded,
     Share,
+    decode,
     reconstruct,
     reconstruct_bytes,
     share_from_bytes,
@@ -183,3 +187,108 @@ def test_share_encoding_is_fixed_width_big_endian():
     assert len(data) == 68
     assert data[:2] == b"\x00\x03"
     assert int.from_bytes(data[2:], "big") == PRIME - 1
+
+
+# -- decode: checking and correcting shares ---------------------------------------------------
+
+def _rational_fit(points: list[tuple[int, int]], x: int) -> Fraction:
+    """Reference: the polynomial through ``points`` at x, by Lagrange over the rationals."""
+    total = Fraction(0)
+    for i, (xi, yi) in enumerate(points):
+        term = Fraction(yi)
+        for j, (xj, _) in enumerate(points):
+            if j != i:
+                term *= Fraction(x - xj, xi - xj)
+        total += term
+    return total
+
+
+def _best_by_brute_force(points: list[tuple[int, int]], t: int):
+    """(f(0), xs off f) of the polynomial of degree < t through t of the points that agrees
+    with the most of them, exactly over Q with the unreduced y; and that agreement."""
+    best = None
+    for subset in combinations(points, t):
+        off = tuple(x for x, y in points if _rational_fit(list(subset), x) != y)
+        if best is None or len(off) < len(best[1]):
+            best = (_rational_fit(list(subset), 0), off)
+    return best[0], best[1], len(points) - len(best[1])
+
+
+def _mod_prime(value: Fraction) -> int:
+    return value.numerator * pow(value.denominator, -1, PRIME) % PRIME
+
+
+@settings(max_examples=150, deadline=None)
+@given(data=st.data())
+def test_decode_finds_the_polynomial_a_brute_force_search_finds_or_refuses(data):
+    t = data.draw(st.integers(1, 4), label="threshold")
+    m = data.draw(st.integers(t + 1, 8), label="shares")  # m = t: see the test below
+    coefficients = data.draw(st.lists(st.integers(0, 50), min_size=t, max_size=t))
+    xs = data.draw(st.permutations(range(1, 12)), label="xs")[:m]
+    wrong = data.draw(st.sets(st.sampled_from(range(m)), min_size=1, max_size=m - t),
+                      label="wrong")
+    offsets = data.draw(st.lists(st.integers(1, 50), min_size=m, max_size=m), label="offsets")
+    points = [(x, _evaluate(coefficients, x) + (offsets[i] if i in wrong else 0))
+              for i, x in enumerate(xs)]
+    secret, off, agreement = _best_by_brute_force(points, t)
+    shares = [Share(x, y % PRIME) for x, y in points]
+    if 2 * agreement >= m + t:  # then that polynomial is the only one agreeing so often
+        event("placed wrong shares" if off else "all consistent")
+        found = decode(shares, t)
+        assert found.secret == _mod_prime(secret)
+        assert sorted(found.inconsistent) == sorted(off)
+    else:
+        event("too many wrong shares")
+        with pytest.raises(ProtocolError, match="decode to no secret"):
+            decode(shares, t)
+
+
+@settings(max_examples=40, deadline=None)
+@given(secret=FIELD, data=st.data())
+def test_decode_with_a_check_places_one_more_wrong_share(secret, data):
+    t = data.draw(st.integers(2, 6), label="threshold")
+    m = data.draw(st.integers(t + 1, 12), label="shares")
+    honest = split(secret, t, m)
+    wrong = (m - t + 1) // 2  # Gao alone places (m - t) // 2
+    order = data.draw(st.permutations(range(m)), label="order")
+    rng = random.Random(data.draw(st.integers(0, 2**32), label="offsets"))
+    shares = list(honest)
+    for i in order[:wrong + 1]:  # uniform offsets: a chance agreement has odds about m / PRIME
+        shares[i] = Share(shares[i].x, (shares[i].y + rng.randrange(1, PRIME)) % PRIME)
+    within = shares[:]
+    within[order[wrong]] = honest[order[wrong]]
+    found = decode(within, t, accept=lambda v: v == secret)
+    assert found.secret == secret
+    assert sorted(found.inconsistent) == sorted(i + 1 for i in order[:wrong])
+    with pytest.raises(ProtocolError, match="decode to no accepted secret"):
+        decode(shares, t, accept=lambda v: v == secret)  # one wrong share too many
+
+
+def test_beyond_its_reach_colluding_wrong_shares_can_get_a_right_one_named():
+    """The limit of naming: holders of x = 2 and 3 (two of four, t = 3) shift their shares by
+    e2 and e3 = 3 e2, which cancel at 0 in the interpolation through x = 1, 2, 3 (Lagrange
+    coefficients -3 and 1), so that subset passes the check. The secret is right, but the
+    honest x = 4 is named: names hold only up to (m - t + 1) / 2 wrong shares."""
+    shares = split(77, 3, 4)
+    shares[1] = Share(2, (shares[1].y + 1) % PRIME)
+    shares[2] = Share(3, (shares[2].y + 3) % PRIME)
+    found = decode(shares, 3, accept=lambda v: v == 77)
+    assert found == Decoded(77, (4,))
+
+
+def test_with_exactly_t_shares_a_wrong_one_is_seen_only_through_the_check():
+    shares = split(424242, 3, 5)[:3]
+    shares[1] = Share(2, (shares[1].y + 1) % PRIME)
+    quiet = decode(shares, 3)  # any three points fit a polynomial: nothing looks wrong
+    assert quiet.secret != 424242 and quiet.inconsistent == ()
+    with pytest.raises(ProtocolError, match="decode to no accepted secret"):
+        decode(shares, 3, accept=lambda s: s == 424242)
+
+
+def test_decode_of_honest_shares_is_reconstruct_and_names_nobody():
+    shares = split(2**500 + 3, 4, 9)
+    assert decode(shares, 4) == decode(shares[::-1], 4)
+    assert decode(shares, 4).secret == reconstruct(shares, 4) == 2**500 + 3
+    assert decode(shares, 4).inconsistent == ()
+    with pytest.raises(ProtocolError, match="only 3 distinct shares"):
+        decode(shares[:3], 4)
