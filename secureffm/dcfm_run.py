@@ -48,6 +48,7 @@ from .models.conditional import ConditionalVelocityMLP  # noqa: E402
 from .privacy.accounting import calibrate_noise, epsilon  # noqa: E402
 from .privacy.ledger import PrivacyLedger  # noqa: E402
 from .protocols.protocol import load_protocol  # noqa: E402
+from .protocols.statement import privacy_statement  # noqa: E402
 from .runtime import (  # noqa: E402
     check_pin_path,
     load_checkpoint,
@@ -333,13 +334,17 @@ def run_dcfm(config: RunConfig):
         "communication": communication(out / "messages.jsonl", [c.id for c in clients]),
         "messages": log.summary(),
     }
+    accounting = None
     if ledger is not None:
-        privacy = ledger.report(dp.target_epsilon, dp.accountant)
-        privacy.update(noise_multiplier=sigmas, clip=dp.clip,
-                       label_statistics="label counts per combination travel in model "
-                                        "messages without DP (docs/dcfm.md)",
-                       secret_randomness=secret_randomness(config.insecure_deterministic))
-        (out / "privacy.json").write_text(json.dumps(privacy, indent=2))
+        accounting = ledger.report(dp.target_epsilon, dp.accountant)
+        accounting.update(noise_multiplier=sigmas, clip=dp.clip)
+    exclusions = () if kind == "update" else (
+        "label counts per combination travel in model messages without DP (docs/dcfm.md)",)
+    privacy = privacy_statement(protocol, (kind,), accounting=accounting, exclusions=exclusions,
+                                nominal_records=None if dp is None else (
+                                    sum(len(x) for x, _ in data.shards) // len(data.shards)),
+                                secret_randomness=secret_randomness(config.insecure_deterministic))
+    (out / "privacy.json").write_text(json.dumps(privacy, indent=2))
     (out / "metrics.json").write_text(json.dumps(metrics, indent=2))
     torch.save({"config": config.to_dict(), "kind": sampler.kind,
                 "models": [m.state_dict() for m in sampler.models],

@@ -1,7 +1,7 @@
 """One FedWAD run, end to end: client data, parties, Algorithm 1 through the engine, run folder.
 
-The run folder holds config.toml, result.json, messages.jsonl and parties.json. Two clients give
-one distance; more give the matrix of distances between every pair.
+The run folder holds config.toml, result.json, privacy.json, messages.jsonl and parties.json.
+Two clients give one distance; more give the matrix of distances between every pair.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from .federation.parties import new_client, secret_randomness
 from .methods.fedwad import FedWADConfig, check_samples, ground_cost
 from .methods.fedwad_federated import federated_distance, pairwise_distances
 from .protocols.protocol import load_protocol
+from .protocols.statement import privacy_statement
 from .runtime import check_pin_path, pin_message, prepare_run_folder, record_pin
 from .transport import emd_cost
 
@@ -175,6 +176,11 @@ def run_fedwad(run: FedWADRun) -> FedWADRunResult:
         mask = reference > 0
         result["max_relative_error"] = float(np.max(np.abs(estimate[mask] / reference[mask] - 1)))
     (out / "result.json").write_text(json.dumps(result, indent=2))
+    exclusions = ("every interpolating measure the server receives is a deterministic function "
+                  "of a client's data, its t and the server's measure; no DP covers it",)
+    privacy = privacy_statement(protocol, ("measure", "scalar"), exclusions=exclusions,
+                                secret_randomness=result["secret_randomness"])
+    (out / "privacy.json").write_text(json.dumps(privacy, indent=2))
     return FedWADRunResult(out, result, pin)
 
 

@@ -27,6 +27,7 @@ from .metrics.evaluate import evaluate_flow, potential_health
 from .metrics.sampling import trajectories
 from .plots import plot_trajectories, plot_w2_nfe
 from .protocols.protocol import load_protocol
+from .protocols.statement import privacy_statement
 from .runtime import (
     check_pin_path,
     load_checkpoint,
@@ -91,6 +92,24 @@ def _close_log(log: MessageLog, trainer) -> str | None:
     return log.close()
 
 
+def _privacy(config: RunConfig, trainer, rounds_run: int) -> dict:
+    """The run's privacy.json (see :func:`~secureffm.protocols.statement.privacy_statement`)."""
+    randomness = secret_randomness(config.insecure_deterministic)
+    if isinstance(trainer, CentralizedFlowMatching):
+        return {"protocol": "none", "unit": None, "adjacency": None,
+                "dp": "none: a centralized baseline pools every shard in one party and sends "
+                      "no message", "mechanisms": {}, "trust": ["the one party holds all data"],
+                "exclusions": [], "secret_randomness": randomness}
+    kinds = ("gradient", "dual_update") if trainer.potential is not None else ("gradient",)
+    accounting = None
+    if trainer.ledger is not None:
+        accounting = trainer.ledger.report(trainer.dp.target_epsilon, trainer.dp.accountant)
+        accounting.update(noise_multiplier=trainer.noise_multipliers, clip=trainer.dp.clip,
+                          rounds_run=rounds_run)
+    return privacy_statement(trainer.engine.protocol, kinds, secret_randomness=randomness,
+                             nominal_records=config.shard_size, accounting=accounting)
+
+
 def run(config: RunConfig) -> RunResult:
     """Train and evaluate as ``config`` says; write everything to the run folder."""
     torch.set_num_threads(config.threads)
@@ -149,14 +168,7 @@ def run(config: RunConfig) -> RunResult:
     x0 = pair.source.sample(config.trajectories, evaluator, device)[0]
     paths = trajectories(model, x0).cpu()
 
-    ledger = getattr(trainer, "ledger", None)
-    if ledger is not None:
-        privacy = ledger.report(trainer.dp.target_epsilon, trainer.dp.accountant)
-        privacy["noise_multiplier"] = trainer.noise_multipliers
-        privacy["clip"] = trainer.dp.clip
-        privacy["rounds_run"] = budget
-        privacy["secret_randomness"] = secret_randomness(config.insecure_deterministic)
-        (out / "privacy.json").write_text(json.dumps(privacy, indent=2))
+    (out / "privacy.json").write_text(json.dumps(_privacy(config, trainer, budget), indent=2))
     metrics = {
         "method": config.method,
         "protocol": load_protocol(config.protocol).name,

@@ -26,7 +26,9 @@ def test_a_non_empty_run_folder_is_refused_and_overwrite_clears_old_claims(small
     assert json.loads((first.out / "privacy.json").read_text())  # the refusal touched nothing
     second = run(small_config(method="vanilla", protocol="plaintext", rounds=3, overwrite=True))
     assert second.out == first.out
-    assert not (second.out / "privacy.json").exists()
+    claim = json.loads((second.out / "privacy.json").read_text())
+    assert claim["protocol"] == "plaintext" and claim["dp"].startswith("none")
+    assert "clients" not in claim  # no epsilon left over from the dp run
 
 
 def test_the_pin_is_kept_apart_and_catches_a_rebuilt_folder(small_config, tmp_path):
