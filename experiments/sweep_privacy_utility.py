@@ -49,13 +49,13 @@ def _one(job: tuple[str, str, float, int, dict]) -> dict:
     metrics = json.loads((out / "metrics.json").read_text())
     row = {"method": method, "protocol": protocol, "epsilon": label, "seed": seed,
            "w2_nfe2": metrics["eval"]["w2"]["2"], "w2_nfe32": metrics["eval"]["w2"]["32"]}
-    privacy = out / "privacy.json"
-    if privacy.exists():
-        clients = json.loads(privacy.read_text())["clients"].values()
+    privacy = json.loads((out / "privacy.json").read_text())
+    if "clients" in privacy:  # every run writes privacy.json; DP runs add the ledger's epsilons
+        clients = privacy["clients"].values()
         row["spent_rdp"] = max(c["rdp"]["total"] for c in clients)
         prv = [c["prv"]["total"] for c in clients]  # None: PRV does not cover the mechanism
         row["spent_prv"] = max(prv) if None not in prv else ""
-        row["sigma"] = max(json.loads(privacy.read_text())["noise_multiplier"].values())
+        row["sigma"] = max(privacy["noise_multiplier"].values())
     return row
 
 
