@@ -1,6 +1,7 @@
 import pytest
 from opacus.accountants import PRVAccountant, RDPAccountant
 
+from secureffm.errors import ConfigError
 from secureffm.privacy import LedgerEntry, PrivacyLedger, calibrate_noise, epsilon
 
 
@@ -52,3 +53,12 @@ def test_a_schedule_prv_cannot_evaluate_is_reported_not_fatal():
     row = ledger.report(target=None)["clients"]["client-1"]
     assert row["rdp"]["total"] > 1000  # almost no noise: a huge but finite RDP bound
     assert row["prv"]["total"] is None and "PRV accountant could not" in row["prv"]["error"]
+
+
+def test_delta_must_be_well_below_one_over_the_shard_size():
+    from secureffm.privacy.accounting import check_delta
+
+    check_delta(1e-5, 10_000)  # the shipped protocols' delta at the default shard size
+    check_delta(1e-5, 400)
+    with pytest.raises(ConfigError, match="not well below 1 / N"):
+        check_delta(1e-4, 10_000)
