@@ -1,0 +1,37 @@
+"""The wheel holds every module of the package and works installed, not only editable.
+
+A wheel built from main once lacked ``secureffm/privacy/`` (pyproject listed packages by hand),
+so ``pip install .`` could not import ``secureffm.methods.ffm``.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_the_wheel_installs_every_module_and_runs(tmp_path):
+    subprocess.run([sys.executable, "-m", "pip", "wheel", str(ROOT), "--no-deps",
+                    "--no-build-isolation", "-q", "-w", str(tmp_path / "dist")], check=True)
+    wheel = next((tmp_path / "dist").glob("secureffm-*.whl"))
+    modules = {p.relative_to(ROOT).as_posix() for p in (ROOT / "secureffm").rglob("*.py")}
+    packed = set(zipfile.ZipFile(wheel).namelist())
+    assert modules <= packed, f"missing from the wheel: {sorted(modules - packed)}"
+    assert any(name.startswith("secureffm/specs/protocols/") for name in packed)
+    target = tmp_path / "site"
+    subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target",
+                    str(target), str(wheel)], check=True)
+    names = sorted(m[:-3].replace("/", ".").removesuffix(".__init__") for m in modules
+                   if not m.endswith("__main__.py"))
+    check = (f"import importlib, secureffm; assert secureffm.__file__.startswith({str(target)!r})"
+             f", secureffm.__file__; [importlib.import_module(n) for n in {names!r}]")
+    env = {**os.environ, "PYTHONPATH": str(target)}
+    subprocess.run([sys.executable, "-c", check], check=True, cwd=tmp_path, env=env)
+    out = subprocess.run([sys.executable, "-m", "secureffm", "run", "--help"], check=True,
+                         cwd=tmp_path, env=env, capture_output=True, text=True).stdout
+    assert "--insecure-deterministic" in out
