@@ -34,8 +34,8 @@ import torch  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
 from secureffm.methods.fedwad import FedWADConfig, fedwad, ground_cost  # noqa: E402
+from secureffm.ot import emd_cost  # noqa: E402
 from secureffm.reporting import write_block  # noqa: E402
-from secureffm.transport import emd_cost  # noqa: E402
 
 SIZES = (100, 300, 1000, 3000, 10_000)
 QUICK_SIZES = (100, 300, 1000)

@@ -36,8 +36,8 @@ import numpy as np
 import torch
 
 from secureffm.federation import SERVER, Client, InProcessEngine, MessageLog
+from secureffm.federation.crypto import agree, new_key_pair
 from secureffm.protocols import flatten, load_protocol
-from secureffm.protocols.crypto import agree, new_key_pair
 from secureffm.protocols.prg import expand_seed, keystream_throughput
 from secureffm.protocols.secagg import PHASES
 from secureffm.reporting import write_block

@@ -24,10 +24,10 @@ from .federation.log import MessageLog
 from .federation.parties import new_client, secret_randomness
 from .methods.fedwad import FedWADConfig, check_samples, ground_cost
 from .methods.fedwad_federated import federated_distance, pairwise_distances
+from .ot import emd_cost
 from .protocols.protocol import load_protocol
 from .protocols.statement import privacy_statement
 from .runtime import check_pin_path, pin_message, prepare_run_folder, record_pin
-from .transport import emd_cost
 
 __all__ = ["FedWADRun", "FedWADRunResult", "run_fedwad", "client_data", "add_arguments",
            "fedwad_command", "DATA"]

@@ -49,8 +49,8 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from ..errors import SecureFFMError
+from ..federation.crypto import verify_signature
 from ..federation.log import PARTIES_FILE, PAYLOADS_FILE, canonical, genesis
-from ..protocols.crypto import verify_signature
 from .pin import PartyKeys, RunPin, is_hex, load_parties, load_pin, pin_of, sha256_hex
 from .rules import ProtocolRules
 

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ..errors import MessageError
-from ..protocols.crypto import Identity, new_key_pair, verify_signature
+from .crypto import Identity, new_key_pair, verify_signature
 from .faults import FaultPlan
 from .log import MessageLog, canonical
 from .message import SERVER, Envelope, Payload, serialize_payload

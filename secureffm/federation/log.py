@@ -20,7 +20,7 @@ import json
 from collections import Counter
 from pathlib import Path
 
-from ..protocols.crypto import Identity
+from .crypto import Identity
 from .message import Envelope
 
 __all__ = ["MessageLog", "canonical", "genesis", "PARTIES_FILE", "PAYLOADS_FILE"]

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
 
-from ..protocols.crypto import Identity, KeyPair, new_key_pair
+from .crypto import Identity, KeyPair, new_key_pair
 from .message import Payload
 
 __all__ = ["Client", "SecretStreams", "new_client", "secret_randomness", "keyed_uniforms",

@@ -10,21 +10,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..transport import emd_plan, squared_distances
+from ..ot import emd_plan, half_squared_cost, semidual_assignment, squared_distances
 
-__all__ = [
-    "IndependentCoupling",
-    "ExactOTCoupling",
-    "SemiDualCoupling",
-    "semidual_assignment",
-    "sample_from_plan",
-    "half_squared_cost",
-]
-
-
-def half_squared_cost(x0: torch.Tensor, x1: torch.Tensor) -> torch.Tensor:
-    """c(x0_k, x1_j) = |x0_k - x1_j|^2 / 2 as a [K, B] matrix."""
-    return 0.5 * torch.cdist(x0.flatten(1), x1.flatten(1)).pow(2)
+__all__ = ["IndependentCoupling", "ExactOTCoupling", "SemiDualCoupling", "sample_from_plan"]
 
 
 class IndependentCoupling:
@@ -48,14 +36,6 @@ class ExactOTCoupling:
         plan = torch.as_tensor(emd_plan(cost), dtype=torch.float32, device=x0.device)
         i, j = sample_from_plan(plan, x0.shape[0], generator)
         return x0[i], x1[j]
-
-
-def semidual_assignment(cost: torch.Tensor, potential_values: torch.Tensor) -> torch.Tensor:
-    """Algorithm 5: for each target j, k*(j) = argmin_k cost[k, j] - f(x0_k).
-
-    ``cost``: [K, B]; ``potential_values``: f(x0_k), shape [K]. Returns indices [B].
-    """
-    return torch.argmin(cost - potential_values[:, None], dim=0)
 
 
 class SemiDualCoupling:

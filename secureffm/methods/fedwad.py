@@ -23,7 +23,7 @@ import ot
 from scipy.spatial import cKDTree
 
 from ..errors import ConfigError, DataError
-from ..transport import emd_cost, emd_plan
+from ..ot import emd_cost, emd_plan
 
 __all__ = ["Measure", "FedWADConfig", "FedWADResult", "interpolate", "interpolate_with_distance",
            "wasserstein",

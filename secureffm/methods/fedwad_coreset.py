@@ -27,8 +27,8 @@ from tqdm import tqdm
 from ..errors import ConfigError, DataError, ProtocolError
 from ..federation.engine import InProcessEngine
 from ..federation.parties import Client
+from ..ot import emd_plan
 from ..protocols.protocol import Protocol
-from ..transport import emd_plan
 from .fedwad import FedWADConfig, Measure, ground_cost
 from .fedwad_federated import ClientRows, federated_distance, rounds_per_distance
 

@@ -24,6 +24,7 @@ from ..federation.engine import InProcessEngine
 from ..federation.parties import Client
 from ..models.mlp import PotentialMLP, VelocityMLP
 from ..models.params import load_flat_params
+from ..ot import c_transform
 from ..privacy.accounting import check_delta, epsilon, smallest_multiplier
 from ..privacy.dpsgd import DPGradient, PlainGradient, poisson_rows
 from ..privacy.ledger import LedgerEntry, PrivacyLedger
@@ -32,7 +33,6 @@ from ..protocols.dp import DistributedNoise
 from .couplings import ExactOTCoupling, IndependentCoupling, SemiDualCoupling
 from .flow_matching import flow_matching_loss
 from .global_model import GlobalModel
-from .semidual import c_transform
 
 __all__ = ["FederatedFlowMatching", "client_weights", "velocity_gradient"]
 

@@ -36,8 +36,8 @@ from ..errors import DataError, ProtocolError
 from ..federation.engine import InProcessEngine
 from ..federation.message import SERVER
 from ..federation.parties import Client, new_client
+from ..ot import emd_cost, squared_distances
 from ..protocols.protocol import Protocol
-from ..transport import emd_cost, squared_distances
 from .fedwad import FedWADConfig
 from .fedwad_federated import ClientRows, federated_distance, rounds_per_distance
 

@@ -13,8 +13,7 @@ import torch
 from torch import nn
 
 from ..data.pairs import DataPair
-from ..methods.couplings import half_squared_cost, semidual_assignment
-from ..methods.semidual import semidual_value
+from ..ot import half_squared_cost, semidual_assignment, semidual_value
 from .sampling import integrate, straightness
 from .w2 import w2_many
 

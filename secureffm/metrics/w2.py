@@ -8,7 +8,7 @@ from concurrent.futures import ThreadPoolExecutor
 import scipy.linalg
 import torch
 
-from ..transport import emd_cost, squared_distances
+from ..ot import emd_cost, squared_distances
 
 __all__ = ["w2", "w2_many", "gaussian_w2"]
 

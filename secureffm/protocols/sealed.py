@@ -39,8 +39,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import MessageError, ProtocolError
+from ..federation.crypto import Identity, KeyPair, agree, open_sealed, seal, verify_signature
 from ..federation.message import Payload, deserialize_payload, serialize_payload
-from .crypto import Identity, KeyPair, agree, open_sealed, seal, verify_signature
 from .protocol import check_protects, check_table, register_stage
 
 __all__ = ["SealedStage", "SealHeader", "Opened", "seal_payload", "relay_part", "open_payload"]

@@ -54,10 +54,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import MessageError, ProtocolError
-from ..federation.message import SERVER, deserialize_payload, serialize_payload
-from ..privacy.skellam import grid_sensitivity
-from .aggregation import check_payload, flatten, unflatten
-from .crypto import (
+from ..federation.crypto import (
     KeyPair,
     agree,
     new_key_pair,
@@ -66,7 +63,10 @@ from .crypto import (
     private_from_bytes,
     seal,
 )
-from .crypto import public_bytes as public_of
+from ..federation.crypto import public_bytes as public_of
+from ..federation.message import SERVER, deserialize_payload, serialize_payload
+from ..privacy.skellam import grid_sensitivity
+from .aggregation import check_payload, flatten, unflatten
 from .prg import expand_seed
 from .protocol import check_protects, check_table, register_stage
 from .quantize import Quantizer

@@ -15,10 +15,10 @@ import torch
 from secureffm.audit import AuditReport, main, verify_run
 from secureffm.errors import SecureFFMError
 from secureffm.federation import SERVER, Client, InProcessEngine, MessageLog
+from secureffm.federation.crypto import Identity, verify_signature
 from secureffm.federation.faults import Fault, FaultPlan
 from secureffm.federation.log import canonical
 from secureffm.protocols import load_protocol
-from secureffm.protocols.crypto import Identity, verify_signature
 
 VECTOR3 = {"gradient": ((3,), np.dtype(np.float32))}
 

@@ -9,8 +9,8 @@ from secureffm.methods.couplings import (
     IndependentCoupling,
     SemiDualCoupling,
     sample_from_plan,
-    semidual_assignment,
 )
+from secureffm.ot import semidual_assignment
 
 
 def brute_force_permutation(x0, x1):

@@ -18,8 +18,8 @@ from secureffm.methods.otdd import (
     labelled_clients,
     otdd_exact,
 )
+from secureffm.ot import emd_cost, squared_distances
 from secureffm.protocols.protocol import load_protocol
-from secureffm.transport import emd_cost, squared_distances
 
 
 def _labelled(rng, classes: list[int], shift: float, per_class: int = 15):

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-import secureffm.transport as transport
+import secureffm.ot as transport
 from secureffm.errors import SolverError
 from secureffm.metrics.w2 import gaussian_w2, w2, w2_many
 

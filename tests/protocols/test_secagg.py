@@ -27,9 +27,9 @@ from scipy.stats import chisquare
 import secureffm.protocols.secagg as secagg
 from secureffm.errors import MessageError, ProtocolError
 from secureffm.federation import Client, InProcessEngine, MessageLog, deserialize_payload
+from secureffm.federation.crypto import agree, open_sealed, private_bytes, private_from_bytes
 from secureffm.federation.faults import Fault, FaultPlan
 from secureffm.protocols import load_protocol
-from secureffm.protocols.crypto import agree, open_sealed, private_bytes, private_from_bytes
 from secureffm.protocols.prg import expand_seed
 from secureffm.protocols.quantize import Quantizer
 from secureffm.protocols.secagg import SecAggStage, harary_neighbours

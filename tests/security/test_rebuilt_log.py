@@ -20,9 +20,9 @@ import pytest
 from secureffm.audit import RunPin, load_pin, main, pin_run, verify_run
 from secureffm.cli import main as cli_main
 from secureffm.config import RunConfig
+from secureffm.federation.crypto import Identity, new_key_pair
 from secureffm.federation.log import canonical
 from secureffm.federation.message import deserialize_payload, serialize_payload
-from secureffm.protocols.crypto import Identity, new_key_pair
 from secureffm.run import run
 
 

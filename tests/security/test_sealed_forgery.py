@@ -12,9 +12,9 @@ import torch
 
 from secureffm.errors import ProtocolError
 from secureffm.federation import SERVER, Client, InProcessEngine, MessageLog
+from secureffm.federation.crypto import agree, open_sealed, seal
 from secureffm.federation.message import deserialize_payload, serialize_payload
 from secureffm.protocols import load_protocol
-from secureffm.protocols.crypto import agree, open_sealed, seal
 from secureffm.protocols.sealed import SealHeader
 
 EVIL = {"weight": np.full((2, 3), 666.0, np.float32)}

@@ -1,7 +1,7 @@
 import torch
 from torch import nn
 
-from secureffm.methods.semidual import c_transform, semidual_value
+from secureffm.ot import c_transform, semidual_value
 
 
 class Quadratic(nn.Module):

@@ -1,0 +1,86 @@
+"""The package's layering (shared/DESIGN.md, "must not know about"), checked on the source.
+
+Every import anywhere in a module counts, inside functions and under TYPE_CHECKING too: a lazy
+import hides a circle from the interpreter, not from a reader.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+import secureffm
+
+ROOT = Path(secureffm.__file__).parent
+RUNNERS = {"secureffm.run", "secureffm.dcfm_run", "secureffm.fedwad_run", "secureffm.cli"}
+
+
+def _module(path: Path) -> str:
+    parts = path.relative_to(ROOT.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _graph() -> dict[str, set[str]]:
+    """secureffm module -> the secureffm modules it imports."""
+    modules = {_module(p): p for p in ROOT.rglob("*.py")}
+    graph = {}
+    for name, path in modules.items():
+        package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+        found = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                found |= {a.name for a in node.names}
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    anchor = package.split(".")[:len(package.split(".")) - node.level + 1]
+                    base = ".".join(anchor + ([base] if base else []))
+                found |= {f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base
+                          for a in node.names}
+        graph[name] = {m for m in found if m in modules and m != name}
+    return graph
+
+
+def _violations(source: str, forbidden: tuple[str, ...]) -> list[str]:
+    return sorted(f"{m} -> {t}" for m, targets in _graph().items() if m.startswith(source)
+                  for t in targets if t.startswith(forbidden) or t in forbidden)
+
+
+def test_metrics_know_nothing_of_methods():
+    assert _violations("secureffm.metrics", ("secureffm.methods",)) == []
+
+
+def test_federation_knows_no_method_and_no_runner():
+    assert _violations("secureffm.federation", ("secureffm.methods", *RUNNERS)) == []
+
+
+# Issue 15 moves these to the typed Channel; each becomes a plain test once it holds.
+@pytest.mark.xfail(strict=True, reason="issue 15: the engine still calls Protocol.aggregate")
+def test_federation_knows_no_protocol():
+    assert _violations("secureffm.federation", ("secureffm.protocols",)) == []
+
+
+@pytest.mark.xfail(strict=True, reason="issue 15: methods still pick stages and build engines")
+def test_methods_know_no_protocol_and_no_runner():
+    assert _violations("secureffm.methods", ("secureffm.protocols", *RUNNERS)) == []
+
+
+@pytest.mark.xfail(strict=True, reason="issue 15: run.py <-> dcfm_run.py, engine <-> protocol")
+def test_no_import_circle():
+    graph = _graph()
+    seen: dict[str, int] = {}
+
+    def visit(node: str, path: list[str]) -> list[str] | None:
+        seen[node] = 1
+        for nxt in sorted(graph[node]):
+            if seen.get(nxt) == 1:
+                return path + [node, nxt]
+            if nxt not in seen and (cycle := visit(nxt, path + [node])):
+                return cycle
+        seen[node] = 2
+        return None
+
+    cycles = [c for n in sorted(graph) if n not in seen and (c := visit(n, []))]
+    assert cycles == [], " -> ".join(cycles[0])
