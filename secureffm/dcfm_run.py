@@ -28,7 +28,7 @@ from .errors import ProtocolError  # noqa: E402
 from .federation.engine import InProcessEngine  # noqa: E402
 from .federation.faults import load_threat_model  # noqa: E402
 from .federation.log import MessageLog  # noqa: E402
-from .federation.parties import new_client, secret_randomness  # noqa: E402
+from .federation.parties import Client, new_client, secret_randomness  # noqa: E402
 from .methods.dcfm import (  # noqa: E402
     DCFMA,
     DCFMB,
@@ -37,6 +37,7 @@ from .methods.dcfm import (  # noqa: E402
     Masking,
     all_combinations,
     attribute_holders,
+    poisson_rate,
     random_route,
     train_experts,
     upload_models,
@@ -47,6 +48,7 @@ from .metrics.sampling import integrate  # noqa: E402
 from .models.conditional import ConditionalVelocityMLP  # noqa: E402
 from .privacy.accounting import calibrate_noise, epsilon  # noqa: E402
 from .privacy.ledger import PrivacyLedger  # noqa: E402
+from .protocols.dp import DPSettings  # noqa: E402
 from .protocols.protocol import load_protocol  # noqa: E402
 from .protocols.statement import privacy_statement  # noqa: E402
 from .runtime import (  # noqa: E402
@@ -58,8 +60,8 @@ from .runtime import (  # noqa: E402
     resolve_device,
 )
 
-__all__ = ["ConditionalData", "conditional_data", "run_dcfm", "DCFMSampler", "load_dcfm",
-           "communication"]
+__all__ = ["ConditionalData", "conditional_data", "nominal_shard_size", "local_experts",
+           "run_dcfm", "DCFMSampler", "load_dcfm", "communication"]
 
 EVALUATOR = 1_000_000  # party index of the evaluator's generator (outside the federation)
 
@@ -125,6 +127,29 @@ def _planned_steps(config: RunConfig) -> int:
     return config.local_steps + extra
 
 
+def nominal_shard_size(data: ConditionalData) -> float:
+    """The public nominal shard size: the data set's size over the number of clients. Both are
+    public (the data set is generated from the run config, and every partition deals all of
+    it), while a client's own size is private: adding or removing an example changes it."""
+    return sum(len(x) for x, _ in data.shards) / len(data.shards)
+
+
+def local_experts(config: RunConfig, data: ConditionalData, clients: list[Client],
+                  dp: DPSettings | None, ledger: PrivacyLedger | None, kind: str,
+                  device: torch.device) -> tuple[dict[str, LocalExpert], dict[str, float]]:
+    """Each client's :class:`LocalExpert` (client id -> expert) and noise multiplier; under DP
+    q = batch_size / :func:`nominal_shard_size` for every client, so sigma is one value."""
+    nominal = nominal_shard_size(data)
+    sigma = _noise(config, dp, poisson_rate(config.batch_size, nominal)) if dp else 0.0
+    masking = Masking(config.p_full, config.p_marginal, config.p_uncond)
+    ema = 0.0 if config.method.startswith("fedflow") else config.ema_decay
+    experts = {c.id: LocalExpert(c, _factory(config, data)().to(device), config.lr, ema,
+                                 config.batch_size, data.cardinalities, masking, dp, sigma,
+                                 ledger, kind, nominal)
+               for c in clients}
+    return experts, {c.id: sigma for c in clients}
+
+
 def _noise(config: RunConfig, dp, rate: float) -> float:
     """sigma calibrated to the target over the planned steps, or the given one (which must
     then fit the target)."""
@@ -163,8 +188,9 @@ class DCFMSampler:
             route = torch.zeros(y.shape[0], len(self.cardinalities) + 1, dtype=torch.long,
                                 device=y.device)
         else:
-            route = random_route(y, attribute_holders(self.counts, self.cardinalities),
-                                 generator)
+            u = torch.rand(y.shape[0], len(self.cardinalities) + 2, generator=generator,
+                           device=y.device)
+            route = random_route(y, attribute_holders(self.counts, self.cardinalities), u)
         return ComposedField(self.models, y, route, self.cardinalities, self.weights)
 
     @torch.no_grad()
@@ -308,16 +334,7 @@ def run_dcfm(config: RunConfig):
     faults = load_threat_model(config.threat_model) if config.threat_model else None
     engine = InProcessEngine(clients, protocol, log, faults)
     ledger = PrivacyLedger(dp.delta) if dp else None
-    masking = Masking(config.p_full, config.p_marginal, config.p_uncond)
-    fedflow = config.method.startswith("fedflow")
-    experts, sigmas = {}, {}
-    for client in clients:
-        rate = min(1.0, config.batch_size / client.size)
-        sigmas[client.id] = _noise(config, dp, rate) if dp else 0.0
-        experts[client.id] = LocalExpert(
-            client, _factory(config, data)().to(device), config.lr,
-            0.0 if fedflow else config.ema_decay, config.batch_size, data.cardinalities,
-            masking, dp, sigmas[client.id], ledger, kind)
+    experts, sigmas = local_experts(config, data, clients, dp, ledger, kind, device)
     start = time.perf_counter()
     try:
         sampler, training = _train(config, data, engine, experts, device)

@@ -18,10 +18,17 @@ row, the expert answering the unconditional slot (column 0) and each attribute's
   it (full label), an unobserved one the experts composed with Eq. (5) under a route.
 - Sampling a combination composes per-attribute guidance (Eq. 5).
 
+Every per-example random quantity of a client's loss (x0, t, the label mask of Eq. 8, the
+route of Eq. 12-13) is read from uniforms keyed by the client's secret key, the (round, local
+step, message kind) and the example's index in the shard (``SecretStreams.example_uniforms``):
+example r's draws depend on r alone, never on which or how many other examples a step drew.
+
 Under a protocol whose ``dp`` stage protects ``model``, experts train with DP-SGD (Poisson
-sampling, per-example clipping, Gaussian noise; Opacus hooks, since each example's loss
-evaluates the expert several times) and every step is recorded in the ledger. The student of
-DCFM-B is post-processing of DP experts. Label counts travel in the clear (docs/dcfm.md).
+sampling at q = batch / nominal shard size, per-example clipping, Gaussian noise; Opacus hooks,
+since each example's loss evaluates the expert several times) and every step is recorded in the
+ledger. One example therefore moves a step's clipped sum by at most C
+(tests/privacy/test_dcfm_per_example_premise.py). The student of DCFM-B is post-processing of
+DP experts. Label counts travel in the clear (docs/dcfm.md).
 """
 
 from __future__ import annotations
@@ -35,17 +42,19 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
+from ..data.toy2d import normals
 from ..errors import ConfigError, DataError
 from ..federation.message import SERVER, Payload
 from ..federation.parties import Client
 from ..models.conditional import null_labels
-from ..privacy.dpsgd import DPGradient, PlainGradient
+from ..privacy.dpsgd import DPGradient, PlainGradient, poisson_rows
 from ..privacy.ledger import LedgerEntry, PrivacyLedger
 from .flow_matching import sample_path
 from .global_model import GlobalModel
 
 __all__ = ["Masking", "mask_labels", "attribute_only", "compose", "slot_velocities",
            "combination_index", "all_combinations", "attribute_holders", "random_route",
+           "ExampleDraws", "example_width", "split_uniforms", "poisson_rate",
            "expert_losses", "student_losses", "ComposedField", "LocalExpert", "model_payload",
            "load_payload_model", "gather_models", "upload_models", "train_experts", "DCFMA",
            "DCFMB", "label_counts"]
@@ -71,16 +80,22 @@ class Masking:
                               f"{values}: each must be >= 0 and they must sum to 1")
 
 
+def _index(u: torch.Tensor, count: int | torch.Tensor) -> torch.Tensor:
+    """floor(u * count) clamped below ``count``: a uniform index from u in [0, 1] (long)."""
+    return torch.minimum((u * count).long(), torch.as_tensor(count, device=u.device) - 1)
+
+
 def mask_labels(y: torch.Tensor, cardinalities: Sequence[int], masking: Masking,
-                generator: torch.Generator) -> torch.Tensor:
+                u: torch.Tensor) -> torch.Tensor:
     """y [B, k] with each row kept whole, reduced to one uniformly chosen attribute, or made
-    fully null, with the probabilities of ``masking`` (Eq. 8)."""
+    fully null, with the probabilities of ``masking`` (Eq. 8). Row j's choice is read from its
+    uniforms u [B, 2] alone: u[j, 0] picks the case, u[j, 1] the attribute."""
     batch, k = y.shape
-    u = torch.rand(batch, generator=generator, device=y.device)
-    which = torch.randint(k, (batch,), generator=generator, device=y.device)
-    marginal = (u >= masking.full) & (u < masking.full + masking.marginal)
+    case, which = u[:, 0], _index(u[:, 1], k)
+    marginal = (case >= masking.full) & (case < masking.full + masking.marginal)
     columns = torch.arange(k, device=y.device)
-    keep = (u < masking.full)[:, None] | (marginal[:, None] & (columns[None] == which[:, None]))
+    keep = ((case < masking.full)[:, None]
+            | (marginal[:, None] & (columns[None] == which[:, None])))
     return torch.where(keep, y, null_labels(batch, tuple(cardinalities), y.device))
 
 
@@ -160,26 +175,66 @@ def slot_velocities(experts: Sequence[nn.Module], route: torch.Tensor, x: torch.
     return out
 
 
-def random_route(y: torch.Tensor, holders: Sequence[torch.Tensor], generator: torch.Generator,
+def _pick(eligible: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """Per row of eligible [B, n] (bool, each row with a True), the floor(u * count)-th
+    eligible column: uniform over them for u ~ U[0, 1). Returns [B] long."""
+    target = _index(u, eligible.sum(dim=1))
+    rank = eligible.long().cumsum(dim=1) - 1
+    return (eligible & (rank == target[:, None])).long().argmax(dim=1)
+
+
+def random_route(y: torch.Tensor, holders: Sequence[torch.Tensor], u: torch.Tensor,
                  own: int | None = None) -> torch.Tensor:
-    """A route [B, k + 1]: column 0 uniform over all experts, column i uniform over the experts
-    holding value y_{i-1}. With ``own``, a row that would not use ``own`` gets it in one
-    uniformly chosen slot (every assignment includes the training expert, Eq. 13); the rows
-    must then be ``own``'s data, so it holds each of their values."""
-    batch, n = y.shape[0], holders[0].shape[0]
-    columns = [torch.randint(n, (batch,), generator=generator, device=y.device)]
+    """A route [B, k + 1] (Eq. 12-13) from uniforms u [B, k + 2], row j from u[j] alone:
+    column 0 uniform over all experts (u[:, 0]), column i uniform over the experts holding
+    value y_{i-1} (u[:, i]). With ``own``, a row that would not use ``own`` gets it in the slot
+    u[:, k + 1] picks (every assignment includes the training expert, Eq. 13); the rows must
+    then be ``own``'s data, so it holds each of their values."""
+    k, n = len(holders), holders[0].shape[0]
+    columns = [_index(u[:, 0], n)]
     for j, held in enumerate(holders):
-        eligible = held.to(y.device)[:, y[:, j]].T.float()  # [B, n]
-        if (eligible.sum(dim=1) == 0).any():
+        eligible = held.to(y.device)[:, y[:, j]].T  # [B, n]
+        if not eligible.any(dim=1).all():
             raise DataError(f"attribute {j} takes a value no client holds; every value needs "
                             "a holder (full marginal coverage) for composition")
-        columns.append(torch.multinomial(eligible, 1, generator=generator).squeeze(1))
+        columns.append(_pick(eligible, u[:, j + 1]))
     route = torch.stack(columns, dim=1)
     if own is not None:
         missing = ~(route == own).any(dim=1)
-        slot = torch.randint(route.shape[1], (batch,), generator=generator, device=y.device)
+        slot = _index(u[:, k + 1], k + 1)
         route[missing, slot[missing]] = own
     return route
+
+
+# -- per-example draws ----------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class ExampleDraws:
+    """One batch's per-example draws, row j from example j's uniforms only: times t [B]
+    (float32), source points x0 [B, *shape] ~ N(0, I) (float32), and the uniforms of the label
+    mask [B, 2] (Eq. 8) and of the route [B, k + 2] (Eq. 12-13)."""
+
+    t: torch.Tensor
+    x0: torch.Tensor
+    mask: torch.Tensor
+    route: torch.Tensor
+
+
+def example_width(shape: Sequence[int], k: int) -> int:
+    """Uniforms per example that :func:`split_uniforms` reads: t (1), the mask (2), the route
+    (k + 2) and x0 (prod(shape) rounded up to even: Box-Muller takes pairs)."""
+    return 3 + (k + 2) + 2 * math.ceil(math.prod(shape) / 2)
+
+
+def split_uniforms(u: torch.Tensor, shape: Sequence[int], k: int) -> ExampleDraws:
+    """Read u [B, example_width(shape, k)] (U[0, 1), float64) as t, mask, route and x0 in that
+    column order; x0 by Box-Muller, computed in float64 so no uniform rounds up to 1."""
+    if u.dim() != 2 or u.shape[1] != example_width(shape, k):
+        raise ValueError(f"need uniforms [B, {example_width(shape, k)}], got {tuple(u.shape)}")
+    pairs = (u.shape[1] - k - 5) // 2
+    z = normals(u[:, k + 5:k + 5 + pairs], u[:, k + 5 + pairs:]).reshape(len(u), -1)
+    x0 = z[:, :math.prod(shape)].reshape(len(u), *shape).float()
+    return ExampleDraws(t=u[:, 0].float(), x0=x0, mask=u[:, 1:3], route=u[:, 3:k + 5])
 
 
 # -- losses ---------------------------------------------------------------------------------
@@ -189,21 +244,23 @@ def _per_example(error: torch.Tensor) -> torch.Tensor:
 
 
 def expert_losses(model: nn.Module, x1: torch.Tensor, y: torch.Tensor,
-                  cardinalities: Sequence[int], masking: Masking, generator: torch.Generator,
+                  cardinalities: Sequence[int], masking: Masking, u: torch.Tensor,
                   ci_weight: float, peers: Sequence[nn.Module] | None = None, own: int = 0,
                   holders: Sequence[torch.Tensor] | None = None) -> torch.Tensor:
     """Per-example loss [B]: Eq. (9) with masked labels plus ``ci_weight`` times the CI
     penalty, local (Eq. 10) without ``peers``, else against the experts ``peers`` (a list in
     which index ``own`` is replaced by ``model``) under a random route (Eq. 12-14).
 
-    Each term depends on one example (its noise, time, mask and route), so DP clipping applies.
+    ``u`` [B, example_width(shape, k)]: row j holds example j's uniforms, read by
+    :func:`split_uniforms` as its t, x0, mask and route. Term j depends on (x1_j, y_j, u_j)
+    only, so DP clipping applies and one example never moves another's term.
     """
     if x1.shape[0] == 0:
         return x1.new_zeros(0)
-    x0 = torch.randn(x1.shape, generator=generator, device=x1.device)
-    t = torch.rand(x1.shape[0], generator=generator, device=x1.device)
-    path = sample_path(x0, x1, t)
-    masked = mask_labels(y, cardinalities, masking, generator)
+    draws = split_uniforms(u, x1.shape[1:], len(cardinalities))
+    t = draws.t
+    path = sample_path(draws.x0, x1, t)
+    masked = mask_labels(y, cardinalities, masking, draws.mask)
     losses = _per_example(model(path.x_t, t, masked) - path.u_t)
     if ci_weight == 0:
         return losses
@@ -214,7 +271,7 @@ def expert_losses(model: nn.Module, x1: torch.Tensor, y: torch.Tensor,
     else:
         experts = list(peers)
         experts[own] = model
-        route = random_route(y, holders, generator, own)
+        route = random_route(y, holders, draws.route, own)
     slots = slot_velocities(experts, route, path.x_t, t, y, cardinalities, trainable=own)
     joint = model(path.x_t, t, y)
     return losses + ci_weight * _per_example(joint - compose(slots[0], slots[1:]))
@@ -222,11 +279,11 @@ def expert_losses(model: nn.Module, x1: torch.Tensor, y: torch.Tensor,
 
 def student_losses(student: nn.Module, x_t: torch.Tensor, t: torch.Tensor, y: torch.Tensor,
                    target: torch.Tensor, cardinalities: Sequence[int], masking: Masking,
-                   generator: torch.Generator, ci_weight: float) -> torch.Tensor:
+                   u: torch.Tensor, ci_weight: float) -> torch.Tensor:
     """Eq. (15) + ``ci_weight`` x Eq. (16), per example [B]: the student's velocity at teacher
-    path points x_t with masked labels against the teacher's ``target``, and its joint
-    velocity against its own composition (no frozen model)."""
-    masked = mask_labels(y, cardinalities, masking, generator)
+    path points x_t with labels masked by the uniforms u [B, 2] against the teacher's
+    ``target``, and its joint velocity against its own composition (no frozen model)."""
+    masked = mask_labels(y, cardinalities, masking, u)
     losses = _per_example(student(x_t, t, masked) - target)
     if ci_weight == 0:
         return losses
@@ -271,7 +328,9 @@ def teacher_paths(experts: Sequence[nn.Module], counts: torch.Tensor,
     single = torch.zeros(paths, dtype=torch.long, device=device)
     if known.any():
         single[known] = torch.multinomial(held[known], 1, generator=generator).squeeze(1)
-    route = random_route(y, attribute_holders(counts, cardinalities), generator)
+    route = random_route(y, attribute_holders(counts, cardinalities),
+                         torch.rand(paths, len(cardinalities) + 2, generator=generator,
+                                    device=device))
     x = torch.randn(paths, *shape, generator=generator, device=device)
     points, velocities = [], []
     for s in range(steps):
@@ -318,18 +377,26 @@ def load_payload_model(payload: Payload, factory: ModelFactory,
 
 # -- local training -------------------------------------------------------------------------
 
+def poisson_rate(batch_size: int, nominal_size: float) -> float:
+    """DP-SGD's sampling rate q = batch_size / nominal_size, at most 1. ``nominal_size`` is a
+    public shard size, never a client's true one (which adding an example changes)."""
+    return min(1.0, batch_size / nominal_size)
+
+
 class LocalExpert:
     """One client's expert: Adam steps on the mean (plain) or DP-SGD gradient of
     :func:`expert_losses` over its labelled shard (labels in ``client.state["labels"]``).
 
     ``dp``: resolved DP settings and ``sigma`` the noise multiplier, or None; ``kind`` names
-    the message kind the ledger charges.
+    the message kind the ledger charges and keys the per-example draws. ``nominal_size``: the
+    public nominal shard size (required under DP): q = :func:`poisson_rate` and the divisor
+    E[b] = q * nominal_size, so neither depends on the client's true size.
     """
 
     def __init__(self, client: Client, model: nn.Module, lr: float, ema_decay: float,
                  batch_size: int, cardinalities: Sequence[int], masking: Masking,
                  dp=None, sigma: float = 0.0, ledger: PrivacyLedger | None = None,
-                 kind: str = "model"):
+                 kind: str = "model", nominal_size: float | None = None):
         self.client = client
         self.model = model
         self.trainer = GlobalModel(model, lr, ema_decay)
@@ -338,32 +405,51 @@ class LocalExpert:
         self.masking = masking
         self.dp, self.sigma, self.ledger, self.kind = dp, sigma, ledger, kind
         self.counts = label_counts(client.state["labels"], cardinalities)
+        self.width = example_width(client.data.shape[1:], len(cardinalities))
         if dp is None:
             self.estimator = PlainGradient(model)
             return
-        self.rate = min(1.0, batch_size / client.size)
+        if nominal_size is None:
+            raise ConfigError("a DP expert needs the public nominal shard size for q and the "
+                              "divisor; the true size would be released")
+        self.rate = poisson_rate(batch_size, nominal_size)
         # Sampling and noise must be unpredictable: OS entropy, never the published seed.
         self.secret = client.streams.torch("dp", client.data.device)
-        self.estimator = DPGradient(model, dp.clip, sigma, self.rate * client.size, self.secret,
-                                    mode="hooks")
+        self.estimator = DPGradient(model, dp.clip, sigma, self.rate * nominal_size,
+                                    self.secret, mode="hooks")
 
-    def _batch(self) -> torch.Tensor:
+    def rows(self) -> torch.Tensor:
+        """Shard indices [b] of one step's examples: Poisson at rate q from the secret dp
+        stream under DP, else ``batch_size`` uniformly without replacement."""
         if self.dp is None:
-            index = torch.randperm(self.client.size, generator=self.client.generator,
-                                   device=self.client.data.device)
-            return index[:self.batch_size]
-        keep = torch.rand(self.client.size, generator=self.secret,
-                          device=self.client.data.device) < self.rate
-        return torch.nonzero(keep).squeeze(1)
+            return self.client.minibatch_rows(self.batch_size)
+        return poisson_rows(self.client.size, self.rate, self.secret).to(self.client.data.device)
 
-    def step(self, round_: int, ci_weight: float, peers: Sequence[nn.Module] | None = None,
-             own: int = 0, holders: Sequence[torch.Tensor] | None = None) -> float:
-        """One optimizer step; returns the batch's mean loss (not privatized)."""
-        index = self._batch()
-        x1, y = self.client.data[index], self.client.state["labels"][index]
-        losses = expert_losses(self.estimator.forward_module, x1, y, self.cardinalities,
-                               self.masking, self.client.generator, ci_weight, peers, own,
-                               holders)
+    def uniforms(self, round_: int, step: int, rows: torch.Tensor) -> torch.Tensor:
+        """Example uniforms [b, width] float64 of the examples ``rows`` in local step ``step``
+        of ``round_``: keyed by the client's secret key, (round_, step, kind) and each row's
+        shard index, so row r's draws depend on r alone. ``step`` is the public local step
+        index, never a count of examples drawn."""
+        u = self.client.streams.example_uniforms((round_, step, self.kind, "expert_loss"),
+                                                 rows.cpu().numpy(), self.width)
+        return torch.as_tensor(u, device=self.client.data.device)
+
+    def losses(self, round_: int, step: int, rows: torch.Tensor, ci_weight: float,
+               peers: Sequence[nn.Module] | None = None, own: int = 0,
+               holders: Sequence[torch.Tensor] | None = None) -> torch.Tensor:
+        """Per-example :func:`expert_losses` [b] of the examples ``rows``, with their keyed
+        uniforms, through the estimator's forward module."""
+        x1, y = self.client.data[rows], self.client.state["labels"][rows]
+        return expert_losses(self.estimator.forward_module, x1, y, self.cardinalities,
+                             self.masking, self.uniforms(round_, step, rows), ci_weight, peers,
+                             own, holders)
+
+    def step(self, round_: int, step: int, ci_weight: float,
+             peers: Sequence[nn.Module] | None = None, own: int = 0,
+             holders: Sequence[torch.Tensor] | None = None) -> float:
+        """Local step ``step`` of ``round_``: one optimizer step; returns the batch's mean
+        loss (not privatized)."""
+        losses = self.losses(round_, step, self.rows(), ci_weight, peers, own, holders)
         self.trainer.apply(self.estimator(losses, len(losses)))
         if self.ledger is not None:
             self.ledger.record(LedgerEntry(self.client.id, self.kind, round_, self.rate,
@@ -387,8 +473,8 @@ def train_experts(experts: Sequence[LocalExpert], steps: int, round_: int, ci_we
         history = []
         bar = tqdm(range(steps), desc=f"{desc} {expert.client.id}", disable=not progress,
                    unit="step", dynamic_ncols=True, leave=False)
-        for _ in bar:
-            history.append(expert.step(round_, ci_weight, peers, own, holders))
+        for step in bar:
+            history.append(expert.step(round_, step, ci_weight, peers, own, holders))
         losses.append(float(np.mean(history[-max(1, steps // 10):])) if history else 0.0)
     return losses
 
@@ -485,8 +571,9 @@ class DCFMB:
             pick = torch.randint(len(bank[0]), (batch,), generator=self.generator,
                                  device=self.device)
             x_t, t, y, target = (part[pick] for part in bank)
+            mask = torch.rand(batch, 2, generator=self.generator, device=self.device)
             losses = student_losses(self.student.module, x_t, t, y, target, self.cardinalities,
-                                    self.masking, self.generator, ci_weight)
+                                    self.masking, mask, ci_weight)
             self.student.apply(estimator(losses, len(losses)))
             history.append(float(losses.detach().mean()))
         return float(np.mean(history[-max(1, steps // 10):])) if history else 0.0

@@ -4,7 +4,9 @@ a router built from marginal label statistics), each optionally with the local C
 - FedFlow (Tun et al. 2023): each round the server broadcasts theta (``global_model``); every
   client runs ``local_steps`` steps of :func:`~secureffm.methods.dcfm.expert_losses` from theta
   and returns theta_i - theta as an ``update``, which the engine aggregates through the
-  protocol (weighted mean); the server adds it to theta.
+  protocol (weighted mean); the server adds it to theta. Local step s of round r draws each
+  example's x0, t and mask keyed by (r, s, ``update``) and its shard index, as every
+  :class:`~secureffm.methods.dcfm.LocalExpert` step does.
 - DDM (McAllister et al. 2025, without its data clustering step, which would break locality):
   stage-I experts uploaded once as ``model`` messages; a combination y is sampled from the
   mixture of velocities sum_b w_b(y) v_b(x, t, y) with w_b(y) proportional to
@@ -42,7 +44,7 @@ class FedFlow:
         expert = self.experts[client.id]
         theta = client.inbox["global_model"]["theta"]
         load_flat_params(expert.model, theta)
-        losses = [expert.step(round_, ci_weight) for _ in range(local_steps)]
+        losses = [expert.step(round_, step, ci_weight) for step in range(local_steps)]
         client.state["last_loss"] = float(np.mean(losses))
         return {"update": flat_params(expert.model) - theta}
 

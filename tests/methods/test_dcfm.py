@@ -8,7 +8,7 @@ import torch
 
 from secureffm.audit import verify_run
 from secureffm.config import RunConfig
-from secureffm.dcfm_run import load_dcfm
+from secureffm.dcfm_run import conditional_data, load_dcfm, local_experts, nominal_shard_size
 from secureffm.errors import ConfigError, ProtocolError
 from secureffm.federation.parties import Client
 from secureffm.methods.dcfm import (
@@ -17,10 +17,12 @@ from secureffm.methods.dcfm import (
     Masking,
     attribute_holders,
     combination_index,
+    example_width,
     expert_losses,
     label_counts,
     mask_labels,
     random_route,
+    split_uniforms,
 )
 from secureffm.models.conditional import ConditionalVelocityMLP
 from secureffm.privacy.ledger import PrivacyLedger
@@ -77,7 +79,8 @@ def test_masking_follows_the_configured_probabilities():
     n, cards = 40_000, (3, 2, 4)
     y = torch.stack([torch.randint(c, (n,)) for c in cards], dim=1)
     masking = Masking(full=0.5, marginal=0.3, uncond=0.2)
-    masked = mask_labels(y, cards, masking, torch.Generator().manual_seed(0))
+    masked = mask_labels(y, cards, masking, torch.rand(n, 2, generator=torch.Generator()
+                                                      .manual_seed(0), dtype=torch.float64))
     kept = masked != torch.tensor(cards)
     assert (masked[kept] == y[kept]).all()  # kept entries are the true labels
     counts = kept.sum(dim=1)
@@ -106,11 +109,51 @@ def test_routes_go_only_to_experts_holding_the_value_and_include_the_trainee():
     assert holders[0].tolist() == [[True, True, False], [True, False, False],
                                    [False, False, True]]
     y = torch.tensor([[0, 0], [1, 1]]).repeat(500, 1)  # expert 0's data
-    route = random_route(y, holders, torch.Generator().manual_seed(0), own=0)
+    u = torch.rand(1000, 4, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    route = random_route(y, holders, u, own=0)
     for slot in (1, 2):
         assert holders[slot - 1][route[:, slot], y[:, slot - 1]].all()
     assert (route == 0).any(dim=1).all()
     assert set(route[:, 0].tolist()) == {0, 1, 2}  # the unconditional slot: any expert
+    free = random_route(y, holders, u)  # without ``own``: uniform over the holders
+    value_zero = y[:, 0] == 0  # attribute 0 = 0 is held by experts 0 and 1
+    share = (free[value_zero, 1] == 1).double().mean()
+    assert abs(float(share) - 0.5) < 5 * math.sqrt(0.25 / int(value_zero.sum()))
+
+
+def test_each_row_of_a_mask_a_route_and_a_loss_depends_on_its_own_uniforms_only():
+    """Row j of mask_labels, random_route and expert_losses is a function of (x1_j, y_j, u_j):
+    the rows of a sub-batch equal the same rows of the whole batch, so one example more or
+    less never changes another's draws (the DP premise)."""
+    n, g = 40, torch.Generator().manual_seed(1)
+    x1, y = torch.randn(n, 2, generator=g), _labels(n, 1)
+    u = torch.rand(n, example_width((2,), 2), generator=g, dtype=torch.float64)
+    holders = [torch.ones(3, c, dtype=torch.bool) for c in CARDS]
+    peers = [_model(0), _model(1), _model(2)]
+    sub = torch.tensor([3, 17, 18, 39])
+    draws = split_uniforms(u, (2,), 2)
+    assert torch.equal(mask_labels(y, CARDS, Masking(), draws.mask)[sub],
+                       mask_labels(y[sub], CARDS, Masking(), draws.mask[sub]))
+    assert torch.equal(random_route(y, holders, draws.route, own=1)[sub],
+                       random_route(y[sub], holders, draws.route[sub], own=1))
+    with torch.no_grad():
+        whole = expert_losses(peers[1], x1, y, CARDS, Masking(), u, 1.0, peers, 1, holders)
+        part = expert_losses(peers[1], x1[sub], y[sub], CARDS, Masking(), u[sub], 1.0, peers,
+                             1, holders)
+    torch.testing.assert_close(part, whole[sub])
+
+
+def test_example_uniforms_give_standard_normal_sources_and_uniform_times():
+    u = torch.rand(20_000, example_width((3, 2, 2), 2), generator=torch.Generator()
+                   .manual_seed(2), dtype=torch.float64)
+    draws = split_uniforms(u, (3, 2, 2), 2)
+    assert draws.x0.shape == (20_000, 3, 2, 2) and draws.x0.dtype == torch.float32
+    z = draws.x0.reshape(-1).double()
+    assert abs(float(z.mean())) < 0.01 and abs(float(z.std()) - 1) < 0.01
+    assert abs(float(draws.t.mean()) - 0.5) < 0.01
+    edge = split_uniforms(torch.full((1, u.shape[1]), 1 - 2.0**-53, dtype=torch.float64),
+                          (3, 2, 2), 2)  # the largest uniform the stream can give
+    assert torch.isfinite(edge.x0).all()
 
 
 def _client(seed=0, n=64):
@@ -128,14 +171,15 @@ def test_peer_experts_are_frozen_and_the_experts_own_marginals_learn():
     holders = [torch.ones(2, c, dtype=torch.bool) for c in CARDS]
     # no masking (full labels only): the null rows of the embeddings are reached only through
     # the CI target's own unconditional and marginal outputs, which must carry gradient
-    x1, y = own.client.data[:32], own.client.state["labels"][:32]
-    losses = expert_losses(own.model, x1, y, CARDS, own.masking, own.client.generator, 1.0,
+    rows = torch.arange(32)
+    x1, y = own.client.data[rows], own.client.state["labels"][rows]
+    losses = expert_losses(own.model, x1, y, CARDS, own.masking, own.uniforms(1, 0, rows), 1.0,
                            [own.model, peer], 0, holders)
     losses.sum().backward()
     assert all(p.grad is None for p in peer.parameters())
     assert all(table.weight.grad[-1].abs().sum() > 0 for table in own.model.embeddings)
     start = copy.deepcopy(own.model.state_dict())
-    own.step(1, 1.0, [own.model, peer], 0, holders)
+    own.step(1, 0, 1.0, [own.model, peer], 0, holders)
     for name, value in peer.state_dict().items():
         assert torch.equal(value, before[name])
     assert any(not torch.equal(v, start[k]) for k, v in own.model.state_dict().items())
@@ -197,7 +241,8 @@ def test_dcfm_a_under_dp_trains_every_step_with_dp_sgd(tmp_path):
     assert privacy["noise_multiplier"] == {"client-1": 2.0, "client-2": 2.0}
     for row in privacy["clients"].values():
         assert row["target_held"] and 0 < row["rdp"]["total"] <= 20.0
-        assert sum(s[2] for s in row["schedule"]["model"]) == 6 + 4  # stage I + DCFM-A
+        # stage I + 3 DCFM-A rounds, each at q = batch / nominal shard size (150 here)
+        assert row["schedule"]["model"] == [[2.0, 32 / 150, 6 + 3 * 4]]
     models = [r for r in _records(result.out) if r["kind"] == "model"]
     assert all(r["stages"] == ["dp", "sealed"] for r in models)
 
@@ -209,26 +254,50 @@ def test_dp_expert_clips_each_example_and_records_each_step():
     ledger = PrivacyLedger(1e-5)
     client = _client(n=200)
     expert = LocalExpert(client, _model(0), 1e-2, 0.0, 50, CARDS, Masking(), settings, sigma,
-                         ledger)
+                         ledger, nominal_size=200)
     peer = _model(1)
     holders = [torch.ones(2, c, dtype=torch.bool) for c in CARDS]
     for round_ in range(3):
-        expert.step(round_, 1.0, [expert.model, peer], 0, holders)
+        expert.step(round_, 0, 1.0, [expert.model, peer], 0, holders)
     assert [(e.kind, e.sample_rate, e.clip) for e in ledger.entries] == [("model", 0.25, clip)] * 3
-    x1, y = client.data[:50], client.state["labels"][:50]
-    state = client.generator.get_state()
+    rows = torch.arange(50)
+    x1, y = client.data[rows], client.state["labels"][rows]
+    u = expert.uniforms(3, 0, rows)  # the same noise, times, masks and routes for both
     clean = _model(0)
     clean.load_state_dict(expert.model.state_dict())
-    plain = expert_losses(clean, x1, y, CARDS, Masking(), client.generator, 1.0, [clean, peer],
-                          0, holders)
+    plain = expert_losses(clean, x1, y, CARDS, Masking(), u, 1.0, [clean, peer], 0, holders)
     plain.sum().backward()
     assert sum(p.grad.norm() ** 2 for p in clean.parameters()).sqrt() > 10 * 50 * clip
-    client.generator.set_state(state)  # the same noise, times, masks and routes
-    losses = expert_losses(expert.estimator.forward_module, x1, y, CARDS, Masking(),
-                           client.generator, 1.0, [expert.model, peer], 0, holders)
+    losses = expert.losses(3, 0, rows, 1.0, [expert.model, peer], 0, holders)
     torch.testing.assert_close(losses, plain)
     grad = expert.estimator(losses, len(losses))  # (sum of clipped + noise) / E[b]
     assert np.linalg.norm(grad) * 50 <= 50 * clip * 1.001
+
+
+def test_run_experts_take_q_and_the_divisor_from_the_nominal_shard_size(tmp_path):
+    """Under DP every client's q and E[b] come from the data set's size over the number of
+    clients, however unequal the Dirichlet shards are."""
+    config = _config(tmp_path, "dcfm-a", partition="dirichlet", dirichlet_alpha=0.3,
+                     clients=3, shard_size=100, batch_size=20)
+    data = conditional_data(config)
+    sizes = [len(x) for x, _ in data.shards]
+    assert len(set(sizes)) == 3 and nominal_shard_size(data) == 100
+    clients = [Client(f"client-{i}", x, torch.Generator()) for i, (x, _) in enumerate(data.shards)]
+    for client, (_, labels) in zip(clients, data.shards, strict=True):
+        client.state["labels"] = labels
+    settings = DPSettings(clip=1.0, delta=1e-5, target_epsilon=None, noise_multiplier=1.5,
+                          accountant="rdp")
+    experts, sigmas = local_experts(config, data, clients, settings, None, "model",
+                                    torch.device("cpu"))
+    assert [(e.rate, e.estimator.expected_batch) for e in experts.values()] == [(0.2, 20)] * 3
+    assert set(sigmas.values()) == {1.5}
+
+
+def test_a_dp_expert_without_a_nominal_size_is_refused():
+    settings = DPSettings(clip=1.0, delta=1e-5, target_epsilon=None, noise_multiplier=1.0,
+                          accountant="rdp")
+    with pytest.raises(ConfigError, match="nominal shard size"):
+        LocalExpert(_client(), _model(0), 1e-2, 0.0, 8, CARDS, Masking(), settings, 1.0)
 
 
 def test_a_dp_stage_that_leaves_models_unprotected_is_refused(tmp_path):
