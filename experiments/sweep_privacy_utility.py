@@ -40,7 +40,7 @@ def _one(job: tuple[str, str, float, int, dict]) -> dict:
     out = Path(settings["root"]) / f"{method}-{protocol}-e{label}-s{seed}"
     if not (out / "metrics.json").exists():
         values = {k: v for k, v in settings.items() if k != "root"}
-        values.update(method=method, seed=seed, out=str(out), progress=False,
+        values.update(method=method, seed=seed, out=str(out), progress=False, overwrite=True,
                       protocol=WITHOUT_DP[protocol] if math.isinf(eps) else protocol)
         if not math.isinf(eps):
             values["target_epsilon"] = eps

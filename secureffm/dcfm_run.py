@@ -46,7 +46,7 @@ from .methods.dcfm_baselines import FedFlow, RouterField  # noqa: E402
 from .methods.ffm import client_weights  # noqa: E402
 from .metrics.sampling import integrate  # noqa: E402
 from .models.conditional import ConditionalVelocityMLP  # noqa: E402
-from .privacy.accounting import calibrate_noise, epsilon  # noqa: E402
+from .privacy.accounting import calibrate_noise, check_delta, epsilon  # noqa: E402
 from .privacy.ledger import PrivacyLedger  # noqa: E402
 from .protocols.dp import DPSettings  # noqa: E402
 from .protocols.protocol import load_protocol  # noqa: E402
@@ -118,6 +118,7 @@ def _dp_settings(config: RunConfig, protocol, kind: str):
         config.require_no_dp_options(protocol.name)
         return None
     return config.dp_overrides(settings)
+
 
 
 def _planned_steps(config: RunConfig) -> int:
@@ -226,7 +227,9 @@ def _train(config: RunConfig, data: ConditionalData, engine: InProcessEngine,
     sampler_args = (data.cardinalities, data.shape, c.guidance)
     if c.method.startswith("fedflow"):
         model = factory().to(device)
-        fed = FedFlow(engine, model, experts, client_weights(engine.clients, c.weighting))
+        private = next(iter(experts.values())).dp is not None
+        fed = FedFlow(engine, model, experts,
+                      client_weights(engine.clients, c.weighting, private=private))
         aborted = fed.run(c.fedflow_rounds, c.fedflow_local_steps, ci_local, c.progress)
         return (DCFMSampler("monolithic", [model.eval()], _counts(experts, device),
                             *sampler_args), {"aborted_rounds": aborted})
@@ -325,6 +328,8 @@ def run_dcfm(config: RunConfig):
     protocol = load_protocol(config.protocol)
     kind = "update" if config.method.startswith("fedflow") else "model"
     dp = _dp_settings(config, protocol, kind)
+    if dp is not None:
+        check_delta(dp.delta, nominal_shard_size(data))
     log = MessageLog(out / "messages.jsonl", keep_payloads=config.keep_payloads)
     clients = []
     for i, (x, labels) in enumerate(data.shards, start=1):
@@ -358,8 +363,8 @@ def run_dcfm(config: RunConfig):
     exclusions = () if kind == "update" else (
         "label counts per combination travel in model messages without DP (docs/dcfm.md)",)
     privacy = privacy_statement(protocol, (kind,), accounting=accounting, exclusions=exclusions,
-                                nominal_records=None if dp is None else (
-                                    sum(len(x) for x, _ in data.shards) // len(data.shards)),
+                                nominal_records=None if dp is None else
+                                round(nominal_shard_size(data)),
                                 secret_randomness=secret_randomness(config.insecure_deterministic))
     (out / "privacy.json").write_text(json.dumps(privacy, indent=2))
     (out / "metrics.json").write_text(json.dumps(metrics, indent=2))

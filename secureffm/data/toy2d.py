@@ -48,11 +48,14 @@ class Distribution:
                                              device=device))
 
     def from_uniforms(self, u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Points and labels from uniforms ``u`` [n, uniforms] (row i makes point i)."""
+        """Points [n, dim] float32 and labels from uniforms ``u`` [n, uniforms] in [0, 1) (row
+        i makes point i). The transform runs in float64: a float64 uniform just below 1 would
+        round to 1.0 in float32 and Box-Muller would return an infinite point."""
         if u.dim() != 2 or u.shape[1] != self.uniforms:
             raise ValueError(f"{self.name} needs uniforms of shape [n, {self.uniforms}], "
                              f"got {tuple(u.shape)}")
-        return self.transform(u.to(torch.float32))
+        points, labels = self.transform(u.to(torch.float64))
+        return points.to(torch.float32), labels
 
 
 def normals(u1: torch.Tensor, u2: torch.Tensor) -> torch.Tensor:

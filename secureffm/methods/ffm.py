@@ -54,9 +54,15 @@ def velocity_gradient(model, coupling, x0, x1, generator) -> tuple[np.ndarray, f
     return estimator(losses, len(losses)), float(losses.detach().mean())
 
 
-def client_weights(clients: list[Client], weighting: str) -> dict[str, float]:
-    """lambda_i: proportional to shard sizes (``size``) or equal (``uniform``); sums to 1."""
-    raw = {c.id: float(c.size) if weighting == "size" else 1.0 for c in clients}
+def client_weights(clients: list[Client], weighting: str,
+                   private: bool = False) -> dict[str, float]:
+    """lambda_i: proportional to shard sizes (``size``) or equal (``uniform``); sums to 1.
+
+    ``private`` (a dp stage protects the weighted updates): equal, whatever ``weighting``, since
+    weights by true shard size would release each size, which adding or removing one example
+    changes (add/remove adjacency holds at the public nominal size only)."""
+    size = weighting == "size" and not private
+    raw = {c.id: float(c.size) if size else 1.0 for c in clients}
     total = sum(raw.values())
     return {cid: w / total for cid, w in raw.items()}
 
@@ -84,9 +90,7 @@ class FederatedFlowMatching:
                 PotentialMLP(pair.dim, config.potential_hidden).to(device), config.potential_lr
             )
         self.dp = self._dp_settings()
-        # Under DP nothing released may depend on a client's true shard size (adding or
-        # removing an example must not show): weights, like q, use the public nominal size.
-        self.weights = client_weights(engine.clients, "uniform" if self.dp else config.weighting)
+        self.weights = client_weights(engine.clients, config.weighting, private=bool(self.dp))
         self.ledger = PrivacyLedger(self.dp.delta) if self.dp else None
         self.noise_multipliers: dict[str, float] = {}
         self.distributed = self.dp is not None and self.dp.noise == "distributed"
@@ -234,7 +238,7 @@ class FederatedFlowMatching:
     def _uniforms(self, client: Client, context: tuple, rows: torch.Tensor,
                   width: int) -> torch.Tensor:
         u = client.streams.example_uniforms(context, rows.cpu().numpy(), width)
-        return torch.as_tensor(u, dtype=torch.float32, device=self.device)
+        return torch.as_tensor(u, dtype=torch.float64, device=self.device)
 
     def example_noise(self, client: Client, round_: int, kind: str,
                       rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -242,7 +246,7 @@ class FederatedFlowMatching:
         is keyed by (the client's secret key, round, kind, r) alone, so adding or removing an
         example never changes another's noise, this round or later."""
         u = self._uniforms(client, (round_, kind, "example"), rows, self.pair.source.uniforms + 1)
-        return self.pair.source.from_uniforms(u[:, 1:])[0], u[:, 0]
+        return self.pair.source.from_uniforms(u[:, 1:])[0], u[:, 0].to(torch.float32)
 
     def candidate_pool(self, client: Client, round_: int, kind: str) -> torch.Tensor:
         """GOT's K candidate source points [K, d] for one round and kind: K draws keyed by

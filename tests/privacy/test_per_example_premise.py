@@ -100,3 +100,13 @@ def test_projection_attack_at_q_one_stays_within_the_claimed_tpr(tmp_path, metho
     tpr = float(np.mean(h1 > threshold))
     bound = norm.cdf(norm.ppf(0.01) + 1.0)
     assert tpr <= bound + 0.05, f"TPR {tpr:.3f} above the 1-GDP bound {bound:.3f}"
+
+
+def test_weights_under_dp_do_not_reveal_true_shard_sizes():
+    """Adversary: the server reading the weighted sum's weights. By true size they would
+    publish each client's N, which one example more changes; under DP they are equal."""
+    from secureffm.methods.ffm import client_weights
+
+    clients = [new_client(f"client-{i}", torch.zeros(n, 2)) for i, n in ((1, 30), (2, 31))]
+    assert client_weights(clients, "size") != client_weights(clients, "uniform")
+    assert client_weights(clients, "size", private=True) == {"client-1": 0.5, "client-2": 0.5}
