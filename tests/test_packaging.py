@@ -7,6 +7,7 @@ so ``pip install .`` could not import ``secureffm.methods.ffm``.
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -16,7 +17,13 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_the_wheel_installs_every_module_and_runs(tmp_path):
-    subprocess.run([sys.executable, "-m", "pip", "wheel", str(ROOT), "--no-deps",
+    source = tmp_path / "source"  # a copy: building writes build/ beside the sources
+    for name in ("secureffm", "protocols", "threat_models"):
+        shutil.copytree(ROOT / name, source / name, symlinks=True,
+                        ignore=shutil.ignore_patterns("__pycache__"))
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(ROOT / name, source / name)
+    subprocess.run([sys.executable, "-m", "pip", "wheel", str(source), "--no-deps",
                     "--no-build-isolation", "-q", "-w", str(tmp_path / "dist")], check=True)
     wheel = next((tmp_path / "dist").glob("secureffm-*.whl"))
     modules = {p.relative_to(ROOT).as_posix() for p in (ROOT / "secureffm").rglob("*.py")}
