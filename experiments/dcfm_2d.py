@@ -2,7 +2,7 @@
 
 Trains FedFlow, DDM, their +L variants (local CI penalty), DCFM-A and DCFM-B on the modes2d
 data (docs/dcfm.md) under the IID and the paper's non-IID two-client split, over three seeds,
-each through ``secureffm.run.run``. Writes docs/figures/dcfm_2d.png (rows: methods, columns:
+each through ``secureffm.runs.run``. Writes docs/figures/dcfm_2d.png (rows: methods, columns:
 splits; seed 0) and the table of in-mode fractions into docs/results.md (block ``dcfm-2d``).
 
     .venv/bin/python experiments/dcfm_2d.py [--seeds 0 1 2] [--runs runs/dcfm_2d] [--reuse]
@@ -24,10 +24,10 @@ from tqdm import tqdm  # noqa: E402
 
 from secureffm.config import RunConfig  # noqa: E402
 from secureffm.data.modes2d import MISSING, STD, mode_centres  # noqa: E402
-from secureffm.dcfm_run import load_dcfm  # noqa: E402
 from secureffm.methods.dcfm import all_combinations  # noqa: E402
 from secureffm.reporting import mean_std, write_block  # noqa: E402
-from secureffm.run import run  # noqa: E402
+from secureffm.runs import run  # noqa: E402
+from secureffm.runs.dcfm import load_dcfm  # noqa: E402
 
 METHODS = {"fedflow": "FedFlow", "ddm": "DDM", "fedflow-l": "FedFlow+L", "ddm-l": "DDM+L",
            "dcfm-a": "DCFM-A", "dcfm-b": "DCFM-B"}

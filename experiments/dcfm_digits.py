@@ -40,7 +40,6 @@ from secureffm.data.colored_digits import (  # noqa: E402
     federated_colored_digits,
     load_colored_digits,
 )
-from secureffm.dcfm_run import DCFMSampler, load_dcfm  # noqa: E402
 from secureffm.metrics.attribute_classifier import (  # noqa: E402
     AttributeClassifier,
     attribute_accuracy,
@@ -51,7 +50,8 @@ from secureffm.metrics.attribute_classifier import (  # noqa: E402
 from secureffm.metrics.frechet import frechet_distance_features  # noqa: E402
 from secureffm.metrics.sampling import integrate  # noqa: E402
 from secureffm.reporting import mean_std, write_block  # noqa: E402
-from secureffm.run import run  # noqa: E402
+from secureffm.runs import run  # noqa: E402
+from secureffm.runs.dcfm import DCFMSampler, load_dcfm  # noqa: E402
 from secureffm.runtime import party_generator  # noqa: E402
 
 METHODS = ("fedflow", "fedflow-l", "ddm", "ddm-l", "dcfm-a", "dcfm-b")

@@ -30,7 +30,7 @@ from secureffm.metrics.sampling import trajectories  # noqa: E402
 from secureffm.metrics.w2 import w2  # noqa: E402
 from secureffm.plots import plot_w2_nfe  # noqa: E402
 from secureffm.reporting import mean_std, write_block  # noqa: E402
-from secureffm.run import load_velocity, run  # noqa: E402
+from secureffm.runs import load_velocity, run  # noqa: E402
 
 # Variant name -> (method, config overrides). got-phi1e-3 shows how much of GOT's result is the
 # paper's slow potential learning rate (1e-4) at this number of rounds.

@@ -17,7 +17,7 @@ import torch
 
 from secureffm.config import load_config
 from secureffm.reporting import write_block
-from secureffm.run import run
+from secureffm.runs import run
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -27,7 +27,7 @@ import torch  # noqa: E402
 
 from secureffm.config import load_config  # noqa: E402
 from secureffm.reporting import mean_std, write_block  # noqa: E402
-from secureffm.run import run  # noqa: E402
+from secureffm.runs import run  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 WITHOUT_DP = {"dp": "plaintext", "dp-secagg": "secagg", "dp-secagg-distributed": "secagg"}

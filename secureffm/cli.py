@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
-from dataclasses import MISSING
+from dataclasses import MISSING, replace
 
-from .audit.verify import add_arguments as add_audit_arguments
-from .audit.verify import audit_command
+import numpy as np
+
+from .audit.pin import RunPin, is_hex, load_pin
+from .audit.verify import pin_run, verify_run
 from .config import config_fields, load_config
 from .errors import SecureFFMError
-from .fedwad_run import add_arguments as add_fedwad_arguments
-from .fedwad_run import fedwad_command
-from .runtime import pin_message
+from .methods.fedwad import FedWADConfig
+from .runs.fedwad import FedWADRun, run_fedwad
+from .runs.scaffold import pin_message
 
 __all__ = ["main", "build_parser"]
 
@@ -83,7 +86,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _run(args: argparse.Namespace) -> None:
-    from .run import run
+    from .runs import run
 
     overrides = {k: v for k, v in vars(args).items()
                  if k not in ("command", "config") and v is not None}
@@ -96,6 +99,110 @@ def _run(args: argparse.Namespace) -> None:
         print("W2 by NFE: " + ", ".join(f"{k}: {v:.3f}" for k, v in evaluation["w2"].items()))
     if "missing_mode_fraction" in evaluation:  # DCFM on modes2d
         print(f"missing-mode fraction: {evaluation['missing_mode_fraction']:.3f}")
+
+
+def add_audit_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options of ``secureffm audit``."""
+    action = parser.add_mutually_exclusive_group(required=True)
+    action.add_argument("--verify", metavar="RUN_DIR",
+                        help="run folder holding messages.jsonl and parties.json")
+    action.add_argument("--pin", metavar="RUN_DIR",
+                        help="print the run's pin (head, parties.json hash, key fingerprints) "
+                             "as JSON, to keep apart from the folder")
+    parser.add_argument("--expect-head", metavar="HASH",
+                        help="with --verify: the head (sha256 of the closing line) kept apart")
+    parser.add_argument("--parties", metavar="PINNED_JSON",
+                        help="with --verify: a pin file from --pin, or a copy of parties.json "
+                             "kept apart from the run folder")
+
+
+def _pin_from_args(args: argparse.Namespace) -> RunPin:
+    pin = load_pin(args.parties) if args.parties else RunPin()
+    head = args.expect_head
+    if head is None:
+        return pin
+    if not is_hex(head, 64):
+        raise SecureFFMError(f"--expect-head {head!r} is not a sha256: give the 64 lowercase "
+                             "hex digits printed at the end of the run or by --pin")
+    if pin.head is not None and pin.head != head:
+        raise SecureFFMError(f"--expect-head differs from the head in {args.parties}; give the "
+                             "one you trust")
+    return replace(pin, head=head)
+
+
+def audit_command(args: argparse.Namespace) -> int:
+    """Print the verdict or the pin; 0 intact, 1 tampered, 2 when the folder or pin cannot be
+    read or the options do not fit."""
+    try:
+        if args.pin:
+            if args.expect_head or args.parties:
+                raise SecureFFMError("--expect-head and --parties go with --verify, not --pin")
+            print(json.dumps(pin_run(args.pin).as_dict(), indent=1, sort_keys=True))
+            return 0
+        report = verify_run(args.verify, _pin_from_args(args))
+    except SecureFFMError as err:
+        print(f"secureffm: error: {err}", file=sys.stderr)
+        return 2
+    print(report.summary())
+    return 0 if report.ok else 1
+
+
+def add_fedwad_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options of ``secureffm fedwad``."""
+    add = parser.add_argument
+    default = FedWADConfig()
+    add("--data", default="gaussians", help="gaussians | digits (ignored with --client-file)")
+    add("--client-file", dest="client_files", action="append", default=[], metavar="NPY",
+        help="a client's samples, a .npy array [N, d]; give it once per client")
+    add("--clients", type=int, default=2, help="clients (more than 2: the pairwise matrix)")
+    add("--samples", type=int, default=1000, help="samples per client")
+    add("--dim", type=int, default=2, help="dimension of gaussians")
+    add("--p", type=int, default=default.p, help="W_p: 1 or 2")
+    add("--iterations", type=int, default=default.iterations, help="K of Algorithm 1")
+    add("--support", type=int, default=default.support_size,
+        help="S atoms of the interpolating measures")
+    add("--exact", action="store_true", help="exact interpolation (Eq. 5) instead of Eq. 10")
+    add("--t-range", type=float, nargs=2, default=default.t_range, metavar=("LOW", "HIGH"),
+        help="range of each random t without a randomized-t stage")
+    add("--noise-std", type=float, default=default.noise_std,
+        help="noise on returned support points without a randomized-t stage")
+    add("--protocol", default="plaintext", help="plaintext | fedwad-private | a .toml spec")
+    add("--seed", type=int, default=0)
+    add("--out", default="", help="run folder (default runs/fedwad-<protocol>-<data>-s<seed>)")
+    add("--check-exact", action="store_true", help="also compute exact W_p with POT")
+    add("--keep-payloads", action="store_true", help="keep delivered payloads in payloads.bin")
+    add("--overwrite", action="store_true",
+        help="replace the files of an earlier run in the run folder (else it must be empty)")
+    add("--pin-to", default="", metavar="FILE",
+        help="also write the run's pin (log head, key fingerprints) to FILE, kept apart from "
+             "the run folder")
+    add("--insecure-deterministic", action="store_true",
+        help="INSECURE, debugging only: derive the clients' secret t and noise from --seed, "
+             "which config.toml publishes (recorded in config.toml and result.json)")
+
+
+def fedwad_command(args: argparse.Namespace) -> None:
+    """Build the run from parsed options, run it, print the folder and the distance(s)."""
+    config = FedWADConfig(p=args.p, iterations=args.iterations, support_size=args.support,
+                          exact=args.exact, t_range=tuple(args.t_range),
+                          noise_std=args.noise_std, seed=args.seed)
+    done = run_fedwad(FedWADRun(config, args.data, args.clients, args.samples, args.dim,
+                                tuple(args.client_files), args.protocol, args.seed, args.out,
+                                args.check_exact, args.keep_payloads,
+                                overwrite=args.overwrite,
+                                insecure_deterministic=args.insecure_deterministic,
+                                pin_to=args.pin_to))
+    print(f"run folder: {done.out}")
+    print(pin_message(done.out, done.pin, args.pin_to))
+    if "distance" in done.result:
+        line = f"FedWAD W_{args.p}: {done.result['distance']:.6g}"
+        if "exact" in done.result:
+            line += (f" (exact {done.result['exact']:.6g}, relative error "
+                     f"{done.result['max_relative_error']:.2%})")
+        print(line)
+    else:
+        print(f"FedWAD W_{args.p} between clients {', '.join(done.result['clients'])}:")
+        print(np.array2string(np.array(done.result["matrix"]), precision=4))
 
 
 def main(argv: list[str] | None = None) -> int:

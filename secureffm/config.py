@@ -20,7 +20,7 @@ from .errors import ConfigError
 __all__ = ["RunConfig", "load_config", "config_from_dict", "write_config", "config_fields"]
 
 METHODS = ("vanilla", "lot", "got", "icfm", "otcfm")
-# DCFM and its baselines (secureffm/dcfm_run.py) run on conditional data sets only.
+# DCFM and its baselines (secureffm/runs/dcfm.py) run on conditional data sets only.
 DCFM_METHODS = ("dcfm-a", "dcfm-b", "fedflow", "fedflow-l", "ddm", "ddm-l")
 DCFM_DATA = ("modes2d", "colored-digits")
 PARTITIONS = ("disjoint", "iid", "dirichlet")

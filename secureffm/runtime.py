@@ -1,17 +1,12 @@
-"""Device selection, public random generators, and the run folder."""
+"""Device selection and public random generators."""
 
 from __future__ import annotations
-
-import json
-import pickle
-from pathlib import Path
 
 import torch
 
 from .errors import ConfigError
 
-__all__ = ["resolve_device", "party_generator", "prepare_run_folder", "RUN_ARTIFACTS",
-           "load_checkpoint", "check_pin_path", "record_pin", "pin_message"]
+__all__ = ["resolve_device", "party_generator"]
 
 
 def resolve_device(name: str) -> torch.device:
@@ -38,71 +33,3 @@ def party_generator(seed: int, party_index: int, device: torch.device) -> torch.
     generator = torch.Generator(device=device)
     generator.manual_seed((seed * 1_000_003 + party_index * 7_919) % (2**63 - 1))
     return generator
-
-
-# Files a run writes into its folder; --overwrite removes exactly these before a new run.
-RUN_ARTIFACTS = ("config.toml", "metrics.json", "result.json", "privacy.json", "messages.jsonl",
-                 "parties.json", "payloads.bin", "checkpoint.pt", "trajectories.png",
-                 "w2_nfe.png", "samples.png")
-
-
-def prepare_run_folder(out: Path, overwrite: bool) -> Path:
-    """Create ``out`` for a new run. A folder that already holds files is refused (a new run
-    would mix its files with an old run's, e.g. a privacy.json the new run does not write)
-    unless ``overwrite``, which first deletes the :data:`RUN_ARTIFACTS` found there."""
-    if out.exists() and not out.is_dir():
-        raise ConfigError(f"out = {str(out)!r} is a file; give a folder for the run")
-    present = sorted(p.name for p in out.iterdir()) if out.is_dir() else []
-    if present and not overwrite:
-        raise ConfigError(f"run folder {str(out)!r} is not empty (it holds {', '.join(present[:4])}"
-                          f"{', ...' if len(present) > 4 else ''}); pass --overwrite to replace "
-                          "the previous run's files, or choose another --out")
-    for name in RUN_ARTIFACTS:
-        (out / name).unlink(missing_ok=True)
-    out.mkdir(parents=True, exist_ok=True)
-    return out
-
-
-def load_checkpoint(path: Path, device: torch.device | str = "cpu") -> dict:
-    """A run's checkpoint.pt, read with ``weights_only=True``: tensors, numbers, strings and
-    containers only, so a planted pickle (a ``__reduce__`` that runs code) is refused, not run."""
-    if not path.is_file():
-        raise ConfigError(f"{path} is missing: is {path.parent} a finished run folder?")
-    try:
-        return torch.load(path, map_location=device, weights_only=True)
-    except pickle.UnpicklingError as err:
-        first = str(err).strip().splitlines()[0] if str(err).strip() else "unsupported object"
-        raise ConfigError(f"{path} holds something other than tensors and plain values, so it "
-                          f"was not loaded (nothing in it ran): {first}. Load only checkpoints "
-                          "that secureffm wrote") from None
-
-
-def check_pin_path(out: Path, pin_to: str) -> None:
-    """A pin written inside the run folder protects nothing: refuse it before the run starts."""
-    if pin_to and Path(pin_to).resolve().is_relative_to(out.resolve()):
-        raise ConfigError(f"pin_to = {pin_to!r} lies inside the run folder {str(out)!r}; whoever "
-                          "can rewrite the folder could rewrite the pin. Keep it elsewhere")
-
-
-def record_pin(out: Path, head: str | None, pin_to: str) -> dict | None:
-    """The run's pin (log head, parties.json hash, key fingerprints; see
-    :func:`secureffm.audit.pin.pin_of`), written to ``pin_to`` when given; None when the log
-    has no closing record."""
-    from .audit.pin import pin_of
-
-    if head is None:
-        return None
-    pin = pin_of(out, head).as_dict()
-    if pin_to:
-        Path(pin_to).parent.mkdir(parents=True, exist_ok=True)
-        Path(pin_to).write_text(json.dumps(pin, indent=1))
-    return pin
-
-
-def pin_message(out: Path, pin: dict | None, pin_to: str) -> str:
-    """What a command prints about the run's pin, so the user can keep it apart."""
-    if pin is None:
-        return "log head: none (the log has no closing record)"
-    where = f"; pin written to {pin_to}" if pin_to else ""
-    return (f"log head: {pin['head']}{where}\n  keep it apart from the run folder; later: "
-            f"secureffm audit --verify {out} --expect-head {pin['head']}")

@@ -5,7 +5,7 @@ import torch
 
 from secureffm.audit import verify_run
 from secureffm.errors import ConfigError
-from secureffm.run import run
+from secureffm.runs import run
 
 FILES = {"config.toml", "metrics.json", "messages.jsonl", "checkpoint.pt", "trajectories.png",
          "w2_nfe.png"}

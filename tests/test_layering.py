@@ -14,7 +14,7 @@ import pytest
 import secureffm
 
 ROOT = Path(secureffm.__file__).parent
-RUNNERS = {"secureffm.run", "secureffm.dcfm_run", "secureffm.fedwad_run", "secureffm.cli"}
+RUNNERS = ("secureffm.runs", "secureffm.cli")
 
 
 def _module(path: Path) -> str:
@@ -67,7 +67,7 @@ def test_methods_know_no_protocol_and_no_runner():
     assert _violations("secureffm.methods", ("secureffm.protocols", *RUNNERS)) == []
 
 
-@pytest.mark.xfail(strict=True, reason="issue 15: run.py <-> dcfm_run.py, engine <-> protocol")
+@pytest.mark.xfail(strict=True, reason="issue 15: engine <-> protocol")
 def test_no_import_circle():
     graph = _graph()
     seen: dict[str, int] = {}

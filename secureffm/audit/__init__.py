@@ -4,6 +4,6 @@ a pin (threat-model checks and attacks come later)."""
 from __future__ import annotations
 
 from .pin import RunPin, load_pin
-from .verify import AuditFinding, AuditReport, main, pin_run, verify_run
+from .verify import AuditFinding, AuditReport, pin_run, verify_run
 
-__all__ = ["AuditFinding", "AuditReport", "RunPin", "load_pin", "main", "pin_run", "verify_run"]
+__all__ = ["AuditFinding", "AuditReport", "RunPin", "load_pin", "pin_run", "verify_run"]

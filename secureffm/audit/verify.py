@@ -37,24 +37,22 @@ sha256 of parties.json); lines cut off the end by the missing closing record.
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
-import sys
 import tomllib
 from collections import Counter
 from contextlib import ExitStack
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
 
 from ..errors import SecureFFMError
 from ..federation.crypto import verify_signature
 from ..federation.log import PARTIES_FILE, PAYLOADS_FILE, canonical, genesis
-from .pin import PartyKeys, RunPin, is_hex, load_parties, load_pin, pin_of, sha256_hex
+from .pin import PartyKeys, RunPin, is_hex, load_parties, pin_of, sha256_hex
 from .rules import ProtocolRules
 
-__all__ = ["AuditFinding", "AuditReport", "verify_run", "pin_run", "main", "LOG_FILE"]
+__all__ = ["AuditFinding", "AuditReport", "verify_run", "pin_run", "LOG_FILE"]
 
 LOG_FILE = "messages.jsonl"
 
@@ -363,58 +361,3 @@ def pin_run(run_dir: str | Path) -> RunPin:
         raise SecureFFMError(f"{run_dir}: the log does not verify, so it cannot be pinned: "
                              f"{report.first_bad.problem}")
     return pin_of(Path(run_dir), report.head)
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The options of ``secureffm audit``."""
-    action = parser.add_mutually_exclusive_group(required=True)
-    action.add_argument("--verify", metavar="RUN_DIR",
-                        help="run folder holding messages.jsonl and parties.json")
-    action.add_argument("--pin", metavar="RUN_DIR",
-                        help="print the run's pin (head, parties.json hash, key fingerprints) "
-                             "as JSON, to keep apart from the folder")
-    parser.add_argument("--expect-head", metavar="HASH",
-                        help="with --verify: the head (sha256 of the closing line) kept apart")
-    parser.add_argument("--parties", metavar="PINNED_JSON",
-                        help="with --verify: a pin file from --pin, or a copy of parties.json "
-                             "kept apart from the run folder")
-
-
-def _pin_from_args(args: argparse.Namespace) -> RunPin:
-    pin = load_pin(args.parties) if args.parties else RunPin()
-    head = args.expect_head
-    if head is None:
-        return pin
-    if not is_hex(head, 64):
-        raise SecureFFMError(f"--expect-head {head!r} is not a sha256: give the 64 lowercase "
-                             "hex digits printed at the end of the run or by --pin")
-    if pin.head is not None and pin.head != head:
-        raise SecureFFMError(f"--expect-head differs from the head in {args.parties}; give the "
-                             "one you trust")
-    return replace(pin, head=head)
-
-
-def audit_command(args: argparse.Namespace) -> int:
-    """Print the verdict or the pin; 0 intact, 1 tampered, 2 when the folder or pin cannot be
-    read or the options do not fit."""
-    try:
-        if args.pin:
-            if args.expect_head or args.parties:
-                raise SecureFFMError("--expect-head and --parties go with --verify, not --pin")
-            print(json.dumps(pin_run(args.pin).as_dict(), indent=1, sort_keys=True))
-            return 0
-        report = verify_run(args.verify, _pin_from_args(args))
-    except SecureFFMError as err:
-        print(f"secureffm: error: {err}", file=sys.stderr)
-        return 2
-    print(report.summary())
-    return 0 if report.ok else 1
-
-
-def main(argv: list[str]) -> int:
-    """``secureffm audit`` as a function (see :func:`audit_command`)."""
-    parser = argparse.ArgumentParser(prog="secureffm audit",
-                                     description="Verify a run's signed, hash-chained log, or "
-                                                 "print its pin.")
-    add_arguments(parser)
-    return audit_command(parser.parse_args(argv))

@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 import torch
 
-from secureffm.audit import AuditReport, main, verify_run
+from secureffm.audit import AuditReport, verify_run
+from secureffm.cli import main as cli_main
 from secureffm.errors import SecureFFMError
 from secureffm.federation import SERVER, Client, InProcessEngine, MessageLog
 from secureffm.federation.crypto import Identity, verify_signature
@@ -21,6 +22,11 @@ from secureffm.federation.log import canonical
 from secureffm.protocols import load_protocol
 
 VECTOR3 = {"gradient": ((3,), np.dtype(np.float32))}
+
+
+def main(argv: list[str]) -> int:
+    """``secureffm audit ARGV`` through the CLI, its exit code."""
+    return cli_main(["audit", *argv])
 
 
 @dataclass
@@ -370,7 +376,7 @@ def single_log(tmp_path: Path, parties: list[str]) -> tuple[MessageLog, dict[str
 
 
 def test_a_single_party_run_closes_its_own_log(tmp_path):
-    """A centralized run (secureffm/run.py) has no server: its only party closes."""
+    """A centralized run (secureffm/runs/ffm.py) has no server: its only party closes."""
     log, keys = single_log(tmp_path, ["central"])
     head = log.close(keys["central"], party="central")
     report = verify_run(tmp_path)

@@ -8,7 +8,6 @@ import torch
 
 from secureffm.audit import verify_run
 from secureffm.config import RunConfig
-from secureffm.dcfm_run import conditional_data, load_dcfm, local_experts, nominal_shard_size
 from secureffm.errors import ConfigError, ProtocolError
 from secureffm.federation.parties import Client
 from secureffm.methods.dcfm import (
@@ -27,7 +26,8 @@ from secureffm.methods.dcfm import (
 from secureffm.models.conditional import ConditionalVelocityMLP
 from secureffm.privacy.ledger import PrivacyLedger
 from secureffm.protocols.dp import DPSettings
-from secureffm.run import run
+from secureffm.runs import run
+from secureffm.runs.dcfm import conditional_data, load_dcfm, local_experts, nominal_shard_size
 
 CARDS = (3, 2)
 

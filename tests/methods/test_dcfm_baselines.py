@@ -6,7 +6,6 @@ import torch
 
 from secureffm.audit import verify_run
 from secureffm.config import RunConfig
-from secureffm.dcfm_run import load_dcfm
 from secureffm.federation.engine import InProcessEngine
 from secureffm.federation.log import MessageLog
 from secureffm.federation.parties import Client
@@ -16,7 +15,8 @@ from secureffm.methods.ffm import client_weights
 from secureffm.models.conditional import ConditionalVelocityMLP
 from secureffm.models.params import flat_params
 from secureffm.protocols.protocol import load_protocol
-from secureffm.run import run
+from secureffm.runs import run
+from secureffm.runs.dcfm import load_dcfm
 
 CARDS = (2, 2)
 

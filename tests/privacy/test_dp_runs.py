@@ -4,7 +4,7 @@ import pytest
 
 from secureffm.errors import ConfigError, ProtocolError
 from secureffm.protocols import load_protocol
-from secureffm.run import run
+from secureffm.runs import run
 
 
 def privacy(result):

@@ -21,7 +21,7 @@ from secureffm.privacy.skellam import (
 )
 from secureffm.protocols import load_protocol
 from secureffm.protocols.dp import DistributedNoise
-from secureffm.run import run
+from secureffm.runs import run
 
 
 def exact_skellam_rdp(alpha: int, shift: int, variance: float) -> float:

@@ -12,9 +12,9 @@ import os
 import pytest
 import torch
 
-from secureffm.dcfm_run import load_dcfm
 from secureffm.errors import SecureFFMError
-from secureffm.run import load_velocity
+from secureffm.runs import load_velocity
+from secureffm.runs.dcfm import load_dcfm
 
 
 class _Planted:
@@ -38,7 +38,7 @@ def test_a_planted_pickle_in_checkpoint_pt_does_not_run(tmp_path, loader):
 
 
 def test_a_genuine_checkpoint_still_loads(small_config):
-    from secureffm.run import run
+    from secureffm.runs import run
 
     result = run(small_config(method="icfm", rounds=2))
     model = load_velocity(result.out)

@@ -17,13 +17,18 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from secureffm.audit import RunPin, load_pin, main, pin_run, verify_run
+from secureffm.audit import RunPin, load_pin, pin_run, verify_run
 from secureffm.cli import main as cli_main
 from secureffm.config import RunConfig
 from secureffm.federation.crypto import Identity, new_key_pair
 from secureffm.federation.log import canonical
 from secureffm.federation.message import deserialize_payload, serialize_payload
-from secureffm.run import run
+from secureffm.runs import run
+
+
+def main(argv: list[str]) -> int:
+    """``secureffm audit ARGV`` through the CLI, its exit code."""
+    return cli_main(["audit", *argv])
 
 
 @pytest.fixture(scope="module")

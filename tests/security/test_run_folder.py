@@ -13,7 +13,7 @@ import json
 import pytest
 
 from secureffm.errors import ConfigError
-from secureffm.run import run
+from secureffm.runs import run
 
 
 def test_a_non_empty_run_folder_is_refused_and_overwrite_clears_old_claims(small_config):

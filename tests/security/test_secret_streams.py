@@ -24,8 +24,8 @@ from safetensors.numpy import load
 import secureffm
 from secureffm.audit.verify import verify_run
 from secureffm.federation.parties import STREAM_PURPOSES, SecretStreams, new_client
-from secureffm.fedwad_run import FedWADRun, run_fedwad
 from secureffm.methods.fedwad import FedWADConfig
+from secureffm.runs.fedwad import FedWADRun, run_fedwad
 
 T_LOW, T_HIGH = 0.2, 0.8  # protocols/fedwad-private.toml
 
@@ -77,7 +77,7 @@ def _replays(out: Path) -> dict[str, float]:
 
 
 def _client_one_data() -> np.ndarray:
-    return np.random.default_rng(7).standard_normal((150, 2))  # fedwad_run's gaussians, client 1
+    return np.random.default_rng(7).standard_normal((150, 2))  # runs/fedwad.py: client 1
 
 
 def test_fedwad_private_data_cannot_be_recovered_by_replaying_the_seed(tmp_path):
@@ -128,13 +128,13 @@ _SEEDING = {"default_rng", "manual_seed", "Generator", "party_generator", "Rando
 _ALLOWED = {
     "federation/parties.py": "SecretStreams: OS entropy, or the documented insecure switch",
     "runtime.py": "party_generator: public streams (evaluator, the server's own draws)",
-    "run.py": "torch.manual_seed(seed) for initial weights; the evaluator's public stream",
-    "dcfm_run.py": "initial weights; the evaluator and DCFM-B's server draw from public streams",
+    "runs/ffm.py": "torch.manual_seed(seed) for initial weights; the evaluator's public stream",
+    "runs/dcfm.py": "initial weights; the evaluator and DCFM-B's server draw from public streams",
     "data/pairs.py": "public synthetic data and partition",
     "data/modes2d.py": "public synthetic data and partition",
     "data/colored_digits.py": "public data generation and partition",
     "data/digits.py": "public class-pair split",
-    "fedwad_run.py": "public synthetic gaussians",
+    "runs/fedwad.py": "public synthetic gaussians",
     "methods/fedwad.py": "the one-process reference (all parties in one process, no messages)",
     "methods/fedwad_federated.py": "the server's own xi^(0) and t (public to the server)",
     "methods/fedwad_coreset.py": "the server's choice of clients per epoch",
@@ -163,7 +163,7 @@ def test_a_run_is_reproducible_only_under_the_insecure_switch(small_config, tmp_
     """Two secure-aggregation runs with one published seed train on different secret streams
     (batches, x0, t, stochastic rounding), so their models and W2 differ; under
     insecure_deterministic they are equal."""
-    from secureffm.run import run
+    from secureffm.runs import run
 
     def w2(name: str, deterministic: bool) -> dict:
         result = run(small_config(method="vanilla", protocol="secagg", rounds=3,

@@ -6,7 +6,6 @@ Two clients give one distance; more give the matrix of distances between every p
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import time
@@ -17,20 +16,19 @@ import numpy as np
 import tomli_w
 import torch
 
-from .data.digits import load_digit_arrays
-from .errors import ConfigError, DataError
-from .federation.engine import InProcessEngine
-from .federation.log import MessageLog
-from .federation.parties import new_client, secret_randomness
-from .methods.fedwad import FedWADConfig, check_samples, ground_cost
-from .methods.fedwad_federated import federated_distance, pairwise_distances
-from .ot import emd_cost
-from .protocols.protocol import load_protocol
-from .protocols.statement import privacy_statement
-from .runtime import check_pin_path, pin_message, prepare_run_folder, record_pin
+from ..data.digits import load_digit_arrays
+from ..errors import ConfigError, DataError
+from ..federation.engine import InProcessEngine
+from ..federation.log import MessageLog
+from ..federation.parties import new_client, secret_randomness
+from ..methods.fedwad import FedWADConfig, check_samples, ground_cost
+from ..methods.fedwad_federated import federated_distance, pairwise_distances
+from ..ot import emd_cost
+from ..protocols.protocol import load_protocol
+from ..protocols.statement import privacy_statement
+from .scaffold import check_pin_path, prepare_run_folder, record_pin
 
-__all__ = ["FedWADRun", "FedWADRunResult", "run_fedwad", "client_data", "add_arguments",
-           "fedwad_command", "DATA"]
+__all__ = ["FedWADRun", "FedWADRunResult", "run_fedwad", "client_data", "DATA"]
 
 DATA = ("gaussians", "digits")
 SHIFT = 2.0  # client i of ``gaussians`` holds N(i * SHIFT * e_1, I_d)
@@ -182,61 +180,3 @@ def run_fedwad(run: FedWADRun) -> FedWADRunResult:
                                 secret_randomness=result["secret_randomness"])
     (out / "privacy.json").write_text(json.dumps(privacy, indent=2))
     return FedWADRunResult(out, result, pin)
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The options of ``secureffm fedwad``."""
-    add = parser.add_argument
-    default = FedWADConfig()
-    add("--data", default="gaussians", help="gaussians | digits (ignored with --client-file)")
-    add("--client-file", dest="client_files", action="append", default=[], metavar="NPY",
-        help="a client's samples, a .npy array [N, d]; give it once per client")
-    add("--clients", type=int, default=2, help="clients (more than 2: the pairwise matrix)")
-    add("--samples", type=int, default=1000, help="samples per client")
-    add("--dim", type=int, default=2, help="dimension of gaussians")
-    add("--p", type=int, default=default.p, help="W_p: 1 or 2")
-    add("--iterations", type=int, default=default.iterations, help="K of Algorithm 1")
-    add("--support", type=int, default=default.support_size,
-        help="S atoms of the interpolating measures")
-    add("--exact", action="store_true", help="exact interpolation (Eq. 5) instead of Eq. 10")
-    add("--t-range", type=float, nargs=2, default=default.t_range, metavar=("LOW", "HIGH"),
-        help="range of each random t without a randomized-t stage")
-    add("--noise-std", type=float, default=default.noise_std,
-        help="noise on returned support points without a randomized-t stage")
-    add("--protocol", default="plaintext", help="plaintext | fedwad-private | a .toml spec")
-    add("--seed", type=int, default=0)
-    add("--out", default="", help="run folder (default runs/fedwad-<protocol>-<data>-s<seed>)")
-    add("--check-exact", action="store_true", help="also compute exact W_p with POT")
-    add("--keep-payloads", action="store_true", help="keep delivered payloads in payloads.bin")
-    add("--overwrite", action="store_true",
-        help="replace the files of an earlier run in the run folder (else it must be empty)")
-    add("--pin-to", default="", metavar="FILE",
-        help="also write the run's pin (log head, key fingerprints) to FILE, kept apart from "
-             "the run folder")
-    add("--insecure-deterministic", action="store_true",
-        help="INSECURE, debugging only: derive the clients' secret t and noise from --seed, "
-             "which config.toml publishes (recorded in config.toml and result.json)")
-
-
-def fedwad_command(args: argparse.Namespace) -> None:
-    """Build the run from parsed options, run it, print the folder and the distance(s)."""
-    config = FedWADConfig(p=args.p, iterations=args.iterations, support_size=args.support,
-                          exact=args.exact, t_range=tuple(args.t_range),
-                          noise_std=args.noise_std, seed=args.seed)
-    done = run_fedwad(FedWADRun(config, args.data, args.clients, args.samples, args.dim,
-                                tuple(args.client_files), args.protocol, args.seed, args.out,
-                                args.check_exact, args.keep_payloads,
-                                overwrite=args.overwrite,
-                                insecure_deterministic=args.insecure_deterministic,
-                                pin_to=args.pin_to))
-    print(f"run folder: {done.out}")
-    print(pin_message(done.out, done.pin, args.pin_to))
-    if "distance" in done.result:
-        line = f"FedWAD W_{args.p}: {done.result['distance']:.6g}"
-        if "exact" in done.result:
-            line += (f" (exact {done.result['exact']:.6g}, relative error "
-                     f"{done.result['max_relative_error']:.2%})")
-        print(line)
-    else:
-        print(f"FedWAD W_{args.p} between clients {', '.join(done.result['clients'])}:")
-        print(np.array2string(np.array(done.result["matrix"]), precision=4))

@@ -1,4 +1,5 @@
-"""One run, end to end: data, parties, training through the engine, evaluation, run folder.
+"""One FFM run (FFM-vanilla, LOT, GOT, or a centralized baseline), end to end: data, parties,
+training through the engine, evaluation, run folder.
 
 The run folder holds config.toml, metrics.json, messages.jsonl, checkpoint.pt,
 trajectories.png and w2_nfe.png.
@@ -9,55 +10,37 @@ from __future__ import annotations
 import json
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from tqdm import tqdm
 
-from .config import DCFM_METHODS, RunConfig, write_config
-from .data.pairs import get_pair, make_shards
-from .errors import ConfigError
-from .federation.engine import InProcessEngine
-from .federation.faults import load_threat_model
-from .federation.log import MessageLog
-from .federation.parties import new_client, secret_randomness
-from .methods import CENTRALIZED, CentralizedFlowMatching, FederatedFlowMatching
-from .metrics.evaluate import evaluate_flow, potential_health
-from .metrics.sampling import trajectories
-from .plots import plot_trajectories, plot_w2_nfe
-from .protocols.protocol import load_protocol
-from .protocols.statement import privacy_statement
-from .runtime import (
+from ..config import RunConfig, write_config
+from ..data.pairs import get_pair, make_shards
+from ..errors import ConfigError
+from ..federation.engine import InProcessEngine
+from ..federation.faults import load_threat_model
+from ..federation.log import MessageLog
+from ..federation.parties import new_client, secret_randomness
+from ..methods import CENTRALIZED, CentralizedFlowMatching, FederatedFlowMatching
+from ..metrics.evaluate import evaluate_flow, potential_health
+from ..metrics.sampling import trajectories
+from ..plots import plot_trajectories, plot_w2_nfe
+from ..protocols.protocol import load_protocol
+from ..protocols.statement import privacy_statement
+from ..runtime import party_generator, resolve_device
+from .scaffold import (
+    RunResult,
     check_pin_path,
     load_checkpoint,
-    party_generator,
     prepare_run_folder,
     record_pin,
-    resolve_device,
+    run_folder,
 )
 
-__all__ = ["run", "RunResult", "run_folder", "load_velocity"]
+__all__ = ["run_ffm", "load_velocity"]
 
 EVALUATOR = 1_000_000  # party index of the evaluator's generator (outside the federation)
-
-
-@dataclass(frozen=True)
-class RunResult:
-    """Where the run wrote its files, its metrics as written to metrics.json, and its pin (the
-    log's head and the parties' key fingerprints, to keep apart from the folder)."""
-
-    out: Path
-    metrics: dict
-    pin: dict | None = None
-
-
-def run_folder(config: RunConfig) -> Path:
-    """``config.out`` if set, else runs/<method>-<protocol>-<data>-s<seed>."""
-    if config.out:
-        return Path(config.out)
-    protocol = Path(config.protocol).stem
-    return Path("runs") / f"{config.method}-{protocol}-{config.data}-s{config.seed}"
 
 
 def _build(config: RunConfig, device: torch.device, log: MessageLog):
@@ -110,13 +93,8 @@ def _privacy(config: RunConfig, trainer, rounds_run: int) -> dict:
                              nominal_records=config.shard_size, accounting=accounting)
 
 
-def run(config: RunConfig) -> RunResult:
-    """Train and evaluate as ``config`` says; write everything to the run folder."""
-    torch.set_num_threads(config.threads)
-    if config.method in DCFM_METHODS:  # conditional data, experts: secureffm/dcfm_run.py
-        from .dcfm_run import run_dcfm
-
-        return run_dcfm(config)
+def run_ffm(config: RunConfig) -> RunResult:
+    """Train and evaluate an FFM-family ``config``; write everything to the run folder."""
     device = resolve_device(config.device)
     out = run_folder(config)
     check_pin_path(out, config.pin_to)
@@ -194,7 +172,7 @@ def run(config: RunConfig) -> RunResult:
 
 def load_velocity(run_dir: str | Path, device: str = "cpu") -> torch.nn.Module:
     """The evaluated velocity field of a finished run (its EMA when one was kept)."""
-    from .models.mlp import VelocityMLP
+    from ..models.mlp import VelocityMLP
 
     run_dir = Path(run_dir)
     checkpoint = load_checkpoint(run_dir / "checkpoint.pt", device)

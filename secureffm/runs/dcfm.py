@@ -23,13 +23,13 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from torch import nn  # noqa: E402
 
-from .config import RunConfig, write_config  # noqa: E402
-from .errors import ProtocolError  # noqa: E402
-from .federation.engine import InProcessEngine  # noqa: E402
-from .federation.faults import load_threat_model  # noqa: E402
-from .federation.log import MessageLog  # noqa: E402
-from .federation.parties import Client, new_client, secret_randomness  # noqa: E402
-from .methods.dcfm import (  # noqa: E402
+from ..config import RunConfig, write_config  # noqa: E402
+from ..errors import ProtocolError  # noqa: E402
+from ..federation.engine import InProcessEngine  # noqa: E402
+from ..federation.faults import load_threat_model  # noqa: E402
+from ..federation.log import MessageLog  # noqa: E402
+from ..federation.parties import Client, new_client, secret_randomness  # noqa: E402
+from ..methods.dcfm import (  # noqa: E402
     DCFMA,
     DCFMB,
     ComposedField,
@@ -42,22 +42,23 @@ from .methods.dcfm import (  # noqa: E402
     train_experts,
     upload_models,
 )
-from .methods.dcfm_baselines import FedFlow, RouterField  # noqa: E402
-from .methods.ffm import client_weights  # noqa: E402
-from .metrics.sampling import integrate  # noqa: E402
-from .models.conditional import ConditionalVelocityMLP  # noqa: E402
-from .privacy.accounting import calibrate_noise, check_delta, epsilon  # noqa: E402
-from .privacy.ledger import PrivacyLedger  # noqa: E402
-from .protocols.dp import DPSettings  # noqa: E402
-from .protocols.protocol import load_protocol  # noqa: E402
-from .protocols.statement import privacy_statement  # noqa: E402
-from .runtime import (  # noqa: E402
+from ..methods.dcfm_baselines import FedFlow, RouterField  # noqa: E402
+from ..methods.ffm import client_weights  # noqa: E402
+from ..metrics.sampling import integrate  # noqa: E402
+from ..models.conditional import ConditionalVelocityMLP  # noqa: E402
+from ..privacy.accounting import calibrate_noise, check_delta, epsilon  # noqa: E402
+from ..privacy.ledger import PrivacyLedger  # noqa: E402
+from ..protocols.dp import DPSettings  # noqa: E402
+from ..protocols.protocol import load_protocol  # noqa: E402
+from ..protocols.statement import privacy_statement  # noqa: E402
+from ..runtime import party_generator, resolve_device  # noqa: E402
+from .scaffold import (  # noqa: E402
+    RunResult,
     check_pin_path,
     load_checkpoint,
-    party_generator,
     prepare_run_folder,
     record_pin,
-    resolve_device,
+    run_folder,
 )
 
 __all__ = ["ConditionalData", "conditional_data", "nominal_shard_size", "local_experts",
@@ -85,13 +86,13 @@ def conditional_data(config: RunConfig) -> ConditionalData:
     ``disjoint`` is the paper's non-IID split. ``colored-digits``: the bundled digits at total
     coverage ``coverage``, partition ``iid`` or ``dirichlet``."""
     if config.data == "modes2d":
-        from .data.modes2d import CARDINALITIES, MISSING, OBSERVED, modes2d_shards
+        from ..data.modes2d import CARDINALITIES, MISSING, OBSERVED, modes2d_shards
 
         per_mode = max(1, config.clients * config.shard_size // len(OBSERVED))
         shards = modes2d_shards(per_mode, config.clients, config.partition, config.seed,
                                 config.dirichlet_alpha)
         return ConditionalData(shards, CARDINALITIES, torch.tensor([MISSING]))
-    from .data.colored_digits import federated_colored_digits
+    from ..data.colored_digits import federated_colored_digits
 
     split = federated_colored_digits(config.clients, config.coverage, config.partition,
                                      config.dirichlet_alpha, config.seed,
@@ -270,7 +271,7 @@ def _evaluate(config: RunConfig, data: ConditionalData, sampler: DCFMSampler,
                for y in all_combinations(data.cardinalities)}
     report: dict = {"nfe": max(config.nfe), "samples_per_combination": n}
     if config.data == "modes2d":
-        from .data.modes2d import MISSING, OBSERVED, in_mode_fraction
+        from ..data.modes2d import MISSING, OBSERVED, in_mode_fraction
 
         fractions = {f"{a},{b}": in_mode_fraction(x, (a, b)) for (a, b), x in samples.items()}
         report["in_mode_fraction"] = fractions
@@ -316,8 +317,6 @@ def _plot_samples(path: Path, data: ConditionalData, samples: dict, title: str) 
 
 def run_dcfm(config: RunConfig):
     """Train and evaluate a DCFM-family ``config``; write the run folder."""
-    from .run import RunResult, run_folder
-
     device = resolve_device(config.device)
     out = run_folder(config)
     check_pin_path(out, config.pin_to)
