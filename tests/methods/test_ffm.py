@@ -8,6 +8,9 @@ RDPAccountant for epsilon, Adam's first step (about lr per parameter), and sums 
 
 from __future__ import annotations
 
+import tempfile
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -18,7 +21,7 @@ from secureffm.data.pairs import get_pair
 from secureffm.errors import ConfigError
 from secureffm.federation.engine import InProcessEngine
 from secureffm.federation.log import MessageLog
-from secureffm.federation.parties import new_client
+from secureffm.federation.parties import SecretStreams, new_client
 from secureffm.methods.couplings import IndependentCoupling
 from secureffm.methods.ffm import FederatedFlowMatching, client_weights, velocity_gradient
 from secureffm.methods.flow_matching import flow_matching_loss
@@ -44,7 +47,7 @@ def _ffm(tmp_path, method="vanilla", protocol="plaintext", sizes=(SHARD, SHARD),
     data = pair.target.sample(sum(sizes), torch.Generator().manual_seed(1))[0]
     clients = [new_client(f"client-{i}", part, deterministic_seed=7)
                for i, part in enumerate(torch.split(data, list(sizes)), start=1)]
-    folder = tmp_path / f"{method}-{protocol}-{'-'.join(map(str, sizes))}"
+    folder = Path(tempfile.mkdtemp(dir=tmp_path))  # one log per federation
     engine = InProcessEngine(clients, load_protocol(protocol),
                              MessageLog(folder / "messages.jsonl"))
     torch.manual_seed(0)
@@ -102,6 +105,23 @@ def test_the_candidate_pool_has_k_rows_keyed_by_round_and_kind_whatever_the_batc
         torch.as_tensor(u, dtype=torch.float32))[0])
     assert not torch.equal(ffm.candidate_pool(client, 4, "gradient"), pool)
     assert not torch.equal(ffm.candidate_pool(client, 3, "dual_update"), pool)
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "bug: FederatedFlowMatching._uniforms casts the keyed float64 uniforms to float32 (and "
+    "toy2d.from_uniforms casts again) before Box-Muller, so a uniform in [1 - 2^-25, 1) "
+    "becomes 1.0 and x0 is infinite; the client's update is then NaN and dropped"))
+def test_the_largest_keyed_uniform_still_gives_finite_source_points(tmp_path, monkeypatch):
+    """keyed_uniforms can return 1 - 2^-53; here every uniform is that value (the stream is
+    replaced, the code under test is FFM's use of it)."""
+    ffm = _ffm(tmp_path, method="got")
+    client = ffm.engine.clients[0]
+    monkeypatch.setattr(SecretStreams, "example_uniforms",
+                        lambda self, context, rows, width: np.full((len(rows), width),
+                                                                   1 - 2**-53))
+    x0, _ = ffm.example_noise(client, 1, "gradient", torch.tensor([0, 1]))
+    assert torch.isfinite(x0).all() and torch.isfinite(
+        ffm.candidate_pool(client, 1, "gradient")).all()
 
 
 # -- losses and gradients ------------------------------------------------------------------
