@@ -111,18 +111,7 @@ def test_from_uniforms_refuses_the_wrong_number_of_uniforms(name):
         dist.from_uniforms(torch.rand(4, dist.uniforms + 1))
 
 
-_FLOAT32_BUG = pytest.mark.xfail(strict=True, reason=(
-    "bug: from_uniforms casts u to float32 before Box-Muller, so a uniform in "
-    "[1 - 2^-25, 1) (2^-25 of keyed_uniforms' outputs) becomes 1.0 and log1p(-1) = -inf "
-    "gives an infinite point"))
-
-
-@pytest.mark.parametrize("name", [
-    pytest.param("8gaussians", marks=_FLOAT32_BUG),
-    pytest.param("moons", marks=_FLOAT32_BUG),
-    pytest.param("gaussian", marks=_FLOAT32_BUG),
-    "uniform",
-])
+@pytest.mark.parametrize("name", sorted(DISTRIBUTIONS))
 def test_every_uniform_in_the_unit_interval_gives_a_finite_point(name):
     """keyed_uniforms returns float64 values up to 1 - 2^-53; the law has no infinite points,
     so the largest of them must map to a finite one (in FFM an infinite x0 makes the client's

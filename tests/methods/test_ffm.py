@@ -71,10 +71,9 @@ def test_example_noise_is_the_clients_keyed_uniforms_for_round_kind_and_row(tmp_
     x0, t = ffm.example_noise(client, 5, "gradient", rows)
     width = ffm.pair.source.uniforms + 1
     u = torch.as_tensor(client.streams.example_uniforms((5, "gradient", "example"),
-                                                        rows.numpy(), width),
-                        dtype=torch.float32)
+                                                        rows.numpy(), width))  # float64
     assert x0.shape == (3, 2) and t.shape == (3,)
-    assert torch.equal(t, u[:, 0]) and 0 <= t.min() and t.max() < 1
+    assert torch.equal(t, u[:, 0].float()) and 0 <= t.min() and t.max() < 1
     assert torch.equal(x0, ffm.pair.source.from_uniforms(u[:, 1:])[0])
 
 
@@ -101,16 +100,11 @@ def test_the_candidate_pool_has_k_rows_keyed_by_round_and_kind_whatever_the_batc
     assert torch.equal(ffm.candidate_pool(client, 3, "gradient"), pool)
     u = client.streams.example_uniforms((3, "gradient", "pool"), np.arange(K),
                                         ffm.pair.source.uniforms)
-    assert torch.equal(pool, ffm.pair.source.from_uniforms(
-        torch.as_tensor(u, dtype=torch.float32))[0])
+    assert torch.equal(pool, ffm.pair.source.from_uniforms(torch.as_tensor(u))[0])
     assert not torch.equal(ffm.candidate_pool(client, 4, "gradient"), pool)
     assert not torch.equal(ffm.candidate_pool(client, 3, "dual_update"), pool)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "bug: FederatedFlowMatching._uniforms casts the keyed float64 uniforms to float32 (and "
-    "toy2d.from_uniforms casts again) before Box-Muller, so a uniform in [1 - 2^-25, 1) "
-    "becomes 1.0 and x0 is infinite; the client's update is then NaN and dropped"))
 def test_the_largest_keyed_uniform_still_gives_finite_source_points(tmp_path, monkeypatch):
     """keyed_uniforms can return 1 - 2^-53; here every uniform is that value (the stream is
     replaced, the code under test is FFM's use of it)."""

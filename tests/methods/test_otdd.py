@@ -58,7 +58,9 @@ def test_federated_otdd_is_close_to_central_otdd_with_exact_solvers(tmp_path):
     rng = np.random.default_rng(0)
     data = [_labelled(rng, [0, 1, 2], 0.0), _labelled(rng, [1, 3], 0.7),
             _labelled(rng, [4], -0.5)]  # the third client holds a single class
-    clients = labelled_clients([x for x, _ in data], [y for _, y in data])
+    # Seeded client streams: with OS-entropy t the error is 0.1-0.2% in most runs, but about
+    # one run in twelve draws ts that leave it above 2% (measured); the test checks the method.
+    clients = labelled_clients([x for x, _ in data], [y for _, y in data], deterministic_seed=0)
     engine = _engine(clients, tmp_path)
     config = FedWADConfig(iterations=10, support_size=20, exact=True, seed=0)
     result = federated_otdd(engine, engine.protocol, config, show_progress=False)
