@@ -1,0 +1,105 @@
+"""What every runner shares: the run folder (refusing to mix runs), its pin, checkpoints.
+
+A runner (:mod:`.ffm`, :mod:`.dcfm`, :mod:`.fedwad`) builds its parties and channel, trains,
+and writes the folder through these functions; the CLI only parses arguments.
+"""
+
+from __future__ import annotations
+
+import json
+import pickle
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from ..audit.pin import pin_of
+from ..config import RunConfig
+from ..errors import ConfigError
+
+__all__ = ["RunResult", "run_folder", "prepare_run_folder", "RUN_ARTIFACTS", "load_checkpoint",
+           "check_pin_path", "record_pin", "pin_message"]
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """Where the run wrote its files, its metrics as written to metrics.json, and its pin (the
+    log's head and the parties' key fingerprints, to keep apart from the folder)."""
+
+    out: Path
+    metrics: dict
+    pin: dict | None = None
+
+
+def run_folder(config: RunConfig) -> Path:
+    """``config.out`` if set, else runs/<method>-<protocol>-<data>-s<seed>."""
+    if config.out:
+        return Path(config.out)
+    protocol = Path(config.protocol).stem
+    return Path("runs") / f"{config.method}-{protocol}-{config.data}-s{config.seed}"
+
+
+# Files a run writes into its folder; --overwrite removes exactly these before a new run.
+RUN_ARTIFACTS = ("config.toml", "metrics.json", "result.json", "privacy.json", "messages.jsonl",
+                 "parties.json", "payloads.bin", "checkpoint.pt", "trajectories.png",
+                 "w2_nfe.png", "samples.png")
+
+
+def prepare_run_folder(out: Path, overwrite: bool) -> Path:
+    """Create ``out`` for a new run. A folder that already holds files is refused (a new run
+    would mix its files with an old run's, e.g. a privacy.json the new run does not write)
+    unless ``overwrite``, which first deletes the :data:`RUN_ARTIFACTS` found there."""
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"out = {str(out)!r} is a file; give a folder for the run")
+    present = sorted(p.name for p in out.iterdir()) if out.is_dir() else []
+    if present and not overwrite:
+        raise ConfigError(f"run folder {str(out)!r} is not empty (it holds {', '.join(present[:4])}"
+                          f"{', ...' if len(present) > 4 else ''}); pass --overwrite to replace "
+                          "the previous run's files, or choose another --out")
+    for name in RUN_ARTIFACTS:
+        (out / name).unlink(missing_ok=True)
+    out.mkdir(parents=True, exist_ok=True)
+    return out
+
+
+def load_checkpoint(path: Path, device: torch.device | str = "cpu") -> dict:
+    """A run's checkpoint.pt, read with ``weights_only=True``: tensors, numbers, strings and
+    containers only, so a planted pickle (a ``__reduce__`` that runs code) is refused, not run."""
+    if not path.is_file():
+        raise ConfigError(f"{path} is missing: is {path.parent} a finished run folder?")
+    try:
+        return torch.load(path, map_location=device, weights_only=True)
+    except pickle.UnpicklingError as err:
+        first = str(err).strip().splitlines()[0] if str(err).strip() else "unsupported object"
+        raise ConfigError(f"{path} holds something other than tensors and plain values, so it "
+                          f"was not loaded (nothing in it ran): {first}. Load only checkpoints "
+                          "that secureffm wrote") from None
+
+
+def check_pin_path(out: Path, pin_to: str) -> None:
+    """A pin written inside the run folder protects nothing: refuse it before the run starts."""
+    if pin_to and Path(pin_to).resolve().is_relative_to(out.resolve()):
+        raise ConfigError(f"pin_to = {pin_to!r} lies inside the run folder {str(out)!r}; whoever "
+                          "can rewrite the folder could rewrite the pin. Keep it elsewhere")
+
+
+def record_pin(out: Path, head: str | None, pin_to: str) -> dict | None:
+    """The run's pin (log head, parties.json hash, key fingerprints; see
+    :func:`secureffm.audit.pin.pin_of`), written to ``pin_to`` when given; None when the log
+    has no closing record."""
+    if head is None:
+        return None
+    pin = pin_of(out, head).as_dict()
+    if pin_to:
+        Path(pin_to).parent.mkdir(parents=True, exist_ok=True)
+        Path(pin_to).write_text(json.dumps(pin, indent=1))
+    return pin
+
+
+def pin_message(out: Path, pin: dict | None, pin_to: str) -> str:
+    """What a command prints about the run's pin, so the user can keep it apart."""
+    if pin is None:
+        return "log head: none (the log has no closing record)"
+    where = f"; pin written to {pin_to}" if pin_to else ""
+    return (f"log head: {pin['head']}{where}\n  keep it apart from the run folder; later: "
+            f"secureffm audit --verify {out} --expect-head {pin['head']}")

@@ -1,0 +1,113 @@
+"""The runners' shared scaffold: run folder, checkpoints, pins (secureffm/runs/scaffold.py).
+
+Truths used: the file system as the test leaves it, a planted pickle whose ``__reduce__``
+would create a marker file, and the pin computed by secureffm.audit.pin from parties.json.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+import torch
+
+from secureffm.audit.pin import pin_of
+from secureffm.errors import ConfigError
+from secureffm.federation.crypto import Identity
+from secureffm.federation.log import MessageLog
+from secureffm.runs.scaffold import (
+    RUN_ARTIFACTS,
+    check_pin_path,
+    load_checkpoint,
+    pin_message,
+    prepare_run_folder,
+    record_pin,
+)
+
+
+class _Planted:
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return os.system, (f"touch {self.marker}",)
+
+
+def test_a_new_run_folder_is_created_and_an_empty_one_accepted(tmp_path):
+    out = prepare_run_folder(tmp_path / "a" / "run", overwrite=False)
+    assert out.is_dir()
+    assert prepare_run_folder(out, overwrite=False) == out
+
+
+def test_a_non_empty_folder_is_refused_and_left_as_it_was(tmp_path):
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "privacy.json").write_text("{}")
+    with pytest.raises(ConfigError, match="is not empty .*privacy.json.*pass --overwrite"):
+        prepare_run_folder(out, overwrite=False)
+    assert (out / "privacy.json").read_text() == "{}"
+
+
+def test_overwrite_removes_exactly_the_known_artifacts(tmp_path):
+    out = tmp_path / "run"
+    out.mkdir()
+    for name in RUN_ARTIFACTS:
+        (out / name).write_text("old")
+    (out / "notes.txt").write_text("mine")
+    (out / "data").mkdir()
+    prepare_run_folder(out, overwrite=True)
+    assert sorted(p.name for p in out.iterdir()) == ["data", "notes.txt"]
+
+
+def test_a_file_in_place_of_the_folder_is_refused(tmp_path):
+    (tmp_path / "run").write_text("x")
+    with pytest.raises(ConfigError, match="is a file; give a folder"):
+        prepare_run_folder(tmp_path / "run", overwrite=True)
+
+
+def test_a_planted_pickle_is_refused_naming_the_file_and_never_runs(tmp_path):
+    """Adversary: whoever can write the run folder plants a pickle that runs a command."""
+    marker = tmp_path / "pwned"
+    path = tmp_path / "checkpoint.pt"
+    torch.save({"state": _Planted(marker)}, path)
+    with pytest.raises(ConfigError, match=f"{path} holds something other than tensors"):
+        load_checkpoint(path)
+    assert not marker.exists()
+
+
+def test_a_checkpoint_of_tensors_and_plain_values_loads(tmp_path):
+    path = tmp_path / "checkpoint.pt"
+    torch.save({"config": {"hidden": 8, "nfe": [1, 2]}, "w": torch.arange(3.0)}, path)
+    loaded = load_checkpoint(path)
+    assert loaded["config"] == {"hidden": 8, "nfe": [1, 2]}
+    assert torch.equal(loaded["w"], torch.arange(3.0))
+    with pytest.raises(ConfigError, match="missing: is .* a finished run folder"):
+        load_checkpoint(tmp_path / "other.pt")
+
+
+def test_a_pin_inside_the_run_folder_is_refused_and_one_outside_accepted(tmp_path):
+    out = tmp_path / "run"
+    for inside in (out / "pin.json", out / "sub" / "pin.json", out / ".." / "run" / "p.json"):
+        with pytest.raises(ConfigError, match="lies inside the run folder"):
+            check_pin_path(out, str(inside))
+    check_pin_path(out, str(tmp_path / "run2" / "pin.json"))  # a sibling sharing the prefix
+    check_pin_path(out, str(tmp_path / "pin.json"))
+    check_pin_path(out, "")  # no pin asked for
+
+
+def test_record_pin_writes_the_pin_of_the_closed_log_apart(tmp_path):
+    out = tmp_path / "run"
+    log = MessageLog(out / "messages.jsonl")
+    server = Identity()
+    log.register({"server": server.public})
+    head = log.close(server)
+    kept = tmp_path / "kept" / "pin.json"
+    pin = record_pin(out, head, str(kept))
+    assert pin == pin_of(out, head).as_dict() and pin["head"] == head
+    assert json.loads(kept.read_text()) == pin
+    assert head in pin_message(out, pin, str(kept)) and str(kept) in pin_message(out, pin,
+                                                                                 str(kept))
+    assert record_pin(out, None, str(tmp_path / "never.json")) is None
+    assert not (tmp_path / "never.json").exists()
+    assert pin_message(out, None, "") == "log head: none (the log has no closing record)"
