@@ -116,7 +116,6 @@ class _Federation:
 
     def phase_bytes(self, round_: int) -> dict[str, int]:
         """Payload bytes per phase in ``round_``, from the log records (events excluded)."""
-        self.log.flush()
         out: dict[str, int] = defaultdict(int)
         with self.log_path.open() as lines:
             for line in lines:

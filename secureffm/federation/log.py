@@ -49,7 +49,8 @@ class MessageLog:
     def __init__(self, path: Path, keep_payloads: bool = False):
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._file = self.path.open("w", encoding="utf-8")
+        # Line-buffered: every record is on disk once written (readers, crashes).
+        self._file = self.path.open("w", encoding="utf-8", buffering=1)
         self._payloads = (self.path.parent / PAYLOADS_FILE).open("wb") if keep_payloads else None
         self._seq = 0
         self._prev = ""
