@@ -19,7 +19,7 @@ import torch
 
 from ..config import RunConfig
 from ..data.pairs import DataPair
-from ..errors import ConfigError, ProtocolError
+from ..errors import ConfigError
 from ..federation.engine import InProcessEngine
 from ..federation.parties import Client
 from ..models.mlp import PotentialMLP, VelocityMLP
@@ -107,23 +107,17 @@ class FederatedFlowMatching:
     def _dp_settings(self):
         protocol = self.engine.protocol
         kinds = ("gradient", "dual_update") if self.config.method == "got" else ("gradient",)
-        settings = [protocol.dp_for(kind) for kind in kinds]
-        if not any(settings):
+        settings = protocol.dp_settings(kinds, f"method {self.config.method!r}")
+        if settings is None:
             self.config.require_no_dp_options(protocol.name)
             return None
         if self.config.method == "lot":
             raise ConfigError(LOT_DP_REFUSAL)
-        unprotected = [k for k, s in zip(kinds, settings, strict=True) if s is None]
-        if unprotected:
-            raise ProtocolError(
-                f"protocol {protocol.name!r} applies DP to some updates but method "
-                f"{self.config.method!r} also sends {unprotected[0]!r} updates computed from "
-                f"client data; add {unprotected[0]!r} to the dp stage's 'protects'")
         if self.config.method == "got" and self.config.ctransform_steps:
             raise ConfigError("ctransform_steps > 0 refines f^c by gradient steps through the "
                               "potential, which DP-SGD's per-example hooks cannot run; use "
                               "ctransform_steps = 0 under a dp protocol")
-        dp = self.config.dp_overrides(settings[0])
+        dp = self.config.dp_overrides(settings)
         check_delta(dp.delta, self.config.shard_size)
         return dp
 

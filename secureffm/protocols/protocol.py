@@ -189,6 +189,22 @@ class Protocol:
         """The DP settings clients must train ``kind`` updates with, or None."""
         return self.dp.settings if self.dp and kind in self.dp.protects else None
 
+    def dp_settings(self, kinds: tuple[str, ...], sender: str):
+        """The DP settings for all of ``kinds`` (every message ``sender``, a method, derives
+        from client data), or None when the protocol has no dp stage. A dp stage that leaves
+        one of them out is refused, naming it: that message would travel without DP while
+        the protocol's name promises DP."""
+        if self.dp is None:
+            return None
+        missing = [kind for kind in kinds if kind not in self.dp.protects]
+        if missing:
+            raise ProtocolError(
+                f"protocol {self.name!r} has a dp stage, but it does not protect "
+                f"{missing[0]!r}, which {sender} also sends, computed from client data; "
+                f"training it without DP would be silent. Add {missing[0]!r} to the dp stage's "
+                "'protects', or use a protocol without a dp stage")
+        return self.dp.settings
+
     def noise_geometry(self, kind: str, weights: dict[str, float],
                        sensitivity: dict[str, float], size: int):
         """The distributed-noise geometry of ``kind`` (see secagg.NoiseGeometry), or None

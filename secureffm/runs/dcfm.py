@@ -106,20 +106,12 @@ def _factory(config: RunConfig, data: ConditionalData):
 
 
 def _dp_settings(config: RunConfig, protocol, kind: str):
-    """The DP settings for ``kind``, None without a dp stage; refuses a dp stage that would
-    leave this method's messages unprotected."""
-    settings = protocol.dp_for(kind)
+    """The DP settings for ``kind``, None without a dp stage (see Protocol.dp_settings)."""
+    settings = protocol.dp_settings((kind,), f"method {config.method!r}")
     if settings is None:
-        if protocol.dp is not None:
-            raise ProtocolError(
-                f"protocol {protocol.name!r} has a dp stage, but it does not protect {kind!r}, "
-                f"the messages method {config.method!r} derives from client data; training "
-                f"without DP would be silent. Use protocol 'dp-sealed' or add {kind!r} to the "
-                "dp stage's 'protects'")
         config.require_no_dp_options(protocol.name)
         return None
     return config.dp_overrides(settings)
-
 
 
 def _planned_steps(config: RunConfig) -> int:

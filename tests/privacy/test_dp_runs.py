@@ -59,7 +59,7 @@ def test_got_with_an_unprotected_dual_update_is_refused(small_config, tmp_path):
     spec = tmp_path / "half.toml"
     spec.write_text('name = "half"\n[[stages]]\nstage = "dp"\nprotects = ["gradient"]\n'
                     'clip = 1.0\ndelta = 1e-5\ntarget_epsilon = 8.0\n')
-    with pytest.raises(ProtocolError, match="also sends 'dual_update'"):
+    with pytest.raises(ProtocolError, match="does not protect 'dual_update', which method 'got'"):
         run(small_config(method="got", protocol=str(spec), out=str(tmp_path / "got")))
     run(small_config(method="vanilla", protocol=str(spec), rounds=3))  # vanilla sends none
 

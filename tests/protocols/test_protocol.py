@@ -201,3 +201,16 @@ def test_an_aggregated_kind_cannot_be_sent_one_by_one(tmp_path):
                                             "stage of protocol 'secagg'"):
         engine.protocol.send(engine, 1, "upload", "gradient", "client-1", SERVER,
                              {"gradient": np.zeros(2, np.float32)})
+
+
+def test_a_dp_stage_that_leaves_out_a_senders_kind_is_refused_by_name():
+    """A method under a protocol whose dp stage covers other kinds (FFM's gradients under
+    `dp-sealed`, which protects DCFM's models) would train without DP while the protocol's name
+    promises it: refused, naming the kind. Before, FFM ran such a protocol silently."""
+    from secureffm.errors import ProtocolError
+
+    protocol = load_protocol("dp-sealed")
+    with pytest.raises(ProtocolError, match="does not protect 'gradient', which method 'got'"):
+        protocol.dp_settings(("gradient", "dual_update"), "method 'got'")
+    assert protocol.dp_settings(("model",), "method 'dcfm-a'") is protocol.dp.settings
+    assert load_protocol("secagg").dp_settings(("gradient",), "method 'got'") is None
