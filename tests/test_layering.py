@@ -52,6 +52,11 @@ def test_metrics_know_nothing_of_methods():
     assert _violations("secureffm.metrics", ("secureffm.methods",)) == []
 
 
+def test_methods_take_their_own_settings_not_the_run_config():
+    """Each method receives a typed settings object and resolved DP settings (issue 15)."""
+    assert _violations("secureffm.methods", ("secureffm.config",)) == []
+
+
 def test_federation_knows_no_method_and_no_runner():
     assert _violations("secureffm.federation", ("secureffm.methods", *RUNNERS)) == []
 

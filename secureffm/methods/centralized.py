@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import torch
 
-from ..config import RunConfig
 from ..data.pairs import DataPair
 from ..federation.parties import Client
 from ..models.mlp import VelocityMLP
 from .couplings import ExactOTCoupling, IndependentCoupling
-from .ffm import velocity_gradient
+from .ffm import FFMSettings, velocity_gradient
 from .global_model import GlobalModel
 
 __all__ = ["CentralizedFlowMatching"]
@@ -21,19 +20,20 @@ class CentralizedFlowMatching:
 
     potential = None
 
-    def __init__(self, config: RunConfig, pair: DataPair, pooled: Client, device: torch.device):
-        self.config = config
+    def __init__(self, settings: FFMSettings, pair: DataPair, pooled: Client,
+                 device: torch.device):
+        self.settings = settings
         self.pair = pair
         self.party = pooled
         self.device = device
-        self.velocity = GlobalModel(VelocityMLP(pair.dim, config.hidden).to(device),
-                                    config.lr, config.ema_decay)
-        self.coupling = IndependentCoupling() if config.method == "icfm" else ExactOTCoupling()
+        self.velocity = GlobalModel(VelocityMLP(pair.dim, settings.hidden).to(device),
+                                    settings.lr, settings.ema_decay)
+        self.coupling = IndependentCoupling() if settings.method == "icfm" else ExactOTCoupling()
 
     def train_round(self, round_: int) -> dict[str, float]:
         generator = self.party.generator
-        x0 = self.pair.source.sample(self.config.batch_size, generator, self.device)[0]
-        x1 = self.party.minibatch(self.config.batch_size)
+        x0 = self.pair.source.sample(self.settings.batch_size, generator, self.device)[0]
+        x1 = self.party.minibatch(self.settings.batch_size)
         grad, loss = velocity_gradient(self.velocity.module, self.coupling, x0, x1, generator)
         self.velocity.apply(grad)
         return {"loss": loss}

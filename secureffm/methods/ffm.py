@@ -14,10 +14,11 @@ Skellam noise. Every per-example loss below depends on one data example only.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, fields
+
 import numpy as np
 import torch
 
-from ..config import RunConfig
 from ..data.pairs import DataPair
 from ..errors import ConfigError
 from ..federation.engine import InProcessEngine
@@ -28,13 +29,14 @@ from ..ot import c_transform
 from ..privacy.accounting import check_delta, epsilon, smallest_multiplier
 from ..privacy.dpsgd import DPGradient, PlainGradient, poisson_rows
 from ..privacy.ledger import LedgerEntry, PrivacyLedger
+from ..privacy.settings import DistributedNoise, DPSettings
 from ..privacy.skellam import SkellamStep, skellam_epsilon
-from ..protocols.dp import DistributedNoise
 from .couplings import ExactOTCoupling, IndependentCoupling, SemiDualCoupling
 from .flow_matching import flow_matching_loss
 from .global_model import GlobalModel
 
-__all__ = ["FederatedFlowMatching", "client_weights", "velocity_gradient"]
+__all__ = ["FederatedFlowMatching", "FFMSettings", "client_weights", "velocity_gradient",
+           "LOT_DP_REFUSAL"]
 
 LOT_DP_REFUSAL = (
     "method 'lot' cannot run under DP-SGD: its mini-batch OT plan couples every example with "
@@ -73,24 +75,66 @@ def _template(model: GlobalModel) -> dict:
     return {"gradient": ((count,), np.dtype(np.float32))}
 
 
+@dataclass(frozen=True)
+class FFMSettings:
+    """What FFM and its centralized baselines need from a run; the runner builds it.
+
+    ``method``: vanilla | lot | got (federated), icfm | otcfm (centralized). ``rounds``: the
+    planned rounds (DP calibrates sigma for them). ``batch_size`` B; ``shard_size``: the public
+    nominal shard size (q = B / shard_size under DP). ``weighting``: size | uniform. The
+    velocity MLP: ``hidden``, ``lr``, ``ema_decay``. GOT's potential: ``potential_hidden``,
+    ``potential_lr``, updated every ``potential_every`` rounds, ``candidates`` K, and the
+    c-transform's ``ctransform_steps`` and ``ctransform_lr``.
+    """
+
+    method: str
+    rounds: int
+    batch_size: int
+    shard_size: int
+    weighting: str = "size"
+    hidden: int = 64
+    lr: float = 1e-3
+    ema_decay: float = 0.999
+    potential_hidden: int = 128
+    potential_lr: float = 1e-4
+    potential_every: int = 5
+    candidates: int = 256
+    ctransform_steps: int = 0
+    ctransform_lr: float = 0.1
+
+    @classmethod
+    def of(cls, values) -> FFMSettings:
+        """The settings of ``values`` (any object with these attributes, e.g. a run config)."""
+        return cls(**{f.name: getattr(values, f.name) for f in fields(cls)})
+
+    @property
+    def sent_kinds(self) -> tuple[str, ...]:
+        """The kinds of message clients derive from their data: what DP must cover."""
+        return ("gradient", "dual_update") if self.method == "got" else ("gradient",)
+
+
 class FederatedFlowMatching:
     """FFM with coupling ``vanilla``, ``lot`` or ``got`` over an engine's clients."""
 
-    def __init__(self, config: RunConfig, pair: DataPair, engine: InProcessEngine,
-                 device: torch.device):
-        self.config = config
+    def __init__(self, settings: FFMSettings, dp: DPSettings | None, pair: DataPair,
+                 engine: InProcessEngine, device: torch.device):
+        """``dp``: the DP settings of every kind in ``settings.sent_kinds``, resolved by the
+        runner from the protocol (None: no DP)."""
+        self.settings = settings
         self.pair = pair
         self.engine = engine
         self.device = device
-        self.velocity = GlobalModel(VelocityMLP(pair.dim, config.hidden).to(device),
-                                    config.lr, config.ema_decay)
+        self.velocity = GlobalModel(VelocityMLP(pair.dim, settings.hidden).to(device),
+                                    settings.lr, settings.ema_decay)
         self.potential = None
-        if config.method == "got":
+        if settings.method == "got":
             self.potential = GlobalModel(
-                PotentialMLP(pair.dim, config.potential_hidden).to(device), config.potential_lr
-            )
-        self.dp = self._dp_settings()
-        self.weights = client_weights(engine.clients, config.weighting, private=bool(self.dp))
+                PotentialMLP(pair.dim, settings.potential_hidden).to(device),
+                settings.potential_lr)
+        self.dp = dp
+        if dp is not None:
+            self._check_dp()
+        self.weights = client_weights(engine.clients, settings.weighting, private=bool(dp))
         self.ledger = PrivacyLedger(self.dp.delta) if self.dp else None
         self.noise_multipliers: dict[str, float] = {}
         self.distributed = self.dp is not None and self.dp.noise == "distributed"
@@ -104,29 +148,22 @@ class FederatedFlowMatching:
 
     # -- set-up --------------------------------------------------------------------------
 
-    def _dp_settings(self):
-        protocol = self.engine.protocol
-        kinds = ("gradient", "dual_update") if self.config.method == "got" else ("gradient",)
-        settings = protocol.dp_settings(kinds, f"method {self.config.method!r}")
-        if settings is None:
-            self.config.require_no_dp_options(protocol.name)
-            return None
-        if self.config.method == "lot":
+    def _check_dp(self) -> None:
+        """Refuse what DP-SGD cannot bound or run for this method."""
+        if self.settings.method == "lot":
             raise ConfigError(LOT_DP_REFUSAL)
-        if self.config.method == "got" and self.config.ctransform_steps:
+        if self.settings.method == "got" and self.settings.ctransform_steps:
             raise ConfigError("ctransform_steps > 0 refines f^c by gradient steps through the "
                               "potential, which DP-SGD's per-example hooks cannot run; use "
                               "ctransform_steps = 0 under a dp protocol")
-        dp = self.config.dp_overrides(settings)
-        check_delta(dp.delta, self.config.shard_size)
-        return dp
+        check_delta(self.dp.delta, self.settings.shard_size)
 
     def planned_steps(self, rounds: int | None = None) -> dict[str, int]:
         """DP mechanism invocations per client over ``rounds`` (the run's), by message kind."""
-        rounds = self.config.rounds if rounds is None else rounds
+        rounds = self.settings.rounds if rounds is None else rounds
         steps = {"gradient": rounds}
         if self.potential is not None:
-            steps["dual_update"] = rounds // self.config.potential_every
+            steps["dual_update"] = rounds // self.settings.potential_every
         return steps
 
     def client_epsilon(self, client: Client, multiplier: float, rounds: int) -> float:
@@ -148,7 +185,7 @@ class FederatedFlowMatching:
         every client and kind: the given one, or the smallest keeping every client within the
         target."""
         clients = self.engine.clients
-        sensitivity = {c.id: self.dp.clip / self.config.batch_size for c in clients}
+        sensitivity = {c.id: self.dp.clip / self.settings.batch_size for c in clients}
         sizes = {"gradient": self.velocity.flat().size}
         if self.potential is not None:
             sizes["dual_update"] = self.potential.flat().size
@@ -156,7 +193,7 @@ class FederatedFlowMatching:
                                                                    sensitivity, size)
                          for kind, size in sizes.items()}
         tau = self.dp.noise_multiplier or smallest_multiplier(
-            lambda m: max(self.client_epsilon(c, m, self.config.rounds) for c in clients),
+            lambda m: max(self.client_epsilon(c, m, self.settings.rounds) for c in clients),
             self.dp.target_epsilon, self.dp.delta)
         self.noise_multipliers = {c.id: tau for c in clients}
         self.noise = {kind: DistributedNoise(tau, sensitivity, self.dp.colluders)
@@ -166,13 +203,13 @@ class FederatedFlowMatching:
         """The most rounds every client can run without its epsilon exceeding the target
         (all rounds when sigma was calibrated to the target, or when there is no target)."""
         if self.dp is None or self.dp.target_epsilon is None:
-            return self.config.rounds
+            return self.settings.rounds
 
         def fits(rounds: int) -> bool:
             return all(self.client_epsilon(c, self.noise_multipliers[c.id], rounds)
                        <= self.dp.target_epsilon for c in self.engine.clients)
 
-        low, high = 0, self.config.rounds
+        low, high = 0, self.settings.rounds
         if fits(high):
             return high
         while high - low > 1:
@@ -181,7 +218,7 @@ class FederatedFlowMatching:
         return low
 
     def _setup_client(self, client: Client) -> None:
-        c = self.config
+        c = self.settings
         velocity = VelocityMLP(self.pair.dim, c.hidden).to(self.device)
         client.state["velocity"] = velocity
         if self.potential is not None:
@@ -213,9 +250,9 @@ class FederatedFlowMatching:
                                                    c.batch_size, secret, mode="hooks")
 
     def _coupling(self, client: Client):
-        if self.config.method == "vanilla":
+        if self.settings.method == "vanilla":
             return IndependentCoupling()
-        if self.config.method == "lot":
+        if self.settings.method == "lot":
             return ExactOTCoupling()
         return SemiDualCoupling(client.state["potential"])
 
@@ -225,7 +262,7 @@ class FederatedFlowMatching:
         """Indices [b] of this step's examples: Poisson sampling under DP (rate q, the secret
         dp stream), else a uniform mini-batch."""
         if self.dp is None:
-            return client.minibatch_rows(self.config.batch_size)
+            return client.minibatch_rows(self.settings.batch_size)
         rows = poisson_rows(client.size, client.state["rate"], client.state["dp_rng"])
         return rows.to(client.data.device)
 
@@ -245,7 +282,7 @@ class FederatedFlowMatching:
     def candidate_pool(self, client: Client, round_: int, kind: str) -> torch.Tensor:
         """GOT's K candidate source points [K, d] for one round and kind: K draws keyed by
         (the client's secret key, round, kind), whatever the batch."""
-        rows = torch.arange(self.config.candidates)
+        rows = torch.arange(self.settings.candidates)
         u = self._uniforms(client, (round_, kind, "pool"), rows, self.pair.source.uniforms)
         return self.pair.source.from_uniforms(u)[0]
 
@@ -254,7 +291,7 @@ class FederatedFlowMatching:
         example rows[j], its keyed noise and (GOT) the round's keyed candidate pool only."""
         x1 = client.data[rows]
         x0, t = self.example_noise(client, round_, "gradient", rows)
-        if self.config.method == "got":
+        if self.settings.method == "got":
             x0 = self.candidate_pool(client, round_, "gradient")
         x0, x1 = client.state["coupling"].couple(x0, x1, client.generator)
         return flow_matching_loss(client.state["velocity_grad"].forward_module, x0, x1, t)
@@ -263,7 +300,7 @@ class FederatedFlowMatching:
         """Ascent on the semi-dual: per example j, loss_j = -(f(x0_j) + f^c(x1_j)) with x0_j the
         example's keyed source draw and f^c the minimum over the round's K keyed candidates, so
         each term (and each clipped gradient under DP) belongs to one data example."""
-        c = self.config
+        c = self.settings
         f = client.state["dual_grad"].forward_module
         x0, _ = self.example_noise(client, round_, "dual_update", rows)
         pool = self.candidate_pool(client, round_, "dual_update")
@@ -323,7 +360,7 @@ class FederatedFlowMatching:
                 report["loss"] = self._mean_state("last_loss", update.included)
         else:
             report["aborted"] += 1
-        if self.potential is not None and round_ % self.config.potential_every == 0:
+        if self.potential is not None and round_ % self.settings.potential_every == 0:
             dual = self.engine.aggregate(round_, "dual_update",
                                          lambda client: self._client_dual(client, round_),
                                          self.weights, _template(self.potential),

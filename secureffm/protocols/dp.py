@@ -20,44 +20,15 @@ bound (:mod:`secureffm.privacy.skellam`).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from ..errors import ProtocolError
+from ..privacy.settings import DPSettings
 from .protocol import check_protects, check_table, register_stage
 
-__all__ = ["DPStage", "DPSettings", "DistributedNoise"]
+__all__ = ["DPStage"]
 
 _KEYS = {"stage", "protects", "clip", "delta", "target_epsilon", "noise_multiplier", "noise",
          "accountant", "colluders"}
 NOISE = ("local", "distributed")
-
-
-@dataclass(frozen=True)
-class DPSettings:
-    """The resolved DP parameters of a run (spec values overridden by the run config)."""
-
-    clip: float
-    delta: float
-    target_epsilon: float | None
-    noise_multiplier: float | None
-    accountant: str
-    noise: str = "local"
-    colluders: int = 0
-
-
-@dataclass(frozen=True)
-class DistributedNoise:
-    """What secure aggregation needs to add each client's share of distributed noise.
-
-    ``multiplier``: tau; whenever the fewest honest clients survive, the sum's Skellam noise
-    has std at least tau times the largest client's L2 sensitivity (in quantization levels).
-    ``sensitivity``: client id -> L2 sensitivity of its payload in the payload's units (for
-    DP-SGD, clip / E[b]). ``colluders``: clients whose noise the server may know.
-    """
-
-    multiplier: float
-    sensitivity: dict[str, float]
-    colluders: int = 0
 
 
 @register_stage

@@ -48,7 +48,7 @@ from ..metrics.sampling import integrate  # noqa: E402
 from ..models.conditional import ConditionalVelocityMLP  # noqa: E402
 from ..privacy.accounting import calibrate_noise, check_delta, epsilon  # noqa: E402
 from ..privacy.ledger import PrivacyLedger  # noqa: E402
-from ..protocols.dp import DPSettings  # noqa: E402
+from ..privacy.settings import DPSettings  # noqa: E402
 from ..protocols.protocol import load_protocol  # noqa: E402
 from ..protocols.statement import privacy_statement  # noqa: E402
 from ..runtime import party_generator, resolve_device  # noqa: E402
@@ -58,6 +58,7 @@ from .scaffold import (  # noqa: E402
     load_checkpoint,
     prepare_run_folder,
     record_pin,
+    resolve_dp,
     run_folder,
 )
 
@@ -103,15 +104,6 @@ def conditional_data(config: RunConfig) -> ConditionalData:
 
 def _factory(config: RunConfig, data: ConditionalData):
     return lambda: ConditionalVelocityMLP(data.shape, data.cardinalities, config.hidden)
-
-
-def _dp_settings(config: RunConfig, protocol, kind: str):
-    """The DP settings for ``kind``, None without a dp stage (see Protocol.dp_settings)."""
-    settings = protocol.dp_settings((kind,), f"method {config.method!r}")
-    if settings is None:
-        config.require_no_dp_options(protocol.name)
-        return None
-    return config.dp_overrides(settings)
 
 
 def _planned_steps(config: RunConfig) -> int:
@@ -318,7 +310,7 @@ def run_dcfm(config: RunConfig):
     data = conditional_data(config)
     protocol = load_protocol(config.protocol)
     kind = "update" if config.method.startswith("fedflow") else "model"
-    dp = _dp_settings(config, protocol, kind)
+    dp = resolve_dp(config, protocol, (kind,))
     if dp is not None:
         check_delta(dp.delta, nominal_shard_size(data))
     log = MessageLog(out / "messages.jsonl", keep_payloads=config.keep_payloads)

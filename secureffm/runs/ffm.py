@@ -23,6 +23,7 @@ from ..federation.faults import load_threat_model
 from ..federation.log import MessageLog
 from ..federation.parties import new_client, secret_randomness
 from ..methods import CENTRALIZED, CentralizedFlowMatching, FederatedFlowMatching
+from ..methods.ffm import FFMSettings
 from ..metrics.evaluate import evaluate_flow, potential_health
 from ..metrics.sampling import trajectories
 from ..plots import plot_trajectories, plot_w2_nfe
@@ -35,6 +36,7 @@ from .scaffold import (
     load_checkpoint,
     prepare_run_folder,
     record_pin,
+    resolve_dp,
     run_folder,
 )
 
@@ -55,12 +57,16 @@ def _build(config: RunConfig, device: torch.device, log: MessageLog):
                               f"no messages, so protocol {protocol.name!r} protects nothing; "
                               "use protocol = 'plaintext'")
         pooled = new_client("central", torch.cat(shards).to(device), config.deterministic_seed)
-        return pair, shards, CentralizedFlowMatching(config, pair, pooled, device)
+        return pair, shards, CentralizedFlowMatching(FFMSettings.of(config), pair, pooled,
+                                                     device)
     clients = [new_client(f"client-{i}", shard.to(device), config.deterministic_seed)
                for i, shard in enumerate(shards, start=1)]
     faults = load_threat_model(config.threat_model) if config.threat_model else None
     engine = InProcessEngine(clients, protocol, log, faults)
-    return pair, shards, FederatedFlowMatching(config, pair, engine, device)
+    settings = FFMSettings.of(config)
+    dp = resolve_dp(config, protocol, settings.sent_kinds)
+    return pair, shards, FederatedFlowMatching(settings, dp, pair, engine, device)
+
 
 
 def _close_log(log: MessageLog, trainer) -> str | None:

@@ -1,4 +1,5 @@
-"""What every runner shares: the run folder (refusing to mix runs), its pin, checkpoints.
+"""What every runner shares: the run folder (refusing to mix runs), its pin, checkpoints, and
+the DP settings resolved once from the protocol and the run config.
 
 A runner (:mod:`.ffm`, :mod:`.dcfm`, :mod:`.fedwad`) builds its parties and channel, trains,
 and writes the folder through these functions; the CLI only parses arguments.
@@ -16,9 +17,10 @@ import torch
 from ..audit.pin import pin_of
 from ..config import RunConfig
 from ..errors import ConfigError
+from ..privacy.settings import DPSettings
 
 __all__ = ["RunResult", "run_folder", "prepare_run_folder", "RUN_ARTIFACTS", "load_checkpoint",
-           "check_pin_path", "record_pin", "pin_message"]
+           "check_pin_path", "record_pin", "pin_message", "resolve_dp"]
 
 
 @dataclass(frozen=True)
@@ -103,3 +105,13 @@ def pin_message(out: Path, pin: dict | None, pin_to: str) -> str:
     where = f"; pin written to {pin_to}" if pin_to else ""
     return (f"log head: {pin['head']}{where}\n  keep it apart from the run folder; later: "
             f"secureffm audit --verify {out} --expect-head {pin['head']}")
+
+
+def resolve_dp(config: RunConfig, protocol, kinds: tuple[str, ...]) -> DPSettings | None:
+    """The DP settings of ``kinds`` under ``protocol`` with the run's overrides, or None (and
+    then no DP option may be set; see Protocol.dp_settings for what is refused)."""
+    settings = protocol.dp_settings(kinds, f"method {config.method!r}")
+    if settings is None:
+        config.require_no_dp_options(protocol.name)
+        return None
+    return config.dp_overrides(settings)

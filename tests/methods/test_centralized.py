@@ -17,6 +17,7 @@ from secureffm.data.pairs import get_pair
 from secureffm.federation.parties import new_client
 from secureffm.methods.centralized import CentralizedFlowMatching
 from secureffm.methods.couplings import ExactOTCoupling, IndependentCoupling
+from secureffm.methods.ffm import FFMSettings
 from secureffm.methods.flow_matching import flow_matching_loss
 
 CPU = torch.device("cpu")
@@ -28,7 +29,8 @@ def _trainer(method: str, lr: float = 1e-3, seed: int = 3) -> CentralizedFlowMat
     pair = get_pair(config.data)
     data = pair.target.sample(200, torch.Generator().manual_seed(0))[0]
     torch.manual_seed(0)
-    return CentralizedFlowMatching(config, pair, new_client("central", data, seed), CPU)
+    return CentralizedFlowMatching(FFMSettings.of(config), pair,
+                                   new_client("central", data, seed), CPU)
 
 
 @pytest.mark.parametrize("method, coupling", [("icfm", IndependentCoupling),

@@ -25,7 +25,7 @@ from secureffm.methods.dcfm import (
 )
 from secureffm.models.conditional import ConditionalVelocityMLP
 from secureffm.privacy.ledger import PrivacyLedger
-from secureffm.protocols.dp import DPSettings
+from secureffm.privacy.settings import DPSettings
 from secureffm.runs import run
 from secureffm.runs.dcfm import conditional_data, load_dcfm, local_experts, nominal_shard_size
 

@@ -23,10 +23,16 @@ from secureffm.federation.engine import InProcessEngine
 from secureffm.federation.log import MessageLog
 from secureffm.federation.parties import SecretStreams, new_client
 from secureffm.methods.couplings import IndependentCoupling
-from secureffm.methods.ffm import FederatedFlowMatching, client_weights, velocity_gradient
+from secureffm.methods.ffm import (
+    FederatedFlowMatching,
+    FFMSettings,
+    client_weights,
+    velocity_gradient,
+)
 from secureffm.methods.flow_matching import flow_matching_loss
 from secureffm.models.mlp import VelocityMLP
 from secureffm.protocols import load_protocol
+from secureffm.runs.scaffold import resolve_dp
 
 SHARD, BATCH, K = 24, 8, 16
 # Under DP: q = 2 / 100, small enough for Opacus' RDP bound to take milliseconds.
@@ -50,8 +56,10 @@ def _ffm(tmp_path, method="vanilla", protocol="plaintext", sizes=(SHARD, SHARD),
     folder = Path(tempfile.mkdtemp(dir=tmp_path))  # one log per federation
     engine = InProcessEngine(clients, load_protocol(protocol),
                              MessageLog(folder / "messages.jsonl"))
+    settings = FFMSettings.of(config)
+    dp = resolve_dp(config, engine.protocol, settings.sent_kinds)
     torch.manual_seed(0)
-    return FederatedFlowMatching(config, pair, engine, torch.device("cpu"))
+    return FederatedFlowMatching(settings, dp, pair, engine, torch.device("cpu"))
 
 
 def _opacus_epsilon(history: list[tuple[float, float, int]]) -> float:
@@ -187,7 +195,7 @@ def test_a_round_moves_the_global_model_by_one_step_over_every_client(tmp_path, 
     potential = ffm.potential.flat() if ffm.potential is not None else None
     report = ffm.train_round(1)
     moved = np.abs(ffm.velocity.flat() - before)
-    assert np.median(moved) == pytest.approx(ffm.config.lr, rel=1e-2)  # Adam's first step
+    assert np.median(moved) == pytest.approx(ffm.settings.lr, rel=1e-2)  # Adam's first step
     assert report["aborted"] == 0 and np.isfinite(report["loss"])
     aggregated = [e for e in ffm.engine.log.events if e["event"] == "aggregated"]
     assert aggregated[0]["included"] == ["client-1", "client-2"]

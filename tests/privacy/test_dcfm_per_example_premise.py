@@ -27,7 +27,7 @@ from scipy.stats import norm
 from secureffm.federation.parties import new_client
 from secureffm.methods.dcfm import LocalExpert, Masking, attribute_holders
 from secureffm.models.conditional import ConditionalVelocityMLP
-from secureffm.protocols.dp import DPSettings
+from secureffm.privacy.settings import DPSettings
 
 N, CLIP, CARDS = 24, 1.0, (2, 2)
 

@@ -24,8 +24,9 @@ from secureffm.data.pairs import get_pair
 from secureffm.federation.engine import InProcessEngine
 from secureffm.federation.log import MessageLog
 from secureffm.federation.parties import new_client
-from secureffm.methods.ffm import FederatedFlowMatching
+from secureffm.methods.ffm import FederatedFlowMatching, FFMSettings
 from secureffm.protocols import load_protocol
+from secureffm.runs.scaffold import resolve_dp
 
 N, CLIP = 24, 1.0  # protocols/dp.toml clips at 1
 
@@ -40,7 +41,10 @@ def _federation(tmp_path, name: str, data: torch.Tensor, method: str) -> Federat
     engine = InProcessEngine([client], load_protocol("dp"),
                              MessageLog(tmp_path / name / "messages.jsonl"))
     torch.manual_seed(0)
-    ffm = FederatedFlowMatching(config, get_pair(config.data), engine, torch.device("cpu"))
+    settings = FFMSettings.of(config)
+    dp = resolve_dp(config, engine.protocol, settings.sent_kinds)
+    ffm = FederatedFlowMatching(settings, dp, get_pair(config.data), engine,
+                                torch.device("cpu"))
     engine.broadcast(1, "global_model", {"theta": ffm.velocity.flat()})
     ffm._sync(client)
     return ffm

@@ -11,6 +11,7 @@ from scipy.stats import skellam
 from secureffm.errors import ProtocolError
 from secureffm.federation import Client, InProcessEngine, MessageLog
 from secureffm.federation.faults import Fault, FaultPlan
+from secureffm.privacy.settings import DistributedNoise
 from secureffm.privacy.skellam import (
     ORDERS,
     SkellamStep,
@@ -20,7 +21,6 @@ from secureffm.privacy.skellam import (
     subsampled_rdp,
 )
 from secureffm.protocols import load_protocol
-from secureffm.protocols.dp import DistributedNoise
 from secureffm.runs import run
 
 

@@ -9,8 +9,9 @@ from __future__ import annotations
 import pytest
 
 from secureffm.errors import ProtocolError
+from secureffm.privacy.settings import DPSettings
 from secureffm.protocols import load_protocol
-from secureffm.protocols.dp import DPSettings, DPStage
+from secureffm.protocols.dp import DPStage
 
 BASE = {"stage": "dp", "protects": ["gradient"], "clip": 1.0, "delta": 1e-5,
         "target_epsilon": 8.0}

@@ -28,8 +28,8 @@ from secureffm.federation import Client, InProcessEngine, MessageLog, deserializ
 from secureffm.federation.engine import Aggregate
 from secureffm.federation.faults import Fault, FaultPlan, load_threat_model
 from secureffm.federation.message import serialize_payload
+from secureffm.privacy.settings import DistributedNoise
 from secureffm.protocols import load_protocol
-from secureffm.protocols.dp import DistributedNoise
 from secureffm.protocols.shamir import PRIME, share_from_bytes, share_to_bytes
 
 KIND = "gradient"
