@@ -147,6 +147,12 @@ class Client:
     def size(self) -> int:
         return int(self.data.shape[0])
 
+    def example_uniforms(self, context: tuple, rows: torch.Tensor, width: int) -> torch.Tensor:
+        """:meth:`SecretStreams.example_uniforms` of the shard rows ``rows`` [b]: float64
+        [b, width] on the shard's device."""
+        u = self.streams.example_uniforms(context, rows.cpu().numpy(), width)
+        return torch.as_tensor(u, dtype=torch.float64, device=self.data.device)
+
     def minibatch_rows(self, batch_size: int) -> torch.Tensor:
         """Indices [batch_size] of shard rows drawn uniformly without replacement."""
         index = torch.randperm(self.size, generator=self.generator, device=self.data.device)

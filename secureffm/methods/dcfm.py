@@ -47,14 +47,14 @@ from ..errors import ConfigError, DataError
 from ..federation.message import SERVER, Payload
 from ..federation.parties import Client
 from ..models.conditional import null_labels
-from ..privacy.dpsgd import DPGradient, PlainGradient, poisson_rows
+from ..privacy.dpsgd import DPGradient, PlainGradient, poisson_rate, poisson_rows
 from ..privacy.ledger import LedgerEntry, PrivacyLedger
 from .flow_matching import sample_path
 from .global_model import GlobalModel
 
 __all__ = ["Masking", "mask_labels", "attribute_only", "compose", "slot_velocities",
            "combination_index", "all_combinations", "attribute_holders", "random_route",
-           "ExampleDraws", "example_width", "split_uniforms", "poisson_rate",
+           "ExampleDraws", "example_width", "split_uniforms",
            "expert_losses", "student_losses", "ComposedField", "LocalExpert", "model_payload",
            "load_payload_model", "gather_models", "upload_models", "train_experts", "DCFMA",
            "DCFMB", "label_counts"]
@@ -377,12 +377,6 @@ def load_payload_model(payload: Payload, factory: ModelFactory,
 
 # -- local training -------------------------------------------------------------------------
 
-def poisson_rate(batch_size: int, nominal_size: float) -> float:
-    """DP-SGD's sampling rate q = batch_size / nominal_size, at most 1. ``nominal_size`` is a
-    public shard size, never a client's true one (which adding an example changes)."""
-    return min(1.0, batch_size / nominal_size)
-
-
 class LocalExpert:
     """One client's expert: Adam steps on the mean (plain) or DP-SGD gradient of
     :func:`expert_losses` over its labelled shard (labels in ``client.state["labels"]``).
@@ -430,9 +424,8 @@ class LocalExpert:
         of ``round_``: keyed by the client's secret key, (round_, step, kind) and each row's
         shard index, so row r's draws depend on r alone. ``step`` is the public local step
         index, never a count of examples drawn."""
-        u = self.client.streams.example_uniforms((round_, step, self.kind, "expert_loss"),
-                                                 rows.cpu().numpy(), self.width)
-        return torch.as_tensor(u, device=self.client.data.device)
+        return self.client.example_uniforms((round_, step, self.kind, "expert_loss"), rows,
+                                            self.width)
 
     def losses(self, round_: int, step: int, rows: torch.Tensor, ci_weight: float,
                peers: Sequence[nn.Module] | None = None, own: int = 0,

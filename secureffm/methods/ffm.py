@@ -27,7 +27,7 @@ from ..models.mlp import PotentialMLP, VelocityMLP
 from ..models.params import load_flat_params
 from ..ot import c_transform
 from ..privacy.accounting import check_delta, epsilon, smallest_multiplier
-from ..privacy.dpsgd import DPGradient, PlainGradient, poisson_rows
+from ..privacy.dpsgd import DPGradient, PlainGradient, poisson_rate, poisson_rows
 from ..privacy.ledger import LedgerEntry, PrivacyLedger
 from ..privacy.settings import DistributedNoise, DPSettings
 from ..privacy.skellam import SkellamStep, skellam_epsilon
@@ -84,23 +84,24 @@ class FFMSettings:
     nominal shard size (q = B / shard_size under DP). ``weighting``: size | uniform. The
     velocity MLP: ``hidden``, ``lr``, ``ema_decay``. GOT's potential: ``potential_hidden``,
     ``potential_lr``, updated every ``potential_every`` rounds, ``candidates`` K, and the
-    c-transform's ``ctransform_steps`` and ``ctransform_lr``.
+    c-transform's ``ctransform_steps`` and ``ctransform_lr``. No defaults: the run config holds
+    them, and :meth:`of` reads them from it.
     """
 
     method: str
     rounds: int
     batch_size: int
     shard_size: int
-    weighting: str = "size"
-    hidden: int = 64
-    lr: float = 1e-3
-    ema_decay: float = 0.999
-    potential_hidden: int = 128
-    potential_lr: float = 1e-4
-    potential_every: int = 5
-    candidates: int = 256
-    ctransform_steps: int = 0
-    ctransform_lr: float = 0.1
+    weighting: str
+    hidden: int
+    lr: float
+    ema_decay: float
+    potential_hidden: int
+    potential_lr: float
+    potential_every: int
+    candidates: int
+    ctransform_steps: int
+    ctransform_lr: float
 
     @classmethod
     def of(cls, values) -> FFMSettings:
@@ -230,7 +231,7 @@ class FederatedFlowMatching:
             if self.potential is not None:
                 client.state["dual_grad"] = PlainGradient(potential)
             return
-        rate = c.batch_size / c.shard_size  # q from the public nominal shard size
+        rate = poisson_rate(c.batch_size, c.shard_size)  # the public nominal shard size
         client.state["rate"] = rate
         if self.dp.noise == "distributed":  # the clipped sum; secure aggregation adds noise
             sigma = 0.0
@@ -266,24 +267,19 @@ class FederatedFlowMatching:
         rows = poisson_rows(client.size, client.state["rate"], client.state["dp_rng"])
         return rows.to(client.data.device)
 
-    def _uniforms(self, client: Client, context: tuple, rows: torch.Tensor,
-                  width: int) -> torch.Tensor:
-        u = client.streams.example_uniforms(context, rows.cpu().numpy(), width)
-        return torch.as_tensor(u, dtype=torch.float64, device=self.device)
-
     def example_noise(self, client: Client, round_: int, kind: str,
                       rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Source points x0 [b, d] and times t [b] of the examples ``rows``: example r's draw
         is keyed by (the client's secret key, round, kind, r) alone, so adding or removing an
         example never changes another's noise, this round or later."""
-        u = self._uniforms(client, (round_, kind, "example"), rows, self.pair.source.uniforms + 1)
+        u = client.example_uniforms((round_, kind, "example"), rows, self.pair.source.uniforms + 1)
         return self.pair.source.from_uniforms(u[:, 1:])[0], u[:, 0].to(torch.float32)
 
     def candidate_pool(self, client: Client, round_: int, kind: str) -> torch.Tensor:
         """GOT's K candidate source points [K, d] for one round and kind: K draws keyed by
         (the client's secret key, round, kind), whatever the batch."""
         rows = torch.arange(self.settings.candidates)
-        u = self._uniforms(client, (round_, kind, "pool"), rows, self.pair.source.uniforms)
+        u = client.example_uniforms((round_, kind, "pool"), rows, self.pair.source.uniforms)
         return self.pair.source.from_uniforms(u)[0]
 
     def velocity_losses(self, client: Client, round_: int, rows: torch.Tensor) -> torch.Tensor:

@@ -21,7 +21,13 @@ from torch import nn
 from ..errors import ConfigError
 from ..models.params import flat_grad
 
-__all__ = ["PlainGradient", "DPGradient", "poisson_batch", "poisson_rows"]
+__all__ = ["PlainGradient", "DPGradient", "poisson_batch", "poisson_rows", "poisson_rate"]
+
+
+def poisson_rate(batch_size: int, nominal_size: float) -> float:
+    """DP-SGD's sampling rate q = batch_size / nominal_size, at most 1. ``nominal_size`` is a
+    public shard size, never a client's true one (which adding an example changes)."""
+    return min(1.0, batch_size / nominal_size)
 
 
 def poisson_rows(count: int, rate: float, generator: torch.Generator) -> torch.Tensor:

@@ -37,7 +37,6 @@ from ..methods.dcfm import (  # noqa: E402
     Masking,
     all_combinations,
     attribute_holders,
-    poisson_rate,
     random_route,
     train_experts,
     upload_models,
@@ -47,6 +46,7 @@ from ..methods.ffm import client_weights  # noqa: E402
 from ..metrics.sampling import integrate  # noqa: E402
 from ..models.conditional import ConditionalVelocityMLP  # noqa: E402
 from ..privacy.accounting import calibrate_noise, check_delta, epsilon  # noqa: E402
+from ..privacy.dpsgd import poisson_rate  # noqa: E402
 from ..privacy.ledger import PrivacyLedger  # noqa: E402
 from ..privacy.settings import DPSettings  # noqa: E402
 from ..protocols.protocol import load_protocol  # noqa: E402
