@@ -21,7 +21,10 @@ The checks, in order, for each line of ``messages.jsonl`` (stopping at the first
 2. ``seq`` equals the line's index (0-based);
 3. ``prev`` equals the sha256 of the previous line's exact bytes (of parties.json for the first);
 4. ``sender`` is a party of ``parties.json``;
-5. ``sig`` is the sender's Ed25519 signature of :func:`~secureffm.federation.log.canonical`;
+5. ``sig`` is the sender's Ed25519 signature of :func:`~secureffm.federation.log.canonical`
+   (the record's content: every field but sig, seq and prev, which the sender cannot know
+   when it signs); the closing record's signed ``chain`` equals its ``prev``, so the closer's
+   signature pins the place of every record before it;
 6. a record with ``offset`` needs ``payloads.bin`` (its absence fails), and the ``bytes`` stored
    there hash to ``sha256``; message records carry offsets all or none;
 7. the protocol rules of :class:`~secureffm.audit.rules.ProtocolRules`;
@@ -29,9 +32,9 @@ The checks, in order, for each line of ``messages.jsonl`` (stopping at the first
 and, before the first line, parties.json against the pinned keys; after the last, the head
 (sha256 of the closing line) against the pinned head.
 
-A deleted, inserted or reordered line shows up as the first seq mismatch or broken chain link;
-an edited field as a signature failure (or, when the editor re-signed it with the sender's key,
-as a broken link on the next line); replaced keys as a broken first link (its ``prev`` is the
+A deleted, inserted or reordered line shows up as the first seq mismatch or broken chain link
+(or, when the editor rewrote seq and prev after it, as the closing record's chain mismatch); an
+edited field as a signature failure; replaced keys as a broken first link (its ``prev`` is the
 sha256 of parties.json); lines cut off the end by the missing closing record.
 """
 
@@ -77,7 +80,7 @@ _EVENT_FIELDS: dict[str, tuple[type, str]] = {
 }
 # Structured fields of particular events.
 _EVENT_EXTRA: dict[str, dict[str, tuple[type, str]]] = {
-    "closed": {"records": (int, "an integer")},
+    "closed": {"records": (int, "an integer"), "chain": (str, "a string")},
     "aggregated": {"included": (list, "a list"), "of_kind": (str, "a string")},
 }
 _CHAIN_HINT = "(a record was deleted, inserted, reordered or edited)"
@@ -190,6 +193,14 @@ def _check_fields(record: Any, line: int) -> str | None:
     return None
 
 
+def _closing_chain(record: dict) -> str | None:
+    """The closing record signs the chain it closes: its ``chain`` must be its ``prev``."""
+    if record.get("event") == "closed" and record["chain"] != record["prev"]:
+        return (f"record {record['seq']}: the closing record signed chain {record['chain'][:16]}"
+                f"..., not the log before it {_CHAIN_HINT}")
+    return None
+
+
 class _Walk:
     """State while reading one log front to back: the previous line's hash, the payload file,
     whether message records carry offsets, and the protocol rules."""
@@ -218,7 +229,7 @@ class _Walk:
 
     def _record(self, record: Any, index: int, text: bytes) -> str | None:
         problem = (_check_fields(record, index + 1) or self._chain(record, index, text)
-                   or self._signature(record))
+                   or self._signature(record) or _closing_chain(record))
         if problem:
             return problem
         payload, problem = self._payload(record)

@@ -1,9 +1,12 @@
-"""Messages, their encoding, the in-process engine and the message log."""
+"""Parties and their keys, messages and their encoding, the typed Channel methods use, the
+Transport that moves signed bytes, and the message log."""
 
-from .engine import InProcessEngine
+from .channel import Aggregate, Channel, Template
 from .log import MessageLog
 from .message import SERVER, Envelope, Payload, deserialize_payload, serialize_payload
-from .parties import Client
+from .parties import Client, Party, Registry
+from .transport import InProcessTransport, Transport
 
-__all__ = ["InProcessEngine", "MessageLog", "Envelope", "Payload", "Client", "SERVER",
-           "serialize_payload", "deserialize_payload"]
+__all__ = ["Channel", "Aggregate", "Template", "Transport", "InProcessTransport", "MessageLog",
+           "Envelope", "Payload", "Party", "Client", "Registry", "SERVER", "serialize_payload",
+           "deserialize_payload"]

@@ -2,15 +2,19 @@
 
 Each record holds seq, round, phase, kind, sender, recipient, stages, bytes, sha256 (of the
 payload bytes as sent), prev (sha256 of the previous line; of parties.json for the first) and
-sig (the sender's Ed25519 signature, hex, over the canonical JSON of every other field).
+sig: the sender's Ed25519 signature, hex, over the canonical JSON of the record's content
+(every field but sig, seq and prev; :func:`~secureffm.federation.message.canonical`). The
+sender signs before its message reaches the transport, so it cannot know the record's place;
+the server's closing record signs the place of every record (its ``chain`` field).
 Events (a rejected message, a dropped client, an aborted round, an ``aggregated`` round naming
 the clients counted in ``included``) are records of kind ``event``. ``parties.json`` beside the log
 pins every party's public keys, ``{party: {"sign": hex Ed25519, "seal": hex X25519}}`` (``seal``
 absent for a party registered without one, such as a centralized run's single party); the first
 record's ``prev`` is the sha256 of that file, so the keys are bound into the chain. The last
-record is a ``closed`` event whose ``records`` field states how many records precede it, so a
-cut-short log is detectable; :meth:`MessageLog.close` returns the sha256 of that line, the log's
-head, which pins the whole chain when kept apart from the run folder.
+record is a ``closed`` event, signed by the server, whose ``records`` field states how many
+records precede it and whose ``chain`` field repeats its ``prev``, so a cut-short or reordered log
+is detectable; :meth:`MessageLog.close` returns the sha256 of that line, the log's head, which
+pins the whole chain when kept apart from the run folder.
 """
 
 from __future__ import annotations
@@ -20,8 +24,8 @@ import json
 from collections import Counter
 from pathlib import Path
 
-from .crypto import Identity
-from .message import Envelope
+from .message import Envelope, canonical
+from .parties import Party, Registry
 
 __all__ = ["MessageLog", "canonical", "genesis", "PARTIES_FILE", "PAYLOADS_FILE"]
 
@@ -32,12 +36,6 @@ PAYLOADS_FILE = "payloads.bin"
 def genesis(parties_text: bytes) -> str:
     """The first record's ``prev``: sha256 of parties.json as written."""
     return hashlib.sha256(parties_text).hexdigest()
-
-
-def canonical(record: dict) -> bytes:
-    """The signed bytes: sorted-key compact JSON of the record without ``sig``."""
-    body = {k: v for k, v in record.items() if k != "sig"}
-    return json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
 
 
 class MessageLog:
@@ -60,71 +58,49 @@ class MessageLog:
         self.bytes_by_kind: Counter[str] = Counter()
         self.count_by_kind: Counter[str] = Counter()
         self.events: list[dict] = []
-        self.register({})
+        self.register(Registry({}, {}))
 
-    def register(self, signing: dict[str, bytes], sealing: dict[str, bytes] | None = None) -> None:
-        """Pin parties' public keys in parties.json, before any record.
-
-        ``signing``: raw Ed25519 public key (32 bytes) by party; ``sealing``: raw X25519 public
-        key (32 bytes) by party, for the parties that have one. Written as
-        ``{party: {"sign": hex, "seal": hex}}``; a later call adds parties.
-        """
+    def register(self, registry: Registry) -> None:
+        """Pin parties' public keys in parties.json, before any record, written as
+        ``{party: {"sign": hex, "seal": hex}}`` (``seal`` for the parties that have one); a
+        later call adds parties."""
         if self._seq:
             raise RuntimeError("parties must be registered before the first record")
-        sealing = sealing or {}
-        for party, key in signing.items():
+        for party, key in registry.sign.items():
             entry = {"sign": key.hex()}
-            if party in sealing:
-                entry["seal"] = sealing[party].hex()
+            if party in registry.seal:
+                entry["seal"] = registry.seal[party].hex()
             self._parties[party] = entry
         path = self.path.parent / PARTIES_FILE
         path.write_text(json.dumps(self._parties, indent=1, sort_keys=True))
 
-    def _write(self, record: dict, signer: Identity) -> dict:
+    def _write(self, record: dict) -> dict:
+        """Place a signed record: its ``seq`` and ``prev`` (which its signature leaves out)."""
         if self._seq == 0:
             self._prev = genesis((self.path.parent / PARTIES_FILE).read_bytes())
         self._round = max(self._round, record["round"])
         record["seq"] = self._seq
         record["prev"] = self._prev
-        record["sig"] = signer.sign(canonical(record)).hex()
         line = json.dumps(record, sort_keys=True, separators=(",", ":"))
         self._file.write(line + "\n")
         self._prev = hashlib.sha256(line.encode()).hexdigest()
         self._seq += 1
         return record
 
-    def append(self, envelope: Envelope, signer: Identity) -> dict:
-        """Log a delivery, signed by its sender."""
-        record = {
-            "round": envelope.round,
-            "phase": envelope.phase,
-            "kind": envelope.kind,
-            "sender": envelope.sender,
-            "recipient": envelope.recipient,
-            "stages": list(envelope.stages),
-            "bytes": len(envelope.data),
-            "sha256": envelope.sha256,
-        }
-        if envelope.origin:
-            record["origin"] = envelope.origin
+    def append(self, envelope: Envelope) -> dict:
+        """Log a delivery with its sender's signature (``envelope.sig``)."""
+        record = {**envelope.header(), "sig": envelope.sig.hex()}
         if self._payloads is not None:
             record["offset"] = self._payloads.tell()
             self._payloads.write(envelope.data)
         self.bytes_by_kind[envelope.kind] += len(envelope.data)
         self.count_by_kind[envelope.kind] += 1
-        return self._write(record, signer)
+        return self._write(record)
 
-    def event(self, round_: int, phase: str, event: str, party: str, detail: str,
-              signer: Identity, sender: str = "server", fields: dict | None = None) -> dict:
-        """Log an event (``rejected``, ``dropped``, ``aborted``, ``aggregated``, ``closed``)
-        about ``party``, signed by ``sender``; ``fields``: the event's structured fields
-        (``included`` and ``of_kind`` of ``aggregated``, ``records`` of ``closed``)."""
-        record = {"round": round_, "phase": phase, "kind": "event", "sender": sender,
-                  "recipient": "log", "stages": [], "bytes": 0,
-                  "sha256": hashlib.sha256(b"").hexdigest(), "event": event, "party": party,
-                  "detail": detail, **(fields or {})}
+    def event(self, record: dict) -> dict:
+        """Log an event record signed by the party that raised it (:meth:`Party.event`)."""
         self.events.append(record)
-        return self._write(record, signer)
+        return self._write(dict(record))
 
     def summary(self) -> dict:
         """Messages and bytes per kind so far, and the count of server events by type."""
@@ -132,8 +108,10 @@ class MessageLog:
                  for kind in sorted(self.count_by_kind)}
         return {"kinds": kinds, "events": dict(Counter(e["event"] for e in self.events))}
 
-    def close(self, closer: Identity | None = None, party: str = "server") -> str | None:
-        """Write the closing record (signed by ``closer``, as ``party``) and close the files.
+    def close(self, closer: Party | None = None) -> str | None:
+        """Write the closing record (signed by ``closer``, the server or a centralized run's
+        single party) and close the files. The record's ``chain`` is the hash of the line
+        before it, so the closer's signature pins every record's place.
 
         Returns the log's head, the sha256 of the closing line (hex), to be kept apart from the
         run folder; None when no closer was given (the log then stays without its closing
@@ -141,9 +119,11 @@ class MessageLog:
         """
         if not self._file.closed:
             if closer is not None:
-                self.event(self._round, "close", "closed", "*",
-                           f"{self._seq} records precede this closing record", closer,
-                           sender=party, fields={"records": self._seq})
+                if self._seq == 0:
+                    self._prev = genesis((self.path.parent / PARTIES_FILE).read_bytes())
+                self.event(closer.event(self._round, "close", "closed", "*",
+                                        f"{self._seq} records precede this closing record",
+                                        {"records": self._seq, "chain": self._prev}))
                 self.head = self._prev
             self._file.close()
             if self._payloads is not None:

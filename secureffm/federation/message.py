@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -12,7 +13,8 @@ from safetensors.numpy import save as _save
 
 from ..errors import MessageError
 
-__all__ = ["Payload", "Envelope", "serialize_payload", "deserialize_payload", "SERVER"]
+__all__ = ["Payload", "Envelope", "serialize_payload", "deserialize_payload", "SERVER",
+           "canonical", "UNSIGNED_FIELDS"]
 
 Payload = dict[str, np.ndarray]
 SERVER = "server"
@@ -31,12 +33,26 @@ def deserialize_payload(data: bytes, sender: str = "?") -> Payload:
         raise MessageError(f"message from {sender} is not a valid payload: {err}") from None
 
 
+# Fields of a log record that its signer does not sign: the signature itself and the record's
+# place in the log (which only the log's writer knows; the closing record signs the chain).
+UNSIGNED_FIELDS = frozenset({"sig", "seq", "prev"})
+
+
+def canonical(record: dict) -> bytes:
+    """The bytes a party signs for a record: sorted-key compact JSON of its content (every
+    field but :data:`UNSIGNED_FIELDS`)."""
+    body = {k: v for k, v in record.items() if k not in UNSIGNED_FIELDS}
+    return json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
+
+
 @dataclass(frozen=True)
 class Envelope:
-    """One delivery: routing header plus the payload bytes as they crossed the engine.
+    """One delivery: routing header plus the payload bytes as they cross the transport.
 
     ``stages`` lists the protocol stages that transformed the payload, in order;
-    ``origin``: the client that wrote a payload the server relays ("" when it is the sender's).
+    ``origin``: the client that wrote a payload the server relays ("" when it is the sender's);
+    ``sig``: the sender's Ed25519 signature of :func:`canonical` of :meth:`header` (made by the
+    sending party before the transport sees the message; empty until signed).
     """
 
     kind: str
@@ -47,7 +63,17 @@ class Envelope:
     data: bytes
     stages: tuple[str, ...] = field(default=())
     origin: str = ""
+    sig: bytes = b""
 
     @property
     def sha256(self) -> str:
         return hashlib.sha256(self.data).hexdigest()
+
+    def header(self) -> dict:
+        """The delivery's log record without its place in the log: what the sender signs."""
+        record = {"round": self.round, "phase": self.phase, "kind": self.kind,
+                  "sender": self.sender, "recipient": self.recipient,
+                  "stages": list(self.stages), "bytes": len(self.data), "sha256": self.sha256}
+        if self.origin:
+            record["origin"] = self.origin
+        return record

@@ -1,4 +1,9 @@
-"""Parties of the in-process federation. A client owns its shard; the server owns no data.
+"""Parties of a federation, each holding only its own keys. A client owns its shard; the server
+owns no data.
+
+A :class:`Party` signs what it sends and every event it raises with its own Ed25519 identity,
+and opens what is sealed to it with its own X25519 key; other parties, the transport and the
+log know only the public halves (a :class:`Registry`, pinned in parties.json).
 
 A party's private random streams (which mini-batches it draws, its source noise and times, its
 DP sampling and noise, stochastic rounding, FedWAD's randomized t and support noise) must be
@@ -21,10 +26,12 @@ import torch
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
 
 from .crypto import Identity, KeyPair, new_key_pair
-from .message import Payload
+from .message import SERVER, Envelope, Payload, canonical
 
-__all__ = ["Client", "SecretStreams", "new_client", "secret_randomness", "keyed_uniforms",
-           "STREAM_PURPOSES"]
+__all__ = ["Party", "Client", "Registry", "SecretStreams", "new_client", "new_server",
+           "secret_randomness", "keyed_uniforms", "STREAM_PURPOSES", "EMPTY_SHA256"]
+
+EMPTY_SHA256 = hashlib.sha256(b"").hexdigest()
 
 # What each purpose seeds: "training": mini-batches without DP, and what methods draw per
 # batch; "examples": per-example randomness keyed by (round, kind) and example index (source
@@ -119,27 +126,78 @@ def _keystream(key: bytes, block: int, length: int) -> np.ndarray:
 
 
 @dataclass
-class Client:
+class Party:
+    """One party with its own long-term keys.
+
+    ``identity``: its Ed25519 signing key; it signs every message and event the party sends.
+    ``sealing``: its long-term X25519 key; sealed messages to the party are opened with it.
+    ``memory``: what the party's protocol stages keep between messages (for example the
+    counters of sealed messages it sent and accepted), never shared.
+    """
+
+    id: str
+    identity: Identity = field(default_factory=Identity, repr=False, kw_only=True)
+    sealing: KeyPair = field(default_factory=new_key_pair, repr=False, kw_only=True)
+    memory: dict[str, Any] = field(default_factory=dict, repr=False, kw_only=True)
+
+    def sign(self, data: bytes) -> bytes:
+        return self.identity.sign(data)
+
+    def envelope(self, round_: int, phase: str, kind: str, recipient: str, data: bytes,
+                 stages: tuple[str, ...] = (), origin: str = "") -> Envelope:
+        """A delivery from this party, signed by it (over :meth:`Envelope.header`)."""
+        unsigned = Envelope(kind, self.id, recipient, round_, phase, data, stages, origin)
+        return Envelope(kind, self.id, recipient, round_, phase, data, stages, origin,
+                        self.sign(canonical(unsigned.header())))
+
+    def event(self, round_: int, phase: str, event: str, about: str, detail: str,
+              fields: dict | None = None) -> dict:
+        """A log event raised by this party about ``about`` (``rejected``, ``dropped``,
+        ``aborted``, ``aggregated``, ``clipped``, ``closed``), signed by it; ``fields``: the
+        event's structured fields (``included``, ``of_kind``, ``records``, ``chain``)."""
+        record = {"round": round_, "phase": phase, "kind": "event", "sender": self.id,
+                  "recipient": "log", "stages": [], "bytes": 0, "sha256": EMPTY_SHA256,
+                  "event": event, "party": about, "detail": detail, **(fields or {})}
+        record["sig"] = self.sign(canonical(record)).hex()
+        return record
+
+
+def new_server() -> Party:
+    """The server: keys from the OS CSPRNG, no data."""
+    return Party(SERVER)
+
+
+@dataclass(frozen=True)
+class Registry:
+    """The public keys every party pins (parties.json): party id -> raw Ed25519 key (``sign``)
+    and raw X25519 key (``seal``), 32 bytes each."""
+
+    sign: dict[str, bytes]
+    seal: dict[str, bytes]
+
+    @classmethod
+    def of(cls, parties: list[Party]) -> Registry:
+        return cls({p.id: p.identity.public for p in parties},
+                   {p.id: p.sealing.public for p in parties})
+
+
+@dataclass
+class Client(Party):
     """One data silo.
 
     ``data``: the client's finite shard, shape [N, d], on the run's device.
     ``generator``: the client's training stream (mini-batches, source noise, t).
     ``inbox``: the last payload received per message kind.
     ``state``: the method's client-side objects (model replicas), set up by the method.
-    ``identity``: the client's Ed25519 signing key; it signs every message the client sends.
-    ``sealing``: the client's long-term X25519 key for sealed (end-to-end encrypted) messages.
     ``protocol_rng``: the client's stream for protocol randomness that is not key material
     (stochastic rounding, randomized t), kept apart so a protocol never shifts training.
     ``streams``: where the client's secret streams come from (the DP stream is drawn from it).
     """
 
-    id: str
     data: torch.Tensor
     generator: torch.Generator
     inbox: dict[str, Payload] = field(default_factory=dict)
     state: dict[str, Any] = field(default_factory=dict)
-    identity: Identity = field(default_factory=Identity)
-    sealing: KeyPair = field(default_factory=new_key_pair)
     protocol_rng: np.random.Generator = field(default_factory=np.random.default_rng)
     streams: SecretStreams = field(default_factory=SecretStreams)
 

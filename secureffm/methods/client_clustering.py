@@ -2,8 +2,8 @@
 
 The server clusters the clients by spectral clustering (scikit-learn) on an affinity built from
 their pairwise distance matrix (federated OTDD or FedWAD, :mod:`.otdd`), then runs one FedAvg
-per cluster, each cluster a sub-federation with its own engine and log. Global FedAvg is the
-one-cluster case. FedAvg rounds go through the engine's ``aggregate`` (kind ``update``, weights
+per cluster, each cluster a sub-federation with its own channel and log. Global FedAvg is the
+one-cluster case. FedAvg rounds go through the channel's ``aggregate`` (kind ``update``, weights
 by client size), so a protocol that protects ``update`` (secure aggregation) applies unchanged.
 """
 
@@ -20,15 +20,14 @@ from torch import nn
 from tqdm import tqdm
 
 from ..errors import ConfigError, DataError, ProtocolError
-from ..federation.engine import InProcessEngine
-from ..federation.log import MessageLog
+from ..federation.channel import Channel
 from ..federation.parties import Client
 from ..models.params import flat_params, load_flat_params
-from ..protocols.protocol import Protocol
+from ..privacy.settings import DPSettings
 from .otdd import client_labels
 
 __all__ = ["AFFINITIES", "cluster_clients", "Classifier", "FedAvgConfig", "fedavg",
-           "clustered_fedavg", "accuracy"]
+           "clustered_fedavg", "accuracy", "ChannelFactory"]
 
 AFFINITIES = ("rbf", "knn")
 
@@ -121,34 +120,38 @@ def _local_update(client: Client, config: FedAvgConfig) -> dict[str, np.ndarray]
     return {"update": flat_params(model) - theta}
 
 
-def fedavg(engine: InProcessEngine, config: FedAvgConfig, seed: int = 0,
+# Opens a sub-federation's channel over ``members``, logging under ``folder``.
+ChannelFactory = Callable[[list[Client], Path], Channel]
+
+
+def fedavg(channel: Channel, config: FedAvgConfig, *, dp: DPSettings | None, seed: int = 0,
            progress: Callable[[], None] | None = None) -> Classifier:
-    """Train one classifier over ``engine``'s clients (each with ``state["labels"]``).
+    """Train one classifier over ``channel``'s clients (each with ``state["labels"]``).
 
     Rounds whose aggregation aborted leave the model unchanged. ``progress`` is called once per
-    round. Local training is plain SGD, so a protocol with a dp stage is refused rather than
-    claimed.
+    round. ``dp``: the DP settings the protocol asks of ``update`` messages; local training is
+    plain SGD, so any is refused rather than claimed.
     """
-    if engine.protocol.dp is not None:
-        raise ProtocolError(f"protocol {engine.protocol.name!r} has a dp stage, but FedAvg's local "
-                            "training here is plain SGD, so no DP guarantee would hold; use "
-                            "'plaintext', 'secagg' or 'secagg-plus'")
-    dim = int(engine.clients[0].data.shape[1])
+    if dp is not None:
+        raise ProtocolError("the protocol asks for DP on 'update', but FedAvg's local training "
+                            "here is plain SGD, so no DP guarantee would hold; use 'plaintext', "
+                            "'secagg' or 'secagg-plus'")
+    dim = int(channel.clients[0].data.shape[1])
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = Classifier(dim, config.classes, config.hidden)
-    for client in engine.clients:
+    for client in channel.clients:
         client_labels(client)
         client.state["classifier"] = Classifier(dim, config.classes, config.hidden)
-    total = sum(c.size for c in engine.clients)
-    weights = {c.id: c.size / total for c in engine.clients}
+    total = sum(c.size for c in channel.clients)
+    weights = {c.id: c.size / total for c in channel.clients}
     count = sum(p.numel() for p in model.parameters())
     template = {"update": ((count,), np.dtype(np.float32))}
     for round_ in range(1, config.rounds + 1):
         theta = flat_params(model)
-        engine.broadcast(round_, "global_model", {"theta": theta})
-        result = engine.aggregate(round_, "update", lambda c: _local_update(c, config),
-                                  weights, template)
+        channel.broadcast(round_, "global_model", {"theta": theta})
+        result = channel.aggregate(round_, "update", lambda c: _local_update(c, config),
+                                   weights, template)
         if result.payload is not None:
             load_flat_params(model, theta + result.payload["update"])
         if progress is not None:
@@ -156,12 +159,14 @@ def fedavg(engine: InProcessEngine, config: FedAvgConfig, seed: int = 0,
     return model
 
 
-def clustered_fedavg(clients: list[Client], assignment: np.ndarray, protocol: Protocol,
-                     log_dir: Path, config: FedAvgConfig, seed: int = 0,
+def clustered_fedavg(clients: list[Client], assignment: np.ndarray,
+                     open_channel: ChannelFactory, log_dir: Path, config: FedAvgConfig, *,
+                     dp: DPSettings | None, seed: int = 0,
                      show_progress: bool = True) -> dict[str, Classifier]:
     """One FedAvg per cluster of ``assignment`` (cluster index per client, shape [n]), each
-    over its own engine logging to ``log_dir/cluster-<k>/messages.jsonl`` (one folder per
-    sub-federation: a log keeps its parties' keys beside it).
+    over its own channel from ``open_channel`` logging in ``log_dir/cluster-<k>/`` (one folder
+    per sub-federation: a log keeps its parties' keys beside it). ``dp``: as for
+    :func:`fedavg`.
 
     Returns client id -> the model of its cluster.
     """
@@ -175,12 +180,11 @@ def clustered_fedavg(clients: list[Client], assignment: np.ndarray, protocol: Pr
     models: dict[str, Classifier] = {}
     for k in clusters:
         members = [c for c, a in zip(clients, assignment, strict=True) if a == k]
-        log = MessageLog(Path(log_dir) / f"cluster-{k}" / "messages.jsonl")
-        engine = InProcessEngine(members, protocol, log)
+        channel = open_channel(members, Path(log_dir) / f"cluster-{k}")
         try:
-            model = fedavg(engine, config, seed, progress=bar.update)
+            model = fedavg(channel, config, dp=dp, seed=seed, progress=bar.update)
         finally:
-            engine.close()
+            channel.close()
         models.update({c.id: model for c in members})
     bar.close()
     return models

@@ -44,6 +44,7 @@ from tqdm import tqdm
 
 from ..data.toy2d import normals
 from ..errors import ConfigError, DataError
+from ..federation.channel import Channel
 from ..federation.message import SERVER, Payload
 from ..federation.parties import Client
 from ..models.conditional import null_labels
@@ -472,27 +473,28 @@ def train_experts(experts: Sequence[LocalExpert], steps: int, round_: int, ci_we
     return losses
 
 
-# -- exchanges through the protocol ---------------------------------------------------------
+# -- exchanges through the channel ---------------------------------------------------------
 
-def gather_models(engine, round_: int, experts: dict[str, LocalExpert], factory: ModelFactory,
+def gather_models(channel: Channel, round_: int, experts: dict[str, LocalExpert],
+                  factory: ModelFactory,
                   device: torch.device) -> dict[str, dict[str, tuple[nn.Module, np.ndarray]]]:
     """All-gather every expert as a ``model`` message; recipient -> author -> (model, counts)."""
-    gathered = engine.protocol.all_gather(
-        engine, round_, "model",
-        lambda c: model_payload(experts[c.id].published, experts[c.id].counts))
+    gathered = channel.all_gather(
+        round_, "model", lambda c: model_payload(experts[c.id].published, experts[c.id].counts))
     return {recipient: {author: load_payload_model(p, factory, device)
                         for author, p in received.items()}
             for recipient, received in gathered.items()}
 
 
-def upload_models(engine, round_: int, experts: dict[str, LocalExpert], factory: ModelFactory,
+def upload_models(channel: Channel, round_: int, experts: dict[str, LocalExpert],
+                  factory: ModelFactory,
                   device: torch.device) -> dict[str, tuple[nn.Module, np.ndarray]]:
     """Each client sends its expert to the server once (``model``); author -> (model, counts)
     for every one that arrived."""
     received = {}
     for cid, expert in experts.items():
-        payload = engine.protocol.send(engine, round_, "upload", "model", cid, SERVER,
-                                       model_payload(expert.published, expert.counts))
+        payload = channel.send(round_, "upload", "model", cid, SERVER,
+                               model_payload(expert.published, expert.counts))
         if payload is not None:
             received[cid] = load_payload_model(payload, factory, device)
     if not received:
@@ -510,15 +512,16 @@ class DCFMA:
     Eq. (14) per client; finally each client uploads its expert to the server for sampling.
     Returns the server's experts and their label counts [n, prod |Y_j|]."""
 
-    def __init__(self, engine, experts: dict[str, LocalExpert], factory: ModelFactory,
+    def __init__(self, channel: Channel, experts: dict[str, LocalExpert], factory: ModelFactory,
                  device: torch.device, ci_weight: float, progress: bool = True):
-        self.engine, self.experts, self.factory, self.device = engine, experts, factory, device
+        self.channel, self.experts, self.factory = channel, experts, factory
+        self.device = device
         self.ci_weight, self.progress = ci_weight, progress
 
     def run(self, rounds: int, steps: int) -> tuple[list[nn.Module], torch.Tensor, list[float]]:
         losses: list[float] = []
         for round_ in range(1, rounds + 1):
-            gathered = gather_models(self.engine, round_, self.experts, self.factory,
+            gathered = gather_models(self.channel, round_, self.experts, self.factory,
                                      self.device)
             order = list(self.experts)
 
@@ -532,7 +535,7 @@ class DCFMA:
 
             losses = train_experts(list(self.experts.values()), steps, round_, self.ci_weight,
                                    f"DCFM-A round {round_}", self.progress, peer_args)
-        final = upload_models(self.engine, rounds + 1, self.experts, self.factory, self.device)
+        final = upload_models(self.channel, rounds + 1, self.experts, self.factory, self.device)
         models = [m for m, _ in final.values()]
         return models, _stack([c for _, c in final.values()], self.device), losses
 
@@ -571,12 +574,11 @@ class DCFMB:
             history.append(float(losses.detach().mean()))
         return float(np.mean(history[-max(1, steps // 10):])) if history else 0.0
 
-    def send_student(self, engine, round_: int) -> int:
+    def send_student(self, channel: Channel, round_: int) -> int:
         """The student to every client (``model``, phase broadcast); returns deliveries."""
         payload = model_payload(self.student.averaged)
         delivered = 0
-        for client in engine.clients:
-            received = engine.protocol.send(engine, round_, "broadcast", "model", SERVER,
-                                            client.id, payload)
+        for client in channel.clients:
+            received = channel.send(round_, "broadcast", "model", SERVER, client.id, payload)
             delivered += received is not None
         return delivered

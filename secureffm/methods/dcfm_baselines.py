@@ -3,7 +3,7 @@ a router built from marginal label statistics), each optionally with the local C
 
 - FedFlow (Tun et al. 2023): each round the server broadcasts theta (``global_model``); every
   client runs ``local_steps`` steps of :func:`~secureffm.methods.dcfm.expert_losses` from theta
-  and returns theta_i - theta as an ``update``, which the engine aggregates through the
+  and returns theta_i - theta as an ``update``, which the channel aggregates through the
   protocol (weighted mean); the server adds it to theta. Local step s of round r draws each
   example's x0, t and mask keyed by (r, s, ``update``) and its shard index, as every
   :class:`~secureffm.methods.dcfm.LocalExpert` step does.
@@ -23,7 +23,7 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
-from ..federation.engine import InProcessEngine
+from ..federation.channel import Channel
 from ..models.params import flat_params, load_flat_params
 from .dcfm import LocalExpert
 
@@ -34,9 +34,9 @@ class FedFlow:
     """The server's theta and the FedAvg loop over ``experts`` (the clients' local trainers,
     each starting every round from the broadcast theta)."""
 
-    def __init__(self, engine: InProcessEngine, model: nn.Module,
+    def __init__(self, channel: Channel, model: nn.Module,
                  experts: dict[str, LocalExpert], weights: dict[str, float]):
-        self.engine, self.model, self.experts, self.weights = engine, model, experts, weights
+        self.channel, self.model, self.experts, self.weights = channel, model, experts, weights
         self.template = {"update": ((sum(p.numel() for p in model.parameters()),),
                                     np.dtype(np.float32))}
 
@@ -54,8 +54,8 @@ class FedFlow:
         bar = tqdm(range(1, rounds + 1), desc="FedFlow rounds", disable=not progress,
                    unit="round", dynamic_ncols=True)
         for round_ in bar:
-            self.engine.broadcast(round_, "global_model", {"theta": flat_params(self.model)})
-            result = self.engine.aggregate(
+            self.channel.broadcast(round_, "global_model", {"theta": flat_params(self.model)})
+            result = self.channel.aggregate(
                 round_, "update",
                 lambda c, r=round_: self._client_update(c, r, local_steps, ci_weight),
                 self.weights, self.template)

@@ -25,10 +25,10 @@ import torch
 from tqdm import tqdm
 
 from ..errors import ConfigError, DataError, ProtocolError
-from ..federation.engine import InProcessEngine
+from ..federation.channel import Channel
 from ..federation.parties import Client
 from ..ot import emd_plan
-from ..protocols.protocol import Protocol
+from ..privacy.settings import GeodesicPrivacy
 from .fedwad import FedWADConfig, Measure, ground_cost
 from .fedwad_federated import ClientRows, federated_distance, rounds_per_distance
 
@@ -92,19 +92,20 @@ def _sample(client: Client, count: int) -> np.ndarray:
     return rows.detach().cpu().double().numpy()
 
 
-def learn_coreset(engine: InProcessEngine, protocol: Protocol, initial: np.ndarray,
+def learn_coreset(channel: Channel, privacy: GeodesicPrivacy | None, initial: np.ndarray,
                   config: CoresetConfig, exact: bool = False,
                   show_progress: bool = True) -> CoresetResult:
-    """Learn ``config.size`` points from ``initial`` [K, d] over ``engine``'s clients (module
-    docstring); ``exact``: the non-federated reference (the server reads the clients' rows)."""
+    """Learn ``config.size`` points from ``initial`` [K, d] over ``channel``'s clients (module
+    docstring); ``privacy``: the randomized-t protections of measure messages, or None;
+    ``exact``: the non-federated reference (the server reads the clients' rows)."""
     initial = np.asarray(initial, dtype=np.float64)
-    dim = int(engine.clients[0].data.shape[1])
+    dim = int(channel.clients[0].data.shape[1])
     if initial.shape != (config.size, dim):
         raise DataError(f"initial coreset has shape {initial.shape}; need ({config.size}, "
                         f"{dim}) for size = {config.size} in the clients' dimension")
-    if config.clients_per_epoch > len(engine.clients):
+    if config.clients_per_epoch > len(channel.clients):
         raise ConfigError(f"clients_per_epoch = {config.clients_per_epoch} but the federation "
-                          f"has {len(engine.clients)} clients; draw at most that many")
+                          f"has {len(channel.clients)} clients; draw at most that many")
     rng = np.random.default_rng(config.seed)
     points = torch.tensor(initial, requires_grad=True)
     optimizer = torch.optim.Adam([points], lr=config.lr)
@@ -112,11 +113,11 @@ def learn_coreset(engine: InProcessEngine, protocol: Protocol, initial: np.ndarr
     bar = tqdm(range(config.epochs), desc="coreset (exact W)" if exact else "coreset (FedWAD)",
                disable=not show_progress, unit="epoch", leave=False)
     for _ in bar:
-        chosen = rng.choice(len(engine.clients), config.clients_per_epoch, replace=False)
+        chosen = rng.choice(len(channel.clients), config.clients_per_epoch, replace=False)
         held = Measure.uniform(points.detach().numpy())
         terms, values = [], []
         for index in chosen:
-            client = engine.clients[int(index)]
+            client = channel.clients[int(index)]
             data = _sample(client, config.samples_per_client)
             if exact:
                 target = Measure.uniform(data)
@@ -124,7 +125,7 @@ def learn_coreset(engine: InProcessEngine, protocol: Protocol, initial: np.ndarr
                 values.append(float(terms[-1].detach()))
                 continue
             try:
-                result = federated_distance(engine, protocol, held, ClientRows(client, data),
+                result = federated_distance(channel, privacy, held, ClientRows(client, data),
                                             config.fedwad, round_)
             except ProtocolError:  # a lost message (logged): this client sits the epoch out
                 continue

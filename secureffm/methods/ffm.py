@@ -21,7 +21,7 @@ import torch
 
 from ..data.pairs import DataPair
 from ..errors import ConfigError
-from ..federation.engine import InProcessEngine
+from ..federation.channel import Channel
 from ..federation.parties import Client
 from ..models.mlp import PotentialMLP, VelocityMLP
 from ..models.params import load_flat_params
@@ -115,15 +115,15 @@ class FFMSettings:
 
 
 class FederatedFlowMatching:
-    """FFM with coupling ``vanilla``, ``lot`` or ``got`` over an engine's clients."""
+    """FFM with coupling ``vanilla``, ``lot`` or ``got`` over a channel's clients."""
 
     def __init__(self, settings: FFMSettings, dp: DPSettings | None, pair: DataPair,
-                 engine: InProcessEngine, device: torch.device):
+                 channel: Channel, device: torch.device):
         """``dp``: the DP settings of every kind in ``settings.sent_kinds``, resolved by the
         runner from the protocol (None: no DP)."""
         self.settings = settings
         self.pair = pair
-        self.engine = engine
+        self.channel = channel
         self.device = device
         self.velocity = GlobalModel(VelocityMLP(pair.dim, settings.hidden).to(device),
                                     settings.lr, settings.ema_decay)
@@ -135,17 +135,17 @@ class FederatedFlowMatching:
         self.dp = dp
         if dp is not None:
             self._check_dp()
-        self.weights = client_weights(engine.clients, settings.weighting, private=bool(dp))
+        self.weights = client_weights(channel.clients, settings.weighting, private=bool(dp))
         self.ledger = PrivacyLedger(self.dp.delta) if self.dp else None
         self.noise_multipliers: dict[str, float] = {}
         self.distributed = self.dp is not None and self.dp.noise == "distributed"
         self.geometry, self.noise = {}, {}
-        for client in engine.clients:
+        for client in channel.clients:
             self._setup_client(client)
         if self.distributed:
             self._plan_distributed_noise()
         if self.potential is not None:
-            self.engine.broadcast(0, "global_potential", {"phi": self.potential.flat()})
+            self.channel.broadcast(0, "global_potential", {"phi": self.potential.flat()})
 
     # -- set-up --------------------------------------------------------------------------
 
@@ -185,13 +185,12 @@ class FederatedFlowMatching:
         """Geometry of each kind's noise in quantization levels, and one multiplier tau for
         every client and kind: the given one, or the smallest keeping every client within the
         target."""
-        clients = self.engine.clients
+        clients = self.channel.clients
         sensitivity = {c.id: self.dp.clip / self.settings.batch_size for c in clients}
         sizes = {"gradient": self.velocity.flat().size}
         if self.potential is not None:
             sizes["dual_update"] = self.potential.flat().size
-        self.geometry = {kind: self.engine.protocol.noise_geometry(kind, self.weights,
-                                                                   sensitivity, size)
+        self.geometry = {kind: self.channel.noise_geometry(kind, self.weights, sensitivity, size)
                          for kind, size in sizes.items()}
         tau = self.dp.noise_multiplier or smallest_multiplier(
             lambda m: max(self.client_epsilon(c, m, self.settings.rounds) for c in clients),
@@ -208,7 +207,7 @@ class FederatedFlowMatching:
 
         def fits(rounds: int) -> bool:
             return all(self.client_epsilon(c, self.noise_multipliers[c.id], rounds)
-                       <= self.dp.target_epsilon for c in self.engine.clients)
+                       <= self.dp.target_epsilon for c in self.channel.clients)
 
         low, high = 0, self.settings.rounds
         if fits(high):
@@ -342,11 +341,11 @@ class FederatedFlowMatching:
     def train_round(self, round_: int) -> dict[str, float]:
         """One communication round; returns the clients' mean diagnostics (simulator's view)
         and ``aborted`` = 1 for each aggregation that aborted (the model then stays put)."""
-        self.engine.broadcast(round_, "global_model", {"theta": self.velocity.flat()})
-        update = self.engine.aggregate(round_, "gradient",
-                                       lambda client: self._client_velocity(client, round_),
-                                       self.weights, _template(self.velocity),
-                                       self.noise.get("gradient"))
+        self.channel.broadcast(round_, "global_model", {"theta": self.velocity.flat()})
+        update = self.channel.aggregate(round_, "gradient",
+                                        lambda client: self._client_velocity(client, round_),
+                                        self.weights, _template(self.velocity),
+                                        self.noise.get("gradient"))
         report = {"aborted": 0.0}
         # Client losses are not privatized: under DP the simulator does not report them.
         diagnostics = self.dp is None
@@ -357,13 +356,14 @@ class FederatedFlowMatching:
         else:
             report["aborted"] += 1
         if self.potential is not None and round_ % self.settings.potential_every == 0:
-            dual = self.engine.aggregate(round_, "dual_update",
-                                         lambda client: self._client_dual(client, round_),
-                                         self.weights, _template(self.potential),
-                                         self.noise.get("dual_update"))
+            dual = self.channel.aggregate(round_, "dual_update",
+                                          lambda client: self._client_dual(client, round_),
+                                          self.weights, _template(self.potential),
+                                          self.noise.get("dual_update"))
             if dual.payload is not None:
                 self.potential.apply(dual.payload["gradient"])
-                self.engine.broadcast(round_, "global_potential", {"phi": self.potential.flat()})
+                self.channel.broadcast(round_, "global_potential",
+                                       {"phi": self.potential.flat()})
                 if diagnostics:
                     report["dual"] = self._mean_state("last_dual", dual.included)
             else:
@@ -372,7 +372,7 @@ class FederatedFlowMatching:
 
     def _mean_state(self, key: str, included: list[str]) -> float:
         total = sum(self.weights[cid] for cid in included)
-        states = {c.id: c.state for c in self.engine.clients}
+        states = {c.id: c.state for c in self.channel.clients}
         return sum(self.weights[cid] * states[cid][key] for cid in included) / total
 
     def state_dict(self) -> dict:

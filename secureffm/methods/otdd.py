@@ -33,11 +33,11 @@ from sklearn.manifold import ClassicalMDS
 from tqdm import tqdm
 
 from ..errors import DataError, ProtocolError
-from ..federation.engine import InProcessEngine
+from ..federation.channel import Channel
 from ..federation.message import SERVER
 from ..federation.parties import Client, new_client
 from ..ot import emd_cost, squared_distances
-from ..protocols.protocol import Protocol
+from ..privacy.settings import GeodesicPrivacy
 from .fedwad import FedWADConfig
 from .fedwad_federated import ClientRows, federated_distance, rounds_per_distance
 
@@ -138,7 +138,7 @@ def augment(x: np.ndarray, y: np.ndarray, classes: np.ndarray,
 class OTDDResult:
     """What the server holds after :func:`federated_otdd`.
 
-    ``distances`` [n, n]: OTDD between clients (engine order), by FedWAD. ``labels``: (client
+    ``distances`` [n, n]: OTDD between clients (channel order), by FedWAD. ``labels``: (client
     id, class) per row of ``label_distances`` [L, L] (exact within a client, FedWAD across) and
     of ``embedding`` [L, r] (classical MDS of it).
     """
@@ -154,24 +154,25 @@ def _lost(what: str, client: str) -> ProtocolError:
                          f"{client} was lost (see the log's events); rerun without that client")
 
 
-def _fedwad(engine, protocol, sides: list[ClientRows], config: FedWADConfig, round_: int,
-            what: str) -> float:
+def _fedwad(channel: Channel, privacy: GeodesicPrivacy | None, sides: list[ClientRows],
+            config: FedWADConfig, round_: int, what: str) -> float:
     try:
-        return federated_distance(engine, protocol, sides[0], sides[1], config, round_).distance
+        return federated_distance(channel, privacy, sides[0], sides[1], config, round_).distance
     except ProtocolError as err:
         raise _lost(what, f"{sides[0].client.id} or {sides[1].client.id}") from err
 
 
-def federated_otdd(engine: InProcessEngine, protocol: Protocol, config: FedWADConfig,
+def federated_otdd(channel: Channel, privacy: GeodesicPrivacy | None, config: FedWADConfig,
                    label_config: FedWADConfig | None = None,
                    show_progress: bool = True) -> OTDDResult:
-    """OTDD between every pair of ``engine``'s clients, no example leaving its client (module
-    docstring, steps 1-4). ``config``: FedWAD for the client-to-client distances on augmented
-    rows; ``label_config``: FedWAD for the class-to-class distances (default ``config``).
+    """OTDD between every pair of ``channel``'s clients, no example leaving its client (module
+    docstring, steps 1-4). ``privacy``: the randomized-t protections of measure messages, or
+    None. ``config``: FedWAD for the client-to-client distances on augmented rows;
+    ``label_config``: FedWAD for the class-to-class distances (default ``config``).
     Rounds count up from 1, one per FedWAD iteration.
     """
     label_config = label_config or config
-    clients = engine.clients
+    clients = channel.clients
     if len(clients) < 2:
         raise DataError("federated OTDD compares clients: the federation needs at least two")
     rows = {c.id: c.data.detach().cpu().double().numpy() for c in clients}
@@ -180,8 +181,8 @@ def federated_otdd(engine: InProcessEngine, protocol: Protocol, config: FedWADCo
     labels_of, blocks = [], []
     for client in clients:
         classes, local = class_distances(rows[client.id], labels[client.id])
-        got = protocol.send(engine, 1, "upload", "scalar", client.id, SERVER,
-                            {"classes": classes, "distances": local})
+        got = channel.send(1, "upload", "scalar", client.id, SERVER,
+                           {"classes": classes, "distances": local})
         if got is None:
             raise _lost("class distances", client.id)
         labels_of.extend((client.id, int(c)) for c in got["classes"])
@@ -199,7 +200,7 @@ def federated_otdd(engine: InProcessEngine, protocol: Protocol, config: FedWADCo
     for a, b in tqdm(cross, desc="OTDD class distances (FedWAD)", disable=not show_progress,
                      leave=False):
         sides = [ClientRows(by_id[cid], rows[cid][labels[cid] == cls]) for cid, cls in (a, b)]
-        distance = _fedwad(engine, protocol, sides, label_config, round_,
+        distance = _fedwad(channel, privacy, sides, label_config, round_,
                            "class-to-class distances")
         round_ += rounds_per_distance(label_config)
         label_distances[index[a], index[b]] = label_distances[index[b], index[a]] = distance
@@ -208,9 +209,9 @@ def federated_otdd(engine: InProcessEngine, protocol: Protocol, config: FedWADCo
     augmented = {}
     for client in clients:
         mine = [i for i, (cid, _) in enumerate(labels_of) if cid == client.id]
-        got = protocol.send(engine, round_, "broadcast", "label_embedding", SERVER, client.id,
-                            {"classes": np.array([labels_of[i][1] for i in mine]),
-                             "embedding": embedding[mine]})
+        got = channel.send(round_, "broadcast", "label_embedding", SERVER, client.id,
+                           {"classes": np.array([labels_of[i][1] for i in mine]),
+                            "embedding": embedding[mine]})
         if got is None:
             raise _lost("label embedding", client.id)
         augmented[client.id] = augment(rows[client.id], labels[client.id], got["classes"],
@@ -223,7 +224,7 @@ def federated_otdd(engine: InProcessEngine, protocol: Protocol, config: FedWADCo
     for i, j in tqdm(pairs, desc="OTDD client distances (FedWAD)", disable=not show_progress,
                      leave=False):
         sides = [ClientRows(c, augmented[c.id]) for c in (clients[i], clients[j])]
-        distances[i, j] = distances[j, i] = _fedwad(engine, protocol, sides, config, round_,
+        distances[i, j] = distances[j, i] = _fedwad(channel, privacy, sides, config, round_,
                                                     "OTDD messages")
         round_ += rounds_per_distance(config)
     return OTDDResult(distances, tuple(labels_of), label_distances, embedding)

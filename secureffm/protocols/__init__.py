@@ -1,7 +1,10 @@
-"""Protocols: ordered stages that protect every message a party sends."""
+"""Protocols: ordered stages that protect every message a party sends, and the channel that
+applies them over a transport."""
 
 from .aggregation import check_payload, flatten, unflatten, weighted_mean
-from .protocol import Protocol, ProtocolSpec, known_protocols, load_protocol
+from .channel import ProtectedChannel
+from .protocol import Protocol, load_protocol
+from .registry import ProtocolSpec, known_protocols
 
-__all__ = ["Protocol", "ProtocolSpec", "load_protocol", "known_protocols", "weighted_mean",
-           "check_payload", "flatten", "unflatten"]
+__all__ = ["Protocol", "ProtocolSpec", "ProtectedChannel", "load_protocol", "known_protocols",
+           "weighted_mean", "check_payload", "flatten", "unflatten"]

@@ -1,13 +1,15 @@
-"""Server-side aggregation as pure functions of what arrived."""
+"""Server-side aggregation: pure functions of what arrived, and aggregation in the clear."""
 
 from __future__ import annotations
 
 import numpy as np
 
 from ..errors import MessageError
-from ..federation.message import Payload
+from ..federation.channel import Aggregate, Compute, Template
+from ..federation.message import SERVER, Payload, deserialize_payload, serialize_payload
+from .link import Link
 
-__all__ = ["weighted_mean", "check_payload", "flatten", "unflatten"]
+__all__ = ["weighted_mean", "check_payload", "flatten", "unflatten", "plain_aggregate"]
 
 
 def check_payload(sender: str, payload: Payload, reference: Payload | None) -> None:
@@ -52,3 +54,31 @@ def unflatten(vector: np.ndarray, template: dict) -> Payload:
         out[name] = vector[offset:offset + size].reshape(shape).astype(dtype)
         offset += size
     return out
+
+
+def plain_aggregate(link: Link, compute: Compute, weights: dict[str, float],
+                    template: Template) -> Aggregate:
+    """Every client uploads its payload in the clear; the server checks each one against
+    ``template``, leaves out (and names) the bad ones, and averages the rest with weights."""
+    reference = {name: np.zeros(shape, dtype) for name, (shape, dtype) in template.items()}
+    accepted, dropped = [], {}
+    for client in link.clients:
+        if not link.alive(client.id, "upload"):
+            dropped[client.id] = "offline at phase upload"
+            continue
+        data = link.send("upload", client.id, SERVER, serialize_payload(compute(client)))
+        if data is None:
+            dropped[client.id] = "its upload was rejected or never arrived"
+            continue
+        try:
+            payload = deserialize_payload(data, client.id)
+            check_payload(client.id, payload, reference)
+        except MessageError as err:
+            link.reject("upload", client.id, str(err))
+            dropped[client.id] = str(err)
+            continue
+        accepted.append((client.id, payload))
+    if not accepted:
+        return Aggregate(None, [], dropped, "no client update was accepted")
+    mean = weighted_mean([(payload, weights[cid]) for cid, payload in accepted])
+    return Aggregate(mean, [cid for cid, _ in accepted], dropped)

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from ..errors import ProtocolError
 from ..privacy.settings import DPSettings
-from .protocol import check_protects, check_table, register_stage
+from .registry import check_protects, check_table, register_stage
 
 __all__ = ["DPStage"]
 

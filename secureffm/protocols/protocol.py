@@ -1,114 +1,31 @@
-"""`Protocol`: an ordered list of stages read from a spec, wrapping every message.
+"""`Protocol`: an ordered list of stages read from a spec (:mod:`.registry`), and what it
+decides about each message kind: which stage aggregates or seals it, which client stages shape
+it, and the DP settings and randomized-t protections its senders must compute with.
 
-A spec is a TOML file with keys ``name``, ``description`` and ``stages`` (a list of tables, each
-naming a registered ``stage``, the message kinds it ``protects``, and its parameters). A kind
-no aggregation stage protects is aggregated in the clear.
-
-Every stage class has a ``role``: ``client`` (it changes how a client computes a message, as
-DP-SGD or randomized t do; it sends nothing), ``aggregate`` (the server obtains only a sum, as
-with secure aggregation) or ``transport`` (individual messages are encrypted end to end).
+Every stage has a ``role`` (:mod:`.stage`): ``client`` (it changes how a client computes a
+message, as DP-SGD or randomized t do; it sends nothing), ``aggregate`` (the server obtains
+only a sum, as with secure aggregation) or ``transport`` (individual messages are encrypted end
+to end). A kind no aggregation stage protects is aggregated in the clear. The messages
+themselves go through :class:`~secureffm.protocols.channel.ProtectedChannel`.
 """
 
 from __future__ import annotations
 
-import tomllib
-from collections.abc import Callable
-from dataclasses import dataclass, field
-from importlib import resources
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-import numpy as np
+from ..errors import ProtocolError
+from ..privacy.settings import DPSettings, GeodesicPrivacy, NoiseGeometry
+from .registry import STAGES, ProtocolSpec, read_spec
 
-from ..errors import MessageError, ProtocolError
-from ..federation.message import SERVER, Payload, deserialize_payload, serialize_payload
-from .aggregation import check_payload, weighted_mean
+__all__ = ["Protocol", "load_protocol", "PLAIN_PHASES"]
 
-if TYPE_CHECKING:
-    from ..federation.engine import Aggregate, InProcessEngine, Template
-    from ..federation.parties import Client
-
-__all__ = ["Protocol", "ProtocolSpec", "load_protocol", "known_protocols", "STAGES",
-           "register_stage", "PLAIN_PHASES"]
-
-# Stage classes by spec name; a stage module registers itself with @register_stage.
-STAGES: dict[str, type] = {}
-_SPEC_KEYS = {"name", "description", "stages"}
 PLAIN_PHASES = ("broadcast", "upload", "relay")
-ROLES = ("client", "aggregate", "transport")
-
-
-def register_stage(cls: type) -> type:
-    if getattr(cls, "role", None) not in ROLES:
-        raise TypeError(f"stage class {cls.__name__} needs a role in {ROLES}")
-    STAGES[cls.name] = cls
-    return cls
-
-
-def check_table(table: dict, allowed: set[str], required: tuple[str, ...], where: str) -> None:
-    """Reject a spec table with an unknown key or without a required one, naming the key."""
-    unknown = sorted(set(table) - allowed)
-    if unknown:
-        raise ProtocolError(f"{where}: unknown key {unknown[0]!r}; allowed keys are "
-                            f"{', '.join(sorted(allowed - {'stage'}))}")
-    for key in required:
-        if key not in table:
-            raise ProtocolError(f"{where}: missing required key {key!r}")
-
-
-def check_protects(protects: tuple[str, ...], stage: type, where: str, why: str) -> None:
-    """Refuse a kind ``stage`` cannot protect; ``why`` says what the stage can do instead."""
-    refused = sorted(set(protects) - stage.can_protect)
-    if refused:
-        raise ProtocolError(f"{where}: stage {stage.name!r} cannot protect kind {refused[0]!r}: "
-                            f"{why}; it protects {', '.join(sorted(stage.can_protect))}")
-
-
-@dataclass(frozen=True)
-class ProtocolSpec:
-    """A parsed protocol spec: its name, description and stage tables in order."""
-
-    name: str
-    description: str
-    stages: tuple[dict[str, Any], ...] = field(default=())
-    source: str = ""
-
-
-def _spec_dir():
-    return resources.files("secureffm.specs") / "protocols"
-
-
-def known_protocols() -> list[str]:
-    """Names of the protocol specs shipped with the package."""
-    return sorted(p.name[:-5] for p in _spec_dir().iterdir() if p.name.endswith(".toml"))
-
-
-def _parse_spec(text: str, source: str) -> ProtocolSpec:
-    try:
-        values = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as err:
-        raise ProtocolError(f"protocol spec {source} is not valid TOML: {err}") from None
-    check_table(values, _SPEC_KEYS, ("name", "stages"), f"protocol spec {source}")
-    stages = values["stages"]
-    if not isinstance(stages, list) or not all(isinstance(s, dict) for s in stages):
-        raise ProtocolError(f"protocol spec {source}: 'stages' must be a list of tables "
-                            "([[stages]] with a 'stage' key each)")
-    return ProtocolSpec(values["name"], values.get("description", ""), tuple(stages), source)
 
 
 def load_protocol(name_or_path: str) -> Protocol:
     """Load a shipped spec by name (``plaintext``) or a user's spec by path (``my.toml``)."""
     _register_builtin_stages()
-    if name_or_path.endswith(".toml") or "/" in name_or_path:
-        path = Path(name_or_path)
-        if not path.is_file():
-            raise ProtocolError(f"protocol spec file {name_or_path!r} does not exist")
-        return Protocol(_parse_spec(path.read_text(), str(path)))
-    resource = _spec_dir() / f"{name_or_path}.toml"
-    if not resource.is_file():
-        raise ProtocolError(f"unknown protocol {name_or_path!r}; shipped protocols: "
-                            f"{', '.join(known_protocols())}, or give a path to a .toml spec")
-    return Protocol(_parse_spec(resource.read_text(), f"{name_or_path}.toml"))
+    return Protocol(read_spec(name_or_path))
 
 
 def _register_builtin_stages() -> None:
@@ -185,11 +102,11 @@ class Protocol:
         for stage in self.stages:
             stage.validate_for(clients)
 
-    def dp_for(self, kind: str):
+    def dp_for(self, kind: str) -> DPSettings | None:
         """The DP settings clients must train ``kind`` updates with, or None."""
         return self.dp.settings if self.dp and kind in self.dp.protects else None
 
-    def dp_settings(self, kinds: tuple[str, ...], sender: str):
+    def dp_settings(self, kinds: tuple[str, ...], sender: str) -> DPSettings | None:
         """The DP settings for all of ``kinds`` (every message ``sender``, a method, derives
         from client data), or None when the protocol has no dp stage. A dp stage that leaves
         one of them out is refused, naming it: that message would travel without DP while
@@ -206,146 +123,34 @@ class Protocol:
         return self.dp.settings
 
     def noise_geometry(self, kind: str, weights: dict[str, float],
-                       sensitivity: dict[str, float], size: int):
-        """The distributed-noise geometry of ``kind`` (see secagg.NoiseGeometry), or None
-        when ``kind`` does not get distributed noise."""
+                       sensitivity: dict[str, float], size: int) -> NoiseGeometry | None:
+        """The distributed-noise geometry of ``kind``, or None when ``kind`` does not get
+        distributed noise."""
         settings = self.dp_for(kind)
         if settings is None or settings.noise != "distributed":
             return None
         return self._by_kind[kind].noise_geometry(weights, sensitivity, size,
                                                   settings.colluders)
 
-    def decode_public(self, data: bytes, sender: str) -> Payload:
-        """Decode a message every recipient may read (server broadcasts)."""
-        return deserialize_payload(data, sender)
+    def aggregator(self, kind: str):
+        """The aggregate stage protecting ``kind``, or None (aggregated in the clear)."""
+        return self._by_kind.get(kind)
 
-    def aggregate(self, engine: InProcessEngine, round_: int, kind: str,
-                  compute: Callable[[Client], Payload], weights: dict[str, float],
-                  template: Template, noise=None) -> Aggregate:
-        """``noise``: a DistributedNoise for kinds under distributed DP noise, else None."""
-        prior = self.client_stages(kind)
-        stage = self._by_kind.get(kind)
-        settings = self.dp_for(kind)
-        if (noise is not None) != bool(settings and settings.noise == "distributed"):
-            raise ProtocolError(f"kind {kind!r}: distributed noise parameters must be given "
-                                "exactly when the protocol's dp stage uses distributed noise")
-        if stage is not None:
-            return stage.aggregate(engine, round_, kind, compute, weights, template, prior,
-                                   noise=noise)
-        return plain_aggregate(engine, round_, kind, compute, weights, template, prior)
+    def sealer(self, kind: str):
+        """The transport stage sealing ``kind``, or None (sent in the clear)."""
+        return self._sealed_by_kind.get(kind)
 
+    def geodesic_privacy(self, kind: str = "measure") -> GeodesicPrivacy | None:
+        """The randomized-t protections of ``kind`` messages, or None."""
+        stage = self.stage_for("randomized-t", kind)
+        return None if stage is None else GeodesicPrivacy(stage.t_low, stage.t_high,
+                                                          stage.noise_std)
 
-    # -- individual messages -----------------------------------------------------------------
-
-    def _check_individual(self, kind: str) -> None:
+    def check_individual(self, kind: str) -> None:
+        """Refuse sending ``kind`` one by one when an aggregate stage protects it."""
         if kind in self._by_kind:
             raise ProtocolError(
                 f"kind {kind!r} is protected by the {self._by_kind[kind].name!r} stage of "
                 f"protocol {self.name!r}, so the server may only learn its sum; sending it one by "
                 "one would expose each message. Aggregate it, or use a protocol that does not "
                 "aggregate this kind")
-
-    def send(self, engine: InProcessEngine, round_: int, phase: str, kind: str, sender: str,
-             recipient: str, payload: Payload) -> Payload | None:
-        """One individual message from ``sender`` to ``recipient`` (client ids or SERVER),
-        sealed for the recipient when a ``sealed`` stage protects ``kind``.
-
-        Returns the payload as the recipient decoded it, or None when the sender is offline or
-        the recipient rejected the message (a logged event names why).
-        """
-        self._check_individual(kind)
-        sealer = self._sealed_by_kind.get(kind)
-        shaped = self.client_stages(kind) if sender != SERVER else ()  # the server's own: none
-        stages = shaped + ((sealer.name,) if sealer else ())
-        if sealer is not None:
-            data = sealer.seal(engine, payload, kind, round_, phase, sender, [recipient])
-        else:
-            data = serialize_payload(payload)
-        received = engine.send(round_, phase, kind, sender, recipient, data, stages)
-        if received is None:
-            return None
-        return self._open(engine, round_, phase, kind, sender, recipient, received, sealer)
-
-    def _open(self, engine, round_, phase, kind, author, recipient, data, sealer,
-              relayed_by: str | None = None) -> Payload | None:
-        try:
-            if sealer is None:
-                payload = deserialize_payload(data, author)
-            else:
-                payload = sealer.open(engine, data, kind, round_, phase, author, recipient)
-            check_payload(author, payload, None)
-        except (MessageError, ProtocolError) as err:
-            engine.reject(round_, phase, relayed_by or author,
-                          f"{recipient} rejected {kind} message of {author}: {err}", by=recipient)
-            return None
-        return payload
-
-    def all_gather(self, engine: InProcessEngine, round_: int, kind: str,
-                   compute: Callable[[Client], Payload]) -> dict[str, dict[str, Payload]]:
-        """Each alive client computes its payload once and uploads it (phase ``upload``); the
-        server relays it to every other client (phase ``relay``), sealed per recipient when a
-        ``sealed`` stage protects ``kind`` so the relay cannot read it.
-
-        Returns recipient id -> {author id -> payload} for every copy that arrived intact.
-        """
-        self._check_individual(kind)
-        sealer = self._sealed_by_kind.get(kind)
-        stages = self.client_stages(kind) + ((sealer.name,) if sealer else ())
-        gathered: dict[str, dict[str, Payload]] = {c.id: {} for c in engine.clients}
-        authors = [c for c in engine.clients if engine.alive(c.id, round_, "upload")]
-        for author in authors:
-            peers = [c.id for c in engine.clients if c.id != author.id]
-            payload = compute(author)
-            if sealer is not None:
-                data = sealer.seal(engine, payload, kind, round_, "relay", author.id, peers)
-            else:
-                data = serialize_payload(payload)
-            uploaded = engine.send(round_, "upload", kind, author.id, SERVER, data, stages)
-            if uploaded is None:
-                continue
-            for peer in peers:
-                try:
-                    copy = sealer.relay(uploaded, peer, author.id) if sealer else uploaded
-                except MessageError as err:
-                    engine.reject(round_, "upload", author.id, str(err))
-                    break
-                delivered = engine.send(round_, "relay", kind, SERVER, peer, copy, stages,
-                                        origin=author.id)
-                if delivered is None:
-                    continue
-                opened = self._open(engine, round_, "relay", kind, author.id, peer, delivered,
-                                    sealer, relayed_by=SERVER)
-                if opened is not None:
-                    gathered[peer][author.id] = opened
-        return gathered
-
-
-def plain_aggregate(engine, round_, kind, compute, weights, template, prior=()) -> Aggregate:
-    """Every client uploads its payload in the clear (``prior``: stages already applied, such
-    as ``dp``); the server checks each one against ``template``, leaves out (and names) the bad
-    ones, and averages the rest with weights."""
-    from ..federation.engine import Aggregate
-
-    reference = {name: np.zeros(shape, dtype) for name, (shape, dtype) in template.items()}
-    accepted, dropped = [], {}
-    for client in engine.clients:
-        if not engine.alive(client.id, round_, "upload"):
-            dropped[client.id] = "offline at phase upload"
-            continue
-        data = engine.send(round_, "upload", kind, client.id, "server",
-                           serialize_payload(compute(client)), prior)
-        if data is None:
-            dropped[client.id] = "its upload was rejected or never arrived"
-            continue
-        try:
-            payload = deserialize_payload(data, client.id)
-            check_payload(client.id, payload, reference)
-        except MessageError as err:
-            engine.reject(round_, "upload", client.id, str(err))
-            dropped[client.id] = str(err)
-            continue
-        accepted.append((client.id, payload))
-    if not accepted:
-        return Aggregate(None, [], dropped, "no client update was accepted")
-    mean = weighted_mean([(payload, weights[cid]) for cid, payload in accepted])
-    return Aggregate(mean, [cid for cid, _ in accepted], dropped)

@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 
 from ..errors import ProtocolError
-from .protocol import check_protects, check_table, register_stage
+from .registry import check_protects, check_table, register_stage
 
 __all__ = ["RandomizedTStage"]
 

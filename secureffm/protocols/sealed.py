@@ -41,7 +41,8 @@ import numpy as np
 from ..errors import MessageError, ProtocolError
 from ..federation.crypto import Identity, KeyPair, agree, open_sealed, seal, verify_signature
 from ..federation.message import Payload, deserialize_payload, serialize_payload
-from .protocol import check_protects, check_table, register_stage
+from ..federation.parties import Party, Registry
+from .registry import check_protects, check_table, register_stage
 
 __all__ = ["SealedStage", "SealHeader", "Opened", "seal_payload", "relay_part", "open_payload"]
 
@@ -174,8 +175,8 @@ def open_payload(data: bytes, kind: str, round_: int, phase: str, sender_id: str
 class SealedStage:
     """Marks kinds sent one by one that only their recipients may read; see module docstring.
 
-    Keeps, for each party, what that party keeps: the counter of its next sealed message, and
-    per sender the highest counter it accepted (parties are objects of this process).
+    Each party keeps its own counters in its ``memory``: the counter of its next sealed
+    message, and per sender the highest counter it accepted.
     """
 
     name = "sealed"
@@ -185,8 +186,6 @@ class SealedStage:
 
     def __init__(self, protects: tuple[str, ...]):
         self.protects = protects
-        self._next: dict[str, int] = {}
-        self._accepted: dict[tuple[str, str], int] = {}
 
     @classmethod
     def from_table(cls, table: dict, source: str) -> SealedStage:
@@ -202,25 +201,25 @@ class SealedStage:
     def validate_for(self, clients: int) -> None:
         """Sealing works for any number of parties."""
 
-    def seal(self, engine, payload: Payload, kind: str, round_: int, phase: str, sender: str,
-             recipients: list[str]) -> bytes:
+    def seal(self, sender: Party, registry: Registry, payload: Payload, kind: str,
+             round_: int, phase: str, recipients: list[str]) -> bytes:
         """``sender`` seals ``payload`` for ``recipients``, who receive it in ``phase``, with
-        its signing identity and sealing key and the recipients' pinned sealing keys."""
-        counter = self._next.get(sender, 0)
-        self._next[sender] = counter + 1
-        header = SealHeader(kind, round_, phase, sender, tuple(sorted(recipients)), counter)
-        return seal_payload(payload, header, engine.identities[sender],
-                            engine.sealing_keys[sender], engine.sealing_public)
+        its own signing identity and sealing key and the recipients' pinned sealing keys."""
+        memory = sender.memory.setdefault(self.name, {"next": 0, "accepted": {}})
+        counter = memory["next"]
+        memory["next"] = counter + 1
+        header = SealHeader(kind, round_, phase, sender.id, tuple(sorted(recipients)), counter)
+        return seal_payload(payload, header, sender.identity, sender.sealing, registry.seal)
 
     def relay(self, data: bytes, recipient: str, sender: str) -> bytes:
         return relay_part(data, recipient, sender)
 
-    def open(self, engine, data: bytes, kind: str, round_: int, phase: str, sender: str,
-             recipient: str) -> Payload:
+    def open(self, recipient: Party, registry: Registry, data: bytes, kind: str, round_: int,
+             phase: str, sender: str) -> Payload:
         """``recipient`` opens a message of ``sender`` against ``sender``'s pinned keys."""
-        last = self._accepted.get((recipient, sender), -1)
-        opened = open_payload(data, kind, round_, phase, sender, engine.public_keys[sender],
-                              engine.sealing_public[sender], engine.sealing_keys[recipient],
-                              recipient, after=last)
-        self._accepted[(recipient, sender)] = opened.counter
+        memory = recipient.memory.setdefault(self.name, {"next": 0, "accepted": {}})
+        opened = open_payload(data, kind, round_, phase, sender, registry.sign[sender],
+                              registry.seal[sender], recipient.sealing, recipient.id,
+                              after=memory["accepted"].get(sender, -1))
+        memory["accepted"][sender] = opened.counter
         return opened.payload

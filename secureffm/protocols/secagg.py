@@ -49,11 +49,11 @@ import math
 import random
 import secrets
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 
 from ..errors import MessageError, ProtocolError
+from ..federation.channel import Aggregate, Compute, Template
 from ..federation.crypto import (
     KeyPair,
     agree,
@@ -65,11 +65,14 @@ from ..federation.crypto import (
 )
 from ..federation.crypto import public_bytes as public_of
 from ..federation.message import SERVER, deserialize_payload, serialize_payload
+from ..federation.parties import Client
+from ..privacy.settings import DistributedNoise, NoiseGeometry
 from ..privacy.skellam import grid_sensitivity
 from .aggregation import check_payload, flatten, unflatten
+from .link import Link
 from .prg import expand_seed
-from .protocol import check_protects, check_table, register_stage
 from .quantize import Quantizer
+from .registry import check_protects, check_table, register_stage
 from .shamir import (
     SHARE_BYTES,
     Share,
@@ -79,7 +82,7 @@ from .shamir import (
     split_bytes,
 )
 
-__all__ = ["SecAggStage", "harary_neighbours", "NoiseGeometry"]
+__all__ = ["SecAggStage", "harary_neighbours"]
 
 PHASES = ("advertise_keys", "keys", "share_keys", "shares", "masked_input", "unmask_request",
           "unmask")
@@ -93,27 +96,6 @@ _NOISE_SIGMAS = 12.0
 # Each secret the server rebuilds: how reasons name it, and what the rebuilt value must match.
 _SECRETS = {"b": ("b (self-mask seed)", "the seed it committed to"),
             "s": ("s (mask key, dropped)", "the key of its advertised s_pk")}
-
-
-@dataclass(frozen=True)
-class NoiseGeometry:
-    """Distributed Skellam noise in quantization levels for one kind of update.
-
-    ``sensitivity``: client id -> (L2, L1) sensitivity of its quantized input, in levels;
-    ``honest``: the fewest honest clients whose inputs (and noise shares) reach a sum the
-    server can unmask: the secagg threshold minus the colluders.
-    """
-
-    sensitivity: dict[str, tuple[float, float]]
-    honest: int
-
-    def sum_variance(self, multiplier: float) -> float:
-        """Noise variance per coordinate that the sum carries at least: (tau * max L2)^2."""
-        return (multiplier * max(l2 for l2, _ in self.sensitivity.values())) ** 2
-
-    def share_variance(self, multiplier: float) -> float:
-        """Variance each client adds so that ``honest`` shares sum to :meth:`sum_variance`."""
-        return self.sum_variance(multiplier) / self.honest
 
 
 def harary_neighbours(ids: list[str], k: int, rng: random.Random) -> dict[str, set[str]]:
@@ -356,10 +338,7 @@ class _ClientSession:
 class _Round:
     """One aggregation: how to send and reject, and what the server has learnt so far."""
 
-    engine: Any
-    number: int
-    kind: str
-    stages: tuple[str, ...]
+    link: Link
     order: dict[str, int]  # client id -> position in the federation's client list
     dropped: dict[str, str] = field(default_factory=dict)
     sessions: dict[str, _ClientSession] = field(default_factory=dict)  # client side
@@ -368,15 +347,17 @@ class _Round:
     routed: dict[str, set[str]] = field(default_factory=dict)  # whom each client masks with
 
     def send(self, phase: str, sender: str, recipient: str, data: bytes) -> bytes | None:
-        return self.engine.send(self.number, phase, self.kind, sender, recipient, data,
-                                self.stages)
+        return self.link.send(phase, sender, recipient, data)
 
     def reject(self, phase: str, party: str, reason: str, by: str = SERVER) -> None:
-        self.engine.reject(self.number, phase, party, reason, by=by)
+        self.link.reject(phase, party, reason, by=by)
+
+    def alive(self, party: str, phase: str) -> bool:
+        return self.link.alive(party, phase)
 
     def context(self, author: str, recipient: str) -> bytes:
         """Associated data binding a sealed share to this round, kind and pair."""
-        return f"{self.number}|{self.kind}|{author}|{recipient}".encode()
+        return f"{self.link.round}|{self.link.kind}|{author}|{recipient}".encode()
 
     def members(self, u: str) -> list[str]:
         """S(u): u and its neighbours in client order; v's share of u's secrets is at x =
@@ -486,16 +467,14 @@ class SecAggStage:
 
     # -- one aggregation -------------------------------------------------------------------
 
-    def aggregate(self, engine, round_, kind, compute, weights, template, prior=(),
-                  noise=None):
-        """``noise``: a :class:`~secureffm.protocols.dp.DistributedNoise` when each client must
-        add its share of distributed DP noise, else None."""
-        from ..federation.engine import Aggregate
-
-        ids = [c.id for c in engine.clients]
+    def aggregate(self, link: Link, compute: Compute, weights: dict[str, float],
+                  template: Template, noise: DistributedNoise | None = None) -> Aggregate:
+        """One aggregation over ``link``'s clients. ``noise``: each client's share of
+        distributed DP noise, or None."""
+        ids = [c.id for c in link.clients]
         size = sum(int(np.prod(shape)) for shape, _ in template.values())
         share_variance = self._share_variance(noise, weights, size, len(ids))
-        r = _Round(engine, round_, kind, (*prior, self.name), {c: i for i, c in enumerate(ids)})
+        r = _Round(link, {c: i for i, c in enumerate(ids)})
         needed = self.shares_needed(self.group_size(len(ids)))
 
         def abort(reason: str) -> Aggregate:
@@ -511,7 +490,7 @@ class SecAggStage:
             return abort(f"only {len(u2)} clients shared keys, threshold is {needed}")
         ready = self._route_shares(r, dealt)
         masked = {}
-        for client in engine.clients:
+        for client in link.clients:
             if client.id in ready:
                 y = self._masked_input(r, client, compute, weights, template, share_variance)
                 if y is not None:
@@ -575,7 +554,7 @@ class SecAggStage:
         shares the server accepted, in client order."""
         dealt: dict[str, dict[str, bytes]] = {}
         for u in ready:
-            if not r.engine.alive(u, r.number, "share_keys"):
+            if not r.alive(u, "share_keys"):
                 r.dropped[u] = "dropped before sharing keys"
                 continue
             members = sorted([u, *r.sessions[u].peers], key=r.order.get)  # u's view of S(u)
@@ -614,11 +593,12 @@ class SecAggStage:
             ready.add(v)
         return ready
 
-    def _masked_input(self, r: _Round, client, compute, weights, template,
+    def _masked_input(self, r: _Round, client: Client, compute: Compute,
+                      weights: dict[str, float], template: Template,
                       share_variance: float) -> np.ndarray | None:
         """Phase 5 for one client: its masked input as the server accepted it, or None."""
         u, session = client.id, r.sessions[client.id]
-        if not r.engine.alive(u, r.number, "masked_input"):
+        if not r.alive(u, "masked_input"):
             r.dropped[u] = "dropped before sending its masked input"
             return None
         payload = compute(client)
@@ -632,10 +612,10 @@ class SecAggStage:
         x = self.scales(weights)[u] * flatten(payload, template)
         clipped = self.quantizer.clipped(x)
         if clipped:
-            r.engine.log.event(r.number, "masked_input", "clipped", u,
-                               f"{clipped} of {x.size} coordinates of its scaled update lay "
-                               f"outside [-{self.quantizer.clip:g}, {self.quantizer.clip:g}] "
-                               "and were clipped", client.identity, sender=u)
+            r.link.event("masked_input", "clipped", u,
+                         f"{clipped} of {x.size} coordinates of its scaled update lay outside "
+                         f"[-{self.quantizer.clip:g}, {self.quantizer.clip:g}] and were clipped",
+                         by=u)
         q = self.quantizer.quantize(x, client.protocol_rng)
         if share_variance:
             q = self.quantizer.add_mod(q, _skellam(share_variance, x.size))
@@ -659,7 +639,7 @@ class SecAggStage:
         request = _json_payload({"survivors": u3, "dropped": gone})
         for v in u3:
             data = r.send("unmask_request", SERVER, v, request)
-            if data is None or not r.engine.alive(v, r.number, "unmask"):
+            if data is None or not r.alive(v, "unmask"):
                 continue  # still included: its input is in the sum, it just sends no shares
             try:
                 answer = r.sessions[v].answer(data, needed)
@@ -746,7 +726,8 @@ class SecAggStage:
                 total = undo(total, mask)
         return total
 
-    def _share_variance(self, noise, weights, size: int, n: int) -> float:
+    def _share_variance(self, noise: DistributedNoise | None, weights: dict[str, float],
+                        size: int, n: int) -> float:
         """Each client's Skellam noise variance in levels (0 without distributed noise),
         after checking that the noisy sum of all n clients cannot wrap the modulus."""
         if noise is None:

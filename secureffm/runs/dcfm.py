@@ -1,5 +1,5 @@
 """One run of DCFM or a baseline (``dcfm-a``, ``dcfm-b``, ``fedflow[-l]``, ``ddm[-l]``) on
-conditional data: parties, training through the engine, sampling, the run folder.
+conditional data: parties, training through the channel, sampling, the run folder.
 
 The run folder holds config.toml, metrics.json (per-combination in-mode fractions on modes2d,
 communication per client from the log), messages.jsonl, samples.png, checkpoint.pt and, under
@@ -25,7 +25,7 @@ from torch import nn  # noqa: E402
 
 from ..config import RunConfig, write_config  # noqa: E402
 from ..errors import ProtocolError  # noqa: E402
-from ..federation.engine import InProcessEngine  # noqa: E402
+from ..federation.channel import Channel  # noqa: E402
 from ..federation.faults import load_threat_model  # noqa: E402
 from ..federation.log import MessageLog  # noqa: E402
 from ..federation.parties import Client, new_client, secret_randomness  # noqa: E402
@@ -56,6 +56,7 @@ from .scaffold import (  # noqa: E402
     RunResult,
     check_pin_path,
     load_checkpoint,
+    open_channel,
     prepare_run_folder,
     record_pin,
     resolve_dp,
@@ -204,7 +205,7 @@ def communication(log_path: Path, parties: list[str]) -> dict[str, dict[str, int
     return {p: dict(v) for p, v in out.items()}
 
 
-def _train(config: RunConfig, data: ConditionalData, engine: InProcessEngine,
+def _train(config: RunConfig, data: ConditionalData, channel: Channel,
            experts: dict[str, LocalExpert], device: torch.device) -> tuple[DCFMSampler, dict]:
     """The method's training; returns its sampler and training diagnostics."""
     c, factory = config, _factory(config, data)
@@ -213,8 +214,8 @@ def _train(config: RunConfig, data: ConditionalData, engine: InProcessEngine,
     if c.method.startswith("fedflow"):
         model = factory().to(device)
         private = next(iter(experts.values())).dp is not None
-        fed = FedFlow(engine, model, experts,
-                      client_weights(engine.clients, c.weighting, private=private))
+        fed = FedFlow(channel, model, experts,
+                      client_weights(channel.clients, c.weighting, private=private))
         aborted = fed.run(c.fedflow_rounds, c.fedflow_local_steps, ci_local, c.progress)
         return (DCFMSampler("monolithic", [model.eval()], _counts(experts, device),
                             *sampler_args), {"aborted_rounds": aborted})
@@ -222,11 +223,11 @@ def _train(config: RunConfig, data: ConditionalData, engine: InProcessEngine,
                               c.progress)
     report = {"stage_one_loss": stage_one}
     if c.method == "dcfm-a":
-        models, counts, losses = DCFMA(engine, experts, factory, device, c.ci_weight,
+        models, counts, losses = DCFMA(channel, experts, factory, device, c.ci_weight,
                                        c.progress).run(c.dcfm_rounds, c.dcfm_steps)
         return DCFMSampler("composed", models, counts, *sampler_args), {**report,
                                                                         "dcfm_a_loss": losses}
-    received = upload_models(engine, 1, experts, factory, device)
+    received = upload_models(channel, 1, experts, factory, device)
     models = [m for m, _ in received.values()]
     counts = torch.as_tensor(np.stack([n for _, n in received.values()]), device=device)
     if c.method == "dcfm-b":
@@ -235,7 +236,7 @@ def _train(config: RunConfig, data: ConditionalData, engine: InProcessEngine,
                        party_generator(c.seed, 0, device))
         report["student_loss"] = server.distill(models, counts, c.distill_steps, c.batch_size,
                                                 c.teacher_steps, c.ci_weight, c.progress)
-        server.send_student(engine, 2)
+        server.send_student(channel, 2)
         return (DCFMSampler("monolithic", [server.student.averaged.eval()], counts,
                             *sampler_args), report)
     return DCFMSampler("router", models, counts, *sampler_args), report
@@ -320,14 +321,14 @@ def run_dcfm(config: RunConfig):
         client.state["labels"] = labels.to(device)
         clients.append(client)
     faults = load_threat_model(config.threat_model) if config.threat_model else None
-    engine = InProcessEngine(clients, protocol, log, faults)
+    channel = open_channel(protocol, clients, log, faults)
     ledger = PrivacyLedger(dp.delta) if dp else None
     experts, sigmas = local_experts(config, data, clients, dp, ledger, kind, device)
     start = time.perf_counter()
     try:
-        sampler, training = _train(config, data, engine, experts, device)
+        sampler, training = _train(config, data, channel, experts, device)
     finally:
-        head = engine.close()
+        head = channel.close()
     pin = record_pin(out, head, config.pin_to)
     train_seconds = time.perf_counter() - start
     report, samples = _evaluate(config, data, sampler, device)

@@ -1,4 +1,4 @@
-"""One FedWAD run, end to end: client data, parties, Algorithm 1 through the engine, run folder.
+"""One FedWAD run, end to end: client data, parties, Algorithm 1 through the channel, run folder.
 
 The run folder holds config.toml, result.json, privacy.json, messages.jsonl and parties.json.
 Two clients give one distance; more give the matrix of distances between every pair.
@@ -18,7 +18,6 @@ import torch
 
 from ..data.digits import load_digit_arrays
 from ..errors import ConfigError, DataError
-from ..federation.engine import InProcessEngine
 from ..federation.log import MessageLog
 from ..federation.parties import new_client, secret_randomness
 from ..methods.fedwad import FedWADConfig, check_samples, ground_cost
@@ -26,7 +25,7 @@ from ..methods.fedwad_federated import federated_distance, pairwise_distances
 from ..ot import emd_cost
 from ..protocols.protocol import load_protocol
 from ..protocols.statement import privacy_statement
-from .scaffold import check_pin_path, prepare_run_folder, record_pin
+from .scaffold import check_pin_path, open_channel, prepare_run_folder, record_pin
 
 __all__ = ["FedWADRun", "FedWADRunResult", "run_fedwad", "client_data", "DATA"]
 
@@ -144,26 +143,28 @@ def run_fedwad(run: FedWADRun) -> FedWADRunResult:
     clients = [new_client(f"client-{i}", torch.from_numpy(x), seed)
                for i, x in enumerate(data, start=1)]
     log = MessageLog(out / "messages.jsonl", keep_payloads=run.keep_payloads)
-    engine = None
+    channel = None
+    geodesic = protocol.geodesic_privacy("measure")
     try:
-        engine = InProcessEngine(clients, protocol, log)
+        channel = open_channel(protocol, clients, log)
         start = time.perf_counter()
         result: dict = {"protocol": protocol.name, "clients": [c.id for c in clients],
                         "samples": [len(x) for x in data], "dim": int(data[0].shape[1]),
                         "p": run.fedwad.p,
                         "secret_randomness": secret_randomness(run.insecure_deterministic)}
         if len(clients) == 2:
-            found = federated_distance(engine, protocol, clients[0].id, clients[1].id,
+            found = federated_distance(channel, geodesic, clients[0].id, clients[1].id,
                                        run.fedwad)
             result.update(distance=found.distance, iterates=list(found.iterates),
                           evaluated=list(found.evaluated), best=found.best,
                           support=found.measure.size)
         else:
-            matrix = pairwise_distances(engine, protocol, run.fedwad, progress=run.progress)
+            matrix = pairwise_distances(channel, geodesic, run.fedwad,
+                                        progress=run.progress)
             result["matrix"] = matrix.tolist()
         result["seconds"] = time.perf_counter() - start
     finally:
-        head = engine.close() if engine is not None else log.close()
+        head = channel.close() if channel is not None else log.close()
     pin = record_pin(out, head, run.pin_to)
     result["messages"] = log.summary()
     if run.check_exact:

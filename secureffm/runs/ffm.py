@@ -1,5 +1,5 @@
 """One FFM run (FFM-vanilla, LOT, GOT, or a centralized baseline), end to end: data, parties,
-training through the engine, evaluation, run folder.
+training through the channel, evaluation, run folder.
 
 The run folder holds config.toml, metrics.json, messages.jsonl, checkpoint.pt,
 trajectories.png and w2_nfe.png.
@@ -18,10 +18,9 @@ from tqdm import tqdm
 from ..config import RunConfig, write_config
 from ..data.pairs import get_pair, make_shards
 from ..errors import ConfigError
-from ..federation.engine import InProcessEngine
 from ..federation.faults import load_threat_model
 from ..federation.log import MessageLog
-from ..federation.parties import new_client, secret_randomness
+from ..federation.parties import Registry, new_client, secret_randomness
 from ..methods import CENTRALIZED, CentralizedFlowMatching, FederatedFlowMatching
 from ..methods.ffm import FFMSettings
 from ..metrics.evaluate import evaluate_flow, potential_health
@@ -34,6 +33,7 @@ from .scaffold import (
     RunResult,
     check_pin_path,
     load_checkpoint,
+    open_channel,
     prepare_run_folder,
     record_pin,
     resolve_dp,
@@ -62,10 +62,10 @@ def _build(config: RunConfig, device: torch.device, log: MessageLog):
     clients = [new_client(f"client-{i}", shard.to(device), config.deterministic_seed)
                for i, shard in enumerate(shards, start=1)]
     faults = load_threat_model(config.threat_model) if config.threat_model else None
-    engine = InProcessEngine(clients, protocol, log, faults)
+    channel = open_channel(protocol, clients, log, faults)
     settings = FFMSettings.of(config)
     dp = resolve_dp(config, protocol, settings.sent_kinds)
-    return pair, shards, FederatedFlowMatching(settings, dp, pair, engine, device)
+    return pair, shards, FederatedFlowMatching(settings, dp, pair, channel, device)
 
 
 
@@ -73,11 +73,10 @@ def _close_log(log: MessageLog, trainer) -> str | None:
     """End the log with a signed closing record, also when the run failed part way; returns
     the log's head (None when the run failed before it had parties)."""
     if isinstance(trainer, FederatedFlowMatching):
-        return trainer.engine.close()
+        return trainer.channel.close()
     if isinstance(trainer, CentralizedFlowMatching):
-        party = trainer.party
-        log.register({party.id: party.identity.public}, {party.id: party.sealing.public})
-        return log.close(party.identity, party=party.id)
+        log.register(Registry.of([trainer.party]))
+        return log.close(trainer.party)
     return log.close()
 
 
@@ -95,7 +94,7 @@ def _privacy(config: RunConfig, trainer, rounds_run: int) -> dict:
         accounting = trainer.ledger.report(trainer.dp.target_epsilon, trainer.dp.accountant)
         accounting.update(noise_multiplier=trainer.noise_multipliers, clip=trainer.dp.clip,
                           rounds_run=rounds_run)
-    return privacy_statement(trainer.engine.protocol, kinds, secret_randomness=randomness,
+    return privacy_statement(trainer.channel.protocol, kinds, secret_randomness=randomness,
                              nominal_records=config.shard_size, accounting=accounting)
 
 

@@ -17,10 +17,16 @@ import torch
 from ..audit.pin import pin_of
 from ..config import RunConfig
 from ..errors import ConfigError
+from ..federation.faults import FaultPlan
+from ..federation.log import MessageLog
+from ..federation.parties import Client, Registry, new_server
+from ..federation.transport import InProcessTransport
 from ..privacy.settings import DPSettings
+from ..protocols.channel import ProtectedChannel
+from ..protocols.protocol import Protocol
 
 __all__ = ["RunResult", "run_folder", "prepare_run_folder", "RUN_ARTIFACTS", "load_checkpoint",
-           "check_pin_path", "record_pin", "pin_message", "resolve_dp"]
+           "check_pin_path", "record_pin", "pin_message", "resolve_dp", "open_channel"]
 
 
 @dataclass(frozen=True)
@@ -115,3 +121,13 @@ def resolve_dp(config: RunConfig, protocol, kinds: tuple[str, ...]) -> DPSetting
         config.require_no_dp_options(protocol.name)
         return None
     return config.dp_overrides(settings)
+
+
+def open_channel(protocol: Protocol, clients: list[Client], log: MessageLog,
+                 faults: FaultPlan | None = None) -> ProtectedChannel:
+    """The run's channel: a server party with keys of its own, the in-process transport
+    (holding only the public keys, pinned in the log's parties.json) and ``protocol`` over it."""
+    server = new_server()
+    transport = InProcessTransport(Registry.of([server, *clients]), [c.id for c in clients],
+                                   log, protocol.phases, faults)
+    return ProtectedChannel(protocol, transport, server, clients)

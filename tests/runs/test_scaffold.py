@@ -14,8 +14,8 @@ import torch
 
 from secureffm.audit.pin import pin_of
 from secureffm.errors import ConfigError
-from secureffm.federation.crypto import Identity
 from secureffm.federation.log import MessageLog
+from secureffm.federation.parties import Registry, new_server
 from secureffm.runs.scaffold import (
     RUN_ARTIFACTS,
     check_pin_path,
@@ -99,8 +99,8 @@ def test_a_pin_inside_the_run_folder_is_refused_and_one_outside_accepted(tmp_pat
 def test_record_pin_writes_the_pin_of_the_closed_log_apart(tmp_path):
     out = tmp_path / "run"
     log = MessageLog(out / "messages.jsonl")
-    server = Identity()
-    log.register({"server": server.public})
+    server = new_server()
+    log.register(Registry.of([server]))
     head = log.close(server)
     kept = tmp_path / "kept" / "pin.json"
     pin = record_pin(out, head, str(kept))

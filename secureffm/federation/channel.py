@@ -1,0 +1,74 @@
+"""What a method may do with messages: the typed :class:`Channel`.
+
+A method never sees keys, stages or the transport. It asks the channel to broadcast the
+server's state, to aggregate one payload per client (the server obtains only what the protocol
+lets it: a plain mean or only a sum), to send one message, or to all-gather one payload per
+client among the clients. The protocol layer implements it over any transport
+(``secureffm.protocols.channel.ProtectedChannel``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import numpy as np
+
+from ..privacy.settings import DistributedNoise, NoiseGeometry
+from .message import Payload
+from .parties import Client
+
+__all__ = ["Channel", "Aggregate", "Template", "Compute"]
+
+# Expected payload of an aggregation: field name -> (shape, dtype).
+Template = dict[str, tuple[tuple[int, ...], np.dtype]]
+# A client-side computation: the payload one client contributes.
+Compute = Callable[[Client], Payload]
+
+
+@dataclass
+class Aggregate:
+    """What the server obtained from one aggregation.
+
+    ``payload``: sum_i w_i x_i / sum_i w_i over the ``included`` clients, or None when the
+    round aborted (``reason`` says why); ``dropped``: client id -> why it was left out.
+    """
+
+    payload: Payload | None
+    included: list[str]
+    dropped: dict[str, str] = field(default_factory=dict)
+    reason: str = ""
+
+
+class Channel(Protocol):
+    """The one way methods exchange messages. ``clients``: the federation's clients, in order;
+    a method's client-side code runs on them (``compute(client)``)."""
+
+    clients: list[Client]
+
+    def broadcast(self, round_: int, kind: str, payload: Payload) -> None:
+        """Server to every client: state the server publishes; lands in ``client.inbox``."""
+
+    def aggregate(self, round_: int, kind: str, compute: Compute, weights: dict[str, float],
+                  template: Template, noise: DistributedNoise | None = None) -> Aggregate:
+        """Each client computes a payload matching ``template``; the server obtains only the
+        ``weights``-weighted mean over the clients that made it through the round.
+        ``noise``: each client's share of distributed DP noise, when the protocol asks for it."""
+
+    def send(self, round_: int, phase: str, kind: str, sender: str, recipient: str,
+             payload: Payload) -> Payload | None:
+        """One message between two parties (client ids or ``server``): the payload as its
+        recipient accepted it, or None (offline, lost or rejected, logged)."""
+
+    def all_gather(self, round_: int, kind: str,
+                   compute: Compute) -> dict[str, dict[str, Payload]]:
+        """Each alive client's payload to every other client through the server: recipient id
+        -> {author id -> payload} for every copy that arrived intact."""
+
+    def noise_geometry(self, kind: str, weights: dict[str, float],
+                       sensitivity: dict[str, float], size: int) -> NoiseGeometry | None:
+        """How distributed DP noise on ``kind`` adds up in the aggregate (None without it)."""
+
+    def close(self) -> str | None:
+        """End the run's log with the server's closing record; returns the log's head."""

@@ -1,0 +1,174 @@
+"""`ProtectedChannel`: the typed :class:`~secureffm.federation.channel.Channel` that methods use,
+implemented over any :class:`~secureffm.federation.transport.Transport` by a
+:class:`~secureffm.protocols.protocol.Protocol`.
+
+This process plays every party: each step runs as one party, with that party's own keys (the
+sender signs its envelope, the recipient opens what is sealed to it and signs its rejections);
+the transport carries signed bytes and holds no private key.
+"""
+
+from __future__ import annotations
+
+from ..errors import MessageError, ProtocolError
+from ..federation.channel import Aggregate, Compute, Template
+from ..federation.message import SERVER, Payload, deserialize_payload, serialize_payload
+from ..federation.parties import Client, Party
+from ..federation.transport import Transport
+from ..privacy.settings import DistributedNoise, NoiseGeometry
+from .aggregation import check_payload, plain_aggregate
+from .link import Link
+from .protocol import Protocol
+
+__all__ = ["ProtectedChannel"]
+
+
+class ProtectedChannel:
+    """Every message of a method, protected as ``protocol`` says, over ``transport``.
+
+    ``server``: the server party (its own keys); ``clients``: the clients, in the transport's
+    order.
+    """
+
+    def __init__(self, protocol: Protocol, transport: Transport, server: Party,
+                 clients: list[Client]):
+        if tuple(c.id for c in clients) != tuple(transport.clients):
+            raise MessageError("the channel's clients must be the transport's, in its order")
+        protocol.validate_for(len(clients))
+        self.protocol = protocol
+        self.transport = transport
+        self.server = server
+        self.clients = clients
+        self.parties: dict[str, Party] = {SERVER: server, **{c.id: c for c in clients}}
+
+    def _link(self, round_: int, kind: str, stages: tuple[str, ...] = ()) -> Link:
+        return Link(self.transport, self.parties, self.clients, round_, kind, stages)
+
+    def broadcast(self, round_: int, kind: str, payload: Payload) -> None:
+        """Server to every client: state the server publishes (global model, potential)."""
+        data = serialize_payload(payload)
+        link = self._link(round_, kind)
+        for client in self.clients:
+            received = link.send("broadcast", SERVER, client.id, data)
+            if received is not None:
+                client.inbox[kind] = deserialize_payload(received, SERVER)
+
+    def aggregate(self, round_: int, kind: str, compute: Compute, weights: dict[str, float],
+                  template: Template, noise: DistributedNoise | None = None) -> Aggregate:
+        """See :meth:`Channel.aggregate`. The server logs each dropped client, then either
+        ``aborted`` or ``aggregated`` with the counted client ids in ``included`` and the
+        aggregated kind in ``of_kind``, so an audit can check that each counted client sent
+        its input."""
+        settings = self.protocol.dp_for(kind)
+        if (noise is not None) != bool(settings and settings.noise == "distributed"):
+            raise ProtocolError(f"kind {kind!r}: distributed noise parameters must be given "
+                                "exactly when the protocol's dp stage uses distributed noise")
+        prior = self.protocol.client_stages(kind)
+        stage = self.protocol.aggregator(kind)
+        if stage is not None:
+            link = self._link(round_, kind, (*prior, stage.name))
+            result = stage.aggregate(link, compute, weights, template, noise)
+        else:
+            link = self._link(round_, kind, prior)
+            result = plain_aggregate(link, compute, weights, template)
+        for client_id, why in result.dropped.items():
+            link.event("aggregate", "dropped", client_id, why)
+        if result.payload is None:
+            link.event("aggregate", "aborted", "*", result.reason)
+        else:
+            link.event("aggregate", "aggregated", "*",
+                       f"{len(result.included)} of {len(self.clients)} clients counted",
+                       fields={"included": list(result.included), "of_kind": kind})
+        return result
+
+    def noise_geometry(self, kind: str, weights: dict[str, float],
+                       sensitivity: dict[str, float], size: int) -> NoiseGeometry | None:
+        return self.protocol.noise_geometry(kind, weights, sensitivity, size)
+
+    def _stages(self, kind: str, by_client: bool) -> tuple[str, ...]:
+        """Stages named on an individual ``kind`` message: the client stages that shaped it
+        (none for the server's own messages), then the sealer."""
+        sealer = self.protocol.sealer(kind)
+        shaped = self.protocol.client_stages(kind) if by_client else ()
+        return shaped + ((sealer.name,) if sealer else ())
+
+    def send(self, round_: int, phase: str, kind: str, sender: str, recipient: str,
+             payload: Payload) -> Payload | None:
+        """One individual message from ``sender`` to ``recipient`` (client ids or SERVER),
+        sealed by the sender for the recipient when a ``sealed`` stage protects ``kind``.
+
+        Returns the payload as the recipient opened it, or None when the sender is offline or
+        the recipient rejected the message (a logged event names why).
+        """
+        self.protocol.check_individual(kind)
+        sealer = self.protocol.sealer(kind)
+        link = self._link(round_, kind, self._stages(kind, sender != SERVER))
+        if sealer is not None:
+            data = sealer.seal(self.parties[sender], self.transport.registry, payload, kind,
+                               round_, phase, [recipient])
+        else:
+            data = serialize_payload(payload)
+        received = link.send(phase, sender, recipient, data)
+        if received is None:
+            return None
+        return self._open(link, phase, sender, recipient, received)
+
+    def _open(self, link: Link, phase: str, author: str, recipient: str, data: bytes,
+              relayed_by: str | None = None) -> Payload | None:
+        """``recipient`` reads (opens, when sealed) a message of ``author``; a bad one is
+        rejected by the recipient, naming the party that handed it over."""
+        sealer = self.protocol.sealer(link.kind)
+        try:
+            if sealer is None:
+                payload = deserialize_payload(data, author)
+            else:
+                payload = sealer.open(self.parties[recipient], self.transport.registry, data,
+                                      link.kind, link.round, phase, author)
+            check_payload(author, payload, None)
+        except (MessageError, ProtocolError) as err:
+            link.reject(phase, relayed_by or author,
+                        f"{recipient} rejected {link.kind} message of {author}: {err}",
+                        by=recipient)
+            return None
+        return payload
+
+    def all_gather(self, round_: int, kind: str,
+                   compute: Compute) -> dict[str, dict[str, Payload]]:
+        """Each alive client computes its payload once and uploads it (phase ``upload``); the
+        server relays it to every other client (phase ``relay``), sealed by its author per
+        recipient when a ``sealed`` stage protects ``kind`` so the relay cannot read it.
+
+        Returns recipient id -> {author id -> payload} for every copy that arrived intact.
+        """
+        self.protocol.check_individual(kind)
+        sealer = self.protocol.sealer(kind)
+        link = self._link(round_, kind, self._stages(kind, by_client=True))
+        gathered: dict[str, dict[str, Payload]] = {c.id: {} for c in self.clients}
+        for author in [c for c in self.clients if link.alive(c.id, "upload")]:
+            peers = [c.id for c in self.clients if c.id != author.id]
+            payload = compute(author)
+            if sealer is not None:
+                data = sealer.seal(author, self.transport.registry, payload, kind, round_,
+                                   "relay", peers)
+            else:
+                data = serialize_payload(payload)
+            uploaded = link.send("upload", author.id, SERVER, data)
+            if uploaded is None:
+                continue
+            for peer in peers:
+                try:
+                    copy = sealer.relay(uploaded, peer, author.id) if sealer else uploaded
+                except MessageError as err:
+                    link.reject("upload", author.id, str(err))
+                    break
+                delivered = link.send("relay", SERVER, peer, copy, origin=author.id)
+                if delivered is None:
+                    continue
+                opened = self._open(link, "relay", author.id, peer, delivered,
+                                    relayed_by=SERVER)
+                if opened is not None:
+                    gathered[peer][author.id] = opened
+        return gathered
+
+    def close(self) -> str | None:
+        """End the run's log with the server's signed closing record; returns its head."""
+        return self.transport.close(self.server)

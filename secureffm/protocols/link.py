@@ -1,0 +1,52 @@
+"""One exchange of one kind in one round, as each party of this process plays its part.
+
+A stage's server-side and client-side steps send through a :class:`Link`: the sending party
+signs its envelope with its own key, and a party that refuses a message raises the signed
+``rejected`` event itself. The transport only carries signed bytes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..federation.message import SERVER
+from ..federation.parties import Client, Party
+from ..federation.transport import Transport
+
+__all__ = ["Link"]
+
+
+@dataclass
+class Link:
+    """``parties``: the server and the clients by id; ``clients``: the clients in federation
+    order; ``stages``: the stages named on every message of this exchange."""
+
+    transport: Transport
+    parties: dict[str, Party]
+    clients: list[Client]
+    round: int
+    kind: str
+    stages: tuple[str, ...] = ()
+
+    def send(self, phase: str, sender: str, recipient: str, data: bytes,
+             origin: str = "") -> bytes | None:
+        """``sender`` signs and sends ``data``; the bytes its recipient accepted, or None. Each
+        failed receipt check is logged as the recipient's own ``rejected`` event."""
+        delivery = self.transport.send(self.parties[sender].envelope(
+            self.round, phase, self.kind, recipient, data, self.stages, origin))
+        for refusal in delivery.refusals:
+            self.reject(phase, refusal.party, refusal.reason, by=refusal.recipient)
+        return delivery.data
+
+    def alive(self, party: str, phase: str) -> bool:
+        return self.transport.alive(party, self.round, phase)
+
+    def reject(self, phase: str, party: str, reason: str, by: str = SERVER) -> None:
+        """``by`` refuses (or withholds) a message of ``party``: a ``rejected`` event."""
+        self.transport.reject(self.parties[by], self.round, phase, party, reason)
+
+    def event(self, phase: str, event: str, about: str, detail: str, by: str = SERVER,
+              fields: dict | None = None) -> None:
+        """Any other event, raised and signed by ``by``."""
+        self.transport.record(self.parties[by].event(self.round, phase, event, about, detail,
+                                                     fields))
