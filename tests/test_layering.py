@@ -9,8 +9,6 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-import pytest
-
 import secureffm
 
 ROOT = Path(secureffm.__file__).parent
@@ -61,18 +59,23 @@ def test_federation_knows_no_method_and_no_runner():
     assert _violations("secureffm.federation", ("secureffm.methods", *RUNNERS)) == []
 
 
-# Issue 15 moves these to the typed Channel; each becomes a plain test once it holds.
-@pytest.mark.xfail(strict=True, reason="issue 15: the engine still calls Protocol.aggregate")
 def test_federation_knows_no_protocol():
     assert _violations("secureffm.federation", ("secureffm.protocols",)) == []
 
 
-@pytest.mark.xfail(strict=True, reason="issue 15: methods still pick stages and build engines")
 def test_methods_know_no_protocol_and_no_runner():
     assert _violations("secureffm.methods", ("secureffm.protocols", *RUNNERS)) == []
 
 
-@pytest.mark.xfail(strict=True, reason="issue 15: engine <-> protocol")
+def test_methods_reach_the_federation_only_through_the_channel():
+    """Methods see the Channel, messages and parties: never the transport, the log, keys or
+    faults (those belong to the engine and the protocols)."""
+    allowed = ("secureffm.federation.channel", "secureffm.federation.message",
+               "secureffm.federation.parties")
+    assert [v for v in _violations("secureffm.methods", ("secureffm.federation",))
+            if not v.endswith(allowed)] == []
+
+
 def test_no_import_circle():
     graph = _graph()
     seen: dict[str, int] = {}
