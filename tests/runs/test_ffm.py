@@ -1,3 +1,6 @@
+"""The FFM runner end to end (secureffm/runs/ffm.py): every method writes its run folder,
+trains, and behaves as its protocol says."""
+
 import json
 
 import pytest
