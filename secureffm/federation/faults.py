@@ -21,12 +21,10 @@ and logged; a lost one leaves only its sender's record.
 
 from __future__ import annotations
 
-import tomllib
 from dataclasses import dataclass
-from importlib import resources
-from pathlib import Path
 
 from ..errors import ConfigError
+from ..specs import check_keys, read_spec_file
 from .message import SERVER
 
 __all__ = ["Fault", "FaultPlan", "load_threat_model", "ACTIONS"]
@@ -106,27 +104,8 @@ class FaultPlan:
 
 def load_threat_model(name_or_path: str) -> FaultPlan:
     """A shipped model by name (``threat_models/NAME.toml``) or a user's by path."""
-    if name_or_path.endswith(".toml") or "/" in name_or_path:
-        path = Path(name_or_path)
-        if not path.is_file():
-            raise ConfigError(f"threat model file {name_or_path!r} does not exist")
-        text, source = path.read_text(), str(path)
-    else:
-        resource = resources.files("secureffm.specs") / "threat_models" / f"{name_or_path}.toml"
-        if not resource.is_file():
-            shipped = sorted(p.name[:-5] for p in resource.parent.iterdir()
-                             if p.name.endswith(".toml"))
-            raise ConfigError(f"unknown threat model {name_or_path!r}; shipped: "
-                              f"{', '.join(shipped) or 'none'}, or give a path to a .toml file")
-        text, source = resource.read_text(), f"{name_or_path}.toml"
-    try:
-        values = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as err:
-        raise ConfigError(f"threat model {source} is not valid TOML: {err}") from None
-    unknown = sorted(set(values) - _MODEL_KEYS)
-    if unknown:
-        raise ConfigError(f"threat model {source}: unknown key {unknown[0]!r}; allowed: "
-                          f"{', '.join(sorted(_MODEL_KEYS))}")
+    values, source = read_spec_file("threat_models", name_or_path, "threat model", ConfigError)
+    check_keys(values, _MODEL_KEYS, (), f"threat model {source}", ConfigError)
     tables = values.get("faults", [])
     if not isinstance(tables, list):
         raise ConfigError(f"threat model {source}: faults must be a list of [[faults]] tables")
@@ -139,13 +118,7 @@ def _fault(table, where: str) -> Fault:
     """One ``[[faults]]`` table, its keys and value types checked."""
     if not isinstance(table, dict):
         raise ConfigError(f"{where} is not a table")
-    bad = sorted(set(table) - _FAULT_KEYS)
-    if bad:
-        raise ConfigError(f"{where} has unknown key {bad[0]!r}; allowed: "
-                          f"{', '.join(sorted(_FAULT_KEYS))}")
-    missing = sorted({"action", "party", "phase"} - set(table))
-    if missing:
-        raise ConfigError(f"{where} needs {missing[0]!r}")
+    check_keys(table, _FAULT_KEYS, ("action", "party", "phase"), where, ConfigError)
     for key in ("action", "party", "phase", "recipient"):
         if key in table and not isinstance(table[key], str):
             raise ConfigError(f"{where}.{key} = {table[key]!r}; give a string")

@@ -27,7 +27,7 @@ def _plan(tmp_path, body: str):
 
 @pytest.mark.parametrize("table, fragment", [
     ('action = "drop"\nparty = "client-1"\nphase = "upload"\nsize = 3', "unknown key 'size'"),
-    ('action = "drop"\nparty = "client-1"', "needs 'phase'"),
+    ('action = "drop"\nparty = "client-1"', "missing required key 'phase'"),
     ('action = "vanish"\nparty = "client-1"\nphase = "upload"', "action = 'vanish'"),
     ('action = "drop"\nparty = 1\nphase = "upload"', "party = 1; give a string"),
     ('action = "lose"\nparty = "server"\nphase = "upload"\nrecipient = ["client-1"]',
