@@ -55,7 +55,7 @@ def records(folder: Path) -> list[dict]:
 def rebuild(folder: Path, log: list[dict], new_parties: tuple[str, ...] = ()) -> None:
     """The folder writer's rebuild: fresh Ed25519 and X25519 keys for every party of
     parties.json plus ``new_parties``, parties.json rewritten, every record renumbered,
-    rechained and re-signed with the new key of its sender, the closing count fixed."""
+    rechained and re-signed with the new key of its sender, the closing count and chain fixed."""
     names = [*json.loads((folder / "parties.json").read_text()), *new_parties]
     signing = {party: Identity() for party in names}
     text = json.dumps({p: {"sign": signing[p].public.hex(), "seal": new_key_pair().public.hex()}
@@ -65,7 +65,8 @@ def rebuild(folder: Path, log: list[dict], new_parties: tuple[str, ...] = ()) ->
     for seq, record in enumerate(log):
         record = {k: v for k, v in record.items() if k != "sig"} | {"seq": seq, "prev": prev}
         if record.get("event") == "closed":
-            record |= {"records": seq, "detail": f"{seq} records precede this closing record"}
+            record |= {"records": seq, "chain": prev,
+                       "detail": f"{seq} records precede this closing record"}
         signer = signing.get(record["sender"]) or Identity()  # an unregistered sender's own
         record["sig"] = signer.sign(canonical(record)).hex()
         line = json.dumps(record, sort_keys=True, separators=(",", ":"))
