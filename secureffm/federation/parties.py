@@ -28,7 +28,8 @@ from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
 from .crypto import Identity, KeyPair, new_key_pair
 from .message import SERVER, Envelope, Payload, canonical
 
-__all__ = ["Party", "Client", "Registry", "SecretStreams", "new_client", "new_server",
+__all__ = ["Party", "Client", "Registry", "SecretStreams", "new_client", "new_clients",
+           "new_server",
            "secret_randomness", "keyed_uniforms", "STREAM_PURPOSES", "EMPTY_SHA256"]
 
 EMPTY_SHA256 = hashlib.sha256(b"").hexdigest()
@@ -160,6 +161,14 @@ class Party:
                   "event": event, "party": about, "detail": detail, **(fields or {})}
         record["sig"] = self.sign(canonical(record)).hex()
         return record
+
+
+def new_clients(shards: list[torch.Tensor],
+                deterministic_seed: int | None = None) -> list[Client]:
+    """Clients ``client-1``, ``client-2``, ... holding ``shards`` in order (see
+    :func:`new_client`)."""
+    return [new_client(f"client-{i}", shard, deterministic_seed)
+            for i, shard in enumerate(shards, start=1)]
 
 
 def new_server() -> Party:

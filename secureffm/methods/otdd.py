@@ -35,7 +35,7 @@ from tqdm import tqdm
 from ..errors import DataError, ProtocolError
 from ..federation.channel import Channel
 from ..federation.message import SERVER
-from ..federation.parties import Client, new_client
+from ..federation.parties import Client, new_clients
 from ..ot import emd_cost, squared_distances
 from ..privacy.settings import GeodesicPrivacy
 from .fedwad import FedWADConfig
@@ -57,13 +57,11 @@ def labelled_clients(features: list[np.ndarray], labels: list[np.ndarray], *,
     if len(features) != len(labels):
         raise DataError(f"{len(features)} feature arrays but {len(labels)} label arrays; give "
                         "one of each per client")
-    clients = []
-    for i, (x, y) in enumerate(zip(features, labels, strict=True), start=1):
-        client = new_client(f"client-{i}", torch.as_tensor(np.asarray(x, dtype=np.float32)),
-                            deterministic_seed)
+    clients = new_clients([torch.as_tensor(np.asarray(x, dtype=np.float32)) for x in features],
+                          deterministic_seed)
+    for client, y in zip(clients, labels, strict=True):
         client.state[LABELS] = np.asarray(y)
         client_labels(client)
-        clients.append(client)
     return clients
 
 

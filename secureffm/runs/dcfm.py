@@ -28,7 +28,7 @@ from ..errors import ProtocolError  # noqa: E402
 from ..federation.channel import Channel  # noqa: E402
 from ..federation.faults import load_threat_model  # noqa: E402
 from ..federation.log import MessageLog  # noqa: E402
-from ..federation.parties import Client, new_client, secret_randomness  # noqa: E402
+from ..federation.parties import Client, new_clients, secret_randomness  # noqa: E402
 from ..methods.dcfm import (  # noqa: E402
     DCFMA,
     DCFMB,
@@ -315,11 +315,9 @@ def run_dcfm(config: RunConfig):
     if dp is not None:
         check_delta(dp.delta, nominal_shard_size(data))
     log = MessageLog(out / "messages.jsonl", keep_payloads=config.keep_payloads)
-    clients = []
-    for i, (x, labels) in enumerate(data.shards, start=1):
-        client = new_client(f"client-{i}", x.to(device), config.deterministic_seed)
+    clients = new_clients([x.to(device) for x, _ in data.shards], config.deterministic_seed)
+    for client, (_, labels) in zip(clients, data.shards, strict=True):
         client.state["labels"] = labels.to(device)
-        clients.append(client)
     faults = load_threat_model(config.threat_model) if config.threat_model else None
     channel = open_channel(protocol, clients, log, faults)
     ledger = PrivacyLedger(dp.delta) if dp else None

@@ -19,7 +19,7 @@ import torch
 from ..data.digits import load_digit_arrays
 from ..errors import ConfigError, DataError
 from ..federation.log import MessageLog
-from ..federation.parties import new_client, secret_randomness
+from ..federation.parties import new_clients, secret_randomness
 from ..methods.fedwad import FedWADConfig, check_samples, ground_cost
 from ..methods.fedwad_federated import federated_distance, pairwise_distances
 from ..ot import emd_cost
@@ -140,8 +140,7 @@ def run_fedwad(run: FedWADRun) -> FedWADRunResult:
     prepare_run_folder(out, run.overwrite)
     (out / "config.toml").write_text(tomli_w.dumps(run.to_dict()))
     seed = run.seed if run.insecure_deterministic else None
-    clients = [new_client(f"client-{i}", torch.from_numpy(x), seed)
-               for i, x in enumerate(data, start=1)]
+    clients = new_clients([torch.from_numpy(x) for x in data], seed)
     log = MessageLog(out / "messages.jsonl", keep_payloads=run.keep_payloads)
     channel = None
     geodesic = protocol.geodesic_privacy("measure")

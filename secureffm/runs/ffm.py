@@ -20,7 +20,7 @@ from ..data.pairs import get_pair, make_shards
 from ..errors import ConfigError
 from ..federation.faults import load_threat_model
 from ..federation.log import MessageLog
-from ..federation.parties import Registry, new_client, secret_randomness
+from ..federation.parties import Registry, new_client, new_clients, secret_randomness
 from ..methods import CENTRALIZED, CentralizedFlowMatching, FederatedFlowMatching
 from ..methods.ffm import FFMSettings
 from ..metrics.evaluate import evaluate_flow, potential_health
@@ -59,8 +59,7 @@ def _build(config: RunConfig, device: torch.device, log: MessageLog):
         pooled = new_client("central", torch.cat(shards).to(device), config.deterministic_seed)
         return pair, shards, CentralizedFlowMatching(FFMSettings.of(config), pair, pooled,
                                                      device)
-    clients = [new_client(f"client-{i}", shard.to(device), config.deterministic_seed)
-               for i, shard in enumerate(shards, start=1)]
+    clients = new_clients([shard.to(device) for shard in shards], config.deterministic_seed)
     faults = load_threat_model(config.threat_model) if config.threat_model else None
     channel = open_channel(protocol, clients, log, faults)
     settings = FFMSettings.of(config)
