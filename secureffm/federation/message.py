@@ -34,8 +34,9 @@ def deserialize_payload(data: bytes, sender: str = "?") -> Payload:
 
 
 # Fields of a log record that its signer does not sign: the signature itself and the record's
-# place in the log (which only the log's writer knows; the closing record signs the chain).
-UNSIGNED_FIELDS = frozenset({"sig", "seq", "prev"})
+# place in the log and in payloads.bin (which only the log's writer knows; the closing record
+# signs the chain, and the signed sha256 pins the payload bytes wherever they lie).
+UNSIGNED_FIELDS = frozenset({"sig", "seq", "prev", "offset"})
 
 
 def canonical(record: dict) -> bytes:
