@@ -24,6 +24,7 @@ from secureffm.audit.pin import (
 from secureffm.errors import SecureFFMError
 from secureffm.federation.crypto import Identity, new_key_pair
 from secureffm.federation.log import MessageLog
+from secureffm.federation.parties import Registry
 
 SIGN, SEAL = bytes(range(32)), bytes(range(32, 64))
 
@@ -33,7 +34,8 @@ def _run(tmp_path) -> tuple:
     log = MessageLog(tmp_path / "run" / "messages.jsonl")
     server, client = Identity(), Identity()
     seal = new_key_pair().public
-    log.register({"server": server.public, "client-1": client.public}, {"client-1": seal})
+    log.register(Registry({"server": server.public, "client-1": client.public},
+                          {"client-1": seal}))
     log.close()
     return tmp_path / "run", {"server": (server.public, None), "client-1": (client.public, seal)}
 

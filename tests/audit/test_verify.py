@@ -1,4 +1,5 @@
-"""The log verifier on real logs written by the engine, intact and tampered with in every way."""
+"""The log verifier on real logs written through the channel and transport, intact and
+tampered with in every way."""
 
 from __future__ import annotations
 
@@ -13,13 +14,15 @@ import pytest
 import torch
 
 from secureffm.audit import AuditReport, verify_run
+from secureffm.audit.pin import RunPin, pin_of
 from secureffm.cli import main as cli_main
 from secureffm.errors import SecureFFMError
-from secureffm.federation import SERVER, Client, InProcessEngine, MessageLog
+from secureffm.federation import SERVER, Client, MessageLog, Party, Registry
 from secureffm.federation.crypto import Identity, verify_signature
 from secureffm.federation.faults import Fault, FaultPlan
 from secureffm.federation.log import canonical
 from secureffm.protocols import load_protocol
+from secureffm.runs.scaffold import open_channel
 
 VECTOR3 = {"gradient": ((3,), np.dtype(np.float32))}
 
@@ -31,10 +34,10 @@ def main(argv: list[str]) -> int:
 
 @dataclass
 class Run:
-    """A run folder and the private keys that signed its log (kept only by the test)."""
+    """A run folder and the parties whose private keys signed its log (kept only by the test)."""
 
     path: Path
-    keys: dict[str, Identity]
+    keys: dict[str, Party]
     summary: dict
     head: str | None = None
 
@@ -59,17 +62,16 @@ class Run:
 def build_run(path: Path, protocol: str, faults: FaultPlan | None = None) -> Run:
     """Two rounds of broadcast + aggregation among three clients, payloads kept."""
     gen = torch.Generator().manual_seed(0)
-    clients = [Client(f"client-{i}", torch.randn(20, 2, generator=gen), torch.Generator(),
-                      identity=Identity()) for i in (1, 2, 3)]
+    clients = [Client(f"client-{i}", torch.randn(20, 2, generator=gen), torch.Generator())
+               for i in (1, 2, 3)]
     log = MessageLog(path / "messages.jsonl", keep_payloads=True)
-    engine = InProcessEngine(clients, load_protocol(protocol), log, faults)
+    channel = open_channel(load_protocol(protocol), clients, log, faults)
     for r in (1, 2):
-        engine.broadcast(r, "global_model", {"theta": np.zeros(4, np.float32)})
-        engine.aggregate(r, "gradient", lambda c: {"gradient": np.ones(3, np.float32)},
-                         {c.id: 1 / 3 for c in clients}, VECTOR3)
-    head = engine.close()
-    keys = {c.id: c.identity for c in clients} | {SERVER: engine.identities[SERVER]}
-    return Run(path, keys, log.summary(), head)
+        channel.broadcast(r, "global_model", {"theta": np.zeros(4, np.float32)})
+        channel.aggregate(r, "gradient", lambda c: {"gradient": np.ones(3, np.float32)},
+                          {c.id: 1 / 3 for c in clients}, VECTOR3)
+    head = channel.close()
+    return Run(path, dict(channel.parties), log.summary(), head)
 
 
 @pytest.fixture(scope="module")
@@ -89,7 +91,7 @@ def dump(record: dict) -> str:
     return json.dumps(record, sort_keys=True, separators=(",", ":"))
 
 
-def resign(record: dict, key: Identity) -> dict:
+def resign(record: dict, key: Party | Identity) -> dict:
     return record | {"sig": key.sign(canonical(record)).hex()}
 
 
@@ -173,6 +175,67 @@ def test_deletion_with_renumbered_seq_breaks_the_chain(run):
                      "deleted, inserted, reordered or edited")
 
 
+def rechain(run: Run, records: list[dict]) -> list[str]:
+    """``records`` as log lines with ``seq`` and ``prev`` rewritten so that every line's own
+    link is consistent; neither field is signed, so no key is needed."""
+    prev = hashlib.sha256((run.path / "parties.json").read_bytes()).hexdigest()
+    lines = []
+    for seq, record in enumerate(records):
+        lines.append(dump(record | {"seq": seq, "prev": prev}))
+        prev = hashlib.sha256(lines[-1].encode()).hexdigest()
+    return lines
+
+
+def broadcast_seq(run: Run, recipient: str, round_: int = 2) -> int:
+    """The seq of the server's round-``round_`` global model delivery to ``recipient``."""
+    return next(r["seq"] for r in run.records() if r["kind"] == "global_model"
+                and r["recipient"] == recipient and r["round"] == round_)
+
+
+@pytest.mark.parametrize("edit", ["delete", "duplicate", "swap"])
+def test_a_rechained_edit_by_a_folder_writer_fails_the_closing_records_signed_chain(run, edit):
+    """Adversary: someone who can write the run folder but holds no party's key. They delete a
+    delivery record in the middle (the server's round-2 model to client-2), or duplicate it, or
+    swap it with its neighbour, then rewrite seq and prev of every later line. Every line but
+    the last passes its own checks (seq, link, signature: seq and prev are not signed); the
+    closing record's ``chain``, which the server signed, still names the line that preceded it
+    in the real log, so the audit fails there, with keys pinned or not."""
+    keys = RunPin(fingerprints=pin_of(run.path, run.head).fingerprints)  # pinned at the end
+    records = run.records()
+    k = broadcast_seq(run, "client-2")
+    assert 0 < k < len(records) - 2 and records[k]["sender"] == SERVER
+    if edit == "delete":
+        del records[k]
+    elif edit == "duplicate":
+        records.insert(k + 1, dict(records[k]))
+    else:
+        records[k], records[k + 1] = records[k + 1], records[k]
+    lines = rechain(run, records)
+    run.write(lines)
+    last = len(lines)
+    for pin in (None, keys):
+        assert_first_bad(verify_run(run.path, pin), last - 1, last,
+                         f"record {last - 1}: the closing record signed chain",
+                         "not the log before it")
+
+
+def test_a_server_key_holder_can_rechain_and_reclose_but_not_past_a_pinned_head(run):
+    """Adversary: the server's key holder with write access to the folder. It deletes a
+    delivery, rechains and re-signs the closing record over the new chain: the log verifies
+    (the documented limit of a key holder), but not against the head pinned at the run's end."""
+    records = run.records()
+    del records[broadcast_seq(run, "client-2")]
+    closing = records[-1]
+    records[-1] = closing | {"records": closing["records"] - 1}
+    lines = rechain(run, records)
+    closing = json.loads(lines[-1])
+    lines[-1] = dump(resign(closing | {"chain": closing["prev"]}, run.keys[SERVER]))
+    run.write(lines)
+    assert verify_run(run.path).ok
+    report = verify_run(run.path, RunPin(head=run.head))
+    assert not report.ok and "differs from the pinned head" in report.first_bad.problem
+
+
 @pytest.mark.parametrize("source", [40, 15, 3])
 def test_inserted_copy_of_another_record_is_caught_at_the_insertion(run, source):
     k = 16
@@ -216,7 +279,7 @@ def test_edit_resigned_with_the_senders_key_breaks_the_next_link(run):
     lines = run.lines()
     record = json.loads(lines[k])
     edited = resign(record | {"round": record["round"] + 1}, run.keys["client-2"])
-    assert verify_signature(run.keys["client-2"].public, bytes.fromhex(edited["sig"]),
+    assert verify_signature(run.keys["client-2"].identity.public, bytes.fromhex(edited["sig"]),
                             canonical(edited))
     lines[k] = dump(edited)
     run.write(lines)
@@ -368,26 +431,27 @@ def test_closing_count_re_signed_by_the_server_must_match(run):
     assert_first_bad(verify_run(run.path), 50, 51, "states 49 records before it, but 50 precede")
 
 
-def single_log(tmp_path: Path, parties: list[str]) -> tuple[MessageLog, dict[str, Identity]]:
-    keys = {party: Identity() for party in parties}
+def single_log(tmp_path: Path, parties: list[str]) -> tuple[MessageLog, dict[str, Party]]:
+    """A log whose parties registered only signing keys (as a centralized run's party)."""
+    keys = {party: Party(party) for party in parties}
     log = MessageLog(tmp_path / "messages.jsonl")
-    log.register({party: key.public for party, key in keys.items()})
+    log.register(Registry({party: key.identity.public for party, key in keys.items()}, {}))
     return log, keys
 
 
 def test_a_single_party_run_closes_its_own_log(tmp_path):
     """A centralized run (secureffm/runs/ffm.py) has no server: its only party closes."""
     log, keys = single_log(tmp_path, ["central"])
-    head = log.close(keys["central"], party="central")
+    head = log.close(keys["central"])
     report = verify_run(tmp_path)
     assert report.ok and report.head == head
     assert json.loads((tmp_path / "parties.json").read_text()) == {
-        "central": {"sign": keys["central"].public.hex()}}
+        "central": {"sign": keys["central"].identity.public.hex()}}
 
 
 def test_several_parties_without_a_server_cannot_close(tmp_path):
     log, keys = single_log(tmp_path, ["client-1", "client-2"])
-    log.close(keys["client-1"], party="client-1")
+    log.close(keys["client-1"])
     assert_first_bad(verify_run(tmp_path), 0, 1, "parties.json has no server but 2 parties")
 
 
@@ -395,8 +459,7 @@ def test_several_parties_without_a_server_cannot_close(tmp_path):
 def test_server_events_signed_by_a_client_are_caught(tmp_path, event):
     log, keys = single_log(tmp_path, [SERVER, "client-1"])
     fields = {"included": [], "of_kind": "gradient"} if event == "aggregated" else None
-    log.event(1, "aggregate", event, "client-1", "x", keys["client-1"], sender="client-1",
-              fields=fields)
+    log.event(keys["client-1"].event(1, "aggregate", event, "client-1", "x", fields))
     log.close(keys[SERVER])
     assert_first_bad(verify_run(tmp_path), 0, 1,
                      f"a {event!r} event is the server's, but client-1 signed it")
@@ -404,17 +467,17 @@ def test_server_events_signed_by_a_client_are_caught(tmp_path, event):
 
 def test_event_about_an_unregistered_party_is_caught(tmp_path):
     log, keys = single_log(tmp_path, [SERVER, "client-1"])
-    log.event(1, "aggregate", "dropped", "client-99", "x", keys[SERVER])
+    log.event(keys[SERVER].event(1, "aggregate", "dropped", "client-99", "x"))
     log.close(keys[SERVER])
     assert_first_bad(verify_run(tmp_path), 0, 1, "party 'client-99' is not in parties.json")
 
 
-def test_engine_pins_both_keys_of_every_party(runs):
+def test_the_run_pins_both_keys_of_every_party(runs):
     run = runs["secagg"]
     parties = json.loads((run.path / "parties.json").read_text())
     assert set(parties) == {SERVER, "client-1", "client-2", "client-3"}
-    assert all(set(keys) == {"sign", "seal"} for keys in parties.values())
-    assert all(parties[p]["sign"] == key.public.hex() for p, key in run.keys.items())
+    assert parties == {p: {"sign": party.identity.public.hex(), "seal": party.sealing.public.hex()}
+                       for p, party in run.keys.items()}
 
 
 # -- the entry point -------------------------------------------------------------------------

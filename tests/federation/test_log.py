@@ -10,11 +10,12 @@ import hashlib
 import json
 
 import pytest
+from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
-from secureffm.federation.crypto import Identity, new_key_pair
+from secureffm.federation.crypto import new_key_pair
 from secureffm.federation.log import PARTIES_FILE, PAYLOADS_FILE, MessageLog, canonical, genesis
-from secureffm.federation.message import Envelope
+from secureffm.federation.parties import Party, Registry
 
 
 def _sha(data: bytes) -> str:
@@ -22,25 +23,22 @@ def _sha(data: bytes) -> str:
 
 
 @pytest.fixture
-def parties():
-    return {"server": Identity(), "client-1": Identity(), "client-2": Identity()}
+def parties() -> dict[str, Party]:
+    return {p: Party(p) for p in ("server", "client-1", "client-2")}
 
 
 def _log(tmp_path, parties, keep_payloads=False) -> MessageLog:
     log = MessageLog(tmp_path / "messages.jsonl", keep_payloads)
-    log.register({p: i.public for p, i in parties.items()},
-                 {p: new_key_pair().public for p in parties if p != "server"})
+    log.register(Registry.of(list(parties.values())))
     return log
 
 
 def _traffic(log: MessageLog, parties) -> None:
-    """Two uploads, a broadcast and an event."""
-    log.append(Envelope("gradient", "client-1", "server", 1, "upload", b"g1"), parties["client-1"])
-    log.append(Envelope("gradient", "client-2", "server", 1, "upload", b"g22"),
-               parties["client-2"])
-    log.append(Envelope("global_model", "server", "client-1", 2, "broadcast", b"theta"),
-               parties["server"])
-    log.event(2, "aggregate", "dropped", "client-2", "offline", parties["server"])
+    """Two uploads, a broadcast and an event, each signed by the party that sends it."""
+    log.append(parties["client-1"].envelope(1, "upload", "gradient", "server", b"g1"))
+    log.append(parties["client-2"].envelope(1, "upload", "gradient", "server", b"g22"))
+    log.append(parties["server"].envelope(2, "broadcast", "global_model", "client-1", b"theta"))
+    log.event(parties["server"].event(2, "aggregate", "dropped", "client-2", "offline"))
 
 
 def _lines(tmp_path) -> list[str]:
@@ -51,14 +49,23 @@ def test_register_pins_both_keys_of_each_party_and_only_before_the_first_record(
                                                                                 parties):
     log = MessageLog(tmp_path / "messages.jsonl")
     seal = new_key_pair().public
-    log.register({"client-1": parties["client-1"].public}, {"client-1": seal})
-    log.register({"server": parties["server"].public})  # a later call adds parties
+    client, server = parties["client-1"].identity, parties["server"].identity
+    log.register(Registry({"client-1": client.public}, {"client-1": seal}))
+    log.register(Registry({"server": server.public}, {}))  # a later call adds parties
     pinned = json.loads((tmp_path / PARTIES_FILE).read_text())
-    assert pinned == {"client-1": {"sign": parties["client-1"].public.hex(), "seal": seal.hex()},
-                      "server": {"sign": parties["server"].public.hex()}}
-    log.event(0, "setup", "note", "*", "", parties["server"])
+    assert pinned == {"client-1": {"sign": client.public.hex(), "seal": seal.hex()},
+                      "server": {"sign": server.public.hex()}}
+    log.event(parties["server"].event(0, "setup", "note", "*", ""))
     with pytest.raises(RuntimeError, match="before the first record"):
-        log.register({"client-2": parties["client-2"].public})
+        log.register(Registry({"client-2": parties["client-2"].identity.public}, {}))
+
+
+def test_registry_of_parties_pins_both_public_keys_of_each(tmp_path, parties):
+    log = _log(tmp_path, parties)
+    pinned = json.loads((tmp_path / PARTIES_FILE).read_text())
+    assert pinned == {p: {"sign": party.identity.public.hex(),
+                          "seal": party.sealing.public.hex()} for p, party in parties.items()}
+    assert log.close() is None
 
 
 def test_each_record_links_to_the_previous_line_and_the_first_to_parties_json(tmp_path,
@@ -75,24 +82,58 @@ def test_each_record_links_to_the_previous_line_and_the_first_to_parties_json(tm
     assert [r["seq"] for r in records] == list(range(len(records)))
 
 
-def test_every_record_is_signed_by_its_sender_over_the_other_fields(tmp_path, parties):
-    log = _log(tmp_path, parties)
+def test_every_record_is_signed_by_its_sender_over_its_content(tmp_path, parties):
+    """The sender signs before the log places its record: every field but sig, seq, prev and
+    the payload's offset in payloads.bin (which only the log's writer knows) is signed."""
+    log = _log(tmp_path, parties, keep_payloads=True)
     _traffic(log, parties)
+    log.close(parties["server"])
     keys = json.loads((tmp_path / PARTIES_FILE).read_text())
     for line in _lines(tmp_path):
         record = json.loads(line)
-        body = {k: v for k, v in record.items() if k != "sig"}
+        assert ("offset" in record) == (record["kind"] != "event")
+        body = {k: v for k, v in record.items() if k not in ("sig", "seq", "prev", "offset")}
         signed = json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
         assert canonical(record) == signed
         public = Ed25519PublicKey.from_public_bytes(bytes.fromhex(keys[record["sender"]]["sign"]))
         public.verify(bytes.fromhex(record["sig"]), signed)  # raises when not the sender's
+        # the place (seq, prev, offset) is left out: the same content elsewhere keeps its
+        # signature (the closing record's chain pins seq and prev, the signed sha256 the bytes)
+        moved = record | {"seq": record["seq"] + 7, "prev": "0" * 64, "offset": 99}
+        assert canonical(moved) == signed
+
+
+def test_the_closing_record_signs_the_chain_before_it(tmp_path, parties):
+    """Its ``chain`` repeats its ``prev`` inside the server's signature, so the closer's key
+    pins the place of every record that precedes it."""
+    log = _log(tmp_path, parties)
+    _traffic(log, parties)
+    log.close(parties["server"])
+    lines = _lines(tmp_path)
+    closing = json.loads(lines[-1])
+    assert closing["chain"] == closing["prev"] == _sha(lines[-2].encode())
+    assert closing["sender"] == "server"
+    public = Ed25519PublicKey.from_public_bytes(parties["server"].identity.public)
+    public.verify(bytes.fromhex(closing["sig"]), canonical(closing))
+    with pytest.raises(InvalidSignature):
+        public.verify(bytes.fromhex(closing["sig"]), canonical(closing | {"chain": "0" * 64}))
+
+
+def test_an_empty_log_closes_on_the_hash_of_parties_json(tmp_path, parties):
+    log = _log(tmp_path, parties)
+    head = log.close(parties["server"])
+    [line] = _lines(tmp_path)
+    closing = json.loads(line)
+    genesis_hash = _sha((tmp_path / PARTIES_FILE).read_bytes())
+    assert closing["chain"] == closing["prev"] == genesis_hash and closing["records"] == 0
+    assert head == _sha(line.encode())
 
 
 def test_a_delivery_record_states_what_crossed_the_engine(tmp_path, parties):
     log = _log(tmp_path, parties, keep_payloads=True)
-    log.append(Envelope("model", "server", "client-2", 3, "relay", b"sealed", ("sealed",),
-                        origin="client-1"), parties["server"])
-    log.append(Envelope("model", "server", "client-1", 3, "relay", b"other"), parties["server"])
+    log.append(parties["server"].envelope(3, "relay", "model", "client-2", b"sealed",
+                                          ("sealed",), origin="client-1"))
+    log.append(parties["server"].envelope(3, "relay", "model", "client-1", b"other"))
     log.close()
     first, second = (json.loads(line) for line in _lines(tmp_path))
     assert {k: first[k] for k in ("round", "phase", "kind", "sender", "recipient", "stages",

@@ -1,22 +1,33 @@
-"""Parties and their secret streams (secureffm/federation/parties.py).
+"""Parties, their keys and their secret streams (secureffm/federation/parties.py).
 
 Truths used: the ChaCha20 keystream from `cryptography` read word by word with Python
-integers, HMAC-SHA256 and SHA-256 from the standard library, and scipy's KS test for U[0, 1).
+integers, HMAC-SHA256 and SHA-256 from the standard library, scipy's KS test for U[0, 1), and
+Ed25519 verification with `cryptography` over canonical JSON written out here.
 """
 
 from __future__ import annotations
 
 import hashlib
 import hmac
+import json
 
 import numpy as np
 import pytest
 import torch
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
+from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 from scipy import stats
 
 from secureffm.federation import parties
-from secureffm.federation.parties import SecretStreams, keyed_uniforms, new_client
+from secureffm.federation.parties import (
+    Party,
+    Registry,
+    SecretStreams,
+    keyed_uniforms,
+    new_client,
+)
 
 KEY = bytes(range(32))
 CONTEXT = (3, "gradient", "example")
@@ -156,3 +167,92 @@ def test_minibatch_rows_are_drawn_without_replacement_and_uniformly():
 def test_secret_randomness_states_when_no_privacy_claim_holds():
     assert parties.secret_randomness(True).startswith("INSECURE")
     assert parties.secret_randomness(False).startswith("os-entropy")
+
+
+# -- each party's own keys: what it signs, and the registry of public keys ------------------
+
+
+def _verifies(public: bytes, signature: bytes, data: bytes) -> bool:
+    """Ed25519 verification with `cryptography` directly (not the library's helper)."""
+    try:
+        Ed25519PublicKey.from_public_bytes(public).verify(signature, data)
+        return True
+    except InvalidSignature:
+        return False
+
+
+def _signed_bytes(record: dict) -> bytes:
+    """The canonical JSON of a record's content, written out here: every field but sig, seq,
+    prev and offset, sorted keys, no spaces."""
+    body = {k: v for k, v in record.items() if k not in ("sig", "seq", "prev", "offset")}
+    return json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
+
+
+def test_an_envelope_is_signed_by_its_sender_over_its_header_and_by_no_one_else():
+    alice, bob = Party("client-1"), Party("client-2")
+    envelope = alice.envelope(4, "relay", "model", "client-2", b"bytes", ("sealed",),
+                              origin="client-3")
+    assert (envelope.sender, envelope.recipient, envelope.round, envelope.phase,
+            envelope.kind, envelope.data, envelope.stages, envelope.origin) == (
+        "client-1", "client-2", 4, "relay", "model", b"bytes", ("sealed",), "client-3")
+    header = {"round": 4, "phase": "relay", "kind": "model", "sender": "client-1",
+              "recipient": "client-2", "stages": ["sealed"], "bytes": 5,
+              "sha256": hashlib.sha256(b"bytes").hexdigest(), "origin": "client-3"}
+    assert envelope.header() == header
+    assert _verifies(alice.identity.public, envelope.sig, _signed_bytes(header))
+    assert not _verifies(bob.identity.public, envelope.sig, _signed_bytes(header))
+    # any signed field changed: the signature no longer holds
+    for field, value in (("round", 5), ("recipient", "client-3"), ("sha256", "0" * 64),
+                         ("stages", []), ("origin", "client-2")):
+        assert not _verifies(alice.identity.public, envelope.sig,
+                             _signed_bytes(header | {field: value})), field
+    # the same content signed by another party verifies only with that party's key
+    forged = bob.envelope(4, "relay", "model", "client-2", b"bytes", ("sealed",), "client-3")
+    assert not _verifies(alice.identity.public, forged.sig, _signed_bytes(header | {
+        "sender": "client-2"}))
+
+
+def test_an_event_is_signed_by_the_party_that_raises_it_and_by_no_one_else():
+    server, client = Party("server"), Party("client-1")
+    record = server.event(2, "aggregate", "aggregated", "*", "2 of 3 clients counted",
+                          {"included": ["client-1", "client-2"], "of_kind": "gradient"})
+    assert {k: v for k, v in record.items() if k != "sig"} == {
+        "round": 2, "phase": "aggregate", "kind": "event", "sender": "server",
+        "recipient": "log", "stages": [], "bytes": 0,
+        "sha256": hashlib.sha256(b"").hexdigest(), "event": "aggregated", "party": "*",
+        "detail": "2 of 3 clients counted", "included": ["client-1", "client-2"],
+        "of_kind": "gradient"}
+    signature = bytes.fromhex(record["sig"])
+    assert _verifies(server.identity.public, signature, _signed_bytes(record))
+    assert not _verifies(client.identity.public, signature, _signed_bytes(record))
+    assert not _verifies(server.identity.public, signature,
+                         _signed_bytes(record | {"included": ["client-1"]}))
+    # its place in the log is not signed: seq and prev may be added without breaking it
+    placed = record | {"seq": 12, "prev": "ab" * 32}
+    assert _verifies(server.identity.public, signature, _signed_bytes(placed))
+    rejected = client.event(2, "relay", "rejected", "server", "altered")
+    assert rejected["sender"] == "client-1"
+    assert _verifies(client.identity.public, bytes.fromhex(rejected["sig"]),
+                     _signed_bytes(rejected))
+    assert not _verifies(server.identity.public, bytes.fromhex(rejected["sig"]),
+                         _signed_bytes(rejected))
+
+
+def test_every_party_has_its_own_keys_and_the_registry_holds_only_their_public_halves():
+    server = parties.new_server()
+    clients = [new_client(f"client-{i}", torch.zeros(2, 2)) for i in (1, 2)]
+    everyone = [server, *clients]
+    assert server.id == "server" and not isinstance(server, parties.Client)
+    assert len({p.identity.public for p in everyone}) == 3
+    assert len({p.sealing.public for p in everyone}) == 3
+    registry = Registry.of(everyone)
+    assert registry.sign == {p.id: p.identity.public for p in everyone}
+    assert registry.seal == {p.id: p.sealing.public for p in everyone}
+    for party in everyone:  # the raw 32-byte public keys of the party's private keys
+        assert registry.sign[party.id] == party.identity._private.public_key().public_bytes(
+            Encoding.Raw, PublicFormat.Raw)
+        assert registry.seal[party.id] == party.sealing.private.public_key().public_bytes(
+            Encoding.Raw, PublicFormat.Raw)
+    assert all(isinstance(k, bytes) and len(k) == 32
+               for k in (*registry.sign.values(), *registry.seal.values()))
+    assert Registry.of([]) == Registry({}, {})
