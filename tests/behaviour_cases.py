@@ -15,6 +15,10 @@ centralized baselines and DCFM; ``secureffm.runs.run_fedwad`` for FedWAD) with
 
 or, for a run the runner refuses, ``refused``: the error's class and the first words of its
 message.
+
+While a case runs, matplotlib's ``Figure.tight_layout`` and ``Figure.savefig`` do nothing:
+laying out and rendering the run folder's PNGs took most of these tiny runs' time, and no plot
+is compared (tests/test_plots.py checks the plots).
 """
 
 from __future__ import annotations
@@ -24,8 +28,10 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import torch
+from matplotlib.figure import Figure
 
 from secureffm.config import RunConfig
 from secureffm.errors import SecureFFMError
@@ -161,20 +167,23 @@ def _refusal(err: Exception) -> str:
     return f"{type(err).__name__}: {' '.join(words[:REFUSAL_WORDS])}"
 
 
+def _run(case: Case, out: Path) -> dict[str, Any]:
+    """The case's metrics as its runner returns them."""
+    if case.family == "fedwad":
+        return run_fedwad(FedWADRun(FedWADConfig(**case.fedwad), out=str(out), progress=False,
+                                    insecure_deterministic=True, **case.options)).result
+    config = RunConfig(**{**case.options, "out": str(out), "progress": False, "device": "cpu",
+                          "insecure_deterministic": True})
+    return run(config).metrics
+
+
 def observe(case: Case, tmp_path: Path) -> dict[str, Any]:
     """Run ``case`` in ``tmp_path / case.name`` and return what it did (module docstring)."""
     out = Path(tmp_path) / case.name
     torch.set_num_threads(1)  # as tests/conftest.py: one thread, the runners' default
     try:
-        if case.family == "fedwad":
-            result = run_fedwad(FedWADRun(FedWADConfig(**case.fedwad), out=str(out),
-                                          progress=False, insecure_deterministic=True,
-                                          **case.options))
-            numbers = result.result
-        else:
-            config = RunConfig(**{**case.options, "out": str(out), "progress": False,
-                                  "device": "cpu", "insecure_deterministic": True})
-            numbers = run(config).metrics
+        with mock.patch.object(Figure, "tight_layout"), mock.patch.object(Figure, "savefig"):
+            numbers = _run(case, out)
     except SecureFFMError as err:
         return {"refused": _refusal(err)}
     metrics: dict[str, Any] = {}
