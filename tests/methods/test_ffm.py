@@ -19,7 +19,6 @@ from opacus.accountants import RDPAccountant
 from secureffm.config import RunConfig
 from secureffm.data.pairs import get_pair
 from secureffm.errors import ConfigError
-from secureffm.federation.engine import InProcessEngine
 from secureffm.federation.log import MessageLog
 from secureffm.federation.parties import SecretStreams, new_client
 from secureffm.methods.couplings import IndependentCoupling
@@ -32,7 +31,7 @@ from secureffm.methods.ffm import (
 from secureffm.methods.flow_matching import flow_matching_loss
 from secureffm.models.mlp import VelocityMLP
 from secureffm.protocols import load_protocol
-from secureffm.runs.scaffold import resolve_dp
+from secureffm.runs.scaffold import open_channel, resolve_dp
 
 SHARD, BATCH, K = 24, 8, 16
 # Under DP: q = 2 / 100, small enough for Opacus' RDP bound to take milliseconds.
@@ -54,12 +53,12 @@ def _ffm(tmp_path, method="vanilla", protocol="plaintext", sizes=(SHARD, SHARD),
     clients = [new_client(f"client-{i}", part, deterministic_seed=7)
                for i, part in enumerate(torch.split(data, list(sizes)), start=1)]
     folder = Path(tempfile.mkdtemp(dir=tmp_path))  # one log per federation
-    engine = InProcessEngine(clients, load_protocol(protocol),
-                             MessageLog(folder / "messages.jsonl"))
+    channel = open_channel(load_protocol(protocol), clients,
+                           MessageLog(folder / "messages.jsonl"))
     settings = FFMSettings.of(config)
-    dp = resolve_dp(config, engine.protocol, settings.sent_kinds)
+    dp = resolve_dp(config, channel.protocol, settings.sent_kinds)
     torch.manual_seed(0)
-    return FederatedFlowMatching(settings, dp, pair, engine, torch.device("cpu"))
+    return FederatedFlowMatching(settings, dp, pair, channel, torch.device("cpu"))
 
 
 def _opacus_epsilon(history: list[tuple[float, float, int]]) -> float:
@@ -74,7 +73,7 @@ def test_example_noise_is_the_clients_keyed_uniforms_for_round_kind_and_row(tmp_
     """x0 and t of rows r come from SecretStreams.example_uniforms((round, kind, "example"), r):
     t is the first uniform, x0 the source drawn from the rest."""
     ffm = _ffm(tmp_path)
-    client = ffm.engine.clients[0]
+    client = ffm.channel.clients[0]
     rows = torch.tensor([3, 0, 17])
     x0, t = ffm.example_noise(client, 5, "gradient", rows)
     width = ffm.pair.source.uniforms + 1
@@ -87,7 +86,7 @@ def test_example_noise_is_the_clients_keyed_uniforms_for_round_kind_and_row(tmp_
 
 def test_example_noise_is_keyed_by_row_round_and_kind_only(tmp_path):
     ffm = _ffm(tmp_path)
-    client, other = ffm.engine.clients
+    client, other = ffm.channel.clients
     rows = torch.tensor([2, 9, 4])
     x0, t = ffm.example_noise(client, 1, "gradient", rows)
     again, t_again = ffm.example_noise(client, 1, "gradient", torch.tensor([9, 4, 2, 11]))
@@ -101,7 +100,7 @@ def test_example_noise_is_keyed_by_row_round_and_kind_only(tmp_path):
 
 def test_the_candidate_pool_has_k_rows_keyed_by_round_and_kind_whatever_the_batch(tmp_path):
     ffm = _ffm(tmp_path, method="got")
-    client = ffm.engine.clients[0]
+    client = ffm.channel.clients[0]
     pool = ffm.candidate_pool(client, 3, "gradient")
     assert pool.shape == (K, 2)
     ffm.velocity_losses(client, 3, torch.tensor([0, 5]))  # draws nothing from the pool's key
@@ -117,7 +116,7 @@ def test_the_largest_keyed_uniform_still_gives_finite_source_points(tmp_path, mo
     """keyed_uniforms can return 1 - 2^-53; here every uniform is that value (the stream is
     replaced, the code under test is FFM's use of it)."""
     ffm = _ffm(tmp_path, method="got")
-    client = ffm.engine.clients[0]
+    client = ffm.channel.clients[0]
     monkeypatch.setattr(SecretStreams, "example_uniforms",
                         lambda self, context, rows, width: np.full((len(rows), width),
                                                                    1 - 2**-53))
@@ -131,7 +130,7 @@ def test_the_largest_keyed_uniform_still_gives_finite_source_points(tmp_path, mo
 @pytest.mark.parametrize("method", ["vanilla", "lot", "got"])
 def test_velocity_losses_are_one_finite_term_per_row(tmp_path, method):
     ffm = _ffm(tmp_path, method=method)
-    client = ffm.engine.clients[0]
+    client = ffm.channel.clients[0]
     losses = ffm.velocity_losses(client, 1, torch.tensor([0, 3, 7, 11, 20]))
     assert losses.shape == (5,) and torch.isfinite(losses).all() and (losses >= 0).all()
 
@@ -139,8 +138,8 @@ def test_velocity_losses_are_one_finite_term_per_row(tmp_path, method):
 def test_a_vanilla_term_depends_on_its_own_row_only(tmp_path):
     """Row 3's term is the same alone or in a batch (the per-example premise of DP-SGD)."""
     ffm = _ffm(tmp_path)
-    client = ffm.engine.clients[0]
-    ffm.engine.broadcast(1, "global_model", {"theta": ffm.velocity.flat()})
+    client = ffm.channel.clients[0]
+    ffm.channel.broadcast(1, "global_model", {"theta": ffm.velocity.flat()})
     ffm._sync(client)
     alone = ffm.velocity_losses(client, 1, torch.tensor([3]))
     batch = ffm.velocity_losses(client, 1, torch.tensor([8, 3, 1]))
@@ -149,7 +148,7 @@ def test_a_vanilla_term_depends_on_its_own_row_only(tmp_path):
 
 def test_dual_losses_are_one_finite_term_per_row(tmp_path):
     ffm = _ffm(tmp_path, method="got")
-    client = ffm.engine.clients[0]
+    client = ffm.channel.clients[0]
     losses = ffm.dual_losses(client, 1, torch.tensor([1, 2, 3]))
     assert losses.shape == (3,) and torch.isfinite(losses).all()
 
@@ -171,7 +170,7 @@ def test_velocity_gradient_is_the_gradient_of_the_mean_loss():
 # -- weights and rounds --------------------------------------------------------------------
 
 def test_client_weights_sum_to_one_by_size_or_uniformly(tmp_path):
-    clients = _ffm(tmp_path, sizes=(10, 30, 60)).engine.clients
+    clients = _ffm(tmp_path, sizes=(10, 30, 60)).channel.clients
     by_size = client_weights(clients, "size")
     assert by_size == pytest.approx({"client-1": 0.1, "client-2": 0.3, "client-3": 0.6})
     uniform = client_weights(clients, "uniform")
@@ -197,7 +196,7 @@ def test_a_round_moves_the_global_model_by_one_step_over_every_client(tmp_path, 
     moved = np.abs(ffm.velocity.flat() - before)
     assert np.median(moved) == pytest.approx(ffm.settings.lr, rel=1e-2)  # Adam's first step
     assert report["aborted"] == 0 and np.isfinite(report["loss"])
-    aggregated = [e for e in ffm.engine.log.events if e["event"] == "aggregated"]
+    aggregated = [e for e in ffm.channel.transport.log.events if e["event"] == "aggregated"]
     assert aggregated[0]["included"] == ["client-1", "client-2"]
     if potential is not None:  # potential_every = 1: the dual step runs this round too
         assert not np.array_equal(ffm.potential.flat(), potential)
@@ -212,7 +211,7 @@ def test_under_dp_q_is_batch_over_the_nominal_shard_size_and_the_ledger_has_each
     epsilon is Opacus' for that history."""
     ffm = _ffm(tmp_path, method="got", protocol="dp", noise_multiplier=1.0, sizes=(100, 150),
                **DP)
-    assert [c.state["rate"] for c in ffm.engine.clients] == [Q, Q]
+    assert [c.state["rate"] for c in ffm.channel.clients] == [Q, Q]
     for round_ in (1, 2):
         ffm.train_round(round_)
     steps = sorted((e.client, e.kind, e.round) for e in ffm.ledger.entries)
@@ -221,7 +220,7 @@ def test_under_dp_q_is_batch_over_the_nominal_shard_size_and_the_ledger_has_each
     assert {(e.sample_rate, e.noise_multiplier, e.clip) for e in ffm.ledger.entries} == {
         (Q, 1.0, 1.0)}
     expected = _opacus_epsilon([(1.0, Q, 4)])
-    for client in ffm.engine.clients:
+    for client in ffm.channel.clients:
         assert ffm.ledger.epsilon(client.id) == pytest.approx(expected, rel=1e-9)
         assert ffm.client_epsilon(client, 1.0, 2) == pytest.approx(expected, rel=1e-9)
 
