@@ -22,8 +22,8 @@ The checks, in order, for each line of ``messages.jsonl`` (stopping at the first
 3. ``prev`` equals the sha256 of the previous line's exact bytes (of parties.json for the first);
 4. ``sender`` is a party of ``parties.json``;
 5. ``sig`` is the sender's Ed25519 signature of :func:`~secureffm.federation.log.canonical`
-   (the record's content: every field but sig, seq and prev, which the sender cannot know
-   when it signs); the closing record's signed ``chain`` equals its ``prev``, so the closer's
+   (the record's content: every field but sig, seq, prev and offset, which the sender cannot
+   know when it signs); the closing record's signed ``chain`` equals its ``prev``, so the closer's
    signature pins the place of every record before it;
 6. a record with ``offset`` needs ``payloads.bin`` (its absence fails), and the ``bytes`` stored
    there hash to ``sha256``; message records carry offsets all or none;

@@ -3,8 +3,8 @@
 Each record holds seq, round, phase, kind, sender, recipient, stages, bytes, sha256 (of the
 payload bytes as sent), prev (sha256 of the previous line; of parties.json for the first) and
 sig: the sender's Ed25519 signature, hex, over the canonical JSON of the record's content
-(every field but sig, seq and prev; :func:`~secureffm.federation.message.canonical`). The
-sender signs before its message reaches the transport, so it cannot know the record's place;
+(every field but sig, seq, prev and offset; :func:`~secureffm.federation.message.canonical`).
+The sender signs before its message reaches the transport, so it cannot know the record's place;
 the server's closing record signs the place of every record (its ``chain`` field).
 Events (a rejected message, a dropped client, an aborted round, an ``aggregated`` round naming
 the clients counted in ``included``) are records of kind ``event``. ``parties.json`` beside the log

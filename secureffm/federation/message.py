@@ -34,13 +34,14 @@ def deserialize_payload(data: bytes, sender: str = "?") -> Payload:
 
 
 # Fields of a log record that its signer does not sign: the signature itself and the record's
-# place in the log (which only the log's writer knows; the closing record signs the chain).
-UNSIGNED_FIELDS = frozenset({"sig", "seq", "prev"})
+# place in the log and in payloads.bin (which only the log's writer knows; the closing record
+# signs the chain, and the audit checks the bytes at ``offset`` against the signed sha256).
+UNSIGNED_FIELDS = frozenset({"sig", "seq", "prev", "offset"})
 
 
 def canonical(record: dict) -> bytes:
     """The bytes a party signs for a record: sorted-key compact JSON of its content (every
-    field but :data:`UNSIGNED_FIELDS`)."""
+    field but :data:`UNSIGNED_FIELDS`: sig, seq, prev, offset)."""
     body = {k: v for k, v in record.items() if k not in UNSIGNED_FIELDS}
     return json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
 
