@@ -29,7 +29,6 @@ from sklearn.metrics import adjusted_rand_score  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
 from secureffm.data.digits import STRUCTURES, class_pair_split  # noqa: E402
-from secureffm.federation.engine import InProcessEngine  # noqa: E402
 from secureffm.federation.log import MessageLog  # noqa: E402
 from secureffm.methods.client_clustering import (  # noqa: E402
     FedAvgConfig,
@@ -41,6 +40,7 @@ from secureffm.methods.fedwad import FedWADConfig  # noqa: E402
 from secureffm.methods.otdd import federated_otdd, labelled_clients  # noqa: E402
 from secureffm.protocols.protocol import load_protocol  # noqa: E402
 from secureffm.reporting import mean_std, write_block  # noqa: E402
+from secureffm.runs.scaffold import open_channel  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 SETTINGS = {"global": None, "affinity": ("rbf", 0), "sparse G. (3)": ("knn", 3),
@@ -58,13 +58,18 @@ def one_run(structure: str, seed: int, args, out: Path) -> dict:
     protocol = load_protocol(args.protocol)
     clients = labelled_clients([s.x_train for s in shards], [s.y_train for s in shards],
                                deterministic_seed=seed)
-    engine = InProcessEngine(clients, protocol, MessageLog(out / "otdd" / "messages.jsonl"))
+    channel = open_channel(protocol, clients, MessageLog(out / "otdd" / "messages.jsonl"))
     try:
-        otdd = federated_otdd(engine, protocol, FedWADConfig(
+        otdd = federated_otdd(channel, protocol.geodesic_privacy(), FedWADConfig(
             iterations=args.iterations, support_size=args.support, seed=seed))
     finally:
-        engine.close()
+        channel.close()
     config = FedAvgConfig(rounds=args.rounds, local_epochs=args.local_epochs)
+    dp = protocol.dp_settings(("update",), "FedAvg")  # FedAvg refuses any: plain local SGD
+
+    def cluster_channel(members, folder: Path):
+        return open_channel(protocol, members, MessageLog(folder / "messages.jsonl"))
+
     result = {"classes": [list(s.classes) for s in shards], "distances": otdd.distances.tolist(),
               "accuracy": {}, "ari": {}, "clusters": {}}
     for name, setting in SETTINGS.items():
@@ -78,8 +83,8 @@ def one_run(structure: str, seed: int, args, out: Path) -> dict:
         # a utility comparison under plaintext, not a private run)
         clients = labelled_clients([s.x_train for s in shards], [s.y_train for s in shards],
                                    deterministic_seed=seed)
-        models = clustered_fedavg(clients, assignment, protocol, out / name.replace(" ", ""),
-                                  config, seed)
+        models = clustered_fedavg(clients, assignment, cluster_channel,
+                                  out / name.replace(" ", ""), config, dp=dp, seed=seed)
         result["accuracy"][name] = float(np.mean([accuracy(models[c.id], s.x_test, s.y_test)
                                                   for c, s in zip(clients, shards, strict=True)]))
         result["ari"][name] = float(adjusted_rand_score(planted, assignment))

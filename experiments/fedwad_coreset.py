@@ -26,13 +26,13 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from secureffm.data.digits import class_pair_split  # noqa: E402
-from secureffm.federation.engine import InProcessEngine  # noqa: E402
 from secureffm.federation.log import MessageLog  # noqa: E402
 from secureffm.methods.fedwad import FedWADConfig, Measure, wasserstein  # noqa: E402
 from secureffm.methods.fedwad_coreset import CoresetConfig, learn_coreset  # noqa: E402
 from secureffm.methods.otdd import labelled_clients  # noqa: E402
 from secureffm.protocols.protocol import load_protocol  # noqa: E402
 from secureffm.reporting import write_block  # noqa: E402
+from secureffm.runs.scaffold import open_channel  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 SPLITS = {"random dealing (all classes per client)": "iid",
@@ -76,11 +76,12 @@ def main() -> None:
         for name, exact in (("exact W", True), ("FedWAD", False)):
             clients = labelled_clients(xs, ys)
             with tempfile.TemporaryDirectory() as folder:
-                engine = InProcessEngine(clients, protocol, MessageLog(Path(folder) / "m.jsonl"))
+                channel = open_channel(protocol, clients, MessageLog(Path(folder) / "m.jsonl"))
                 start = time.perf_counter()
-                result = learn_coreset(engine, protocol, initial, config, exact=exact)
+                result = learn_coreset(channel, protocol.geodesic_privacy(), initial, config,
+                                       exact=exact)
                 seconds = time.perf_counter() - start
-                engine.close()
+                channel.close()
             distance = wasserstein(Measure.uniform(result.points), pooled, 2)
             learned[name] = result.points
             rows.append(f"| {title} | {name} | {distance:.3f} | {seconds:.0f} |")

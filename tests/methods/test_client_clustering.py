@@ -5,7 +5,6 @@ from sklearn.metrics import adjusted_rand_score
 
 from secureffm.data.digits import class_pair_split
 from secureffm.errors import ConfigError, DataError, ProtocolError
-from secureffm.federation.engine import InProcessEngine
 from secureffm.federation.log import MessageLog
 from secureffm.federation.parties import Client
 from secureffm.methods.client_clustering import (
@@ -19,12 +18,27 @@ from secureffm.methods.fedwad import FedWADConfig
 from secureffm.methods.fedwad_federated import pairwise_distances
 from secureffm.methods.otdd import federated_otdd, labelled_clients
 from secureffm.protocols.protocol import load_protocol
+from secureffm.runs.scaffold import open_channel
 
 
 def _digits_clients(structure: str, clients: int, seed: int):
     shards = class_pair_split(structure, clients=clients, seed=seed)
     return shards, labelled_clients([s.x_train for s in shards], [s.y_train for s in shards],
                                     deterministic_seed=seed)
+
+
+def _channel(protocol: str, clients, folder):
+    return open_channel(load_protocol(protocol), clients, MessageLog(folder / "messages.jsonl"))
+
+
+def _opener(protocol: str):
+    """clustered_fedavg's channel factory: ``protocol`` over each cluster, logging in its
+    folder."""
+    return lambda members, folder: _channel(protocol, members, folder)
+
+
+def _fedavg_dp(protocol: str):
+    return load_protocol(protocol).dp_settings(("update",), "FedAvg")
 
 
 def _planted(shards) -> np.ndarray:
@@ -54,11 +68,10 @@ def test_spectral_clustering_recovers_planted_groups_from_the_fedwad_matrix(tmp_
     groups = np.repeat(np.arange(3), 3)
     data = [centres[g] + 0.7 * rng.standard_normal((30, 2)) for g in groups]
     clients = labelled_clients(data, [np.zeros(30, dtype=np.int64)] * 9)
-    engine = InProcessEngine(clients, load_protocol("plaintext"),
-                             MessageLog(tmp_path / "messages.jsonl"))
-    distances = pairwise_distances(engine, engine.protocol,
+    channel = _channel("plaintext", clients, tmp_path)
+    distances = pairwise_distances(channel, channel.protocol.geodesic_privacy(),
                                    FedWADConfig(iterations=3, support_size=10))
-    engine.close()
+    channel.close()
     for affinity in ("rbf", "knn"):
         found = cluster_clients(distances, 3, affinity=affinity, neighbours=2)
         assert adjusted_rand_score(groups, found) == 1.0
@@ -67,13 +80,12 @@ def test_spectral_clustering_recovers_planted_groups_from_the_fedwad_matrix(tmp_
 @pytest.mark.slow
 def test_spectral_clustering_recovers_planted_class_pairs_from_federated_otdd(tmp_path):
     shards, clients = _digits_clients("clusters", clients=10, seed=0)
-    engine = InProcessEngine(clients, load_protocol("plaintext"),
-                             MessageLog(tmp_path / "messages.jsonl"))
+    channel = _channel("plaintext", clients, tmp_path)
     # S = 10 atoms in 64-D leaves a large error floor and recovered the pairs for 1 seed of 3;
     # S = 30 recovered them for 3 of 3.
-    result = federated_otdd(engine, engine.protocol, FedWADConfig(iterations=5, support_size=30),
-                            show_progress=False)
-    engine.close()
+    result = federated_otdd(channel, channel.protocol.geodesic_privacy(),
+                            FedWADConfig(iterations=5, support_size=30), show_progress=False)
+    channel.close()
     found = cluster_clients(result.distances, 5)
     assert adjusted_rand_score(_planted(shards), found) == 1.0
 
@@ -81,11 +93,11 @@ def test_spectral_clustering_recovers_planted_class_pairs_from_federated_otdd(tm
 def test_clustered_fedavg_beats_global_fedavg_on_a_planted_split(tmp_path):
     shards, clients = _digits_clients("clusters", clients=10, seed=0)
     config = FedAvgConfig(rounds=10, local_epochs=1)
-    protocol = load_protocol("plaintext")
-    clustered = clustered_fedavg(clients, _planted(shards), protocol, tmp_path / "c", config,
-                                 show_progress=False)
-    single = clustered_fedavg(clients, np.zeros(10, dtype=int), protocol, tmp_path / "g",
-                              config, show_progress=False)
+    opener, dp = _opener("plaintext"), _fedavg_dp("plaintext")
+    clustered = clustered_fedavg(clients, _planted(shards), opener, tmp_path / "c", config,
+                                 dp=dp, show_progress=False)
+    single = clustered_fedavg(clients, np.zeros(10, dtype=int), opener, tmp_path / "g",
+                              config, dp=dp, show_progress=False)
     clustered_acc = _mean_accuracy(clustered, clients, shards)
     global_acc = _mean_accuracy(single, clients, shards)
     # Each cluster's model solves a two-class problem; the global one all ten at once.
@@ -101,10 +113,9 @@ def test_fedavg_under_secure_aggregation_matches_plaintext(tmp_path):
     for name in ("plaintext", "secagg"):
         # the same client streams for both runs
         _, clients = _digits_clients("clusters", clients=10, seed=1)
-        engine = InProcessEngine(clients, load_protocol(name),
-                                 MessageLog(tmp_path / name / "messages.jsonl"))
-        models[name] = fedavg(engine, config, seed=0)
-        engine.close()
+        channel = _channel(name, clients, tmp_path / name)
+        models[name] = fedavg(channel, config, dp=_fedavg_dp(name), seed=0)
+        channel.close()
     plain = torch.nn.utils.parameters_to_vector(models["plaintext"].parameters())
     masked = torch.nn.utils.parameters_to_vector(models["secagg"].parameters())
     assert torch.allclose(plain, masked, atol=1e-4)
@@ -125,19 +136,22 @@ def test_bad_inputs_are_clear_errors(tmp_path):
     with pytest.raises(ConfigError, match="rounds"):
         FedAvgConfig(rounds=0)
     unlabelled = [Client(f"client-{i}", torch.zeros(4, 3), torch.Generator()) for i in (1, 2)]
-    engine = InProcessEngine(unlabelled, load_protocol("plaintext"),
-                             MessageLog(tmp_path / "messages.jsonl"))
+    channel = _channel("plaintext", unlabelled, tmp_path)
     with pytest.raises(DataError, match="labels"):
-        fedavg(engine, FedAvgConfig(rounds=1))
+        fedavg(channel, FedAvgConfig(rounds=1), dp=None)
     shards, clients = _digits_clients("clusters", clients=10, seed=0)
     with pytest.raises(DataError, match="assignment"):
-        clustered_fedavg(clients, np.zeros(3, dtype=int), load_protocol("plaintext"),
-                         tmp_path, FedAvgConfig(rounds=1), show_progress=False)
+        clustered_fedavg(clients, np.zeros(3, dtype=int), _opener("plaintext"),
+                         tmp_path, FedAvgConfig(rounds=1), dp=None, show_progress=False)
     alone = np.arange(10) % 9  # client 10 shares cluster 0; cluster 1..8 hold one client each
     with pytest.raises(ProtocolError, match="at least 2 clients"):
-        clustered_fedavg(clients, alone, load_protocol("secagg"), tmp_path / "s",
-                         FedAvgConfig(rounds=1), show_progress=False)
-    dp_engine = InProcessEngine(clients, load_protocol("dp"),
-                                MessageLog(tmp_path / "dp" / "messages.jsonl"))
+        clustered_fedavg(clients, alone, _opener("secagg"), tmp_path / "s",
+                         FedAvgConfig(rounds=1), dp=_fedavg_dp("secagg"), show_progress=False)
+    # A dp protocol must protect FedAvg's 'update' messages, or it is refused by name ...
+    with pytest.raises(ProtocolError, match="does not protect 'update'"):
+        _fedavg_dp("dp")
+    # ... and where it does, FedAvg refuses DP settings: its local training is plain SGD.
+    dp = load_protocol("dp").dp_settings(("gradient",), "FFM")
+    assert dp is not None
     with pytest.raises(ProtocolError, match="plain SGD"):
-        fedavg(dp_engine, FedAvgConfig(rounds=1))
+        fedavg(_channel("dp", clients, tmp_path / "dp"), FedAvgConfig(rounds=1), dp=dp)

@@ -6,7 +6,6 @@ import torch
 
 from secureffm.audit import verify_run
 from secureffm.config import RunConfig
-from secureffm.federation.engine import InProcessEngine
 from secureffm.federation.log import MessageLog
 from secureffm.federation.parties import Client
 from secureffm.methods.dcfm import LocalExpert, Masking
@@ -17,6 +16,7 @@ from secureffm.models.params import flat_params
 from secureffm.protocols.protocol import load_protocol
 from secureffm.runs import run
 from secureffm.runs.dcfm import load_dcfm
+from secureffm.runs.scaffold import open_channel
 
 CARDS = (2, 2)
 
@@ -56,13 +56,13 @@ def test_a_fedflow_round_is_the_size_weighted_mean_of_the_local_models(tmp_path)
         client = Client(f"client-{i}", torch.randn(n, 2, generator=g), g)
         client.state["labels"] = torch.randint(2, (n, 2), generator=g)
         clients.append(client)
-    engine = InProcessEngine(clients, load_protocol("plaintext"),
-                             MessageLog(tmp_path / "messages.jsonl"))
+    channel = open_channel(load_protocol("plaintext"), clients,
+                           MessageLog(tmp_path / "messages.jsonl"))
     experts = {c.id: LocalExpert(c, ConditionalVelocityMLP((2,), CARDS, 16), 1e-2, 0.0, 16,
                                  CARDS, Masking()) for c in clients}
     model = ConditionalVelocityMLP((2,), CARDS, 16)
     weights = client_weights(clients, "size")
-    assert FedFlow(engine, model, experts, weights).run(1, 3, 1.0, progress=False) == 0
+    assert FedFlow(channel, model, experts, weights).run(1, 3, 1.0, progress=False) == 0
     expected = sum(weights[cid] * flat_params(e.model) for cid, e in experts.items())
     np.testing.assert_allclose(flat_params(model), expected, atol=1e-6)
     assert all(not np.allclose(flat_params(e.model), expected) for e in experts.values())
@@ -82,7 +82,7 @@ def _kinds(out):
 
 
 @pytest.mark.parametrize("method", ["fedflow", "fedflow-l"])
-def test_fedflow_runs_average_updates_through_the_engine(tmp_path, method):
+def test_fedflow_runs_average_updates_through_the_channel(tmp_path, method):
     result = run(_config(tmp_path, method))
     assert verify_run(result.out).ok
     kinds = _kinds(result.out)

@@ -6,13 +6,13 @@ import pytest
 import torch
 
 from secureffm.errors import ConfigError, DataError
-from secureffm.federation.engine import InProcessEngine
 from secureffm.federation.log import MessageLog
 from secureffm.methods.fedwad import FedWADConfig, Measure, interpolate, wasserstein
 from secureffm.methods.fedwad_coreset import CoresetConfig, coreset_distance, learn_coreset
 from secureffm.methods.fedwad_federated import ClientRows, federated_distance
 from secureffm.methods.otdd import labelled_clients
 from secureffm.protocols.protocol import load_protocol
+from secureffm.runs.scaffold import open_channel
 
 
 def _mixture(seed: int, n: int = 240):
@@ -27,9 +27,9 @@ def _mixture(seed: int, n: int = 240):
     return x, clients
 
 
-def _engine(clients, tmp_path):
-    return InProcessEngine(clients, load_protocol("plaintext"),
-                           MessageLog(tmp_path / "messages.jsonl"))
+def _channel(clients, tmp_path, protocol="plaintext"):
+    return open_channel(load_protocol(protocol), clients,
+                        MessageLog(tmp_path / "messages.jsonl"))
 
 
 def test_gradient_through_an_interpolating_measure_equals_the_gradient_of_w2():
@@ -50,13 +50,14 @@ def test_gradient_through_an_interpolating_measure_equals_the_gradient_of_w2():
 
 def test_fedwad_between_server_and_client_is_close_to_exact_w2(tmp_path):
     x, clients = _mixture(0)
-    engine = _engine(clients, tmp_path)
+    channel = _channel(clients, tmp_path)
     held = Measure.uniform(np.random.default_rng(1).normal(size=(8, 3)))
     data = clients[0].data.double().numpy()
     config = FedWADConfig(iterations=8, support_size=20, exact=True)
-    distance = federated_distance(engine, engine.protocol, held, ClientRows(clients[0], data),
+    privacy = channel.protocol.geodesic_privacy()  # None: plaintext
+    distance = federated_distance(channel, privacy, held, ClientRows(clients[0], data),
                                   config).distance
-    engine.close()
+    channel.close()
     exact = wasserstein(held, Measure.uniform(data), 2)
     assert exact <= distance * (1 + 1e-9)  # every FedWAD value bounds W_p from above
     assert distance < 1.03 * exact
@@ -71,13 +72,14 @@ def test_fedwad_between_server_and_client_is_close_to_exact_w2(tmp_path):
 
 def test_fedwad_private_protocol_marks_client_measures_and_keeps_the_bound(tmp_path):
     x, clients = _mixture(1)
-    protocol = load_protocol("fedwad-private")
-    engine = InProcessEngine(clients, protocol, MessageLog(tmp_path / "messages.jsonl"))
+    channel = _channel(clients, tmp_path, "fedwad-private")
     rows = [c.data.double().numpy() for c in clients[:2]]
-    distance = federated_distance(engine, protocol, ClientRows(clients[0], rows[0]),
+    privacy = channel.protocol.geodesic_privacy()
+    assert privacy is not None
+    distance = federated_distance(channel, privacy, ClientRows(clients[0], rows[0]),
                                   ClientRows(clients[1], rows[1]),
                                   FedWADConfig(iterations=4, support_size=10)).distance
-    engine.close()
+    channel.close()
     assert distance >= wasserstein(Measure.uniform(rows[0]), Measure.uniform(rows[1]), 2)
     records = [json.loads(line) for line in (tmp_path / "messages.jsonl").open()]
     uploads = [r for r in records if r["kind"] == "measure" and r["recipient"] == "server"]
@@ -88,13 +90,13 @@ def test_fedwad_private_protocol_marks_client_measures_and_keeps_the_bound(tmp_p
 @pytest.mark.parametrize("exact", [False, True])
 def test_coreset_loss_falls_and_the_coreset_moves_towards_the_data(tmp_path, exact):
     x, clients = _mixture(0)
-    engine = _engine(clients, tmp_path)
+    channel = _channel(clients, tmp_path)
     initial = np.random.default_rng(3).normal(size=(4, 3))
     config = CoresetConfig(size=4, epochs=40, clients_per_epoch=2, lr=0.2,
                            fedwad=FedWADConfig(iterations=4, support_size=4), seed=0)
-    result = learn_coreset(engine, engine.protocol, initial, config, exact=exact,
-                           show_progress=False)
-    engine.close()
+    result = learn_coreset(channel, channel.protocol.geodesic_privacy(), initial, config,
+                           exact=exact, show_progress=False)
+    channel.close()
     assert len(result.losses) == config.epochs
     assert np.mean(result.losses[-5:]) < 0.75 * np.mean(result.losses[:5])
     pooled = Measure.uniform(x)
@@ -105,14 +107,14 @@ def test_coreset_loss_falls_and_the_coreset_moves_towards_the_data(tmp_path, exa
 
 def test_bad_coreset_requests_are_clear_errors(tmp_path):
     _, clients = _mixture(0)
-    engine = _engine(clients, tmp_path)
+    channel = _channel(clients, tmp_path)
     with pytest.raises(ConfigError, match="size"):
         CoresetConfig(size=0)
     with pytest.raises(ConfigError, match="lr"):
         CoresetConfig(lr=0.0)
     with pytest.raises(DataError, match="initial coreset"):
-        learn_coreset(engine, engine.protocol, np.zeros((3, 2)), CoresetConfig(size=3),
+        learn_coreset(channel, None, np.zeros((3, 2)), CoresetConfig(size=3),
                       show_progress=False)
     with pytest.raises(ConfigError, match="clients_per_epoch"):
-        learn_coreset(engine, engine.protocol, np.zeros((3, 3)),
+        learn_coreset(channel, None, np.zeros((3, 3)),
                       CoresetConfig(size=3, clients_per_epoch=5), show_progress=False)

@@ -1,4 +1,4 @@
-"""FedWAD through the engine: accuracy against POT, what the server's log holds, the
+"""FedWAD through a ProtectedChannel: accuracy against POT, what the server's log holds, the
 randomized-t protocol, pairwise distances, the CLI's run folder, and clear errors."""
 
 import copy
@@ -12,7 +12,6 @@ import torch
 from secureffm.audit.verify import verify_run
 from secureffm.cli import main
 from secureffm.errors import ConfigError, DataError, ProtocolError
-from secureffm.federation.engine import InProcessEngine
 from secureffm.federation.faults import Fault, FaultPlan
 from secureffm.federation.log import PAYLOADS_FILE, MessageLog
 from secureffm.federation.message import SERVER, deserialize_payload
@@ -20,6 +19,7 @@ from secureffm.federation.parties import Client
 from secureffm.methods.fedwad import FedWADConfig, Measure, interpolate, wasserstein
 from secureffm.methods.fedwad_federated import federated_distance, pairwise_distances
 from secureffm.protocols.protocol import load_protocol
+from secureffm.runs.scaffold import open_channel
 
 CONFIG = FedWADConfig(iterations=8, support_size=100)
 
@@ -30,12 +30,15 @@ def pot_w2(x, y):
 
 
 def federation(tmp_path, arrays, protocol="plaintext", faults=None):
+    """A channel over clients holding ``arrays`` (seeded protocol streams), and the
+    protocol's randomized-t protections (None without that stage)."""
     clients = [Client(f"client-{i}", torch.as_tensor(x), torch.Generator().manual_seed(i),
                       protocol_rng=np.random.default_rng([3, i]))
                for i, x in enumerate(arrays, start=1)]
     spec = load_protocol(protocol)
     log = MessageLog(tmp_path / "messages.jsonl", keep_payloads=True)
-    return InProcessEngine(clients, spec, log, faults), spec
+    channel = open_channel(spec, clients, log, faults)
+    return channel, spec.geodesic_privacy()
 
 
 def records(tmp_path):
@@ -56,9 +59,9 @@ def data():
 
 
 def test_estimate_matches_pot_and_log_holds_only_measures_and_scalars(tmp_path, data):
-    engine, protocol = federation(tmp_path, data)
-    result = federated_distance(engine, protocol, "client-1", "client-2", CONFIG)
-    engine.close()
+    channel, privacy = federation(tmp_path, data)
+    result = federated_distance(channel, privacy, "client-1", "client-2", CONFIG)
+    channel.close()
     assert result.distance == pytest.approx(pot_w2(*data), rel=0.01)
     assert len(result.iterates) == CONFIG.iterations + 1  # plaintext: every iterate's bound
     assert verify_run(tmp_path).ok
@@ -76,11 +79,11 @@ def test_estimate_matches_pot_and_log_holds_only_measures_and_scalars(tmp_path, 
 
 
 def test_client_t_never_appears_in_any_message(tmp_path, data):
-    engine, protocol = federation(tmp_path, data, "fedwad-private")
-    stage = protocol.stage_for("randomized-t", "measure")
-    replay = copy.deepcopy(engine.clients[0].protocol_rng)
-    federated_distance(engine, protocol, "client-1", "client-2", CONFIG)
-    engine.close()
+    channel, privacy = federation(tmp_path, data, "fedwad-private")
+    stage = channel.protocol.stage_for("randomized-t", "measure")
+    replay = copy.deepcopy(channel.clients[0].protocol_rng)
+    federated_distance(channel, privacy, "client-1", "client-2", CONFIG)
+    channel.close()
     ts = [replay.uniform(stage.t_low, stage.t_high) for _ in range(CONFIG.iterations)]
     log = records(tmp_path)
     first_in = next(r for r in log if r["recipient"] == "client-1" and r["kind"] == "measure")
@@ -99,16 +102,16 @@ def test_client_t_never_appears_in_any_message(tmp_path, data):
 
 
 def test_private_protocol_sends_distances_only_at_the_last_iteration(tmp_path, data):
-    engine, protocol = federation(tmp_path, data, "fedwad-private")
-    private = federated_distance(engine, protocol, "client-1", "client-2", CONFIG)
-    engine.close()
+    channel, privacy = federation(tmp_path, data, "fedwad-private")
+    private = federated_distance(channel, privacy, "client-1", "client-2", CONFIG)
+    channel.close()
     scalars = [r for r in records(tmp_path) if r["kind"] == "scalar"]
     assert len(scalars) == 2 and {r["round"] for r in scalars} == {CONFIG.iterations + 1}
     assert private.evaluated == (CONFIG.iterations,)
     plain_dir = tmp_path / "plain"
-    engine, protocol = federation(plain_dir, data)
-    plain = federated_distance(engine, protocol, "client-1", "client-2", CONFIG)
-    engine.close()
+    channel, privacy = federation(plain_dir, data)
+    plain = federated_distance(channel, privacy, "client-1", "client-2", CONFIG)
+    channel.close()
     truth = pot_w2(*data)
     assert private.distance == pytest.approx(truth, rel=0.02)
     assert private.distance == pytest.approx(plain.distance, rel=0.02)
@@ -116,9 +119,9 @@ def test_private_protocol_sends_distances_only_at_the_last_iteration(tmp_path, d
 
 def test_pairwise_matrix_is_symmetric_with_zero_diagonal(tmp_path, data):
     arrays = [*data, np.random.default_rng(1).normal(size=(100, 2)) - 1.5]
-    engine, protocol = federation(tmp_path, arrays)
-    matrix = pairwise_distances(engine, protocol, FedWADConfig(iterations=5, support_size=100))
-    engine.close()
+    channel, privacy = federation(tmp_path, arrays)
+    matrix = pairwise_distances(channel, privacy, FedWADConfig(iterations=5, support_size=100))
+    channel.close()
     assert verify_run(tmp_path).ok
     np.testing.assert_array_equal(matrix, matrix.T)
     np.testing.assert_array_equal(np.diag(matrix), 0.0)
@@ -135,16 +138,16 @@ def test_pairwise_matrix_is_symmetric_with_zero_diagonal(tmp_path, data):
     ([np.ones((5, 2)), np.ones((5, 2))], "client-1", "client-1", ConfigError, "two parties"),
 ])
 def test_bad_input_is_a_clear_error(tmp_path, arrays, a, b, error, match):
-    engine, protocol = federation(tmp_path, arrays)
+    channel, privacy = federation(tmp_path, arrays)
     with pytest.raises(error, match=match):
-        federated_distance(engine, protocol, a, b, CONFIG)
+        federated_distance(channel, privacy, a, b, CONFIG)
 
 
 def test_a_client_dropping_out_stops_the_distance(tmp_path, data):
     faults = FaultPlan("drop", (Fault("drop", "client-2", "upload", (3,)),))
-    engine, protocol = federation(tmp_path, data, faults=faults)
+    channel, privacy = federation(tmp_path, data, faults=faults)
     with pytest.raises(ProtocolError, match="client-2 must stay online"):
-        federated_distance(engine, protocol, "client-1", "client-2", CONFIG)
+        federated_distance(channel, privacy, "client-1", "client-2", CONFIG)
 
 
 def test_cli_writes_a_run_folder_that_audits(tmp_path, data, capsys):
@@ -169,11 +172,11 @@ def test_cli_writes_a_run_folder_that_audits(tmp_path, data, capsys):
 def test_plaintext_distances_let_the_server_recover_each_t(tmp_path, data):
     """Why fedwad-private withholds distances (docs/fedwad.md): from xi^(0), the client's
     measure and W(data, xi^(0)), the server gets t = 1 - W(xi_mu, xi^(0)) / W(data, xi^(0))."""
-    engine, protocol = federation(tmp_path, data)
-    replay = copy.deepcopy(engine.clients[0].protocol_rng)
-    federated_distance(engine, protocol, "client-1", "client-2",
+    channel, privacy = federation(tmp_path, data)
+    replay = copy.deepcopy(channel.clients[0].protocol_rng)
+    federated_distance(channel, privacy, "client-1", "client-2",
                        FedWADConfig(iterations=1, support_size=100, exact=True, prune_tol=1e-6))
-    engine.close()
+    channel.close()
     true_t = replay.uniform(*CONFIG.t_range)
     log = records(tmp_path)
     sent = next(r for r in log if r["recipient"] == "client-1" and r["kind"] == "measure")

@@ -8,6 +8,8 @@ RDPAccountant for epsilon, Adam's first step (about lr per parameter), and sums 
 
 from __future__ import annotations
 
+import hashlib
+import json
 import tempfile
 from pathlib import Path
 
@@ -19,8 +21,9 @@ from opacus.accountants import RDPAccountant
 from secureffm.config import RunConfig
 from secureffm.data.pairs import get_pair
 from secureffm.errors import ConfigError
-from secureffm.federation.engine import InProcessEngine
-from secureffm.federation.log import MessageLog
+from secureffm.federation.faults import Fault, FaultPlan
+from secureffm.federation.log import PAYLOADS_FILE, MessageLog
+from secureffm.federation.message import deserialize_payload, serialize_payload
 from secureffm.federation.parties import SecretStreams, new_client
 from secureffm.methods.couplings import IndependentCoupling
 from secureffm.methods.ffm import (
@@ -32,7 +35,7 @@ from secureffm.methods.ffm import (
 from secureffm.methods.flow_matching import flow_matching_loss
 from secureffm.models.mlp import VelocityMLP
 from secureffm.protocols import load_protocol
-from secureffm.runs.scaffold import resolve_dp
+from secureffm.runs.scaffold import open_channel, resolve_dp
 
 SHARD, BATCH, K = 24, 8, 16
 # Under DP: q = 2 / 100, small enough for Opacus' RDP bound to take milliseconds.
@@ -42,8 +45,9 @@ DELTA = 1e-5  # protocols/dp.toml
 
 
 def _ffm(tmp_path, method="vanilla", protocol="plaintext", sizes=(SHARD, SHARD),
-         **changes) -> FederatedFlowMatching:
-    """Clients with ``sizes`` rows of 8gaussians-moons targets, seeded secret streams."""
+         faults: FaultPlan | None = None, **changes) -> FederatedFlowMatching:
+    """Clients with ``sizes`` rows of 8gaussians-moons targets, seeded secret streams, over a
+    real ProtectedChannel whose log keeps every payload (payloads.bin: the server's view)."""
     values = dict(method=method, protocol=protocol, shard_size=SHARD, batch_size=BATCH,
                   candidates=K, hidden=16, potential_hidden=16, rounds=4, potential_every=1,
                   ema_decay=0.0, progress=False, device="cpu")
@@ -54,12 +58,35 @@ def _ffm(tmp_path, method="vanilla", protocol="plaintext", sizes=(SHARD, SHARD),
     clients = [new_client(f"client-{i}", part, deterministic_seed=7)
                for i, part in enumerate(torch.split(data, list(sizes)), start=1)]
     folder = Path(tempfile.mkdtemp(dir=tmp_path))  # one log per federation
-    engine = InProcessEngine(clients, load_protocol(protocol),
-                             MessageLog(folder / "messages.jsonl"))
+    channel = open_channel(load_protocol(protocol), clients,
+                           MessageLog(folder / "messages.jsonl", keep_payloads=True), faults)
     settings = FFMSettings.of(config)
-    dp = resolve_dp(config, engine.protocol, settings.sent_kinds)
+    dp = resolve_dp(config, channel.protocol, settings.sent_kinds)
     torch.manual_seed(0)
-    return FederatedFlowMatching(settings, dp, pair, engine, torch.device("cpu"))
+    return FederatedFlowMatching(settings, dp, pair, channel, torch.device("cpu"))
+
+
+def _records(ffm) -> list[dict]:
+    """Every record of the federation's log so far, as written."""
+    return [json.loads(line) for line in ffm.channel.transport.log.path.read_text().splitlines()]
+
+
+def _uploads(ffm, round_: int, kind: str = "gradient") -> dict[str, np.ndarray]:
+    """Each client's ``kind`` upload of ``round_``, read back from payloads.bin: the bytes the
+    server received, not what the method kept. Ends the run first (the server's closing
+    record; payloads.bin is complete once the log is closed)."""
+    ffm.channel.close()
+    blob = (ffm.channel.transport.log.path.parent / PAYLOADS_FILE).read_bytes()
+    return {r["sender"]: deserialize_payload(blob[r["offset"]:r["offset"] + r["bytes"]])
+            ["gradient"] for r in _records(ffm)
+            if r["round"] == round_ and r["kind"] == kind and r["phase"] == "upload"}
+
+
+def _plain_sgd(ffm) -> None:
+    """Swap the server's Adam for plain SGD at the same lr, so one step moves the velocity by
+    exactly -lr times the aggregated gradient (Adam's first step is about lr * sign)."""
+    ffm.velocity.optimizer = torch.optim.SGD(ffm.velocity.module.parameters(),
+                                             lr=ffm.settings.lr)
 
 
 def _opacus_epsilon(history: list[tuple[float, float, int]]) -> float:
@@ -74,7 +101,7 @@ def test_example_noise_is_the_clients_keyed_uniforms_for_round_kind_and_row(tmp_
     """x0 and t of rows r come from SecretStreams.example_uniforms((round, kind, "example"), r):
     t is the first uniform, x0 the source drawn from the rest."""
     ffm = _ffm(tmp_path)
-    client = ffm.engine.clients[0]
+    client = ffm.channel.clients[0]
     rows = torch.tensor([3, 0, 17])
     x0, t = ffm.example_noise(client, 5, "gradient", rows)
     width = ffm.pair.source.uniforms + 1
@@ -87,7 +114,7 @@ def test_example_noise_is_the_clients_keyed_uniforms_for_round_kind_and_row(tmp_
 
 def test_example_noise_is_keyed_by_row_round_and_kind_only(tmp_path):
     ffm = _ffm(tmp_path)
-    client, other = ffm.engine.clients
+    client, other = ffm.channel.clients
     rows = torch.tensor([2, 9, 4])
     x0, t = ffm.example_noise(client, 1, "gradient", rows)
     again, t_again = ffm.example_noise(client, 1, "gradient", torch.tensor([9, 4, 2, 11]))
@@ -101,7 +128,7 @@ def test_example_noise_is_keyed_by_row_round_and_kind_only(tmp_path):
 
 def test_the_candidate_pool_has_k_rows_keyed_by_round_and_kind_whatever_the_batch(tmp_path):
     ffm = _ffm(tmp_path, method="got")
-    client = ffm.engine.clients[0]
+    client = ffm.channel.clients[0]
     pool = ffm.candidate_pool(client, 3, "gradient")
     assert pool.shape == (K, 2)
     ffm.velocity_losses(client, 3, torch.tensor([0, 5]))  # draws nothing from the pool's key
@@ -117,7 +144,7 @@ def test_the_largest_keyed_uniform_still_gives_finite_source_points(tmp_path, mo
     """keyed_uniforms can return 1 - 2^-53; here every uniform is that value (the stream is
     replaced, the code under test is FFM's use of it)."""
     ffm = _ffm(tmp_path, method="got")
-    client = ffm.engine.clients[0]
+    client = ffm.channel.clients[0]
     monkeypatch.setattr(SecretStreams, "example_uniforms",
                         lambda self, context, rows, width: np.full((len(rows), width),
                                                                    1 - 2**-53))
@@ -131,7 +158,7 @@ def test_the_largest_keyed_uniform_still_gives_finite_source_points(tmp_path, mo
 @pytest.mark.parametrize("method", ["vanilla", "lot", "got"])
 def test_velocity_losses_are_one_finite_term_per_row(tmp_path, method):
     ffm = _ffm(tmp_path, method=method)
-    client = ffm.engine.clients[0]
+    client = ffm.channel.clients[0]
     losses = ffm.velocity_losses(client, 1, torch.tensor([0, 3, 7, 11, 20]))
     assert losses.shape == (5,) and torch.isfinite(losses).all() and (losses >= 0).all()
 
@@ -139,8 +166,8 @@ def test_velocity_losses_are_one_finite_term_per_row(tmp_path, method):
 def test_a_vanilla_term_depends_on_its_own_row_only(tmp_path):
     """Row 3's term is the same alone or in a batch (the per-example premise of DP-SGD)."""
     ffm = _ffm(tmp_path)
-    client = ffm.engine.clients[0]
-    ffm.engine.broadcast(1, "global_model", {"theta": ffm.velocity.flat()})
+    client = ffm.channel.clients[0]
+    ffm.channel.broadcast(1, "global_model", {"theta": ffm.velocity.flat()})
     ffm._sync(client)
     alone = ffm.velocity_losses(client, 1, torch.tensor([3]))
     batch = ffm.velocity_losses(client, 1, torch.tensor([8, 3, 1]))
@@ -149,7 +176,7 @@ def test_a_vanilla_term_depends_on_its_own_row_only(tmp_path):
 
 def test_dual_losses_are_one_finite_term_per_row(tmp_path):
     ffm = _ffm(tmp_path, method="got")
-    client = ffm.engine.clients[0]
+    client = ffm.channel.clients[0]
     losses = ffm.dual_losses(client, 1, torch.tensor([1, 2, 3]))
     assert losses.shape == (3,) and torch.isfinite(losses).all()
 
@@ -171,7 +198,7 @@ def test_velocity_gradient_is_the_gradient_of_the_mean_loss():
 # -- weights and rounds --------------------------------------------------------------------
 
 def test_client_weights_sum_to_one_by_size_or_uniformly(tmp_path):
-    clients = _ffm(tmp_path, sizes=(10, 30, 60)).engine.clients
+    clients = _ffm(tmp_path, sizes=(10, 30, 60)).channel.clients
     by_size = client_weights(clients, "size")
     assert by_size == pytest.approx({"client-1": 0.1, "client-2": 0.3, "client-3": 0.6})
     uniform = client_weights(clients, "uniform")
@@ -197,7 +224,7 @@ def test_a_round_moves_the_global_model_by_one_step_over_every_client(tmp_path, 
     moved = np.abs(ffm.velocity.flat() - before)
     assert np.median(moved) == pytest.approx(ffm.settings.lr, rel=1e-2)  # Adam's first step
     assert report["aborted"] == 0 and np.isfinite(report["loss"])
-    aggregated = [e for e in ffm.engine.log.events if e["event"] == "aggregated"]
+    aggregated = [e for e in ffm.channel.transport.log.events if e["event"] == "aggregated"]
     assert aggregated[0]["included"] == ["client-1", "client-2"]
     if potential is not None:  # potential_every = 1: the dual step runs this round too
         assert not np.array_equal(ffm.potential.flat(), potential)
@@ -212,7 +239,7 @@ def test_under_dp_q_is_batch_over_the_nominal_shard_size_and_the_ledger_has_each
     epsilon is Opacus' for that history."""
     ffm = _ffm(tmp_path, method="got", protocol="dp", noise_multiplier=1.0, sizes=(100, 150),
                **DP)
-    assert [c.state["rate"] for c in ffm.engine.clients] == [Q, Q]
+    assert [c.state["rate"] for c in ffm.channel.clients] == [Q, Q]
     for round_ in (1, 2):
         ffm.train_round(round_)
     steps = sorted((e.client, e.kind, e.round) for e in ffm.ledger.entries)
@@ -221,7 +248,7 @@ def test_under_dp_q_is_batch_over_the_nominal_shard_size_and_the_ledger_has_each
     assert {(e.sample_rate, e.noise_multiplier, e.clip) for e in ffm.ledger.entries} == {
         (Q, 1.0, 1.0)}
     expected = _opacus_epsilon([(1.0, Q, 4)])
-    for client in ffm.engine.clients:
+    for client in ffm.channel.clients:
         assert ffm.ledger.epsilon(client.id) == pytest.approx(expected, rel=1e-9)
         assert ffm.client_epsilon(client, 1.0, 2) == pytest.approx(expected, rel=1e-9)
 
@@ -263,3 +290,132 @@ def test_got_under_dp_refuses_gradient_steps_through_the_potential(tmp_path):
     with pytest.raises(ConfigError, match="ctransform_steps = 0 under a dp protocol"):
         _ffm(tmp_path, method="got", protocol="dp", noise_multiplier=1.0, ctransform_steps=2,
              **DP)
+
+
+# -- one round through a real ProtectedChannel ---------------------------------------------
+
+def _vanilla_gradient(ffm, twin, theta: np.ndarray, round_: int) -> np.ndarray:
+    """Vanilla FFM's gradient [P] for ``twin`` at parameters ``theta``, computed from scratch:
+    a fresh client with the same id, shard and seeded streams draws the same mini-batch; its
+    keyed uniforms give t (first) and x0 (the rest); torch differentiates the mean loss."""
+    model = VelocityMLP(ffm.pair.dim, ffm.settings.hidden)
+    torch.nn.utils.vector_to_parameters(torch.tensor(theta), model.parameters())
+    rows = twin.minibatch_rows(ffm.settings.batch_size)
+    u = torch.as_tensor(twin.streams.example_uniforms(
+        (round_, "gradient", "example"), rows.numpy(), ffm.pair.source.uniforms + 1))
+    x0, t = ffm.pair.source.from_uniforms(u[:, 1:])[0], u[:, 0].float()
+    loss = flow_matching_loss(model, x0, twin.data[rows], t).mean()
+    grads = torch.autograd.grad(loss, list(model.parameters()))
+    return torch.cat([g.reshape(-1) for g in grads]).numpy()
+
+
+def test_a_plaintext_round_steps_by_lr_times_the_size_weighted_mean_of_client_gradients(
+        tmp_path):
+    """Three clients of 12, 20 and 28 rows: each upload is the gradient the client's twin
+    computes independently, and the velocity moves by exactly -lr times their mean weighted
+    by 12/60, 20/60 and 28/60 (not by the unweighted mean)."""
+    sizes = (12, 20, 28)
+    ffm = _ffm(tmp_path, sizes=sizes, lr=0.05)
+    twins = [new_client(c.id, c.data, deterministic_seed=7) for c in ffm.channel.clients]
+    _plain_sgd(ffm)
+    before = ffm.velocity.flat()
+    expected = {t.id: _vanilla_gradient(ffm, t, before, 1) for t in twins}
+    report = ffm.train_round(1)
+    uploads = _uploads(ffm, 1)
+    assert sorted(uploads) == sorted(expected)
+    for cid, gradient in expected.items():
+        np.testing.assert_allclose(uploads[cid], gradient, rtol=1e-5, atol=1e-7)
+    weighted = sum(n / sum(sizes) * expected[c.id].astype(np.float64)
+                   for n, c in zip(sizes, ffm.channel.clients, strict=True))
+    unweighted = np.mean([g.astype(np.float64) for g in expected.values()], axis=0)
+    assert np.abs(weighted - unweighted).max() > 1e-3  # the weights matter at this tolerance
+    np.testing.assert_allclose(ffm.velocity.flat(), before - ffm.settings.lr * weighted,
+                               rtol=0, atol=1e-6)
+    np.testing.assert_allclose((before - ffm.velocity.flat()) / ffm.settings.lr, weighted,
+                               rtol=1e-3, atol=5e-5)
+    assert report["aborted"] == 0
+
+
+def test_every_client_trains_from_the_broadcast_model(tmp_path):
+    """The round's global_model broadcast reaches each client's inbox (sha256 logged per
+    client) and each replica holds those parameters when it computes its gradient."""
+    ffm = _ffm(tmp_path, sizes=(12, 20, 28))
+    theta = ffm.velocity.flat()
+    ffm.train_round(1)
+    digest = hashlib.sha256(serialize_payload({"theta": theta})).hexdigest()
+    sent = [r for r in _records(ffm) if r["kind"] == "global_model"]
+    assert [(r["sender"], r["recipient"], r["sha256"]) for r in sent] == [
+        ("server", c.id, digest) for c in ffm.channel.clients]
+    for client in ffm.channel.clients:
+        assert np.array_equal(client.inbox["global_model"]["theta"], theta)
+        replica = torch.nn.utils.parameters_to_vector(client.state["velocity"].parameters())
+        assert np.array_equal(replica.detach().numpy(), theta)
+
+
+def test_got_broadcasts_the_potential_at_set_up_and_after_each_dual_update(tmp_path):
+    """potential_every = 2 over rounds 1-4: dual updates in rounds 2 and 4, so the potential
+    goes to every client in round 0 (set-up), 2 and 4, and each copy is the potential the
+    server held then."""
+    ffm = _ffm(tmp_path, method="got", sizes=(12, 20, 28), potential_every=2)
+    held = {0: ffm.potential.flat()}
+    for round_ in range(1, 5):
+        ffm.train_round(round_)
+        held[round_] = ffm.potential.flat()
+    sent = [r for r in _records(ffm) if r["kind"] == "global_potential"]
+    clients = [c.id for c in ffm.channel.clients]
+    assert [(r["round"], r["recipient"]) for r in sent] == [
+        (round_, cid) for round_ in (0, 2, 4) for cid in clients]
+    for r in sent:
+        assert r["sender"] == "server" and r["phase"] == "broadcast"
+        assert r["sha256"] == hashlib.sha256(
+            serialize_payload({"phi": held[r["round"]]})).hexdigest()
+    assert not np.array_equal(held[2], held[0]) and np.array_equal(held[3], held[2])
+    dual = {r["round"] for r in _records(ffm) if r["kind"] == "dual_update"}
+    assert dual == {2, 4}
+    for client in ffm.channel.clients:
+        assert np.array_equal(client.inbox["global_potential"]["phi"], held[4])
+
+
+def test_under_a_dp_stage_the_step_is_the_equal_weight_mean_of_the_uploads(tmp_path):
+    """Shards of 12, 36 and 60 rows (size weighting asked): the dp protocol releases no shard
+    size, so the weights are client_weights(private=True), 1/3 each, and the velocity moves by
+    -lr times the plain mean of the three (noisy) uploads the server received."""
+    ffm = _ffm(tmp_path, protocol="dp", noise_multiplier=1.0, sizes=(12, 36, 60), lr=0.05,
+               **DP)
+    clients = ffm.channel.clients
+    assert ffm.weights == client_weights(clients, "size", private=True) == {
+        c.id: pytest.approx(1 / 3) for c in clients}
+    assert client_weights(clients, "size") == pytest.approx(
+        {"client-1": 12 / 108, "client-2": 36 / 108, "client-3": 60 / 108})
+    _plain_sgd(ffm)
+    before = ffm.velocity.flat()
+    report = ffm.train_round(1)
+    uploads = _uploads(ffm, 1)
+    assert sorted(uploads) == [c.id for c in clients]
+    mean = np.mean([g.astype(np.float64) for g in uploads.values()], axis=0)
+    np.testing.assert_allclose(ffm.velocity.flat(), before - ffm.settings.lr * mean,
+                               rtol=0, atol=1e-6)
+    assert report == {"aborted": 0.0}  # no unprivatized client loss is reported under DP
+
+
+@pytest.mark.parametrize("method, aborts", [("vanilla", 1), ("got", 2)])
+def test_an_aborted_aggregation_leaves_the_model_unchanged(tmp_path, method, aborts):
+    """Every client goes offline at upload in round 1 (a FaultPlan): no aggregation has an
+    input, so each aborts (logged with the dropped clients), the report counts it, and neither
+    the velocity, its optimizer nor (GOT) the potential moves or is re-broadcast."""
+    ids = ("client-1", "client-2", "client-3")
+    plan = FaultPlan("all-drop", tuple(Fault("drop", cid, "upload", (1,)) for cid in ids))
+    ffm = _ffm(tmp_path, method=method, sizes=(12, 20, 28), faults=plan)
+    velocity = ffm.velocity.flat()
+    potential = ffm.potential.flat() if ffm.potential is not None else None
+    report = ffm.train_round(1)
+    assert report == {"aborted": float(aborts)}
+    assert np.array_equal(ffm.velocity.flat(), velocity)
+    assert ffm.velocity.optimizer.state_dict()["state"] == {}  # Adam never stepped
+    events = [e for e in ffm.channel.transport.log.events if e["round"] == 1]
+    assert [e["event"] for e in events] == ["dropped"] * 3 + ["aborted"] + (
+        ["dropped"] * 3 + ["aborted"] if method == "got" else [])
+    assert not [r for r in _records(ffm) if r["phase"] == "upload"]
+    if potential is not None:
+        assert np.array_equal(ffm.potential.flat(), potential)
+        assert {r["round"] for r in _records(ffm) if r["kind"] == "global_potential"} == {0}

@@ -6,7 +6,6 @@ import pytest
 import torch
 
 from secureffm.errors import DataError
-from secureffm.federation.engine import InProcessEngine
 from secureffm.federation.log import MessageLog
 from secureffm.federation.parties import Client
 from secureffm.methods.fedwad import FedWADConfig
@@ -20,6 +19,7 @@ from secureffm.methods.otdd import (
 )
 from secureffm.ot import emd_cost, squared_distances
 from secureffm.protocols.protocol import load_protocol
+from secureffm.runs.scaffold import open_channel
 
 
 def _labelled(rng, classes: list[int], shift: float, per_class: int = 15):
@@ -28,9 +28,14 @@ def _labelled(rng, classes: list[int], shift: float, per_class: int = 15):
     return centres[y] + rng.standard_normal((len(y), 3)) + shift, y
 
 
-def _engine(clients, tmp_path):
-    return InProcessEngine(clients, load_protocol("plaintext"),
-                           MessageLog(tmp_path / "messages.jsonl"))
+def _channel(clients, tmp_path):
+    return open_channel(load_protocol("plaintext"), clients,
+                        MessageLog(tmp_path / "messages.jsonl"))
+
+
+def _otdd(channel, config):
+    return federated_otdd(channel, channel.protocol.geodesic_privacy(), config,
+                          show_progress=False)
 
 
 def test_otdd_exact_compares_class_distributions_not_label_names():
@@ -61,10 +66,10 @@ def test_federated_otdd_is_close_to_central_otdd_with_exact_solvers(tmp_path):
     # Seeded client streams: with OS-entropy t the error is 0.1-0.2% in most runs, but about
     # one run in twelve draws ts that leave it above 2% (measured); the test checks the method.
     clients = labelled_clients([x for x, _ in data], [y for _, y in data], deterministic_seed=0)
-    engine = _engine(clients, tmp_path)
+    channel = _channel(clients, tmp_path)
     config = FedWADConfig(iterations=10, support_size=20, exact=True, seed=0)
-    result = federated_otdd(engine, engine.protocol, config, show_progress=False)
-    engine.close()
+    result = _otdd(channel, config)
+    channel.close()
     for i, j in combinations(range(3), 2):
         exact = otdd_exact(*data[i], *data[j])
         assert result.distances[i, j] == result.distances[j, i]
@@ -88,10 +93,10 @@ def test_the_server_receives_measures_and_scalars_only(tmp_path):
     rng = np.random.default_rng(2)
     data = [_labelled(rng, [0, 1], 0.0, per_class=30), _labelled(rng, [2, 3], 0.0, per_class=30)]
     clients = labelled_clients([x for x, _ in data], [y for _, y in data])
-    engine = _engine(clients, tmp_path)
+    channel = _channel(clients, tmp_path)
     config = FedWADConfig(iterations=3, support_size=8, seed=0)
-    federated_otdd(engine, engine.protocol, config, show_progress=False)
-    engine.close()
+    _otdd(channel, config)
+    channel.close()
     records = [json.loads(line) for line in (tmp_path / "messages.jsonl").open()]
     to_server = {r["kind"] for r in records if r["recipient"] == "server"}
     assert to_server == {"measure", "scalar"}
@@ -109,12 +114,12 @@ def test_bad_inputs_are_clear_errors(tmp_path):
     with pytest.raises(DataError, match="shape"):
         labelled_clients([x], [y[:-1]])
     unlabelled = [Client(f"client-{i}", torch.zeros(4, 3), torch.Generator()) for i in (1, 2)]
-    engine = _engine(unlabelled, tmp_path)
+    channel = _channel(unlabelled, tmp_path)
     with pytest.raises(DataError, match="holds no labels"):
-        federated_otdd(engine, engine.protocol, FedWADConfig(), show_progress=False)
-    alone = _engine(labelled_clients([x], [y]), tmp_path / "one")
+        _otdd(channel, FedWADConfig())
+    alone = _channel(labelled_clients([x], [y]), tmp_path / "one")
     with pytest.raises(DataError, match="at least two"):
-        federated_otdd(alone, alone.protocol, FedWADConfig(), show_progress=False)
+        _otdd(alone, FedWADConfig())
     with pytest.raises(DataError, match="square"):
         label_embedding(np.zeros((2, 3)))
     with pytest.raises(DataError, match="no embedding"):
