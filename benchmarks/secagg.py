@@ -1,11 +1,12 @@
 """Secure aggregation overhead: round time, bytes on the wire, masking throughput and where
-the time goes, for the in-process engine.
+the time goes, for the in-process transport.
 
     .venv/bin/python benchmarks/secagg.py                            # every case (minutes)
     .venv/bin/python benchmarks/secagg.py --quick                    # skips d = 10^6 for n = 50
     .venv/bin/python benchmarks/secagg.py --out docs/benchmarks.md   # also write the tables
 
-A round is one ``engine.aggregate(round, "gradient", compute, weights, template)`` call in which
+A round is one ``channel.aggregate(round, "gradient", compute, weights, template)`` call (the
+channel from ``open_channel``, over the in-process transport) in which
 ``compute`` returns a precomputed random float32 vector per client, so model compute is
 excluded; the plaintext round is the same call under ``load_protocol("plaintext")``. Plaintext
 and secure rounds alternate within one run, so both see the same background load; a ratio is
@@ -35,12 +36,14 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from secureffm.federation import SERVER, Client, InProcessEngine, MessageLog
+from secureffm.federation import SERVER, Client, MessageLog
 from secureffm.federation.crypto import agree, new_key_pair
 from secureffm.protocols import flatten, load_protocol
+from secureffm.protocols.link import Link
 from secureffm.protocols.prg import expand_seed, keystream_throughput
 from secureffm.protocols.secagg import PHASES
 from secureffm.reporting import write_block
+from secureffm.runs.scaffold import open_channel
 
 CLIENTS = (2, 10, 50)
 SIZES = (10**4, 10**6)
@@ -84,13 +87,13 @@ def _vectors(n: int, d: int, seed: int = 0) -> dict[str, np.ndarray]:
 
 
 class _Federation:
-    """One engine with its own log under ``root`` and a round counter."""
+    """One channel with its own log under ``root`` and a round counter."""
 
     def __init__(self, root: Path, protocol: str, vectors: dict[str, np.ndarray]):
         self.protocol = load_protocol(protocol)
         self.log_path = root / protocol / "messages.jsonl"
         self.log = MessageLog(self.log_path)
-        self.engine = InProcessEngine(_clients(len(vectors)), self.protocol, self.log)
+        self.channel = open_channel(self.protocol, _clients(len(vectors)), self.log)
         self.vectors = vectors
         self.d = len(next(iter(vectors.values())))
         self.weights = {cid: 1.0 for cid in vectors}
@@ -101,8 +104,8 @@ class _Federation:
         template = {KIND: ((self.d,), np.dtype(np.float32))}
         self.rounds += 1
         start = time.perf_counter()
-        result = self.engine.aggregate(self.rounds, KIND, lambda c: {KIND: self.vectors[c.id]},
-                                       self.weights, template)
+        result = self.channel.aggregate(self.rounds, KIND, lambda c: {KIND: self.vectors[c.id]},
+                                        self.weights, template)
         elapsed = time.perf_counter() - start
         if result.payload is None or len(result.included) != len(self.vectors):
             raise RuntimeError(f"{self.protocol.name} round failed: {result.reason or result}")
@@ -133,7 +136,7 @@ class _Federation:
         return dict(out)
 
     def close(self) -> None:
-        self.log.close()
+        self.channel.close()
 
 
 @dataclass
@@ -302,8 +305,9 @@ _BUCKETS: list[tuple[str, Callable[[str, str], bool]]] = [
      lambda f, fn: f.endswith("quantize.py") or "_clip" in fn),
     ("sha256 (payload hashed on send and on receipt, log chain)",
      lambda f, fn: "sha256" in fn or "hexdigest" in fn),
-    ("Ed25519 sign (log records)", lambda f, fn: ("ed25519" in fn and "sign" in fn)
-     or (f.endswith("crypto.py") and fn == "sign")),
+    ("Ed25519 sign (each sender signs its envelope or event)",
+     lambda f, fn: ("ed25519" in fn and "sign" in fn) or (f.endswith("crypto.py")
+                                                           and fn == "sign")),
     ("Ed25519 verify (on receipt)", lambda f, fn: ("ed25519" in fn and "verify" in fn)
      or (f.endswith("crypto.py") and fn == "verify_signature")),
     ("safetensors (de)serialization", lambda f, fn: "safetensors" in f + fn),
@@ -395,22 +399,25 @@ def _breakdown(root: Path, n: int, d: int, protocol: str, top: int) -> tuple[str
     vectors = _vectors(n, d, seed=1)
     fed = _Federation(root / f"breakdown-{n}-{d}", protocol, vectors)
     fed.round()  # warm-up
-    # 1. phases: wrap engine.send; work between two sends is charged to the later send's phase.
+    # 1. phases: wrap Link.send (the sender signs, the transport delivers, checks and logs);
+    # work between two sends is charged to the later send's phase.
     spans: list[tuple[str, float, float]] = []
-    send = fed.engine.send
+    send = Link.send
 
-    def timed_send(round_, phase, *args, **kwargs):
+    def timed_send(link, phase, *args, **kwargs):
         start = time.perf_counter()
         try:
-            return send(round_, phase, *args, **kwargs)
+            return send(link, phase, *args, **kwargs)
         finally:
             spans.append((phase, start, time.perf_counter()))
 
-    fed.engine.send = timed_send
-    start = time.perf_counter()
-    fed.round()
-    end = time.perf_counter()
-    fed.engine.send = send
+    Link.send = timed_send
+    try:
+        start = time.perf_counter()
+        fed.round()
+        end = time.perf_counter()
+    finally:
+        Link.send = send
     work: dict[str, float] = defaultdict(float)
     transport: dict[str, float] = defaultdict(float)
     count: dict[str, int] = defaultdict(int)
@@ -428,7 +435,8 @@ def _breakdown(root: Path, n: int, d: int, protocol: str, top: int) -> tuple[str
                  f"{1e3 * tail:,.1f}", "", f"{100 * tail / total:.0f}%"])
     rows.append(["**round**", len(spans), "", "", f"{1e3 * total:,.1f} ms"])
     phases = _table(["phase", "messages", "work before each send, ms",
-                     "inside `engine.send` (serialize excluded), ms", "share"], rows)
+                     "inside `Link.send` (sign, deliver, check, log; serialize excluded), ms",
+                     "share"], rows)
 
     # 2. cProfile of a third round.
     buckets, func_table = _profile(fed, top)
@@ -493,7 +501,7 @@ def main() -> None:
         "",
         "### Round time, secure aggregation over plaintext",
         "",
-        "One `engine.aggregate` call; `compute` returns a precomputed random float32 vector, "
+        "One `channel.aggregate` call; `compute` returns a precomputed random float32 vector, "
         "so model compute is excluded. Plaintext and secagg rounds alternate; each side is "
         "the median of its rounds after one untimed warm-up (none for secagg in the heavy "
         "cases, which run fewer rounds)"
@@ -518,7 +526,7 @@ def main() -> None:
         "",
         "### Where the time goes: n = 10, d = 10^6, full graph",
         "",
-        "Phases (engine.send wrapped; a client's work before a send, including serializing "
+        "Phases (`Link.send` wrapped; a client's work before a send, including serializing "
         "the payload, and the server's work on the previous reply, is charged to that send's "
         "phase):",
         "",

@@ -21,12 +21,11 @@ from scipy.stats import norm
 
 from secureffm.config import RunConfig
 from secureffm.data.pairs import get_pair
-from secureffm.federation.engine import InProcessEngine
 from secureffm.federation.log import MessageLog
 from secureffm.federation.parties import new_client
 from secureffm.methods.ffm import FederatedFlowMatching, FFMSettings
 from secureffm.protocols import load_protocol
-from secureffm.runs.scaffold import resolve_dp
+from secureffm.runs.scaffold import open_channel, resolve_dp
 
 N, CLIP = 24, 1.0  # protocols/dp.toml clips at 1
 
@@ -38,14 +37,14 @@ def _federation(tmp_path, name: str, data: torch.Tensor, method: str) -> Federat
                        batch_size=N, candidates=16, hidden=16, potential_hidden=16,
                        progress=False, device="cpu")
     client = new_client("client-1", data, deterministic_seed=7)
-    engine = InProcessEngine([client], load_protocol("dp"),
-                             MessageLog(tmp_path / name / "messages.jsonl"))
+    channel = open_channel(load_protocol("dp"), [client],
+                           MessageLog(tmp_path / name / "messages.jsonl"))
     torch.manual_seed(0)
     settings = FFMSettings.of(config)
-    dp = resolve_dp(config, engine.protocol, settings.sent_kinds)
-    ffm = FederatedFlowMatching(settings, dp, get_pair(config.data), engine,
+    dp = resolve_dp(config, channel.protocol, settings.sent_kinds)
+    ffm = FederatedFlowMatching(settings, dp, get_pair(config.data), channel,
                                 torch.device("cpu"))
-    engine.broadcast(1, "global_model", {"theta": ffm.velocity.flat()})
+    channel.broadcast(1, "global_model", {"theta": ffm.velocity.flat()})
     ffm._sync(client)
     return ffm
 
@@ -53,7 +52,7 @@ def _federation(tmp_path, name: str, data: torch.Tensor, method: str) -> Federat
 def _released(ffm: FederatedFlowMatching, kind: str, round_: int, sigma: float) -> np.ndarray:
     """The client's clipped sum plus N(0, sigma^2 C^2 I) through the run's own estimator, its
     DP noise from OS entropy (the estimator divides by E[b]; undone here)."""
-    client = ffm.engine.clients[0]
+    client = ffm.channel.clients[0]
     rows = torch.arange(client.size)  # q = 1: every example is sampled
     estimator = client.state["velocity_grad" if kind == "gradient" else "dual_grad"]
     noise = torch.Generator().manual_seed(secrets.randbits(64))

@@ -9,7 +9,7 @@ from scipy.special import logsumexp
 from scipy.stats import skellam
 
 from secureffm.errors import ProtocolError
-from secureffm.federation import Client, InProcessEngine, MessageLog
+from secureffm.federation import Client, MessageLog
 from secureffm.federation.faults import Fault, FaultPlan
 from secureffm.privacy.settings import DistributedNoise
 from secureffm.privacy.skellam import (
@@ -22,6 +22,7 @@ from secureffm.privacy.skellam import (
 )
 from secureffm.protocols import load_protocol
 from secureffm.runs import run
+from secureffm.runs.scaffold import open_channel
 
 
 def exact_skellam_rdp(alpha: int, shift: int, variance: float) -> float:
@@ -104,14 +105,14 @@ def aggregate_noise(tmp_path, faults=None, size=20000):
     clients = [Client(f"client-{i}", torch.zeros(10, 2), torch.Generator(),
                       protocol_rng=np.random.default_rng(i)) for i in range(1, 5)]
     log = MessageLog(tmp_path / "messages.jsonl")
-    engine = InProcessEngine(clients, load_protocol("dp-secagg-distributed"), log, faults)
+    channel = open_channel(load_protocol("dp-secagg-distributed"), clients, log, faults)
     values = {c.id: np.full(size, 0.01 * i, dtype=np.float32) for i, c in enumerate(clients)}
     weights = {c.id: 1.0 for c in clients}
     noise = DistributedNoise(1.0, {c.id: 1e-3 for c in clients})
-    result = engine.aggregate(0, "gradient", lambda c: {"gradient": values[c.id]}, weights,
-                              {"gradient": ((size,), np.dtype(np.float32))}, noise)
+    result = channel.aggregate(0, "gradient", lambda c: {"gradient": values[c.id]}, weights,
+                               {"gradient": ((size,), np.dtype(np.float32))}, noise)
     truth = np.mean([values[cid] for cid in result.included], axis=0)
-    stage = engine.protocol.stage_for("secagg", "gradient")
+    stage = channel.protocol.aggregator("gradient")
     geometry = stage.noise_geometry(weights, noise.sensitivity, size, 0)
     share = geometry.share_variance(1.0) * stage.quantizer.step**2  # per client, update units
     return result.payload["gradient"] - truth, share, len(result.included)

@@ -1,80 +1,46 @@
-"""Protocol specs and the Protocol that applies them (secureffm/protocols/protocol.py).
+"""The Protocol built from a spec (secureffm/protocols/protocol.py), and the channel that
+applies it (secureffm/protocols/channel.py) to a plaintext round.
 
 Truths used: the spec files shipped in secureffm/specs/protocols/, the module docstring's rules
 (one dp stage, one aggregate or transport stage per kind), and numpy's weighted average for
-what a plaintext round must return.
+what a plaintext round must return. Spec loading and stage registration: test_registry.py.
 """
 
 from __future__ import annotations
-
-from importlib import resources
 
 import numpy as np
 import pytest
 import torch
 
 from secureffm.errors import ProtocolError
-from secureffm.federation import SERVER, InProcessEngine, MessageLog
+from secureffm.federation import SERVER, MessageLog
 from secureffm.federation.faults import Fault, FaultPlan
 from secureffm.federation.parties import new_client
-from secureffm.protocols import known_protocols, load_protocol
-from secureffm.protocols.protocol import (
-    PLAIN_PHASES,
-    STAGES,
-    check_protects,
-    check_table,
-    plain_aggregate,
-    register_stage,
-)
+from secureffm.protocols import load_protocol
+from secureffm.protocols.aggregation import plain_aggregate
+from secureffm.protocols.link import Link
+from secureffm.protocols.protocol import PLAIN_PHASES
+from secureffm.protocols.registry import STAGES, register_stage
+from secureffm.protocols.sealed import SealedStage
 from secureffm.protocols.secagg import PHASES as SECAGG_PHASES
+from secureffm.protocols.secagg import SecAggStage
+from secureffm.runs.scaffold import open_channel
 
 VECTOR = {"gradient": ((2,), np.dtype(np.float32))}
 
 
-def test_plaintext_ships_and_loads_by_name_and_path(tmp_path):
-    assert "plaintext" in known_protocols()
-    assert load_protocol("plaintext").spec.stages == ()
-    path = tmp_path / "mine.toml"
-    path.write_text('name = "mine"\nstages = []\n')
-    assert load_protocol(str(path)).name == "mine"
-
-
-@pytest.mark.parametrize("text, fragment", [
-    ('name = "x"\nstages = []\ncolour = 1\n', "unknown key 'colour'"),
-    ('stages = []\n', "missing required key 'name'"),
-    ('name = "x"\n[[stages]]\nstage = "magic"\n', "unknown stage 'magic'"),
-    ('name = "x"\nstages = [1]\n', "list of tables"),
-    ('name = \n', "not valid TOML"),
-])
-def test_malformed_specs_are_rejected_with_the_reason(tmp_path, text, fragment):
+def test_a_spec_naming_an_unregistered_stage_lists_the_known_ones(tmp_path):
     path = tmp_path / "bad.toml"
-    path.write_text(text)
-    with pytest.raises(ProtocolError, match=fragment):
+    path.write_text('name = "x"\n[[stages]]\nstage = "magic"\n')
+    with pytest.raises(ProtocolError, match=r"stages\[0\] names unknown stage 'magic'; known "
+                                            r"stages: .*secagg"):
         load_protocol(str(path))
-
-
-def test_unknown_protocol_name_lists_the_shipped_ones():
-    with pytest.raises(ProtocolError, match="shipped protocols: .*plaintext"):
-        load_protocol("telepathy")
 
 
 def _spec(tmp_path, stages: str):
     path = tmp_path / "spec.toml"
     path.write_text('name = "mine"\n' + stages)
     return str(path)
-
-
-def test_every_shipped_spec_loads_under_its_own_name():
-    folder = resources.files("secureffm.specs") / "protocols"
-    files = sorted(p.name[:-5] for p in folder.iterdir() if p.name.endswith(".toml"))
-    assert known_protocols() == files and len(files) >= 9
-    for name in files:
-        assert load_protocol(name).name == name
-
-
-def test_a_missing_spec_file_is_named(tmp_path):
-    with pytest.raises(ProtocolError, match="protocol spec file .*nothing.toml' does not exist"):
-        load_protocol(str(tmp_path / "nothing.toml"))
 
 
 DP_TABLE = '[[stages]]\nstage = "dp"\nprotects = ["gradient"]\nclip = 1.0\ndelta = 1e-5\n'
@@ -119,28 +85,6 @@ def test_a_kind_both_aggregated_and_sealed_is_refused(tmp_path):
         del STAGES["model-sum"]
 
 
-def test_a_stage_class_without_a_role_cannot_register():
-    class _NoRole:
-        name = "nameless"
-
-    with pytest.raises(TypeError, match="needs a role"):
-        register_stage(_NoRole)
-
-
-def test_table_and_kind_checks_name_what_is_wrong():
-    with pytest.raises(ProtocolError, match="here: unknown key 'x'; allowed keys are a, b"):
-        check_table({"stage": "s", "x": 1}, {"stage", "a", "b"}, (), "here")
-    with pytest.raises(ProtocolError, match="here: missing required key 'a'"):
-        check_table({"b": 1}, {"a", "b"}, ("a",), "here")
-
-    class _Stage:
-        name, can_protect = "s", frozenset({"gradient"})
-
-    with pytest.raises(ProtocolError, match="stage 's' cannot protect kind 'measure': why; it "
-                                            "protects gradient"):
-        check_protects(("gradient", "measure"), _Stage, "here", "why")
-
-
 def test_phases_are_the_plain_ones_then_each_stages_in_order():
     assert load_protocol("plaintext").phases == PLAIN_PHASES
     assert load_protocol("dp-secagg").phases == PLAIN_PHASES + SECAGG_PHASES
@@ -153,20 +97,43 @@ def test_stage_lookup_by_name_and_kind():
     assert protocol.stage_for("sealed", "gradient") is None
 
 
-def _engine(tmp_path, protocol="plaintext", faults=None):
+def test_each_kind_has_its_aggregator_and_sealer_and_refuses_the_other_path():
+    protocol = load_protocol("dp-secagg")
+    assert isinstance(protocol.aggregator("gradient"), SecAggStage)
+    assert protocol.sealer("gradient") is None and protocol.aggregator("model") is None
+    with pytest.raises(ProtocolError, match="kind 'gradient' is protected by the 'secagg'"):
+        protocol.check_individual("gradient")
+    protocol.check_individual("model")  # not aggregated: may go one by one
+    sealed = load_protocol("dp-sealed")
+    assert isinstance(sealed.sealer("model"), SealedStage) and sealed.aggregator("model") is None
+    plain = load_protocol("plaintext")
+    assert plain.aggregator("gradient") is None and plain.sealer("model") is None
+
+
+def test_geodesic_privacy_comes_from_the_randomized_t_stage_only():
+    protocol = load_protocol("fedwad-private")
+    stage = protocol.stage_for("randomized-t", "measure")
+    privacy = protocol.geodesic_privacy()
+    assert (privacy.t_low, privacy.t_high, privacy.noise_std) == (stage.t_low, stage.t_high,
+                                                                  stage.noise_std)
+    assert protocol.geodesic_privacy("scalar") is None
+    assert load_protocol("plaintext").geodesic_privacy() is None
+
+
+def _channel(tmp_path, protocol="plaintext", faults=None):
     clients = [new_client(f"client-{i}", torch.zeros(4, 2), deterministic_seed=0)
                for i in (1, 2, 3)]
-    return InProcessEngine(clients, load_protocol(protocol),
-                           MessageLog(tmp_path / "messages.jsonl"), faults)
+    return open_channel(load_protocol(protocol), clients,
+                        MessageLog(tmp_path / "messages.jsonl"), faults)
 
 
 def test_a_plaintext_round_is_numpys_weighted_average_of_what_arrived(tmp_path):
-    engine = _engine(tmp_path)
+    channel = _channel(tmp_path)
     updates = {"client-1": [1.0, 2.0], "client-2": [3.0, -1.0], "client-3": [0.5, 0.0]}
     weights = {"client-1": 0.2, "client-2": 0.3, "client-3": 0.5}
-    result = engine.protocol.aggregate(
-        engine, 1, "gradient",
-        lambda c: {"gradient": np.array(updates[c.id], np.float32)}, weights, VECTOR)
+    result = channel.aggregate(
+        1, "gradient", lambda c: {"gradient": np.array(updates[c.id], np.float32)}, weights,
+        VECTOR)
     expected = np.average(list(updates.values()), axis=0, weights=list(weights.values()))
     np.testing.assert_allclose(result.payload["gradient"], expected, rtol=1e-6)
     assert result.included == ["client-1", "client-2", "client-3"] and result.dropped == {}
@@ -176,9 +143,9 @@ def test_a_round_with_no_client_left_aborts_cleanly_naming_why(tmp_path):
     faults = FaultPlan("all-drop", tuple(Fault("drop", f"client-{i}", "upload", (1,))
                                          for i in (1, 2)) + (
         Fault("lose", "client-3", "upload", (1,)),))
-    engine = _engine(tmp_path, faults=faults)
-    result = plain_aggregate(engine, 1, "gradient",
-                             lambda c: {"gradient": np.zeros(2, np.float32)},
+    channel = _channel(tmp_path, faults=faults)
+    link = Link(channel.transport, channel.parties, channel.clients, 1, "gradient")
+    result = plain_aggregate(link, lambda c: {"gradient": np.zeros(2, np.float32)},
                              {f"client-{i}": 1 / 3 for i in (1, 2, 3)}, VECTOR)
     assert result.payload is None and result.included == []
     assert result.reason == "no client update was accepted"
@@ -188,19 +155,22 @@ def test_a_round_with_no_client_left_aborts_cleanly_naming_why(tmp_path):
 
 
 def test_distributed_noise_parameters_must_match_the_spec(tmp_path):
-    engine = _engine(tmp_path)
+    channel = _channel(tmp_path)
     with pytest.raises(ProtocolError, match="distributed noise parameters must be given "
                                             "exactly when"):
-        engine.protocol.aggregate(engine, 1, "gradient", lambda c: {}, {}, VECTOR,
-                                  noise=object())
+        channel.aggregate(1, "gradient", lambda c: {}, {}, VECTOR, noise=object())
 
 
 def test_an_aggregated_kind_cannot_be_sent_one_by_one(tmp_path):
-    engine = _engine(tmp_path, "secagg")
+    channel = _channel(tmp_path, "secagg")
     with pytest.raises(ProtocolError, match="kind 'gradient' is protected by the 'secagg' "
                                             "stage of protocol 'secagg'"):
-        engine.protocol.send(engine, 1, "upload", "gradient", "client-1", SERVER,
-                             {"gradient": np.zeros(2, np.float32)})
+        channel.send(1, "upload", "gradient", "client-1", SERVER,
+                     {"gradient": np.zeros(2, np.float32)})
+    with pytest.raises(ProtocolError, match="kind 'gradient' is protected by the 'secagg'"):
+        channel.all_gather(1, "gradient", lambda c: {"gradient": np.zeros(2, np.float32)})
+    channel.close()
+    assert channel.transport.log.count_by_kind["gradient"] == 0  # refused before sending
 
 
 def test_a_dp_stage_that_leaves_out_a_senders_kind_is_refused_by_name():

@@ -1,18 +1,20 @@
 """The ``randomized-t`` stage: its spec is validated where it is read, and the shipped
 fedwad-private protocol builds it."""
 
+import json
+
 import numpy as np
 import pytest
 import torch
 
 from secureffm.errors import ProtocolError
-from secureffm.federation.engine import InProcessEngine
 from secureffm.federation.log import MessageLog
 from secureffm.federation.parties import Client
 from secureffm.methods.fedwad import FedWADConfig
 from secureffm.methods.fedwad_federated import federated_distance
 from secureffm.protocols.protocol import load_protocol
 from secureffm.protocols.randomized_t import RandomizedTStage
+from secureffm.runs.scaffold import open_channel
 
 STAGE = '[[stages]]\nstage = "randomized-t"\n'
 
@@ -58,9 +60,17 @@ def test_stage_values_drive_the_clients_and_combine_with_sealing(tmp_path):
     data = [rng.normal(size=(60, 2)), rng.normal(size=(60, 2)) + 2.0]
     clients = [Client(f"client-{i}", torch.as_tensor(x), torch.Generator().manual_seed(i),
                       protocol_rng=np.random.default_rng(i)) for i, x in enumerate(data, 1)]
-    engine = InProcessEngine(clients, protocol, MessageLog(tmp_path / "run" / "messages.jsonl"))
-    result = federated_distance(engine, protocol, "client-1", "client-2",
+    channel = open_channel(protocol, clients, MessageLog(tmp_path / "run" / "messages.jsonl"))
+    privacy = protocol.geodesic_privacy()
+    assert (privacy.t_low, privacy.t_high, privacy.noise_std) == (0.3, 0.7, 0.05)
+    result = federated_distance(channel, privacy, "client-1", "client-2",
                                 FedWADConfig(iterations=4, support_size=60))
-    engine.close()
+    channel.close()
     assert result.evaluated == (4,)
     assert 2.0 < result.distance < 4.0
+    records = [json.loads(line) for line in
+               (tmp_path / "run" / "messages.jsonl").read_text().splitlines()]
+    uploads = [r for r in records if r["kind"] == "measure" and r["phase"] == "upload"]
+    assert len(uploads) == 2 * 4  # each client, each iteration, its measure sealed
+    assert all(r["stages"] == ["randomized-t", "sealed"] for r in uploads)
+    assert not any(r.get("event") == "rejected" for r in records)

@@ -26,7 +26,7 @@ from scipy.stats import chisquare
 
 import secureffm.protocols.secagg as secagg
 from secureffm.errors import MessageError, ProtocolError
-from secureffm.federation import Client, InProcessEngine, MessageLog, deserialize_payload
+from secureffm.federation import Client, MessageLog, deserialize_payload
 from secureffm.federation.crypto import agree, open_sealed, private_bytes, private_from_bytes
 from secureffm.federation.faults import Fault, FaultPlan
 from secureffm.protocols import load_protocol
@@ -34,6 +34,7 @@ from secureffm.protocols.prg import expand_seed
 from secureffm.protocols.quantize import Quantizer
 from secureffm.protocols.secagg import SecAggStage, harary_neighbours
 from secureffm.protocols.shamir import reconstruct_bytes, share_from_bytes, share_to_bytes
+from secureffm.runs.scaffold import open_channel
 
 CLIENT_PHASES = ("advertise_keys", "share_keys", "masked_input", "unmask")
 LEVELS = 2**22
@@ -69,15 +70,15 @@ def make_clients(n: int) -> list[Client]:
             for i in range(1, n + 1)]
 
 
-def make_engine(directory: Path, clients, spec: Path, faults=(), keep_payloads=False):
+def make_channel(directory: Path, clients, spec: Path, faults=(), keep_payloads=False):
     log = MessageLog(Path(directory) / "messages.jsonl", keep_payloads=keep_payloads)
     plan = FaultPlan(name="test", faults=tuple(faults))
-    return InProcessEngine(clients, load_protocol(str(spec)), log, plan), log
+    return open_channel(load_protocol(str(spec)), clients, log, plan), log
 
 
-def run_round(engine, updates: dict[str, np.ndarray], weights: dict[str, float]):
+def run_round(channel, updates: dict[str, np.ndarray], weights: dict[str, float]):
     d = next(iter(updates.values())).size
-    return engine.aggregate(1, KIND, lambda c: {KIND: updates[c.id]}, weights,
+    return channel.aggregate(1, KIND, lambda c: {KIND: updates[c.id]}, weights,
                             {KIND: ((d,), np.dtype(np.float32))})
 
 
@@ -243,8 +244,8 @@ def test_secagg_is_exact_or_aborts_exactly_as_the_threshold_rule_says(sc):
     with TemporaryDirectory() as tmp, pytest.MonkeyPatch.context() as mp:
         mp.setattr(secagg, "harary_neighbours", spy)
         spec = write_spec(tmp, threshold=sc.threshold, neighbours=sc.neighbours, clip=clip)
-        engine, log = make_engine(tmp, make_clients(sc.n), spec, faults)
-        result = run_round(engine, updates, weights)
+        channel, log = make_channel(tmp, make_clients(sc.n), spec, faults)
+        result = run_round(channel, updates, weights)
         log.close()
     graph = graphs[0][1] if graphs else None
     want = expected_outcome(sc, graph)
@@ -290,9 +291,9 @@ def _top_byte_p_value(words: np.ndarray) -> float:
 def test_masked_inputs_look_uniform_to_the_server(tmp_path):
     n, d = 3, 20_000
     clients = make_clients(n)
-    engine, log = make_engine(tmp_path, clients, write_spec(tmp_path), keep_payloads=True)
+    channel, log = make_channel(tmp_path, clients, write_spec(tmp_path), keep_payloads=True)
     zeros = {c.id: np.zeros(d, dtype=np.float32) for c in clients}
-    result = run_round(engine, zeros, {c.id: 1.0 for c in clients})
+    result = run_round(channel, zeros, {c.id: 1.0 for c in clients})
     log.close()
     np.testing.assert_allclose(result.payload[KIND], 0.0, atol=1e-5)
     masked = {}
@@ -336,11 +337,11 @@ def test_the_relaying_server_cannot_read_the_shares(tmp_path, monkeypatch):
     n = 4
     clients = make_clients(n)
     ids = [c.id for c in clients]
-    engine, log = make_engine(tmp_path, clients, write_spec(tmp_path, threshold=0.6),
+    channel, log = make_channel(tmp_path, clients, write_spec(tmp_path, threshold=0.6),
                               [Fault("drop", "client-4", "masked_input")], keep_payloads=True)
     updates = uniform_updates(n, 8)
     weights = {cid: 1.0 for cid in ids}
-    result = run_round(engine, updates, weights)
+    result = run_round(channel, updates, weights)
     log.close()
     assert result.included == ids[:3]
     channel = {cid: pairs[2 * i] for i, cid in enumerate(ids)}  # made in this order per client
@@ -397,8 +398,8 @@ def test_clients_refuse_an_unmask_request_naming_a_peer_alive_and_dropped(tmp_pa
 
     monkeypatch.setattr(secagg, "_json_payload", malicious)
     clients = make_clients(4)
-    engine, log = make_engine(tmp_path, clients, write_spec(tmp_path), keep_payloads=True)
-    result = run_round(engine, uniform_updates(4, 6), {c.id: 1.0 for c in clients})
+    channel, log = make_channel(tmp_path, clients, write_spec(tmp_path), keep_payloads=True)
+    result = run_round(channel, uniform_updates(4, 6), {c.id: 1.0 for c in clients})
     log.close()
     refusals = [e for e in log.events if e["event"] == "rejected"]
     assert [e["sender"] for e in refusals] == [c.id for c in clients]  # each one, once
@@ -423,9 +424,9 @@ def test_answer_reveals_one_secret_per_peer_and_refuses_bad_requests(tmp_path, m
     monkeypatch.setattr(secagg._ClientSession, "answer", spy)
     clients = make_clients(4)
     ids = [c.id for c in clients]
-    engine, log = make_engine(tmp_path, clients, write_spec(tmp_path),
+    channel, log = make_channel(tmp_path, clients, write_spec(tmp_path),
                               [Fault("drop", "client-4", "masked_input")])
-    result = run_round(engine, uniform_updates(4, 6), {cid: 1.0 for cid in ids})
+    result = run_round(channel, uniform_updates(4, 6), {cid: 1.0 for cid in ids})
     assert result.included == ids[:3]
     session, needed = captured[0]
     assert session.id == "client-1" and needed == 3  # ceil(0.6 * 4)
@@ -481,10 +482,10 @@ def test_a_server_splitting_its_unmask_requests_cannot_unmask_one_client(tmp_pat
     n, d = 4, 16
     clients = make_clients(n)
     ids = [c.id for c in clients]
-    engine, log = make_engine(tmp_path, clients, write_spec(tmp_path, threshold=threshold),
+    channel, log = make_channel(tmp_path, clients, write_spec(tmp_path, threshold=threshold),
                               keep_payloads=True)
     updates = uniform_updates(n, d, seed=3)
-    run_round(engine, updates, {cid: 1.0 for cid in ids})
+    run_round(channel, updates, {cid: 1.0 for cid in ids})
     log.close()
     assert not any("refused" in e["detail"] for e in log.events)  # nothing looked wrong
     # The attack, from the server's view only: its log of what it received.
@@ -517,9 +518,9 @@ def test_a_server_splitting_its_unmask_requests_cannot_unmask_one_client(tmp_pat
 
 def test_below_threshold_the_round_aborts_before_any_unmasking(tmp_path):
     clients = make_clients(3)
-    engine, log = make_engine(tmp_path, clients, write_spec(tmp_path, threshold=3),
+    channel, log = make_channel(tmp_path, clients, write_spec(tmp_path, threshold=3),
                               [Fault("drop", "client-2", "masked_input")], keep_payloads=True)
-    result = run_round(engine, uniform_updates(3, 4), {c.id: 1.0 for c in clients})
+    result = run_round(channel, uniform_updates(3, 4), {c.id: 1.0 for c in clients})
     log.close()
     assert result.payload is None and result.included == []
     assert result.reason == "only 2 masked inputs arrived, threshold is 3"
@@ -557,10 +558,10 @@ def test_secagg_plus_with_four_neighbours_is_exact_and_sends_four_keys(tmp_path)
     clients = make_clients(n)
     ids = [c.id for c in clients]
     spec = write_spec(tmp_path, threshold=0.6, neighbours=4)
-    engine, log = make_engine(tmp_path, clients, spec, keep_payloads=True)
+    channel, log = make_channel(tmp_path, clients, spec, keep_payloads=True)
     updates = uniform_updates(n, 10, seed=5)
     weights = {cid: 1.0 + i for i, cid in enumerate(ids)}
-    result = run_round(engine, updates, weights)
+    result = run_round(channel, updates, weights)
     log.close()
     assert result.included == ids
     tol = tolerance(Quantizer(8.0, LEVELS, 32), weights, ids, n)
@@ -614,14 +615,14 @@ def test_bad_secagg_parameters_are_rejected_at_load(tmp_path, changes, fragment)
     (8, {"bits": 24}, r"bits=24 with levels=4194304 can wrap for 8 clients.*use bits >= 25"),
     (1, {}, r"at least 2 clients"),
 ])
-def test_engine_construction_validates_the_protocol_for_the_client_count(tmp_path, n, changes,
+def test_channel_construction_validates_the_protocol_for_the_client_count(tmp_path, n, changes,
                                                                          fragment):
     spec = write_spec(tmp_path, **changes)
     protocol = load_protocol(str(spec))  # loads: only impossible for this many clients
     with pytest.raises(ProtocolError, match=fragment):
         protocol.validate_for(n)
     with pytest.raises(ProtocolError, match=fragment):
-        make_engine(tmp_path, make_clients(n), spec)
+        make_channel(tmp_path, make_clients(n), spec)
 
 
 def test_shipped_secagg_specs_load_with_their_documented_parameters():
@@ -645,8 +646,8 @@ def test_each_client_logs_how_many_coordinates_the_quantizer_clipped(tmp_path):
     updates["client-2"][7:9] = -15.0  # its scale is 1 * 3 / 5: -9 after scaling
     updates["client-3"][:5] = 5.0  # 5 x its scale 3 * 3 / 5 = 9 > clip 8
     weights = {"client-1": 1.0, "client-2": 1.0, "client-3": 3.0}
-    engine, log = make_engine(tmp_path, clients, write_spec(tmp_path, clip=8.0))
-    result = run_round(engine, updates, weights)
+    channel, log = make_channel(tmp_path, clients, write_spec(tmp_path, clip=8.0))
+    result = run_round(channel, updates, weights)
     assert result.included == [c.id for c in clients]
     scale = {cid: w * n / sum(weights.values()) for cid, w in weights.items()}
     want = {cid: int(np.sum(np.abs(scale[cid] * updates[cid].astype(np.float64)) > 8.0))
@@ -685,10 +686,10 @@ def test_faults_are_rejected_by_name_and_the_result_stays_exact(tmp_path, fault,
     clients = make_clients(n)
     ids = [c.id for c in clients]
     spec = write_spec(tmp_path, threshold=threshold)
-    engine, log = make_engine(tmp_path, clients, spec, [fault])
+    channel, log = make_channel(tmp_path, clients, spec, [fault])
     updates = uniform_updates(n, 7, seed=11)
     weights = {cid: 0.5 + i for i, cid in enumerate(ids)}
-    result = run_round(engine, updates, weights)
+    result = run_round(channel, updates, weights)
     rejected = [e for e in log.events if e["event"] == "rejected"]
     assert len(rejected) == 1, rejected
     assert rejected[0]["party"] == party and fragment in rejected[0]["detail"]

@@ -1,9 +1,9 @@
 """One malicious client (or a lossy network) against one real secure-aggregation round.
 
-Each test plays its adversary with ``Tampering``, an InProcessEngine whose ``send`` rewrites
-the bytes of one sender at one phase before the engine signs them, so they pass every
-transport check (they are that party's own message); or with a fault plan that loses one of
-the server's deliveries. Everything else is the real stage (``load_protocol``), real crypto
+Each test plays its adversary with ``corrupt``: the adversary party (a client, or a faulty
+server) rewrites its own bytes at one phase before it signs them with its own key, so they pass
+every transport check (they are that party's own message); or with a fault plan that loses one
+of the server's deliveries. Everything else is the real stage (``load_protocol``), real crypto
 and a real signed log. Each test asserts no exception, the adversary named in a ``rejected``
 event, and a round that is exact over the survivors (the plaintext weighted mean, up to
 quantization) or aborts with a reason; and that the log still verifies with its closing
@@ -24,13 +24,21 @@ import pytest
 import torch
 
 from secureffm.audit.verify import verify_run
-from secureffm.federation import Client, InProcessEngine, MessageLog, deserialize_payload
-from secureffm.federation.engine import Aggregate
+from secureffm.federation import (
+    SERVER,
+    Aggregate,
+    Client,
+    MessageLog,
+    Party,
+    deserialize_payload,
+)
 from secureffm.federation.faults import Fault, FaultPlan, load_threat_model
 from secureffm.federation.message import serialize_payload
 from secureffm.privacy.settings import DistributedNoise
-from secureffm.protocols import load_protocol
+from secureffm.protocols import ProtectedChannel, load_protocol
+from secureffm.protocols.link import Link
 from secureffm.protocols.shamir import PRIME, share_from_bytes, share_to_bytes
+from secureffm.runs.scaffold import open_channel
 
 KIND = "gradient"
 D = 12
@@ -45,17 +53,19 @@ LOW_ORDER_POINTS = [  # X25519 points of order 1, 2, 4 or 8, and non-canonical e
 ]
 
 
-class Tampering(InProcessEngine):
-    """``tamper[(sender, phase)](data, recipient)`` replaces that sender's bytes at that phase
-    before they are signed, logged and delivered; every other message is untouched."""
+def corrupt(party: Party, tamper: dict) -> None:
+    """``party`` turns adversary: ``tamper[phase](data, recipient)`` replaces the bytes it
+    sends at that phase before it signs them with its own key (so the transport, holding only
+    public keys, sees that party's genuine message); every other message is untouched."""
+    honest = party.envelope
 
-    tamper: dict = {}
-
-    def send(self, round_, phase, kind, sender, recipient, data, stages=(), origin=""):
-        change = self.tamper.get((sender, phase))
+    def envelope(round_, phase, kind, recipient, data, stages=(), origin=""):
+        change = tamper.get(phase)
         if change is not None:
             data = change(data, recipient)
-        return super().send(round_, phase, kind, sender, recipient, data, stages, origin)
+        return honest(round_, phase, kind, recipient, data, stages, origin)
+
+    party.envelope = envelope
 
 
 @dataclass
@@ -64,29 +74,32 @@ class Outcome:
     events: list[dict]
     updates: dict[str, np.ndarray]
     weights: dict[str, float]
-    engine: Tampering
+    channel: ProtectedChannel
 
 
 def play(tmp_path: Path, tamper: dict, n: int = 5, protocol: str = "secagg", faults=(),
          round_: int = 1, values: dict[str, np.ndarray] | None = None,
          noise: DistributedNoise | None = None) -> Outcome:
-    """One aggregation of ``n`` clients; checks the log closes and verifies afterwards."""
+    """One aggregation of ``n`` clients, ``tamper[(party, phase)]`` played by ``party`` (see
+    :func:`corrupt`); checks the log closes and verifies afterwards."""
     clients = [Client(f"client-{i}", torch.zeros(1, 2), torch.Generator(),
                       protocol_rng=np.random.default_rng(i)) for i in range(1, n + 1)]
     log = MessageLog(tmp_path / "messages.jsonl")
-    engine = Tampering(clients, load_protocol(protocol), log,
-                       FaultPlan("test", tuple(faults)))
-    engine.tamper = tamper
+    channel = open_channel(load_protocol(protocol), clients, log, FaultPlan("test", tuple(faults)))
+    for adversary in {party for party, _ in tamper}:
+        corrupt(channel.parties[adversary],
+                {phase: change for (party, phase), change in tamper.items()
+                 if party == adversary})
     rng = np.random.default_rng(7)
     updates = values or {c.id: rng.uniform(-1, 1, D).astype(np.float32) for c in clients}
     size = next(iter(updates.values())).size
     weights = {c.id: 1.0 + i % 3 for i, c in enumerate(clients)}
-    result = engine.aggregate(round_, KIND, lambda c: {KIND: updates[c.id]}, weights,
-                              {KIND: ((size,), np.dtype(np.float32))}, noise)
-    engine.close()
+    result = channel.aggregate(round_, KIND, lambda c: {KIND: updates[c.id]}, weights,
+                               {KIND: ((size,), np.dtype(np.float32))}, noise)
+    channel.close()
     report = verify_run(tmp_path)
     assert report.ok, report.summary()
-    return Outcome(result, list(log.events), updates, weights, engine)
+    return Outcome(result, list(log.events), updates, weights, channel)
 
 
 def assert_named(outcome: Outcome, party: str, phase: str, fragment: str,
@@ -105,7 +118,7 @@ def assert_exact(outcome: Outcome, included: list[str]) -> None:
     assert set(result.dropped) == set(weights) - set(included)
     w_in = sum(weights[c] for c in included)
     mean = sum(weights[c] * outcome.updates[c].astype(np.float64) for c in included) / w_in
-    stage = outcome.engine.protocol.stage_for("secagg", KIND)
+    stage = outcome.channel.protocol.aggregator(KIND)
     tol = (stage.quantizer.error_bound(len(included)) * sum(weights.values())
            / (len(weights) * w_in) + 2.0**-22)
     assert np.abs(result.payload[KIND].astype(np.float64) - mean).max() <= tol
@@ -287,7 +300,7 @@ def distributed_round(tmp_path, n: int, faults=()) -> tuple[Outcome, float]:
     noise = DistributedNoise(1.0, {cid: 1e-3 for cid in ids(n)})
     outcome = play(tmp_path, {("client-2", "unmask"): edit(lagrange_shift)}, n=n,
                    protocol="dp-secagg-distributed", values=values, noise=noise, faults=faults)
-    stage = outcome.engine.protocol.stage_for("secagg", KIND)
+    stage = outcome.channel.protocol.aggregator(KIND)
     share = stage.noise_geometry(outcome.weights, noise.sensitivity, 400, 0).share_variance(1.0)
     scales = stage.scales(outcome.weights)
     std = math.sqrt(share * n) * stage.quantizer.step / sum(scales.values())
@@ -405,19 +418,23 @@ def test_under_distributed_noise_a_garbage_masked_input_moves_the_mean_unseen(tm
 
 def test_a_forged_envelope_from_an_unregistered_party_is_rejected_by_name(tmp_path):
     """Adversary: mallory, whom no one registered, sends the server a real envelope (a
-    payload in its own name), directly and through the unknown_sender fault. Before the fix:
-    KeyError: 'mallory' (the engine looked up its identity to log the delivery), and the
-    fault only wrote a log line without any message crossing."""
+    payload in its own name, signed with a key of its own), directly and through the
+    unknown_sender fault. Before the fix: KeyError: 'mallory' (the engine looked up its
+    identity to log the delivery), and the fault only wrote a log line without any message
+    crossing."""
     log = MessageLog(tmp_path / "messages.jsonl")
     clients = [Client(f"client-{i}", torch.zeros(1, 2), torch.Generator()) for i in (1, 2)]
     faults = FaultPlan("forge", (Fault("unknown_sender", "eve", "upload"),))
-    engine = InProcessEngine(clients, load_protocol("plaintext"), log, faults)
+    channel = open_channel(load_protocol("plaintext"), clients, log, faults)
     data = serialize_payload({KIND: np.ones(3, dtype=np.float32)})
-    assert engine.send(1, "upload", KIND, "mallory", "server", data) is None
-    result = engine.aggregate(1, KIND, lambda c: {KIND: np.ones(3, dtype=np.float32)},
-                              {"client-1": 1.0, "client-2": 1.0},
-                              {KIND: ((3,), np.dtype(np.float32))})
-    engine.close()
+    mallory = Party("mallory")
+    link = Link(channel.transport, {**channel.parties, "mallory": mallory}, channel.clients, 1,
+                KIND)
+    assert link.send("upload", "mallory", SERVER, data) is None
+    result = channel.aggregate(1, KIND, lambda c: {KIND: np.ones(3, dtype=np.float32)},
+                               {"client-1": 1.0, "client-2": 1.0},
+                               {KIND: ((3,), np.dtype(np.float32))})
+    channel.close()
     assert result.included == ["client-1", "client-2"]
     rejected = [e for e in log.events if e["event"] == "rejected"]
     assert sorted((e["party"], e["sender"]) for e in rejected) == [("eve", "server"),
