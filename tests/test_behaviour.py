@@ -24,7 +24,8 @@ import math
 from pathlib import Path
 
 import pytest
-from behaviour_cases import CASES, observe
+
+from tests.behaviour_cases import CASES, observe
 
 FIXTURE = Path(__file__).parent / "fixtures" / "behaviour.json"
 RECORDED = json.loads(FIXTURE.read_text())["cases"]

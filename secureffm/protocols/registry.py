@@ -1,4 +1,4 @@
-"""Stage registration and spec loading: the one place that reads protocol spec files.
+"""Stage registration and protocol specs (read through the one spec loader, secureffm.specs).
 
 A spec is a TOML file with keys ``name``, ``description`` and ``stages`` (a list of tables, each
 naming a registered ``stage``, the message kinds it ``protects``, and its parameters). Stage

@@ -52,7 +52,7 @@ def test_malformed_specs_are_rejected_with_the_reason(tmp_path, text, fragment):
 
 
 def test_unknown_protocol_name_lists_the_shipped_ones():
-    with pytest.raises(ProtocolError, match="shipped protocols: .*plaintext"):
+    with pytest.raises(ProtocolError, match="unknown protocol .telepathy.; shipped: .*plaintext"):
         read_spec("telepathy")
 
 
@@ -66,7 +66,7 @@ def test_every_shipped_spec_loads_under_its_own_name():
 
 
 def test_a_missing_spec_file_is_named(tmp_path):
-    with pytest.raises(ProtocolError, match="protocol spec file .*nothing.toml' does not exist"):
+    with pytest.raises(ProtocolError, match="protocol file .*nothing.toml' does not exist"):
         read_spec(str(tmp_path / "nothing.toml"))
 
 
