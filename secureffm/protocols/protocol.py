@@ -106,6 +106,17 @@ class Protocol:
         """The DP settings clients must train ``kind`` updates with, or None."""
         return self.dp.settings if self.dp and kind in self.dp.protects else None
 
+    def check_protects_any(self, kinds: tuple[str, ...], sender: str) -> None:
+        """Refuse a protocol with stages of which none protects any of ``kinds`` (every kind
+        ``sender``, a method, sends from client data): the run would travel in the clear under
+        a protocol's name that promises a protection."""
+        if self.stages and not any(kind in s.protects for s in self.stages for kind in kinds):
+            protected = sorted({kind for s in self.stages for kind in s.protects})
+            raise ProtocolError(
+                f"protocol {self.name!r} protects {', '.join(protected)}, none of what "
+                f"{sender} sends ({', '.join(kinds)}); its messages would all travel in the "
+                "clear. Pick a protocol that protects them, or 'plaintext' to say so")
+
     def dp_settings(self, kinds: tuple[str, ...], sender: str) -> DPSettings | None:
         """The DP settings for all of ``kinds`` (every message ``sender``, a method, derives
         from client data), or None when the protocol has no dp stage. A dp stage that leaves

@@ -135,6 +135,7 @@ def run_fedwad(run: FedWADRun) -> FedWADRunResult:
     """Run FedWAD as ``run`` says and write the run folder."""
     data = client_data(run)
     protocol = load_protocol(run.protocol)
+    protocol.check_protects_any(("measure", "scalar"), "FedWAD")
     out = _folder(run)
     check_pin_path(out, run.pin_to)
     prepare_run_folder(out, run.overwrite)

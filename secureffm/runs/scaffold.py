@@ -114,8 +114,11 @@ def pin_message(out: Path, pin: dict | None, pin_to: str) -> str:
 
 
 def resolve_dp(config: RunConfig, protocol, kinds: tuple[str, ...]) -> DPSettings | None:
-    """The DP settings of ``kinds`` under ``protocol`` with the run's overrides, or None (and
-    then no DP option may be set; see Protocol.dp_settings for what is refused)."""
+    """The DP settings of ``kinds`` (what the method sends from client data) under ``protocol``
+    with the run's overrides, or None (and then no DP option may be set). A protocol that
+    protects none of ``kinds``, or whose dp stage leaves one out, is refused
+    (Protocol.check_protects_any, Protocol.dp_settings)."""
+    protocol.check_protects_any(kinds, f"method {config.method!r}")
     settings = protocol.dp_settings(kinds, f"method {config.method!r}")
     if settings is None:
         config.require_no_dp_options(protocol.name)

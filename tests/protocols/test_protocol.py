@@ -184,3 +184,14 @@ def test_a_dp_stage_that_leaves_out_a_senders_kind_is_refused_by_name():
         protocol.dp_settings(("gradient", "dual_update"), "method 'got'")
     assert protocol.dp_settings(("model",), "method 'dcfm-a'") is protocol.dp.settings
     assert load_protocol("secagg").dp_settings(("gradient",), "method 'got'") is None
+
+
+def test_a_protocol_protecting_none_of_a_methods_kinds_is_refused():
+    """Under `sealed` (models only), FFM's gradients would travel in the clear while the run
+    carries a protection's name: refused, naming what the protocol protects and what is sent."""
+    with pytest.raises(ProtocolError, match="protocol 'sealed' protects model, none of what "
+                                            "method 'got' sends \\(gradient, dual_update\\)"):
+        load_protocol("sealed").check_protects_any(("gradient", "dual_update"), "method 'got'")
+    load_protocol("secagg").check_protects_any(("gradient", "dual_update"), "method 'got'")
+    load_protocol("plaintext").check_protects_any(("model",), "DCFM")  # says it is clear
+    load_protocol("dp-secagg").check_protects_any(("gradient",), "method 'vanilla'")

@@ -25,12 +25,20 @@ def _config(tmp_path, method: str, **changes) -> RunConfig:
 
 def test_a_dp_stage_that_leaves_out_the_models_dcfm_sends_is_refused(tmp_path):
     """DCFM-A sends ``model`` messages derived from client data; a dp stage protecting only
-    ``gradient`` would leave them without DP while the protocol's name promises it."""
+    ``gradient`` would leave them without DP while the protocol's name promises it (sealing
+    them does not make them DP)."""
     spec = tmp_path / "dp-gradients.toml"
     spec.write_text('name = "dp-gradients"\n[[stages]]\nstage = "dp"\nprotects = ["gradient"]\n'
-                    "clip = 1.0\ndelta = 1e-5\nnoise_multiplier = 1.0\n")
+                    "clip = 1.0\ndelta = 1e-5\nnoise_multiplier = 1.0\n"
+                    '[[stages]]\nstage = "sealed"\nprotects = ["model"]\n')
     with pytest.raises(ProtocolError, match="does not protect 'model'"):
         run(_config(tmp_path, "dcfm-a", protocol=str(spec)))
+
+
+def test_a_protocol_protecting_nothing_dcfm_sends_is_refused(tmp_path):
+    """secagg protects updates only: DCFM-A's models would all travel in the clear."""
+    with pytest.raises(ProtocolError, match="none of what method 'dcfm-a' sends \\(model\\)"):
+        run(_config(tmp_path, "dcfm-a", protocol="secagg"))
 
 
 def test_fedflow_aggregates_its_updates_through_secure_aggregation(tmp_path):
