@@ -94,6 +94,7 @@ class MessageLog:
         if self._payloads is not None:
             record["offset"] = self._payloads.tell()
             self._payloads.write(envelope.data)
+            self._payloads.flush()  # on disk before the record that points at it
         self.bytes_by_kind[envelope.kind] += len(envelope.data)
         self.count_by_kind[envelope.kind] += 1
         return self._write(record)
