@@ -159,7 +159,9 @@ class ProtocolRules:
         except MessageError:
             return f"record {seq}: the keys the server sent {client} are not a valid payload"
         for name, key in sorted(relayed.items()):
-            key_kind, _, peer = name.partition(":")
+            key_kind, colon, peer = name.partition(":")
+            if not colon:  # the announced graph (graph_seed, u1), not a relayed key
+                continue
             if session.get(peer) is None or session[peer].get(key_kind) != key:
                 return (f"record {seq}: the server relayed to {client} a {key_kind} for {peer} "
                         f"that {peer} did not advertise in this aggregation")

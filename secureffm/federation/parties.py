@@ -134,12 +134,14 @@ class Party:
     ``sealing``: its long-term X25519 key; sealed messages to the party are opened with it.
     ``memory``: what the party's protocol stages keep between messages (for example the
     counters of sealed messages it sent and accepted), never shared.
+    ``streams``: where the party's secret random streams come from.
     """
 
     id: str
     identity: Identity = field(default_factory=Identity, repr=False, kw_only=True)
     sealing: KeyPair = field(default_factory=new_key_pair, repr=False, kw_only=True)
     memory: dict[str, Any] = field(default_factory=dict, repr=False, kw_only=True)
+    streams: SecretStreams = field(default_factory=SecretStreams, repr=False, kw_only=True)
 
     def sign(self, data: bytes) -> bytes:
         return self.identity.sign(data)
@@ -171,9 +173,10 @@ def new_clients(shards: list[torch.Tensor],
             for i, shard in enumerate(shards, start=1)]
 
 
-def new_server() -> Party:
-    """The server: keys from the OS CSPRNG, no data."""
-    return Party(SERVER)
+def new_server(deterministic_seed: int | None = None) -> Party:
+    """The server: keys from the OS CSPRNG, no data; its random choices (the secure-aggregation
+    neighbour graph) from ``SecretStreams(SERVER, deterministic_seed)``."""
+    return Party(SERVER, streams=SecretStreams(SERVER, deterministic_seed))
 
 
 @dataclass(frozen=True)
@@ -200,7 +203,6 @@ class Client(Party):
     ``state``: the method's client-side objects (model replicas), set up by the method.
     ``protocol_rng``: the client's stream for protocol randomness that is not key material
     (stochastic rounding, randomized t), kept apart so a protocol never shifts training.
-    ``streams``: where the client's secret streams come from (the DP stream is drawn from it).
     """
 
     data: torch.Tensor
@@ -208,7 +210,6 @@ class Client(Party):
     inbox: dict[str, Payload] = field(default_factory=dict)
     state: dict[str, Any] = field(default_factory=dict)
     protocol_rng: np.random.Generator = field(default_factory=np.random.default_rng)
-    streams: SecretStreams = field(default_factory=SecretStreams)
 
     @property
     def size(self) -> int:

@@ -16,7 +16,7 @@ from ..federation.parties import Client, Party
 from ..federation.transport import Transport
 from ..privacy.settings import DistributedNoise, NoiseGeometry
 from .aggregation import check_payload, plain_aggregate
-from .link import Link
+from .link import Link, record_broadcast
 from .protocol import Protocol
 
 __all__ = ["ProtectedChannel"]
@@ -44,13 +44,16 @@ class ProtectedChannel:
         return Link(self.transport, self.parties, self.clients, round_, kind, stages)
 
     def broadcast(self, round_: int, kind: str, payload: Payload) -> None:
-        """Server to every client: state the server publishes (global model, potential)."""
+        """Server to every client: state the server publishes (global model, potential). Each
+        client notes the digest of what it accepted, which the malicious-server variant of
+        secure aggregation signs, so a server that sends clients different models is caught."""
         data = serialize_payload(payload)
         link = self._link(round_, kind)
         for client in self.clients:
             received = link.send("broadcast", SERVER, client.id, data)
             if received is not None:
                 client.inbox[kind] = deserialize_payload(received, SERVER)
+                record_broadcast(client, round_, kind, received)
 
     def aggregate(self, round_: int, kind: str, compute: Compute, weights: dict[str, float],
                   template: Template, noise: DistributedNoise | None = None) -> Aggregate:

@@ -7,13 +7,29 @@ signs its envelope with its own key, and a party that refuses a message raises t
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 
 from ..federation.message import SERVER
 from ..federation.parties import Client, Party
 from ..federation.transport import Transport
 
-__all__ = ["Link"]
+__all__ = ["Link", "record_broadcast", "broadcast_digest"]
+
+_BROADCASTS = "broadcasts"
+
+
+def record_broadcast(party: Party, round_: int, kind: str, data: bytes) -> None:
+    """``party`` notes a broadcast it accepted in ``round_`` (kept in its own memory)."""
+    seen = party.memory.setdefault(_BROADCASTS, {}).setdefault(round_, [])
+    seen.append((kind, hashlib.sha256(data).hexdigest()))
+
+
+def broadcast_digest(party: Party, round_: int) -> bytes:
+    """SHA-256 over the (kind, sha256) of every broadcast ``party`` accepted in ``round_``, in
+    order: equal for two clients exactly when they received the same broadcasts."""
+    seen = party.memory.get(_BROADCASTS, {}).get(round_, [])
+    return hashlib.sha256(repr(seen).encode()).digest()
 
 
 @dataclass

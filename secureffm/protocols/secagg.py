@@ -62,14 +62,15 @@ from ..federation.crypto import (
     private_bytes,
     private_from_bytes,
     seal,
+    verify_signature,
 )
 from ..federation.crypto import public_bytes as public_of
 from ..federation.message import SERVER, deserialize_payload, serialize_payload
-from ..federation.parties import Client
+from ..federation.parties import Client, Registry
 from ..privacy.settings import DistributedNoise, NoiseGeometry
 from ..privacy.skellam import grid_sensitivity
 from .aggregation import check_payload, flatten, unflatten
-from .link import Link
+from .link import Link, broadcast_digest
 from .prg import expand_seed
 from .quantize import Quantizer
 from .registry import check_protects, check_table, register_stage
@@ -86,7 +87,12 @@ __all__ = ["SecAggStage", "harary_neighbours"]
 
 PHASES = ("advertise_keys", "keys", "share_keys", "shares", "masked_input", "unmask_request",
           "unmask")
-_KEYS = {"stage", "protects", "threshold", "neighbours", "clip", "levels", "bits"}
+# The malicious-server variant adds a consistency round between masked inputs and unmasking.
+MALICIOUS_PHASES = ("advertise_keys", "keys", "share_keys", "shares", "masked_input",
+                    "consistency", "consistency_sign", "unmask_request", "unmask")
+ADVERSARIES = ("malicious", "semi-honest")
+_KEYS = {"stage", "protects", "threshold", "neighbours", "clip", "levels", "bits", "adversary"}
+_KEY_STATEMENT, _SURVIVOR_STATEMENT = b"secureffm/secagg/keys/v1", b"secureffm/secagg/survivors/v1"
 _MASK, _CHANNEL, _COMMIT = b"mask-seed", b"share-channel", b"secureffm/self-mask-seed"
 _ADVERTISED = ("b_commit", "c_pk", "s_pk")  # 32 bytes each
 _SEALED_BYTES = 12 + 2 * SHARE_BYTES + 16  # nonce, the two shares, GCM tag
@@ -145,6 +151,20 @@ def _payload_json(data: bytes, sender: str):
         raise MessageError(f"{sender} sent no valid JSON field: {err!r}") from None
 
 
+def _key_statement(round_: int, kind: str, u: str, keys: dict[str, bytes]) -> bytes:
+    """What client u signs with its long-term identity when it advertises: its fresh keys and
+    commitment, bound to this aggregation (round and kind) and to u."""
+    return (_KEY_STATEMENT + json.dumps([round_, kind, u]).encode()
+            + b"".join(keys[name] for name in _ADVERTISED))
+
+
+def _survivor_statement(round_: int, kind: str, survivors: list[str], context: bytes) -> bytes:
+    """What a survivor signs in the consistency round: the survivor set it was told, and the
+    digest of what it saw this round (parameters, neighbour graph, broadcasts)."""
+    return (_SURVIVOR_STATEMENT + json.dumps([round_, kind, sorted(survivors)]).encode()
+            + context)
+
+
 def _commit(seed: bytes) -> bytes:
     return hashlib.sha256(_COMMIT + seed).digest()
 
@@ -169,12 +189,15 @@ def _check_point(key: bytes, what: str) -> None:
         raise MessageError(f"{what} is not a usable X25519 public key ({err})") from None
 
 
-def _parse_advertisement(data: bytes, u: str) -> dict[str, bytes]:
+def _parse_advertisement(data: bytes, u: str, signed: bool) -> dict[str, bytes]:
+    """u's keys and commitment (and, when ``signed``, its 64-byte signature ``sig``)."""
     fields = _payload_bytes(data, u)
-    if sorted(fields) != list(_ADVERTISED) or any(len(v) != 32 for v in fields.values()):
+    expected = sorted([*_ADVERTISED, *(["sig"] if signed else [])])
+    if sorted(fields) != expected or any(
+            len(v) != (64 if name == "sig" else 32) for name, v in fields.items()):
         raise MessageError(f"{u} advertised fields {sorted(fields)} with lengths "
                            f"{[len(v) for v in fields.values()]}, expected 32 bytes each of "
-                           f"{', '.join(_ADVERTISED)}")
+                           f"{', '.join(_ADVERTISED)}{' and a 64-byte sig' if signed else ''}")
     for name in ("c_pk", "s_pk"):
         _check_point(fields[name], f"{u}'s {name}")
     return fields
@@ -198,13 +221,33 @@ def _parse_masked(data: bytes, u: str, size: int, wire: type) -> np.ndarray:
     return got["y"].astype(np.uint64)
 
 
-def _parse_request(data: bytes) -> tuple[set[str], set[str]]:
+def _id_list(value) -> bool:
+    return isinstance(value, list) and all(isinstance(i, str) for i in value)
+
+
+def _parse_request(data: bytes, signed: bool) -> tuple[set[str], set[str], dict[str, bytes]]:
+    """(survivors, dropped, survivor -> signature of the survivor set) of an unmask request;
+    signatures only when ``signed`` (the malicious-server variant)."""
     request = _payload_json(data, SERVER)
-    if (not isinstance(request, dict) or sorted(request) != ["dropped", "survivors"]
-            or not all(isinstance(ids, list) and all(isinstance(i, str) for i in ids)
-                       for ids in request.values())):
-        raise MessageError("the unmask request is not {'survivors': [ids], 'dropped': [ids]}")
-    return set(request["survivors"]), set(request["dropped"])
+    keys = ["dropped", *(["signatures"] if signed else []), "survivors"]
+    if (not isinstance(request, dict) or sorted(request) != keys
+            or not (_id_list(request["survivors"]) and _id_list(request["dropped"]))):
+        raise MessageError(f"the unmask request is not a table of {', '.join(keys)}")
+    signatures = request.get("signatures", {})
+    try:
+        signatures = {w: bytes.fromhex(sig) for w, sig in signatures.items()}
+    except (AttributeError, TypeError, ValueError):
+        raise MessageError("the unmask request's signatures are not hex strings by client id"
+                           ) from None
+    return set(request["survivors"]), set(request["dropped"]), signatures
+
+
+def _parse_survivors(data: bytes) -> list[str]:
+    request = _payload_json(data, SERVER)
+    if not isinstance(request, dict) or sorted(request) != ["survivors"] or not _id_list(
+            request["survivors"]):
+        raise MessageError("the consistency message is not {'survivors': [ids]}")
+    return request["survivors"]
 
 
 def _parse_reply(data: bytes, v: str, allowed: set[tuple[str, str]]) -> dict[tuple, Share]:
@@ -235,37 +278,100 @@ class _Peer:
 
 @dataclass
 class _ClientSession:
-    """What one client holds during one aggregation. Only its own client touches it."""
+    """What one client holds during one aggregation. Only its own client touches it.
 
-    id: str
+    ``party``: the client (its own identity signs); ``registry``: the public keys it pinned,
+    never the keys the server relays; ``stage``: the spec it loaded (parameters, threshold);
+    ``round``, ``kind``: the aggregation.
+    """
+
+    party: Client
+    registry: Registry
+    stage: SecAggStage
+    round: int
+    kind: str
     channel: KeyPair = field(default_factory=lambda: new_key_pair())  # looked up when called
     mask: KeyPair = field(default_factory=lambda: new_key_pair())
     self_seed: bytes = field(default_factory=lambda: secrets.token_bytes(32))
     peers: dict[str, _Peer] = field(default_factory=dict)
     holdings: dict[str, tuple[Share, Share]] = field(default_factory=dict)  # author -> (s, b)
     masks_with: tuple[str, ...] = ()
+    graph: bytes = b""  # digest of the neighbour graph it was told (seed and U1)
+    signed: tuple[str, ...] | None = None  # the survivor set it signed
+    answered: bool = False
+
+    @property
+    def id(self) -> str:
+        return self.party.id
+
+    @property
+    def malicious(self) -> bool:
+        return self.stage.adversary == "malicious"
 
     def advertisement(self) -> bytes:
-        return _bytes_payload({"c_pk": self.channel.public, "s_pk": self.mask.public,
-                               "b_commit": _commit(self.self_seed)})
+        fields = {"c_pk": self.channel.public, "s_pk": self.mask.public,
+                  "b_commit": _commit(self.self_seed)}
+        if self.malicious:
+            fields["sig"] = self.party.sign(_key_statement(self.round, self.kind, self.id,
+                                                           fields))
+        return _bytes_payload(fields)
 
     def take_keys(self, data: bytes, order: dict[str, int]) -> None:
         """Derive channel keys and mask seeds from the server's ``keys`` message; raises
-        MessageError for a malformed message or a key that is not a usable point."""
+        MessageError for a malformed message or a key that is not a usable point, and under
+        the malicious-server variant for keys not signed by their owner's pinned identity or
+        neighbours other than the announced graph's."""
+        fields = _payload_bytes(data, SERVER)
+        expected = self._neighbours(fields) if self.malicious else None
         keys: dict[str, dict[str, bytes]] = {}
-        for name, key in _payload_bytes(data, SERVER).items():
+        for name, value in fields.items():
             kind, _, v = name.partition(":")
-            if kind not in ("c_pk", "s_pk") or v not in order or v == self.id or len(key) != 32:
-                raise MessageError(f"the keys message has field {name!r} ({len(key)} bytes)")
-            keys.setdefault(v, {})[kind] = key
-        if not keys or any(len(k) != 2 for k in keys.values()):
-            raise MessageError("the keys message lacks a c_pk or s_pk of some neighbour")
+            if kind in ("graph_seed", "u1") and self.malicious:
+                continue
+            if (kind not in _ADVERTISED + ("sig",) or v not in order or v == self.id
+                    or len(value) != (64 if kind == "sig" else 32)):
+                raise MessageError(f"the keys message has field {name!r} ({len(value)} bytes)")
+            keys.setdefault(v, {})[kind] = value
+        wanted = {"c_pk", "s_pk"} | ({"b_commit", "sig"} if self.malicious else set())
+        if not keys or any(set(k) != wanted for k in keys.values()):
+            raise MessageError(f"the keys message lacks one of {', '.join(sorted(wanted))} of "
+                               "some neighbour")
+        if expected is not None:
+            self._check_keys(keys, expected)
         try:
             self.peers = {v: _Peer(agree(self.channel.private, k["c_pk"], _CHANNEL),
                                    agree(self.mask.private, k["s_pk"], _MASK),
                                    order[self.id] < order[v]) for v, k in keys.items()}
         except ProtocolError as err:
             raise MessageError(f"the keys message holds an unusable key: {err}") from None
+
+    def _neighbours(self, fields: dict[str, bytes]) -> set[str]:
+        """This client's neighbours in the graph the server announced (a seed and U1): every
+        client derives the same graph from the same announcement, and signs its digest."""
+        seed, u1 = fields.get("graph_seed", b""), fields.get("u1", b"")
+        try:
+            ids = json.loads(u1)
+        except ValueError:
+            ids = None
+        if len(seed) != 32 or not _id_list(ids) or self.id not in ids or len(set(ids)) != len(
+                ids):
+            raise MessageError("the keys message lacks a 32-byte graph_seed and a u1 list of "
+                               "distinct client ids holding this client")
+        self.graph = hashlib.sha256(seed + u1).digest()
+        graph = harary_neighbours(ids, self.stage.neighbours,
+                                  random.Random(int.from_bytes(seed, "big")))
+        return graph[self.id]
+
+    def _check_keys(self, keys: dict[str, dict[str, bytes]], expected: set[str]) -> None:
+        if set(keys) != expected:
+            raise MessageError(f"the keys message carries keys of {sorted(keys)}, but the "
+                               f"announced graph gives this client {sorted(expected)}")
+        for v, k in keys.items():
+            if v not in self.registry.sign or not verify_signature(
+                    self.registry.sign[v], k["sig"],
+                    _key_statement(self.round, self.kind, v, k)):
+                raise MessageError(f"the keys of {v} are not signed by {v}'s pinned identity "
+                                   "(substituted or altered in relay)")
 
     def deal(self, members: list[str], t: int, context) -> bytes:
         """Shares of s_sk and b_u for each of ``members`` (S(u), in client order), t needed;
@@ -313,16 +419,41 @@ class _ClientSession:
             y = quantizer.add_mod(y, mask) if peer.first else quantizer.sub_mod(y, mask)
         return y
 
-    def answer(self, data: bytes, needed: int) -> bytes:
-        """The unmask reply; raises MessageError (a refusal) for a malformed request, one that
-        names a peer both alive and dropped, or one with fewer than ``needed`` survivors."""
-        survivors, gone = _parse_request(data)
-        both = sorted(survivors & gone)
-        if both:
-            raise MessageError(f"the request names {both[0]} both alive and dropped, which "
-                               "would reveal its update")
-        if len(survivors) < needed:
-            raise MessageError(f"only {len(survivors)} survivors, threshold {needed}")
+    def _seen(self) -> bytes:
+        """Digest of what this client saw this round and every honest peer saw alike: the
+        stage's parameters, the neighbour graph announced, the server's broadcasts."""
+        return hashlib.sha256(self.stage.parameters() + self.graph
+                              + broadcast_digest(self.party, self.round)).digest()
+
+    def sign_survivors(self, data: bytes) -> bytes:
+        """Consistency round: sign the survivor set the server announced (once)."""
+        survivors = _parse_survivors(data)
+        if self.signed is not None:
+            raise MessageError("asked to sign a second survivor set in this aggregation")
+        if self.id not in survivors:
+            raise MessageError("the announced survivor set leaves out this client, which sent "
+                               "its masked input")
+        self.signed = tuple(sorted(survivors))
+        return self.party.sign(_survivor_statement(self.round, self.kind, survivors,
+                                                   self._seen()))
+
+    def answer(self, data: bytes) -> bytes:
+        """The unmask reply, at most once per aggregation; raises MessageError (a refusal,
+        logged by this client) for a request that is malformed, names this client as dropped,
+        names a peer both alive and dropped or a party outside this client's share group,
+        counts fewer survivors in the group than the threshold, or (malicious-server variant)
+        lists other survivors than the set it signed, or lacks a valid signature of that set,
+        of what it saw, from every survivor in its group."""
+        survivors, gone, signatures = _parse_request(data, self.malicious)
+        group = set(self.peers) | {self.id}
+        needed = self.stage.shares_needed(len(group))
+        problem = ("it already answered an unmask request in this aggregation" if self.answered
+                   else self._request_problem(survivors, gone, group, needed))
+        if not problem and self.malicious:
+            problem = self._consistency_problem(survivors, group, signatures)
+        if problem:
+            raise MessageError(problem)
+        self.answered = True
         answer = {}
         for u, (key_share, seed_share) in self.holdings.items():
             if u in survivors:
@@ -330,6 +461,36 @@ class _ClientSession:
             elif u in gone:
                 answer[f"s:{u}"] = share_to_bytes(key_share)
         return _bytes_payload(answer)
+
+    def _request_problem(self, survivors: set[str], gone: set[str], group: set[str],
+                         needed: int) -> str:
+        if self.id in gone:
+            return "the request names this client itself as dropped, which would reveal its key"
+        both = sorted(survivors & gone)
+        if both:
+            return f"the request names {both[0]} both alive and dropped, which would reveal it"
+        strangers = sorted((survivors | gone) - group)
+        if strangers:
+            return (f"the request names {strangers[0]}, outside this client's share group "
+                    f"{sorted(group)}")
+        if len(survivors) < needed:
+            return f"only {len(survivors)} survivors in its share group, threshold {needed}"
+        return ""
+
+    def _consistency_problem(self, survivors: set[str], group: set[str],
+                             signatures: dict[str, bytes]) -> str:
+        if self.signed is None:
+            return "it signed no survivor set in this aggregation"
+        if survivors != set(self.signed) & group:
+            return (f"the request's survivors {sorted(survivors)} are not those of the set it "
+                    f"signed ({sorted(set(self.signed) & group)} in its share group)")
+        statement = _survivor_statement(self.round, self.kind, list(self.signed), self._seen())
+        for w in sorted(survivors):
+            if w not in signatures or not verify_signature(self.registry.sign[w], signatures[w],
+                                                           statement):
+                return (f"{w} did not sign the survivor set, parameters, graph and broadcasts "
+                        "this client saw (a split view, another broadcast, or it left)")
+        return ""
 
 
 # -- one aggregation ----------------------------------------------------------------------------
@@ -344,6 +505,7 @@ class _Round:
     sessions: dict[str, _ClientSession] = field(default_factory=dict)  # client side
     advertised: dict[str, dict[str, bytes]] = field(default_factory=dict)
     graph: dict[str, set[str]] = field(default_factory=dict)
+    graph_seed: bytes = b""
     routed: dict[str, set[str]] = field(default_factory=dict)  # whom each client masks with
 
     def send(self, phase: str, sender: str, recipient: str, data: bytes) -> bytes | None:
@@ -376,16 +538,27 @@ class SecAggStage:
 
     name = "secagg"
     role = "aggregate"
-    phases = PHASES
     can_protect = frozenset({"gradient", "dual_update", "update", "scalar"})
 
     def __init__(self, protects: tuple[str, ...], threshold: float, neighbours: int,
-                 quantizer: Quantizer):
+                 quantizer: Quantizer, adversary: str = "malicious"):
         self.protects = protects
         self.threshold = threshold
         self.neighbours = neighbours
         self.quantizer = quantizer
-        self._rng = random.SystemRandom()
+        self.adversary = adversary
+
+    @property
+    def phases(self) -> tuple[str, ...]:
+        """This variant's phases, in round order."""
+        return MALICIOUS_PHASES if self.adversary == "malicious" else PHASES
+
+    def parameters(self) -> bytes:
+        """Canonical bytes of the parameters every client must share (signed in the
+        consistency round, so a server that tells clients different ones is caught)."""
+        q = self.quantizer
+        return json.dumps([self.threshold, self.neighbours, q.clip, q.levels, q.bits,
+                           self.adversary]).encode()
 
     @classmethod
     def from_table(cls, table: dict, source: str) -> SecAggStage:
@@ -411,7 +584,13 @@ class SecAggStage:
                                   int(table.get("bits", 32)))
         except ProtocolError as err:
             raise ProtocolError(f"{source}: {err}") from None
-        return cls(protects, threshold, neighbours, quantizer)
+        adversary = table.get("adversary", "malicious")
+        if adversary not in ADVERSARIES:
+            raise ProtocolError(f"{source}: adversary = {adversary!r}; use 'malicious' (keys "
+                                "signed, a consistency round: holds against a server that "
+                                "deviates) or 'semi-honest' (faster; holds only against a server "
+                                "that follows the protocol)")
+        return cls(protects, threshold, neighbours, quantizer, adversary)
 
     # -- parameters ------------------------------------------------------------------------
 
@@ -483,7 +662,11 @@ class SecAggStage:
         u1 = self._advertise(r, ids)
         if len(u1) < needed:
             return abort(f"only {len(u1)} clients advertised keys, threshold is {needed}")
-        r.graph = harary_neighbours(u1, self.neighbours, self._rng)
+        # The server's choice, announced to every client: from its own secret stream.
+        r.graph_seed = link.parties[SERVER].streams.seed_for(
+            "protocol", 256, link.round, link.kind, "graph").to_bytes(32, "big")
+        r.graph = harary_neighbours(u1, self.neighbours,
+                                    random.Random(int.from_bytes(r.graph_seed, "big")))
         dealt = self._share_keys(r, self._send_keys(r, u1))
         u2 = list(dealt)
         if len(u2) < needed:
@@ -499,7 +682,8 @@ class SecAggStage:
         if len(u3) < needed:
             return abort(f"only {len(u3)} masked inputs arrived, threshold is {needed}")
         gone = [u for u in u2 if u not in masked]
-        revealed = self._unmask(r, u3, gone, needed)
+        signatures = self._consistency(r, u3) if self.adversary == "malicious" else {}
+        revealed = self._unmask(r, u3, gone, signatures)
         rebuilt, reason = self._rebuild(r, u3, gone, revealed)
         if reason:
             return abort(reason)
@@ -515,14 +699,16 @@ class SecAggStage:
 
     def _advertise(self, r: _Round, ids: list[str]) -> list[str]:
         """Phase 1. Returns U1, the clients whose keys and commitment the server accepted."""
+        link = r.link
         for u in ids:
-            session = _ClientSession(u)
+            session = _ClientSession(link.parties[u], link.transport.registry, self,
+                                     link.round, link.kind)
             data = r.send("advertise_keys", u, SERVER, session.advertisement())
             if data is None:
                 r.dropped[u] = "dropped before advertising keys"
                 continue
             try:
-                r.advertised[u] = _parse_advertisement(data, u)
+                r.advertised[u] = self._accept_advertisement(r, data, u)
             except MessageError as err:
                 r.reject("advertise_keys", u, str(err))
                 r.dropped[u] = str(err)
@@ -530,13 +716,32 @@ class SecAggStage:
             r.sessions[u] = session
         return [u for u in ids if u in r.advertised]
 
+    def _accept_advertisement(self, r: _Round, data: bytes, u: str) -> dict[str, bytes]:
+        """The server's check of u's advertisement (the clients check the signature again
+        against their own pinned keys)."""
+        fields = _parse_advertisement(data, u, signed=self.adversary == "malicious")
+        if "sig" in fields and not verify_signature(
+                r.link.transport.registry.sign[u], fields["sig"],
+                _key_statement(r.link.round, r.link.kind, u, fields)):
+            raise MessageError(f"{u}'s keys are not signed by its pinned identity")
+        return fields
+
+    def _keys_message(self, r: _Round, u: str, u1: list[str]) -> bytes:
+        """Phase 2's message to u: its neighbours' keys; under the malicious-server variant
+        also their commitments and signatures, and the graph's seed and U1."""
+        fields = ("c_pk", "s_pk") + (("b_commit", "sig") if self.adversary == "malicious"
+                                     else ())
+        message = {f"{kind}:{v}": r.advertised[v][kind] for v in sorted(r.graph[u])
+                   for kind in fields}
+        if self.adversary == "malicious":
+            message |= {"graph_seed": r.graph_seed, "u1": json.dumps(u1).encode()}
+        return _bytes_payload(message)
+
     def _send_keys(self, r: _Round, u1: list[str]) -> list[str]:
         """Phase 2. Returns the clients that took their neighbours' keys."""
         took = []
         for u in u1:
-            data = r.send("keys", SERVER, u, _bytes_payload(
-                {f"{kind}:{v}": r.advertised[v][kind] for v in sorted(r.graph[u])
-                 for kind in ("c_pk", "s_pk")}))
+            data = r.send("keys", SERVER, u, self._keys_message(r, u, u1))
             if data is None:
                 r.dropped[u] = "never got its neighbours' keys"
                 continue
@@ -632,17 +837,56 @@ class SecAggStage:
             r.dropped[u] = str(err)
             return None
 
+    def _consistency(self, r: _Round, u3: list[str]) -> dict[str, bytes]:
+        """Phases consistency and consistency_sign (malicious-server variant): each survivor
+        signs the survivor set U3 with what it saw. Returns survivor -> signature, relayed
+        unverified: each client checks them against its own view."""
+        signatures = {}
+        announcement = _json_payload({"survivors": u3})
+        for v in u3:
+            data = r.send("consistency", SERVER, v, announcement)
+            if data is None or not r.alive(v, "consistency_sign"):
+                continue
+            try:
+                signature = r.sessions[v].sign_survivors(data)
+            except MessageError as err:
+                r.reject("consistency", SERVER, f"refused: {err}", by=v)
+                continue
+            reply = r.send("consistency_sign", v, SERVER, _bytes_payload({"sig": signature}))
+            if reply is None:
+                continue
+            try:
+                fields = _payload_bytes(reply, v)
+                if sorted(fields) != ["sig"] or len(fields["sig"]) != 64:
+                    raise MessageError(f"{v}'s consistency reply is not one 64-byte sig")
+            except MessageError as err:
+                r.reject("consistency_sign", v, str(err))
+                continue
+            signatures[v] = fields["sig"]
+        return signatures
+
+    def _request(self, r: _Round, v: str, u3: list[str], gone: list[str],
+                 signatures: dict[str, bytes]) -> bytes:
+        """Phase 6's message to v, within v's share group S(v): the survivors, the dropped
+        neighbours, and (malicious-server variant) each survivor's consistency signature."""
+        group = r.graph[v] | {v}
+        survivors = [u for u in u3 if u in group]
+        request = {"survivors": survivors, "dropped": [u for u in gone if u in r.graph[v]]}
+        if self.adversary == "malicious":
+            request["signatures"] = {u: signatures[u].hex() for u in survivors
+                                     if u in signatures}
+        return _json_payload(request)
+
     def _unmask(self, r: _Round, u3: list[str], gone: list[str],
-                needed: int) -> dict[tuple[str, str], dict[str, Share]]:
+                signatures: dict[str, bytes]) -> dict[tuple[str, str], dict[str, Share]]:
         """Phases 6-7. Returns (which, peer) -> holder -> share, from the well-formed replies."""
         revealed: dict[tuple[str, str], dict[str, Share]] = {}
-        request = _json_payload({"survivors": u3, "dropped": gone})
         for v in u3:
-            data = r.send("unmask_request", SERVER, v, request)
+            data = r.send("unmask_request", SERVER, v, self._request(r, v, u3, gone, signatures))
             if data is None or not r.alive(v, "unmask"):
                 continue  # still included: its input is in the sum, it just sends no shares
             try:
-                answer = r.sessions[v].answer(data, needed)
+                answer = r.sessions[v].answer(data)
             except MessageError as err:
                 r.reject("unmask", SERVER, f"refused: {err}", by=v)
                 continue

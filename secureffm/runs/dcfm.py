@@ -319,7 +319,7 @@ def run_dcfm(config: RunConfig):
     for client, (_, labels) in zip(clients, data.shards, strict=True):
         client.state["labels"] = labels.to(device)
     faults = load_threat_model(config.threat_model) if config.threat_model else None
-    channel = open_channel(protocol, clients, log, faults)
+    channel = open_channel(protocol, clients, log, faults, config.deterministic_seed)
     ledger = PrivacyLedger(dp.delta) if dp else None
     experts, sigmas = local_experts(config, data, clients, dp, ledger, kind, device)
     start = time.perf_counter()

@@ -146,7 +146,7 @@ def run_fedwad(run: FedWADRun) -> FedWADRunResult:
     channel = None
     geodesic = protocol.geodesic_privacy("measure")
     try:
-        channel = open_channel(protocol, clients, log)
+        channel = open_channel(protocol, clients, log, deterministic_seed=seed)
         start = time.perf_counter()
         result: dict = {"protocol": protocol.name, "clients": [c.id for c in clients],
                         "samples": [len(x) for x in data], "dim": int(data[0].shape[1]),

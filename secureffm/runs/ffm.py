@@ -61,7 +61,7 @@ def _build(config: RunConfig, device: torch.device, log: MessageLog):
                                                      device)
     clients = new_clients([shard.to(device) for shard in shards], config.deterministic_seed)
     faults = load_threat_model(config.threat_model) if config.threat_model else None
-    channel = open_channel(protocol, clients, log, faults)
+    channel = open_channel(protocol, clients, log, faults, config.deterministic_seed)
     settings = FFMSettings.of(config)
     dp = resolve_dp(config, protocol, settings.sent_kinds)
     return pair, shards, FederatedFlowMatching(settings, dp, pair, channel, device)

@@ -127,10 +127,13 @@ def resolve_dp(config: RunConfig, protocol, kinds: tuple[str, ...]) -> DPSetting
 
 
 def open_channel(protocol: Protocol, clients: list[Client], log: MessageLog,
-                 faults: FaultPlan | None = None) -> ProtectedChannel:
+                 faults: FaultPlan | None = None,
+                 deterministic_seed: int | None = None) -> ProtectedChannel:
     """The run's channel: a server party with keys of its own, the in-process transport
-    (holding only the public keys, pinned in the log's parties.json) and ``protocol`` over it."""
-    server = new_server()
+    (holding only the public keys, pinned in the log's parties.json) and ``protocol`` over it.
+    ``deterministic_seed``: derive the server's secret streams from it, as the clients' are
+    under ``--insecure-deterministic``."""
+    server = new_server(deterministic_seed)
     transport = InProcessTransport(Registry.of([server, *clients]), [c.id for c in clients],
                                    log, protocol.phases, faults)
     return ProtectedChannel(protocol, transport, server, clients)

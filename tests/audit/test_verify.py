@@ -113,7 +113,7 @@ def assert_first_bad(report: AuditReport, seq: int | None, line: int, *words: st
 # -- intact logs ------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("protocol, count", [("secagg", 51), ("plaintext", 15)])
+@pytest.mark.parametrize("protocol, count", [("secagg", 63), ("plaintext", 15)])
 def test_intact_log_verifies_with_its_record_count(runs, protocol, count):
     run = runs[protocol]
     report = verify_run(run.path)
@@ -292,7 +292,7 @@ def test_reformatted_line_is_caught_even_at_the_end(run):
     lines = run.lines()
     lines[-1] = json.dumps(json.loads(lines[-1]), sort_keys=True)  # spaces after , and :
     run.write(lines)
-    assert_first_bad(verify_run(run.path), 50, 51, "line 51 is not in the log's exact form")
+    assert_first_bad(verify_run(run.path), 62, 63, "line 63 is not in the log's exact form")
 
 
 @pytest.mark.parametrize("keep", [0, 30, -1])
@@ -428,7 +428,7 @@ def test_closing_count_re_signed_by_the_server_must_match(run):
     closing = json.loads(lines[-1])
     lines[-1] = dump(resign(closing | {"records": closing["records"] - 1}, run.keys[SERVER]))
     run.write(lines)
-    assert_first_bad(verify_run(run.path), 50, 51, "states 49 records before it, but 50 precede")
+    assert_first_bad(verify_run(run.path), 62, 63, "states 61 records before it, but 62 precede")
 
 
 def single_log(tmp_path: Path, parties: list[str]) -> tuple[MessageLog, dict[str, Party]]:
@@ -500,12 +500,12 @@ def test_audit_options_that_do_not_fit_exit_2_naming_what_to_change(run, capsys,
 def test_a_log_that_does_not_verify_cannot_be_pinned(run, capsys):
     run.write(run.lines()[:-1])
     assert main(["--pin", str(run.path)]) == 2
-    assert "cannot be pinned: the log ends at line 50" in capsys.readouterr().err
+    assert "cannot be pinned: the log ends at line 62" in capsys.readouterr().err
 
 
 def test_main_prints_the_verdict_and_exits_by_it(run, capsys):
     assert main(["--verify", str(run.path)]) == 0
-    assert capsys.readouterr().out.startswith("OK: log intact: 51 records")
+    assert capsys.readouterr().out.startswith("OK: log intact: 63 records")
     lines = run.lines()
     del lines[5]
     run.write(lines)
@@ -513,7 +513,7 @@ def test_main_prints_the_verdict_and_exits_by_it(run, capsys):
     out = capsys.readouterr().out.splitlines()
     assert out[0] == ("FAILED: log not intact: line 6: seq is 6, expected 5 (a record was "
                       "deleted, inserted or reordered at or before this line)")
-    assert out[1] == "5 of 50 lines verified before line 6"
+    assert out[1] == "5 of 62 lines verified before line 6"
     (run.path / "parties.json").unlink()
     assert main(["--verify", str(run.path)]) == 2
     err = capsys.readouterr().err

@@ -300,8 +300,8 @@ def test_a_dp_expert_without_a_nominal_size_is_refused():
         LocalExpert(_client(), _model(0), 1e-2, 0.0, 8, CARDS, Masking(), settings, 1.0)
 
 
-def test_a_dp_stage_that_leaves_models_unprotected_is_refused(tmp_path):
-    with pytest.raises(ProtocolError, match="does not protect 'model'"):
+def test_a_protocol_that_leaves_models_unprotected_is_refused(tmp_path):
+    with pytest.raises(ProtocolError, match="none of what method 'dcfm-a' sends \\(model\\)"):
         run(_config(tmp_path, "dcfm-a", protocol="dp"))
 
 

@@ -22,7 +22,7 @@ from secureffm.protocols.link import Link
 from secureffm.protocols.protocol import PLAIN_PHASES
 from secureffm.protocols.registry import STAGES, register_stage
 from secureffm.protocols.sealed import SealedStage
-from secureffm.protocols.secagg import PHASES as SECAGG_PHASES
+from secureffm.protocols.secagg import MALICIOUS_PHASES as SECAGG_PHASES
 from secureffm.protocols.secagg import SecAggStage
 from secureffm.runs.scaffold import open_channel
 

@@ -392,8 +392,9 @@ def test_clients_refuse_an_unmask_request_naming_a_peer_alive_and_dropped(tmp_pa
     real = secagg._json_payload
 
     def malicious(value):  # the server also asks for client-2's mask-key shares
-        value = dict(value)
-        value["dropped"] = list(value["dropped"]) + ["client-2"]
+        if "dropped" in value:  # an unmask request (not the consistency announcement)
+            value = dict(value)
+            value["dropped"] = list(value["dropped"]) + ["client-2"]
         return real(value)
 
     monkeypatch.setattr(secagg, "_json_payload", malicious)
@@ -405,45 +406,55 @@ def test_clients_refuse_an_unmask_request_naming_a_peer_alive_and_dropped(tmp_pa
     assert [e["sender"] for e in refusals] == [c.id for c in clients]  # each one, once
     for event in refusals:
         assert event["phase"] == "unmask" and event["party"] == "server"
-        assert "refused" in event["detail"] and "client-2" in event["detail"]
+        expected = ("itself as dropped" if event["sender"] == "client-2"
+                    else "client-2 both alive and dropped")
+        assert event["detail"].startswith("refused") and expected in event["detail"]
     assert result.payload is None and result.included == []
     assert "shares" in result.reason and "masked" in result.reason
     assert any(e["event"] == "aborted" for e in log.events)
     assert logged_payloads(tmp_path, "unmask") == []  # nothing revealed
 
 
-def test_answer_reveals_one_secret_per_peer_and_refuses_bad_requests(tmp_path, monkeypatch):
-    """Call a client's answer directly on a real client session captured mid-protocol."""
+def test_answer_reveals_one_secret_per_peer_once_and_refuses_bad_requests(tmp_path,
+                                                                        monkeypatch):
+    """Call a client's answer directly on a real client session captured mid-protocol (the
+    semi-honest variant: the request rules hold in both; test_malicious_server.py plays the
+    consistency round's)."""
     captured = []
     real = secagg._ClientSession.answer
 
-    def spy(self, data, needed):
-        captured.append((self, needed))
-        return real(self, data, needed)
+    def spy(self, data):
+        captured.append(self)
+        return real(self, data)
 
     monkeypatch.setattr(secagg._ClientSession, "answer", spy)
     clients = make_clients(4)
     ids = [c.id for c in clients]
-    channel, log = make_channel(tmp_path, clients, write_spec(tmp_path),
-                              [Fault("drop", "client-4", "masked_input")])
+    channel, log = make_channel(tmp_path, clients, write_spec(tmp_path, adversary="semi-honest"),
+                                [Fault("drop", "client-4", "masked_input")])
     result = run_round(channel, uniform_updates(4, 6), {cid: 1.0 for cid in ids})
     assert result.included == ids[:3]
-    session, needed = captured[0]
-    assert session.id == "client-1" and needed == 3  # ceil(0.6 * 4)
+    session = captured[0]
+    assert session.id == "client-1" and session.stage.shares_needed(4) == 3  # ceil(0.6 * 4)
 
     def ask(request) -> bytes:
-        return session.answer(secagg._json_payload(request), needed)
+        session.answered = False  # each request below is judged on its own
+        return session.answer(secagg._json_payload(request))
 
     honest = deserialize_payload(ask({"survivors": ids[:3], "dropped": ["client-4"]}))
     assert sorted(honest) == ["b:client-1", "b:client-2", "b:client-3", "s:client-4"]
     assert all(v.dtype == np.uint8 and len(v) == 68 for v in honest.values())
+    with pytest.raises(MessageError, match="already answered"):  # asking twice
+        session.answer(secagg._json_payload({"survivors": ids[1:3], "dropped": ["client-4"]}))
     for request, fragment in [
         ({"survivors": ids[:3], "dropped": ["client-4", "client-3"]}, "client-3 both alive"),
         ({"survivors": ids, "dropped": ["client-4"]}, "client-4 both alive"),
+        ({"survivors": ids[1:3] + ["client-4"], "dropped": ["client-1"]}, "itself as dropped"),
+        ({"survivors": ids[:3] + ["client-9"], "dropped": []}, "client-9, outside"),
         ({"survivors": ["client-1"], "dropped": ids[1:]}, "only 1 survivors"),
-        ({"survivors": ids[:3]}, "not {'survivors'"),
-        ({"survivors": "client-1", "dropped": []}, "not {'survivors'"),
-        ([ids, []], "not {'survivors'"),
+        ({"survivors": ids[:3]}, "not a table of dropped, survivors"),
+        ({"survivors": "client-1", "dropped": []}, "not a table"),
+        ([ids, []], "not a table"),
     ]:
         with pytest.raises(MessageError, match=fragment):
             ask(request)
@@ -452,7 +463,7 @@ def test_answer_reveals_one_secret_per_peer_and_refuses_bad_requests(tmp_path, m
                            (secagg._bytes_payload({"json": b"\xff"}), "no valid JSON"),
                            (secagg._bytes_payload({}), "no valid JSON")]:
         with pytest.raises(MessageError, match=fragment):
-            session.answer(junk, needed)
+            session.answer(junk)
 
 
 def test_thresholds_at_or_below_half_are_refused_since_a_split_view_would_unmask(tmp_path):
@@ -468,6 +479,8 @@ def test_thresholds_at_or_below_half_are_refused_since_a_split_view_would_unmask
 @pytest.mark.parametrize("threshold", [0.6, 0.75])
 def test_a_server_splitting_its_unmask_requests_cannot_unmask_one_client(tmp_path, monkeypatch,
                                                                         threshold):
+    """Even without the consistency round (semi-honest variant), a threshold above half the
+    share group keeps a split view from collecting both secrets of one client."""
     real = secagg._json_payload
     requests = []
 
@@ -482,8 +495,9 @@ def test_a_server_splitting_its_unmask_requests_cannot_unmask_one_client(tmp_pat
     n, d = 4, 16
     clients = make_clients(n)
     ids = [c.id for c in clients]
-    channel, log = make_channel(tmp_path, clients, write_spec(tmp_path, threshold=threshold),
-                              keep_payloads=True)
+    channel, log = make_channel(tmp_path, clients,
+                                write_spec(tmp_path, threshold=threshold, adversary="semi-honest"),
+                                keep_payloads=True)
     updates = uniform_updates(n, d, seed=3)
     run_round(channel, updates, {cid: 1.0 for cid in ids})
     log.close()
@@ -571,9 +585,11 @@ def test_secagg_plus_with_four_neighbours_is_exact_and_sends_four_keys(tmp_path)
     graph = {}
     for record, data in logged_payloads(tmp_path, "keys"):
         keys = deserialize_payload(data)
+        assert {"graph_seed", "u1"} <= set(keys)  # the announced graph (malicious variant)
+        keys = {name: key for name, key in keys.items() if ":" in name}
         neighbours = {name.split(":", 1)[1] for name in keys}
-        assert len(keys) == 8 and len(neighbours) == 4 and record["recipient"] not in neighbours
-        assert {name.split(":", 1)[0] for name in keys} == {"c_pk", "s_pk"}
+        assert len(keys) == 16 and len(neighbours) == 4 and record["recipient"] not in neighbours
+        assert {name.split(":", 1)[0] for name in keys} == {"c_pk", "s_pk", "b_commit", "sig"}
         for name, key in keys.items():  # the server forwards each peer's own keys
             which, v = name.split(":", 1)
             assert np.array_equal(key, advertised[v][which])

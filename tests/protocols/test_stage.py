@@ -81,6 +81,8 @@ def test_a_registered_stage_class_has_the_attributes_of_the_interface(name):
         if attribute == "protects":  # set per spec, on the instance
             continue
         assert hasattr(cls, attribute), f"stage {name!r} lacks {attribute!r}"
+        if isinstance(getattr(cls, attribute), property):  # per spec (secagg's phases)
+            continue
         assert _conforms(getattr(cls, attribute), hint), (name, attribute, hint)
     built = _instances().get(name)
     assert built, f"no shipped protocol builds stage {name!r}, so its instances go unchecked"

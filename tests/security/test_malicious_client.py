@@ -35,7 +35,7 @@ from secureffm.federation import (
 from secureffm.federation.faults import Fault, FaultPlan, load_threat_model
 from secureffm.federation.message import serialize_payload
 from secureffm.privacy.settings import DistributedNoise
-from secureffm.protocols import ProtectedChannel, load_protocol
+from secureffm.protocols import ProtectedChannel, load_protocol, secagg
 from secureffm.protocols.link import Link
 from secureffm.protocols.shamir import PRIME, share_from_bytes, share_to_bytes
 from secureffm.runs.scaffold import open_channel
@@ -61,7 +61,9 @@ def corrupt(party: Party, tamper: dict) -> None:
 
     def envelope(round_, phase, kind, recipient, data, stages=(), origin=""):
         change = tamper.get(phase)
-        if change is not None:
+        if getattr(change, "signs", False):  # the adversary signs its own lie
+            data = change(data, recipient, party, round_, kind)
+        elif change is not None:
             data = change(data, recipient)
         return honest(round_, phase, kind, recipient, data, stages, origin)
 
@@ -142,6 +144,20 @@ def edit(change):
         change(fields)
         return serialize_payload({k: np.frombuffer(v, dtype=np.uint8)
                                   for k, v in fields.items()})
+    return tamper
+
+
+def resigned(change):
+    """Like :func:`edit` on an advertisement, then signed again by the adversary with its own
+    identity, as a client lying about its own keys would (the malicious-server variant checks
+    that signature)."""
+    def tamper(data: bytes, recipient: str, party: Party, round_: int, kind: str) -> bytes:
+        fields = {k: v.tobytes() for k, v in deserialize_payload(data).items()}
+        change(fields)
+        fields["sig"] = party.sign(secagg._key_statement(round_, kind, party.id, fields))
+        return serialize_payload({k: np.frombuffer(v, dtype=np.uint8)
+                                  for k, v in fields.items()})
+    tamper.signs = True
     return tamper
 
 
@@ -249,7 +265,7 @@ def test_a_client_that_shares_another_seed_than_it_committed_to_aborts_named(tmp
     other, but not with the commitment. Before the fix there was no commitment, and a client
     dealing shares of another seed than the one it masked with (run with its split patched)
     made the masks not cancel: uncaught ProtocolError."""
-    outcome = play(tmp_path, {("client-2", "advertise_keys"): edit(
+    outcome = play(tmp_path, {("client-2", "advertise_keys"): resigned(
         lambda f: f.update({"b_commit": hashlib.sha256(b"another seed").digest()}))})
     assert_aborted(outcome, "the 5 shares of client-2's b (self-mask seed) from client-1, "
                    "client-2, client-3, client-4, client-5 do not rebuild the seed it "
@@ -364,7 +380,8 @@ def to_client_2(change):
 
 @pytest.mark.parametrize("phase, change, fragment", [
     ("keys", replace_with(b"garbage"), "not a valid payload"),
-    ("keys", edit(lambda f: f.update({"s_pk:client-3": bytes(32)})), "an unusable key"),
+    ("keys", edit(lambda f: f.update({"s_pk:client-3": bytes(32)})),
+     "keys of client-3 are not signed by client-3's pinned identity"),
     ("shares", replace_with(b"garbage"), "not a valid payload"),
     ("unmask_request", replace_with(b"garbage"), "not a valid payload"),
 ])

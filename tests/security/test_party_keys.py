@@ -207,7 +207,7 @@ def test_the_server_reaches_only_its_own_keys(runs, protocol):
     server = channel.server
     assert leaks(server, channel.clients) == []
     own = {id(server), id(server.identity), id(server.identity._private), id(server.sealing),
-           id(server.sealing.private)}
+           id(server.sealing.private), id(server.streams)}
     others = [type(obj).__name__ for obj in secret_objects(server) if id(obj) not in own]
     assert others == []
 
