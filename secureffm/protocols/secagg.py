@@ -5,9 +5,14 @@ updates of the clients that survive a round, or, below the threshold, nothing.
 One aggregation (a fresh session, fresh keys) runs these phases:
 
 1. ``advertise_keys``: each client u sends X25519 public keys c_pk (channel) and s_pk (mask)
-   and a commitment SHA-256(label || b_u) to a fresh self-mask seed b_u from the OS CSPRNG.
+   and a commitment SHA-256(label || b_u) to a fresh self-mask seed b_u from the OS CSPRNG;
+   under the malicious-server variant it signs them, bound to the round, kind and its id, with
+   its long-term Ed25519 identity.
 2. ``keys``: the server picks each client's neighbours N(u) (all others, or a random
-   ``neighbours``-regular graph) and sends u their public keys.
+   ``neighbours``-regular graph from a seed) and sends u their public keys; the malicious
+   variant also sends their commitments and signatures, the seed and U1, and u re-derives its
+   neighbours from them and checks every signature against the identities it pinned (not keys
+   the server relays): a substituted key makes u refuse the message and drop out.
 3. ``share_keys``: u Shamir-shares its mask secret key s_sk and b_u among S(u) = N(u) + {u},
    t of |S(u)|; the share for v travels AES-GCM-encrypted under HKDF(X25519(c_sk_u, c_pk_v)),
    relayed by the server, which cannot read it.
@@ -15,9 +20,16 @@ One aggregation (a fresh session, fresh keys) runs these phases:
 5. ``masked_input``: u clips and quantizes w_u x_u to Z_{2^bits} (under distributed DP noise,
    adds its share of integer Skellam noise) and adds PRG(b_u) and, for each neighbour v whose
    shares the server routed to u, +-PRG(HKDF(X25519(s_sk_u, s_pk_v))) (+ if u precedes v).
-6. ``unmask_request``: the server names the survivors (sent a masked input) and the dropped.
-7. ``unmask``: each survivor reveals, per peer, the share of b for survivors or the share of
-   s_sk for the dropped, never both; a request naming a peer in both lists is refused.
+6. ``consistency`` and ``consistency_sign`` (malicious variant): the server announces the
+   survivors U3; each survivor signs U3 once, with a digest of the parameters, the graph and
+   the broadcasts it received this round.
+7. ``unmask_request``: the server names, within each survivor's share group, the survivors and
+   the dropped (and relays the survivors' signatures).
+8. ``unmask``: each survivor answers one request per aggregation, revealing per peer the share
+   of b for survivors or of s_sk for the dropped, never both. It refuses a request that names it
+   dropped, names a peer both alive and dropped or a party outside its share group, counts fewer
+   survivors than the threshold there, or (malicious variant) lists other survivors than those
+   it signed or lacks a valid signature of what it saw from every survivor in its group.
 
 The server rebuilds each secret with :func:`~secureffm.protocols.shamir.decode`, checks it
 (b_u against u's commitment, s_sk against u's advertised s_pk), removes the self masks and the
