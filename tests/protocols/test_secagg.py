@@ -36,7 +36,7 @@ from secureffm.protocols.secagg import SecAggStage, harary_neighbours
 from secureffm.protocols.shamir import reconstruct_bytes, share_from_bytes, share_to_bytes
 from secureffm.runs.scaffold import open_channel
 
-CLIENT_PHASES = ("advertise_keys", "share_keys", "masked_input", "unmask")
+CLIENT_PHASES = ("advertise_keys", "share_keys", "masked_input", "consistency_sign", "unmask")
 LEVELS = 2**22
 KIND = "gradient"
 
@@ -193,8 +193,13 @@ def expected_outcome(sc: Scenario, graph: dict[str, set[str]] | None) -> Expecte
         if len(survivors) < needed:
             out.aborted_at, out.threshold = phase, needed
             return out
-    responders = set(alive_after(u3, "unmask"))
     assert graph is not None
+    # A survivor answers only when every survivor of its share group signed the survivor set
+    # (the malicious-server variant's consistency round); one that left before signing makes
+    # its whole group refuse.
+    signers = set(alive_after(u3, "consistency_sign"))
+    responders = {v for v in alive_after(u3, "unmask")
+                  if (graph[v] | {v}) & set(u3) <= signers}
     # b_u of a survivor is held by u and its neighbours; s_sk of a dropped u by its neighbours.
     holders = [(u, graph[u] | {u}) for u in u3] + [(u, graph[u]) for u in u2 if u not in u3]
     for u, group_u in holders:
@@ -223,6 +228,10 @@ def expected_outcome(sc: Scenario, graph: dict[str, set[str]] | None) -> Expecte
                                                           (1, "masked_input"))))
 @example(sc=Scenario(7, 2, 0.6, 0, tuple([1.0] * 7), tuple((i, "unmask") for i in range(3))))
 @example(sc=Scenario(7, 2, 0.6, 0, tuple([1.0] * 7), tuple((i, "unmask") for i in range(2))))
+# A survivor leaving between its masked input and its signature: its group refuses, so the full
+# graph aborts; under SecAgg+ only its neighbourhood refuses.
+@example(sc=Scenario(6, 2, 0.6, 0, tuple([1.0] * 6), ((2, "consistency_sign"),)))
+@example(sc=Scenario(30, 2, 0.6, 4, tuple([1.0] * 30), ((5, "consistency_sign"),), 5))
 def test_secagg_is_exact_or_aborts_exactly_as_the_threshold_rule_says(sc):
     ids = [f"client-{i}" for i in range(1, sc.n + 1)]
     weights = dict(zip(ids, sc.weights, strict=True))
