@@ -11,15 +11,18 @@ Each test first checks what holds with or without the defence (the round was pla
 verifies), raising ``HarnessError`` when it does not; then asserts the SECURE property: the
 server's best reconstruction of the victim's input is not within a few quantization steps of
 it, and a client's refusal (a ``rejected`` event the client signed), or for a broadcast the
-round's abort, is in the log. Attacks that succeed today are ``xfail(strict=True,
-raises=AssertionError)``: they flip to XPASS, and so fail, when issue 16's defence lands; a
-broken harness fails them outright. "Succeeded before issue 16" in a docstring was observed on
-the code before the defence (the error in quantization steps is the measured one).
+round's abort, is in the log. Every attack here succeeded before issue 16 (written first as
+strict xfails against that code; "Succeeded before issue 16" in a docstring gives what was
+observed, the error in quantization steps measured) and fails since its defence landed: signed
+keys checked against the pinned identities, the announced graph, the consistency round, and
+the client's unmask rules (secureffm/protocols/secagg.py). A broken harness raises
+``HarnessError`` and fails outright.
 """
 
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -222,17 +225,9 @@ class KeySubstitution:
                                   aad, os.urandom(12))
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "issue 16: keys are not authenticated: no client signs its c_pk, so a c_pk the server "
-    "substitutes is used as the peer's"))
-def test_key_substitution_does_not_let_the_server_unmask_a_client(tmp_path, monkeypatch):
-    """Adversary: the server substitutes its own X25519 key for the victim's c_pk towards
-    every neighbour and for every neighbour's c_pk towards the victim (the review's attack),
-    opens the victim's sealed shares and seals them on to their holders, then rebuilds the
-    victim's self-mask seed and mask key and strips every mask from its masked input.
-    Succeeded before issue 16: the round completed normally (5 of 5 counted, no event), the
-    log verified, and the server recovered the victim's input to within one quantization
-    step (largest error of the 50 coordinates: 0.79 to 0.97 steps in six runs)."""
+def _substitute_keys(tmp_path, monkeypatch, protocol: str):
+    """Play the key-substitution attack on ``protocol``; the federation and the server's
+    reconstruction of the victim's input (None when it got none)."""
     contexts: dict[tuple[str, str], bytes] = {}
     real_context = secagg._Round.context
 
@@ -241,7 +236,7 @@ def test_key_substitution_does_not_let_the_server_unmask_a_client(tmp_path, monk
         return value
 
     monkeypatch.setattr(secagg._Round, "context", context)
-    fed = federation(tmp_path)
+    fed = federation(tmp_path, protocol=protocol)
     attack = KeySubstitution(fed, VICTIM, contexts)
     fed.aggregate()
     fed.close_and_verify()
@@ -254,15 +249,37 @@ def test_key_substitution_does_not_let_the_server_unmask_a_client(tmp_path, monk
         seed = view.seed_of(VICTIM, [share_from_bytes(p[SHARE_BYTES:]) for p in plains])
         recovered = view.input_of(VICTIM, seed, key and view.pair_seeds_from_own_key(VICTIM,
                                                                                       key))
+    return fed, recovered
+
+
+
+def test_key_substitution_does_not_let_the_server_unmask_a_client(tmp_path, monkeypatch):
+    """Adversary: the server substitutes its own X25519 key for the victim's c_pk towards
+    every neighbour and for every neighbour's c_pk towards the victim (the review's attack),
+    opens the victim's sealed shares and seals them on to their holders, then rebuilds the
+    victim's self-mask seed and mask key and strips every mask from its masked input.
+    Succeeded before issue 16: the round completed normally (5 of 5 counted, no event), the
+    log verified, and the server recovered the victim's input to within one quantization
+    step (largest error of the 50 coordinates: 0.79 to 0.97 steps in six runs)."""
+    fed, recovered = _substitute_keys(tmp_path, monkeypatch, "secagg")
     assert_no_leak(fed, recovered)
     assert_a_client_refused(fed)
 
 
+def test_the_semi_honest_variant_does_not_stop_key_substitution(tmp_path, monkeypatch):
+    """What does not hold (docs/protocols.md): with ``adversary = "semi-honest"`` no client
+    signs its keys, so the same attack recovers the victim's input to one quantization step
+    and nobody notices; the variant is for speed comparisons only."""
+    spec = tmp_path / "semi-honest.toml"
+    shipped = (Path(__file__).resolve().parents[2] / "protocols" / "secagg.toml").read_text()
+    spec.write_text(shipped.replace('adversary = "malicious"', 'adversary = "semi-honest"'))
+    fed, recovered = _substitute_keys(tmp_path, monkeypatch, str(spec))
+    assert fed.view().steps_off(VICTIM, recovered, fed.updates[VICTIM]) <= 1.0
+    assert fed.client_refusals() == []
+
+
 # -- 2. asking twice ----------------------------------------------------------------------------
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "issue 16: a client answers any number of unmask requests per aggregation (and the "
-    "transport's replay check is keyed on the origin field, which the server chooses)"))
 def test_asking_twice_does_not_unmask_a_client(tmp_path, monkeypatch):
     """Adversary: after the honest unmask request (every client revealed its share of the
     victim's self-mask seed), the server sends each other client a second request naming the
@@ -295,9 +312,6 @@ def test_asking_twice_does_not_unmask_a_client(tmp_path, monkeypatch):
 
 # -- 3. the client itself named dropped ---------------------------------------------------------
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "issue 16: a client answers a request that names the client itself as dropped, revealing "
-    "its own share of its mask key"))
 def test_a_client_named_dropped_to_itself_reveals_no_share_of_its_mask_key(tmp_path):
     """Adversary: the server's unmask request to the victim names the victim dropped (the
     others as survivors, 4 >= t); the other clients get the honest request. Succeeded before
@@ -316,9 +330,6 @@ def test_a_client_named_dropped_to_itself_reveals_no_share_of_its_mask_key(tmp_p
     assert any(e["sender"] == VICTIM for e in fed.client_refusals()), fed.client_refusals()
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "issue 16: a client reveals its own mask-key share when named dropped, and no consistency "
-    "round compares the survivor lists the clients were sent"))
 def test_a_split_view_with_one_colluder_and_the_victims_own_share_does_not_unmask_it(
         tmp_path, monkeypatch):
     """Adversary: the server and one colluding client (client-5, fewer than t = 3). The
@@ -350,9 +361,6 @@ def test_a_split_view_with_one_colluder_and_the_victims_own_share_does_not_unmas
 
 # -- 4. invented survivors ----------------------------------------------------------------------
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "issue 16: a client counts survivors it does not know (no neighbour-set check, no signed "
-    "survivor list), so invented names pass the survivor-count check"))
 def test_invented_survivors_do_not_let_the_server_unmask_a_client(tmp_path):
     """Adversary: the server names as survivors the victim and two clients that do not exist
     (client-8, client-9), so the request passes the count check (3 >= t), and every real peer
@@ -406,9 +414,6 @@ def test_a_split_view_alone_does_not_unmask_a_client(tmp_path, victim_told):
     assert_no_leak(fed, split_view(fed, victim_told))
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "issue 16: no consistency round: clients never compare the survivor lists they were "
-    "sent"))
 def test_a_split_view_is_refused_by_a_client(tmp_path):
     """Adversary: the split view above. It leaks nothing, but before issue 16 no client
     noticed it either: the clients answered their requests and only the stage's own server
@@ -420,9 +425,6 @@ def test_a_split_view_is_refused_by_a_client(tmp_path):
 
 # -- 6. a different broadcast to one client -----------------------------------------------------
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "issue 16: no model-consistency check: clients never compare the broadcasts they "
-    "received before an aggregation"))
 def test_a_different_broadcast_to_one_client_does_not_isolate_its_update(tmp_path):
     """Adversary: model inconsistency (Pasquini et al., CCS 2022), in its simplest form. The
     global model has a gate g, and each client's update is g times its own vector (a dead
