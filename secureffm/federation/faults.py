@@ -15,6 +15,11 @@ optionally the ``recipient`` whose delivery it hits (every recipient when omitte
 - ``unknown_sender``: a message claiming to be from ``party`` (a name no one registered) arrives
   at the server at that phase, a copy of a real message's bytes.
 
+Deviations of a malicious server (``party = "server"``, each at its one phase, to
+``recipient`` or every client), played by the protocol layer (secureffm/protocols/adversary.py),
+not by the transport: ``substitute_keys`` (``keys``), ``split_view`` (``consistency``),
+``invent_survivor`` (``unmask_request``), ``split_broadcast`` (``broadcast``).
+
 Corrupted, replayed, delayed and forged messages are rejected on receipt by their recipient
 and logged; a lost one leaves only its sender's record.
 """
@@ -27,9 +32,13 @@ from ..errors import ConfigError
 from ..specs import check_keys, read_spec_file
 from .message import SERVER
 
-__all__ = ["Fault", "FaultPlan", "load_threat_model", "ACTIONS"]
+__all__ = ["Fault", "FaultPlan", "load_threat_model", "ACTIONS", "SERVER_DEVIATIONS"]
 
-ACTIONS = ("drop", "lose", "corrupt", "replay", "delay", "unknown_sender")
+# A malicious server's deviations: action -> the phase at which it plays.
+SERVER_DEVIATIONS = {"substitute_keys": "keys", "split_view": "consistency",
+                     "invent_survivor": "unmask_request", "split_broadcast": "broadcast"}
+ACTIONS = ("drop", "lose", "corrupt", "replay", "delay", "unknown_sender",
+           *SERVER_DEVIATIONS)
 _FAULT_KEYS = {"action", "party", "phase", "recipient", "rounds"}
 _MODEL_KEYS = {"name", "description", "faults"}
 
@@ -91,6 +100,11 @@ class FaultPlan:
             elif fault.party not in known:
                 raise ConfigError(f"{where}: party {fault.party!r} does not exist; parties "
                                   f"are {', '.join(known)}")
+            deviation = SERVER_DEVIATIONS.get(fault.action)
+            if deviation and (fault.party != SERVER or fault.phase != deviation):
+                raise ConfigError(f"{where}: {fault.action} is the server's deviation at phase "
+                                  f"{deviation!r}; give party = 'server', phase = "
+                                  f"{deviation!r}")
             if fault.action == "drop" and fault.party == SERVER:
                 raise ConfigError(f"{where}: the server cannot go offline; use action "
                                   "'lose' to lose one of its deliveries")

@@ -11,10 +11,12 @@ from __future__ import annotations
 
 from ..errors import MessageError, ProtocolError
 from ..federation.channel import Aggregate, Compute, Template
+from ..federation.faults import FaultPlan
 from ..federation.message import SERVER, Payload, deserialize_payload, serialize_payload
 from ..federation.parties import Client, Party
 from ..federation.transport import Transport
 from ..privacy.settings import DistributedNoise, NoiseGeometry
+from .adversary import play_deviations
 from .aggregation import check_payload, plain_aggregate
 from .link import Link, record_broadcast
 from .protocol import Protocol
@@ -26,11 +28,12 @@ class ProtectedChannel:
     """Every message of a method, protected as ``protocol`` says, over ``transport``.
 
     ``server``: the server party (its own keys); ``clients``: the clients, in the transport's
-    order.
+    order; ``deviations``: a threat model whose malicious-server deviations the server plays
+    (:mod:`.adversary`).
     """
 
     def __init__(self, protocol: Protocol, transport: Transport, server: Party,
-                 clients: list[Client]):
+                 clients: list[Client], deviations: FaultPlan | None = None):
         if tuple(c.id for c in clients) != tuple(transport.clients):
             raise MessageError("the channel's clients must be the transport's, in its order")
         protocol.validate_for(len(clients))
@@ -39,6 +42,8 @@ class ProtectedChannel:
         self.server = server
         self.clients = clients
         self.parties: dict[str, Party] = {SERVER: server, **{c.id: c for c in clients}}
+        if deviations is not None:
+            play_deviations(server, deviations)
 
     def _link(self, round_: int, kind: str, stages: tuple[str, ...] = ()) -> Link:
         return Link(self.transport, self.parties, self.clients, round_, kind, stages)

@@ -136,4 +136,4 @@ def open_channel(protocol: Protocol, clients: list[Client], log: MessageLog,
     server = new_server(deterministic_seed)
     transport = InProcessTransport(Registry.of([server, *clients]), [c.id for c in clients],
                                    log, protocol.phases, faults)
-    return ProtectedChannel(protocol, transport, server, clients)
+    return ProtectedChannel(protocol, transport, server, clients, faults)

@@ -1,0 +1,98 @@
+"""A malicious server's deviations, played from a threat model so that runs and audits can
+show each one caught (``threat_models/malicious-server.toml``).
+
+Each deviation rewrites a message the server sends at one phase, to one ``recipient`` (or to
+every client), before the server signs it with its own key: the transport sees the server's
+genuine message, as it would from a server that deviates. The defences are the clients' own
+(secureffm/protocols/secagg.py): a client refuses, names the deviation in a ``rejected`` event
+it signs, and the round goes on without it or aborts with the sum still masked.
+
+- ``substitute_keys`` (phase ``keys``): every neighbour's c_pk in the message is replaced by a
+  key of the server's own (the review's attack); the keys' signatures no longer verify.
+- ``split_view`` (phase ``consistency``): the survivor set announced leaves out one survivor
+  other than the recipient; survivors then signed different sets.
+- ``invent_survivor`` (phase ``unmask_request``): the request lists ``client-99`` as a survivor.
+- ``split_broadcast`` (phase ``broadcast``): the recipient gets the model zeroed (Pasquini et
+  al. 2022: a model that makes the others' updates vanish isolates one client's).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+
+import numpy as np
+
+from ..federation.crypto import new_key_pair
+from ..federation.faults import FaultPlan
+from ..federation.message import Envelope, deserialize_payload, serialize_payload
+from ..federation.parties import Party
+
+__all__ = ["play_deviations", "DEVIATIONS"]
+
+_INVENTED = "client-99"
+
+
+def _bytes_fields(data: bytes) -> dict[str, bytes]:
+    return {name: array.tobytes() for name, array in deserialize_payload(data).items()}
+
+
+def _from_bytes_fields(fields: dict[str, bytes]) -> bytes:
+    return serialize_payload({k: np.frombuffer(v, dtype=np.uint8) for k, v in fields.items()})
+
+
+def _json(data: bytes) -> dict:
+    return json.loads(_bytes_fields(data)["json"])
+
+
+def _to_json(value: dict) -> bytes:
+    return _from_bytes_fields({"json": json.dumps(value, sort_keys=True).encode()})
+
+
+def _substitute_keys(data: bytes, recipient: str) -> bytes:
+    fields = _bytes_fields(data)
+    return _from_bytes_fields({name: new_key_pair().public if name.startswith("c_pk:") else value
+                               for name, value in fields.items()})
+
+
+def _split_view(data: bytes, recipient: str) -> bytes:
+    announced = _json(data)
+    left_out = next(u for u in announced["survivors"] if u != recipient)
+    return _to_json({"survivors": [u for u in announced["survivors"] if u != left_out]})
+
+
+def _invent_survivor(data: bytes, recipient: str) -> bytes:
+    request = _json(data)
+    return _to_json(request | {"survivors": [*request["survivors"], _INVENTED]})
+
+
+def _split_broadcast(data: bytes, recipient: str) -> bytes:
+    return serialize_payload({name: np.zeros_like(array)
+                              for name, array in deserialize_payload(data).items()})
+
+
+# action -> the rewrite of one message (bytes, recipient) -> bytes
+DEVIATIONS: dict[str, Callable[[bytes, str], bytes]] = {
+    "substitute_keys": _substitute_keys,
+    "split_view": _split_view,
+    "invent_survivor": _invent_survivor,
+    "split_broadcast": _split_broadcast,
+}
+
+
+def play_deviations(server: Party, faults: FaultPlan) -> None:
+    """Make ``server`` deviate as ``faults`` say (nothing when they name no deviation)."""
+    deviations = [f for f in faults.faults if f.action in DEVIATIONS]
+    if not deviations:
+        return
+    honest = server.envelope
+
+    def envelope(round_: int, phase: str, kind: str, recipient: str, data: bytes,
+                 stages: tuple[str, ...] = (), origin: str = "") -> Envelope:
+        for fault in deviations:
+            if (fault.phase == phase and fault.hits(round_)
+                    and fault.recipient in ("", recipient)):
+                data = DEVIATIONS[fault.action](data, recipient)
+        return honest(round_, phase, kind, recipient, data, stages, origin)
+
+    server.envelope = envelope
