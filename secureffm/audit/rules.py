@@ -11,10 +11,13 @@ is a run the protocols could have produced. The first broken rule is named:
   server: a centralized run) and its ``records`` equals the records before it;
 - every client in an ``aggregated`` event's ``included`` sent its input of that kind to the
   server in that round (``masked_input`` under secure aggregation, ``upload`` in the clear);
-- secure aggregation (phases of :data:`secureffm.protocols.secagg.PHASES`): a client takes part
-  in an aggregation only after advertising keys in it, and the keys the server relays in
-  ``keys`` are those each client advertised. The last rule reads payloads; without payloads.bin
-  it is reported as not done, never as passed.
+- the server's public broadcasts (:data:`PUBLIC_KINDS` in the clear, phase ``broadcast``) of one
+  kind in one round carry the same bytes (sha256) to every client: a server that sends one
+  client another model (to isolate its update in a sum) breaks it;
+- secure aggregation (phases of :data:`secureffm.protocols.secagg.MALICIOUS_PHASES`): a client
+  takes part in an aggregation only after advertising keys in it, and the keys the server
+  relays in ``keys`` are those each client advertised. The last rule reads payloads; without
+  payloads.bin it is reported as not done, never as passed.
 """
 
 from __future__ import annotations
@@ -23,10 +26,12 @@ from collections.abc import Collection
 
 from ..errors import MessageError
 from ..federation.message import SERVER, deserialize_payload
-from ..protocols.secagg import PHASES as SECAGG_PHASES
+from ..protocols.secagg import MALICIOUS_PHASES as SECAGG_PHASES
 
-__all__ = ["ProtocolRules", "INPUT_PHASES"]
+__all__ = ["ProtocolRules", "INPUT_PHASES", "PUBLIC_KINDS"]
 
+# The server state every client gets alike through Channel.broadcast.
+PUBLIC_KINDS = ("global_model", "global_potential")
 INPUT_PHASES = ("upload", "masked_input")  # a client's input to an aggregate
 _SERVER_EVENTS = ("dropped", "aborted", "aggregated")
 _RELAYED_KEYS = "secagg: relayed keys equal the advertised ones"
@@ -49,6 +54,8 @@ class ProtocolRules:
         self._aggregates = 0
         self._keys_checked = 0
         self._keys_unchecked = 0
+        # (round, kind) -> (sha256, first recipient) of the server's public broadcast
+        self._broadcasts: dict[tuple[int, str], tuple[str, str]] = {}
 
     def check(self, record: dict, payload: bytes | None) -> str | None:
         """The first rule ``record`` breaks (a sentence naming it), or None.
@@ -57,7 +64,7 @@ class ProtocolRules:
         """
         if record["kind"] == "event":
             return self._named(record) or self._event(record)
-        problem = self._named(record)
+        problem = self._named(record) or self._broadcast(record)
         if problem is None and record["phase"] in SECAGG_PHASES:
             problem = self._secagg(record, payload)
         if problem is None and record["phase"] in INPUT_PHASES and record["recipient"] == SERVER:
@@ -90,6 +97,19 @@ class ProtocolRules:
         for name, party in fields:
             if party not in self.parties and party not in ("*", "log"):
                 return f"record {seq}: {name} {party!r} is not in parties.json"
+        return None
+
+    def _broadcast(self, record: dict) -> str | None:
+        """A public broadcast of one kind in one round is the same bytes to every client."""
+        if (record["phase"] != "broadcast" or record["kind"] not in PUBLIC_KINDS
+                or record["sender"] != SERVER or record["stages"]):
+            return None
+        key = (record["round"], record["kind"])
+        first = self._broadcasts.setdefault(key, (record["sha256"], record["recipient"]))
+        if first[0] != record["sha256"]:
+            return (f"record {record['seq']}: the server broadcast another {record['kind']} "
+                    f"to {record['recipient']} in round {record['round']} than to {first[1]} "
+                    "(a different model to one client can isolate its update in a sum)")
         return None
 
     def _event(self, record: dict) -> str | None:

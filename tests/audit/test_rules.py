@@ -137,3 +137,22 @@ def test_without_payloads_the_relayed_keys_rule_is_reported_not_done():
     assert log.message("server", "client-1", "keys") is None
     status = log.rules.status()["secagg: relayed keys equal the advertised ones"]
     assert status.startswith("NOT DONE for 1 keys message(s)") and "--keep-payloads" in status
+
+
+def test_the_servers_public_broadcast_is_the_same_to_every_client():
+    """Adversary: a server that sends one client another model (Pasquini et al. 2022) to
+    isolate its update in the next sum; the log shows two sha256 for one round's broadcast."""
+    log = _Log()
+
+    def broadcast(recipient, sha, round_=1, kind="global_model", stages=()):
+        return log.message("server", recipient, "broadcast", round_, kind, sha256=sha,
+                           stages=list(stages))
+
+    assert broadcast("client-1", "aa") is None and broadcast("client-2", "aa") is None
+    assert broadcast("client-1", "bb", round_=2) is None  # a new round, a new model
+    assert broadcast("client-1", "cc", kind="global_potential") is None
+    assert broadcast("client-1", "s1", kind="model", stages=["sealed"]) is None  # per client
+    assert broadcast("client-2", "s2", kind="model", stages=["sealed"]) is None
+    assert broadcast("client-2", "dd", round_=2) == (
+        "record 6: the server broadcast another global_model to client-2 in round 2 than to "
+        "client-1 (a different model to one client can isolate its update in a sum)")
