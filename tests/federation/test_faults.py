@@ -12,11 +12,17 @@ from importlib import resources
 import pytest
 
 from secureffm.errors import ConfigError
-from secureffm.federation.faults import ACTIONS, Fault, FaultPlan, load_threat_model
+from secureffm.federation.faults import (
+    ACTIONS,
+    SERVER_DEVIATIONS,
+    Fault,
+    FaultPlan,
+    load_threat_model,
+)
 from secureffm.protocols import load_protocol
 
 PHASES = ("broadcast", "upload", "shares", "masked_input", "unmask")
-CLIENTS = ["client-1", "client-2"]
+CLIENTS = ["client-1", "client-2", "client-3"]
 
 
 def _plan(tmp_path, body: str):
@@ -70,7 +76,15 @@ def test_every_shipped_threat_model_loads_as_written():
     defaults."""
     folder = resources.files("secureffm.specs") / "threat_models"
     names = sorted(p.name[:-5] for p in folder.iterdir() if p.name.endswith(".toml"))
-    assert names == ["drop-after-sharing", "faulty-uploads", "lose-shares-delivery"]
+    assert names == ["drop-after-sharing", "faulty-uploads", "lose-shares-delivery",
+                     "malicious-server"]
+    deviations = load_threat_model("malicious-server")
+    assert [(f.action, f.party, f.phase, f.recipient, f.rounds) for f in deviations.faults] == [
+        ("substitute_keys", "server", "keys", "client-2", (1,)),
+        ("split_view", "server", "consistency", "client-3", (2,)),
+        ("invent_survivor", "server", "unmask_request", "client-1", (3,)),
+        ("split_broadcast", "server", "broadcast", "client-2", (4,))]
+    deviations.check_phases(load_protocol("secagg").phases, CLIENTS)
     assert load_threat_model("drop-after-sharing").faults == (
         Fault("drop", "client-2", "masked_input", (2, 3, 4)),)
     plan = load_threat_model("faulty-uploads")
@@ -136,6 +150,8 @@ def test_check_phases_names_the_fault_and_what_to_change(fault, fragment):
 
 
 def test_every_action_on_a_clients_upload_is_accepted():
-    for action in ACTIONS:
+    """(The malicious server's deviations have their own phase and party:
+    tests/protocols/test_adversary.py.)"""
+    for action in (a for a in ACTIONS if a not in SERVER_DEVIATIONS):
         party = "mallory" if action == "unknown_sender" else "client-1"
         FaultPlan("m", (Fault(action, party, "upload"),)).check_phases(PHASES, CLIENTS)
