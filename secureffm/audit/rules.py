@@ -16,8 +16,9 @@ is a run the protocols could have produced. The first broken rule is named:
   client another model (to isolate its update in a sum) breaks it;
 - secure aggregation (phases of :data:`secureffm.protocols.secagg.MALICIOUS_PHASES`): a client
   takes part in an aggregation only after advertising keys in it, and the keys the server
-  relays in ``keys`` are those each client advertised. The last rule reads payloads; without
-  payloads.bin it is reported as not done, never as passed.
+  relays in ``keys`` are those each client advertised, and (malicious-server variant) every
+  client was announced the same graph (seed and U1) and the same survivor set. The last two
+  rules read payloads; without payloads.bin they are reported as not done, never as passed.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ PUBLIC_KINDS = ("global_model", "global_potential")
 INPUT_PHASES = ("upload", "masked_input")  # a client's input to an aggregate
 _SERVER_EVENTS = ("dropped", "aborted", "aggregated")
 _RELAYED_KEYS = "secagg: relayed keys equal the advertised ones"
+_ONE_VIEW = "secagg: one graph and one survivor set announced to every client"
 _COUNTED = "aggregates: every counted client sent its input"
 
 Keys = dict[str, bytes]  # "c_pk" / "s_pk" -> raw X25519 public key
@@ -56,6 +58,10 @@ class ProtocolRules:
         self._keys_unchecked = 0
         # (round, kind) -> (sha256, first recipient) of the server's public broadcast
         self._broadcasts: dict[tuple[int, str], tuple[str, str]] = {}
+        # (round, kind, what) -> (announcement, first recipient): the graph and survivor set
+        self._announced: dict[tuple[int, str, str], tuple[bytes, str]] = {}
+        self._views_checked = 0
+        self._views_unchecked = 0
 
     def check(self, record: dict, payload: bytes | None) -> str | None:
         """The first rule ``record`` breaks (a sentence naming it), or None.
@@ -81,6 +87,12 @@ class ProtocolRules:
                 f"done: {self._keys_checked} keys message(s) checked" if not self._keys_unchecked
                 else f"NOT DONE for {self._keys_unchecked} keys message(s): payloads.bin was "
                 "not kept (run with --keep-payloads), so the relayed keys cannot be compared")
+        if self._views_checked or self._views_unchecked:
+            out[_ONE_VIEW] = (
+                f"done: {self._views_checked} announcement(s) compared"
+                if not self._views_unchecked else
+                f"NOT DONE for {self._views_unchecked} announcement(s): payloads.bin was not "
+                "kept (run with --keep-payloads)")
         return out
 
     # -- one rule each -----------------------------------------------------------------------
@@ -166,7 +178,34 @@ class ProtocolRules:
                     f"{record['kind']} secure aggregation ({phase}) without advertising keys "
                     "in it")
         if phase == "keys":
-            return self._relayed_keys(seq, client, session, payload)
+            return (self._relayed_keys(seq, client, session, payload)
+                    or self._one_view(record, payload, "graph"))
+        if phase == "consistency":
+            return self._one_view(record, payload, "survivor set")
+        return None
+
+    def _one_view(self, record: dict, payload: bytes | None, what: str) -> str | None:
+        """What the server announces in one aggregation (the graph's seed and U1 in ``keys``,
+        the survivors in ``consistency``) is the same to every client (malicious-server
+        variant; a semi-honest ``keys`` message announces no graph)."""
+        if payload is None:
+            self._views_unchecked += 1
+            return None
+        try:
+            fields = _uint8_fields(payload)
+        except MessageError:
+            return f"record {record['seq']}: the server's {record['phase']} message is unreadable"
+        names = ("graph_seed", "u1") if what == "graph" else ("json",)
+        if not all(name in fields for name in names):
+            return None
+        announced = b"|".join(fields[name] for name in names)
+        key = (record["round"], record["kind"], what)
+        first = self._announced.setdefault(key, (announced, record["recipient"]))
+        self._views_checked += 1
+        if first[0] != announced:
+            return (f"record {record['seq']}: the server announced {record['recipient']} another "
+                    f"{what} than {first[1]} in the round-{record['round']} {record['kind']} "
+                    "secure aggregation (a split view)")
         return None
 
     def _relayed_keys(self, seq: int, client: str, session: dict[str, Keys | None],

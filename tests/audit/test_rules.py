@@ -156,3 +156,28 @@ def test_the_servers_public_broadcast_is_the_same_to_every_client():
     assert broadcast("client-2", "dd", round_=2) == (
         "record 6: the server broadcast another global_model to client-2 in round 2 than to "
         "client-1 (a different model to one client can isolate its update in a sum)")
+
+
+def _json_payload(value: str) -> bytes:
+    return serialize_payload({"json": np.frombuffer(value.encode(), dtype=np.uint8)})
+
+
+def test_one_graph_and_one_survivor_set_are_announced_to_every_client():
+    """Adversary: a malicious server that announces clients different survivor sets (a split
+    view) or different graphs; the log's payloads show it, with payloads kept."""
+    log = _Log()
+    log.message("client-1", "server", "advertise_keys", payload=_keys_payload(C1_KEYS))
+    log.message("client-2", "server", "advertise_keys", payload=_keys_payload(C2_KEYS))
+    graph = {"graph_seed": bytes(32), "u1": b'["client-1", "client-2"]'}
+    assert log.message("server", "client-1", "keys",
+                       payload=_keys_payload({**graph, "c_pk:client-2": C2_KEYS["c_pk"]})) is None
+    other = {**graph, "graph_seed": bytes([1]) * 32, "c_pk:client-1": C1_KEYS["c_pk"]}
+    assert "announced client-2 another graph than client-1" in log.message(
+        "server", "client-2", "keys", payload=_keys_payload(other))
+    both = _json_payload('{"survivors": ["client-1", "client-2"]}')
+    assert log.message("server", "client-1", "consistency", payload=both) is None
+    assert "another survivor set than client-1" in log.message(
+        "server", "client-2", "consistency", payload=_json_payload('{"survivors": ["client-2"]}'))
+    assert log.message("server", "client-1", "consistency", payload=None) is None  # not kept
+    assert "NOT DONE for 1 announcement(s)" in log.rules.status()[
+        "secagg: one graph and one survivor set announced to every client"]

@@ -137,7 +137,9 @@ def test_an_intact_run_verifies_against_its_pin_by_head_and_by_keys(honest, caps
     assert report.ok and report.pinned == () and "accidental damage only" in report.scope
     assert report.checks == {
         "aggregates: every counted client sent its input": "done: 2 aggregated event(s) checked",
-        "secagg: relayed keys equal the advertised ones": "done: 6 keys message(s) checked"}
+        "secagg: relayed keys equal the advertised ones": "done: 6 keys message(s) checked",
+        "secagg: one graph and one survivor set announced to every client":
+            "done: 12 announcement(s) compared"}
 
 
 def test_rebuild_dropping_a_masked_input_passes_unpinned_and_fails_every_pin(honest, folder,
