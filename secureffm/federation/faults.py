@@ -18,7 +18,7 @@ optionally the ``recipient`` whose delivery it hits (every recipient when omitte
 Deviations of a malicious server (``party = "server"``, each at its one phase, to
 ``recipient`` or every client), played by the protocol layer (secureffm/protocols/adversary.py),
 not by the transport: ``substitute_keys`` (``keys``), ``split_view`` (``consistency``),
-``invent_survivor`` (``unmask_request``), ``split_broadcast`` (``broadcast``).
+``invent_survivor`` and ``ask_twice`` (``unmask_request``), ``split_broadcast`` (``broadcast``).
 
 Corrupted, replayed, delayed and forged messages are rejected on receipt by their recipient
 and logged; a lost one leaves only its sender's record.
@@ -36,7 +36,8 @@ __all__ = ["Fault", "FaultPlan", "load_threat_model", "ACTIONS", "SERVER_DEVIATI
 
 # A malicious server's deviations: action -> the phase at which it plays.
 SERVER_DEVIATIONS = {"substitute_keys": "keys", "split_view": "consistency",
-                     "invent_survivor": "unmask_request", "split_broadcast": "broadcast"}
+                     "invent_survivor": "unmask_request", "ask_twice": "unmask_request",
+                     "split_broadcast": "broadcast"}
 ACTIONS = ("drop", "lose", "corrupt", "replay", "delay", "unknown_sender",
            *SERVER_DEVIATIONS)
 _FAULT_KEYS = {"action", "party", "phase", "recipient", "rounds"}

@@ -12,6 +12,9 @@ it signs, and the round goes on without it or aborts with the sum still masked.
 - ``split_view`` (phase ``consistency``): the survivor set announced leaves out one survivor
   other than the recipient; survivors then signed different sets.
 - ``invent_survivor`` (phase ``unmask_request``): the request lists ``client-99`` as a survivor.
+- ``ask_twice`` (phase ``unmask_request``, ``recipient`` the victim): after the honest requests,
+  every other survivor is asked again with the victim named dropped (both of the victim's
+  secrets would unmask its input); see :func:`repeated_requests`.
 - ``split_broadcast`` (phase ``broadcast``): the recipient gets the model zeroed (Pasquini et
   al. 2022: a model that makes the others' updates vanish isolates one client's).
 """
@@ -28,7 +31,7 @@ from ..federation.faults import FaultPlan
 from ..federation.message import Envelope, deserialize_payload, serialize_payload
 from ..federation.parties import Party
 
-__all__ = ["play_deviations", "DEVIATIONS"]
+__all__ = ["play_deviations", "repeated_requests", "DEVIATIONS"]
 
 _INVENTED = "client-99"
 
@@ -78,6 +81,26 @@ DEVIATIONS: dict[str, Callable[[bytes, str], bytes]] = {
     "invent_survivor": _invent_survivor,
     "split_broadcast": _split_broadcast,
 }
+
+
+def repeated_requests(faults: FaultPlan, round_: int, requests: list[tuple[str, bytes, str]]
+                      ) -> list[tuple[str, bytes, str]]:
+    """``ask_twice``: the second unmask requests a deviating server sends after the honest
+    ``requests`` (client id, request bytes, origin) of ``round_``, each naming the victim
+    dropped. The server sets each one's ``origin`` to the victim, which the transport's
+    duplicate check (keyed on the envelope's fields) then does not catch: the client's own
+    rule (answer once) must."""
+    extra = []
+    for fault in faults.faults:
+        if fault.action != "ask_twice" or not fault.hits(round_):
+            continue
+        for v, data, _ in requests:
+            request = _json(data)
+            if v != fault.recipient and fault.recipient in request["survivors"]:
+                extra.append((v, _to_json(request | {
+                    "survivors": [u for u in request["survivors"] if u != fault.recipient],
+                    "dropped": [*request["dropped"], fault.recipient]}), fault.recipient))
+    return extra
 
 
 def play_deviations(server: Party, faults: FaultPlan) -> None:

@@ -42,11 +42,12 @@ class ProtectedChannel:
         self.server = server
         self.clients = clients
         self.parties: dict[str, Party] = {SERVER: server, **{c.id: c for c in clients}}
-        if deviations is not None:
-            play_deviations(server, deviations)
+        self.deviations = deviations or FaultPlan()
+        play_deviations(server, self.deviations)
 
     def _link(self, round_: int, kind: str, stages: tuple[str, ...] = ()) -> Link:
-        return Link(self.transport, self.parties, self.clients, round_, kind, stages)
+        return Link(self.transport, self.parties, self.clients, round_, kind, stages,
+                    self.deviations)
 
     def broadcast(self, round_: int, kind: str, payload: Payload) -> None:
         """Server to every client: state the server publishes (global model, potential). Each

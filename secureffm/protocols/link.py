@@ -8,8 +8,9 @@ signs its envelope with its own key, and a party that refuses a message raises t
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from ..federation.faults import FaultPlan
 from ..federation.message import SERVER
 from ..federation.parties import Client, Party
 from ..federation.transport import Transport
@@ -35,7 +36,9 @@ def broadcast_digest(party: Party, round_: int) -> bytes:
 @dataclass
 class Link:
     """``parties``: the server and the clients by id; ``clients``: the clients in federation
-    order; ``stages``: the stages named on every message of this exchange."""
+    order; ``stages``: the stages named on every message of this exchange; ``deviations``: a
+    threat model's malicious-server deviations the server plays (secureffm/protocols/
+    adversary.py), none by default."""
 
     transport: Transport
     parties: dict[str, Party]
@@ -43,6 +46,7 @@ class Link:
     round: int
     kind: str
     stages: tuple[str, ...] = ()
+    deviations: FaultPlan = field(default_factory=FaultPlan)
 
     def send(self, phase: str, sender: str, recipient: str, data: bytes,
              origin: str = "") -> bytes | None:

@@ -81,6 +81,7 @@ from ..federation.message import SERVER, deserialize_payload, serialize_payload
 from ..federation.parties import Client, Registry
 from ..privacy.settings import DistributedNoise, NoiseGeometry
 from ..privacy.skellam import grid_sensitivity
+from .adversary import repeated_requests
 from .aggregation import check_payload, flatten, unflatten
 from .link import Link, broadcast_digest
 from .prg import expand_seed
@@ -893,8 +894,10 @@ class SecAggStage:
                 signatures: dict[str, bytes]) -> dict[tuple[str, str], dict[str, Share]]:
         """Phases 6-7. Returns (which, peer) -> holder -> share, from the well-formed replies."""
         revealed: dict[tuple[str, str], dict[str, Share]] = {}
-        for v in u3:
-            data = r.send("unmask_request", SERVER, v, self._request(r, v, u3, gone, signatures))
+        requests = [(v, self._request(r, v, u3, gone, signatures), "") for v in u3]
+        requests += repeated_requests(r.link.deviations, r.link.round, requests)  # a deviation
+        for v, request, origin in requests:
+            data = r.link.send("unmask_request", SERVER, v, request, origin)
             if data is None or not r.alive(v, "unmask"):
                 continue  # still included: its input is in the sum, it just sends no shares
             try:

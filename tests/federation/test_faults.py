@@ -83,7 +83,8 @@ def test_every_shipped_threat_model_loads_as_written():
         ("substitute_keys", "server", "keys", "client-2", (1,)),
         ("split_view", "server", "consistency", "client-3", (2,)),
         ("invent_survivor", "server", "unmask_request", "client-1", (3,)),
-        ("split_broadcast", "server", "broadcast", "client-2", (4,))]
+        ("split_broadcast", "server", "broadcast", "client-2", (4,)),
+        ("ask_twice", "server", "unmask_request", "client-3", (5,))]
     deviations.check_phases(load_protocol("secagg").phases, CLIENTS)
     assert load_threat_model("drop-after-sharing").faults == (
         Fault("drop", "client-2", "masked_input", (2, 3, 4)),)

@@ -16,18 +16,20 @@ from secureffm.protocols.adversary import DEVIATIONS
 from secureffm.runs import run
 
 
-def test_every_deviation_the_fault_engine_accepts_has_a_rewrite():
-    assert set(DEVIATIONS) == set(SERVER_DEVIATIONS) <= set(ACTIONS)
+def test_every_deviation_the_fault_engine_accepts_is_played():
+    """Each is a rewrite of one message, except asking twice (extra requests)."""
+    assert set(DEVIATIONS) | {"ask_twice"} == set(SERVER_DEVIATIONS) <= set(ACTIONS)
 
 
 @pytest.fixture(scope="module")
 def events(tmp_path_factory) -> dict[int, list[dict]]:
     """Adversary: a malicious server playing threat_models/malicious-server.toml, one
     deviation per round (1: keys substituted towards client-2; 2: a split survivor view to
-    client-3; 3: an invented survivor in client-1's request; 4: a zeroed model to client-2);
-    round 5 is honest. Events by round."""
+    client-3; 3: an invented survivor in client-1's request; 4: a zeroed model to client-2;
+    5: client-1 and client-2 asked again with client-3 named dropped); round 6 is honest.
+    Events by round."""
     out = tmp_path_factory.mktemp("malicious") / "run"
-    run(RunConfig(method="vanilla", protocol="secagg", clients=3, partition="iid", rounds=5,
+    run(RunConfig(method="vanilla", protocol="secagg", clients=3, partition="iid", rounds=6,
                   shard_size=200, batch_size=32, eval_samples=100, nfe=(1,), trajectories=10,
                   progress=False, device="cpu", threat_model="malicious-server",
                   out=str(out), insecure_deterministic=True))
@@ -80,8 +82,19 @@ def test_another_model_to_one_client_fails_the_consistency_signatures(events):
     assert _outcome(events[4]) == "aborted"
 
 
+def test_asking_twice_is_refused_and_the_victim_stays_masked(events):
+    """Each client answers one request per aggregation; the second, naming client-3 dropped
+    (its mask key would unmask its input), is refused by both, and the round completes with
+    client-3 counted."""
+    refused = _refusals(events[5])
+    assert set(refused) == {"client-1", "client-2"}
+    assert all("already answered an unmask request" in why for why in refused.values())
+    aggregated = next(e for e in events[5] if e["event"] == "aggregated")
+    assert aggregated["included"] == ["client-1", "client-2", "client-3"]
+
+
 def test_an_honest_round_after_the_deviations_completes(events):
-    assert _refusals(events[5]) == {} and _outcome(events[5]) == "aggregated"
+    assert _refusals(events[6]) == {} and _outcome(events[6]) == "aggregated"
 
 
 @pytest.mark.parametrize("fault, fragment", [
