@@ -4,6 +4,7 @@ the time goes, for the in-process transport.
     .venv/bin/python benchmarks/secagg.py                            # every case (minutes)
     .venv/bin/python benchmarks/secagg.py --quick                    # skips d = 10^6 for n = 50
     .venv/bin/python benchmarks/secagg.py --out docs/benchmarks.md   # also write the tables
+    .venv/bin/python benchmarks/secagg.py --smoke                    # seconds: a check only
 
 A round is one ``channel.aggregate(round, "gradient", compute, weights, template)`` call (the
 channel from ``open_channel``, over the in-process transport) in which
@@ -13,6 +14,9 @@ and secure rounds alternate within one run, so both see the same background load
 the secure median over the plaintext median. Progress goes to stderr, the tables (markdown) to
 stdout and, with ``--out``, between the ``<!-- secagg:begin -->`` and ``<!-- secagg:end -->``
 markers of that file (created with a ``# Benchmarks`` heading if absent; the rest is kept).
+``--smoke`` runs every table at n in {2, 10} and d = 10^3 (the throughput, breakdown and profile
+sections too) with one round per case: the default test suite runs it to check that the script
+works; its numbers are not measurements.
 """
 
 from __future__ import annotations
@@ -228,16 +232,18 @@ def _phase_table(results: list[CaseResult]) -> str:
 # -- the malicious-server variant against the semi-honest one ------------------------------
 
 
-def _adversaries(root: Path, quick: bool, repeats: int) -> str:
+def _adversaries(root: Path, quick: bool, repeats: int, clients: tuple[int, ...] = CLIENTS,
+                 sizes: tuple[int, ...] = SIZES) -> str:
     """Round time and bytes of ``secagg`` (malicious-server variant: signed keys, announced
     graph, consistency round) over the same spec with ``adversary = "semi-honest"``, rounds
-    alternating; n in {10, 50}, d in {10^4, 10^6} (n = 50, d = 10^6 skipped with --quick)."""
+    alternating; n in ``clients[1:]`` ({10, 50}), d in ``sizes`` ({10^4, 10^6}); n = 50,
+    d = 10^6 skipped with --quick."""
     spec = root / "secagg-semi-honest.toml"
     shipped = (Path(__file__).resolve().parents[1] / "protocols" / "secagg.toml").read_text()
     spec.write_text(shipped.replace('adversary = "malicious"', 'adversary = "semi-honest"'))
     rows = []
-    for n in CLIENTS[1:]:
-        for d in SIZES:
+    for n in clients[1:]:
+        for d in sizes:
             if quick and n == 50 and d == 10**6:
                 continue
             _say(f"adversary variants n={n} d={_sci(d)} ...")
@@ -492,15 +498,25 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="skip d = 10^6 for n = 50")
     parser.add_argument("--out", type=Path, help="markdown file to write the tables into")
     parser.add_argument("--top", type=int, default=12, help="functions listed in the profile")
+    parser.add_argument("--smoke", action="store_true",
+                        help="n in {2, 10}, d = 10^3, one round per case: checks that the "
+                             "script runs (seconds); the numbers are not measurements")
     args = parser.parse_args()
     if args.repeats < 1:
         parser.error("--repeats must be >= 1")
-    command = "benchmarks/secagg.py" + (" --quick" if args.quick else "") + (
-        f" --repeats {args.repeats}" if args.repeats != 5 else "")
+    if args.smoke:
+        args.repeats = 1
+    clients, sizes = ((2, 10), (10**3,)) if args.smoke else (CLIENTS, SIZES)
+    big_n, big_d = 10, max(sizes)  # the throughput and the breakdown of one round
+    small_d = min(sizes) if args.smoke else 10**4  # the small-model profiles, at n >= 10
+    small_ns = [n for n in clients if n >= 10]
+    command = "benchmarks/secagg.py" + (" --smoke" if args.smoke else "") + (
+        " --quick" if args.quick else "") + (
+        f" --repeats {args.repeats}" if args.repeats != 5 and not args.smoke else "")
     load_before = os.getloadavg()
     started = time.perf_counter()
 
-    cases = [(n, d, masking, protocol) for n in CLIENTS for d in SIZES
+    cases = [(n, d, masking, protocol) for n in clients for d in sizes
              for masking, protocol in MASKINGS if not (args.quick and n == 50 and d == 10**6)]
     results = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -518,14 +534,14 @@ def main() -> None:
                  f"{len(r.secure_s)} secagg rounds)")
         del vectors
         _say("masking throughput ...")
-        adversaries = _adversaries(root, args.quick, max(3, args.repeats))
-        throughput = _throughput(10**6, max(3, args.repeats))
-        _say("breakdown of one round, n=10, d=10^6, full graph ...")
-        phases, buckets, functions = _breakdown(root, 10, 10**6, "secagg", args.top)
+        adversaries = _adversaries(root, args.quick, max(3, args.repeats), clients, sizes)
+        throughput = _throughput(big_d, max(3, args.repeats))
+        _say(f"breakdown of one round, n={big_n}, d={_sci(big_d)}, full graph ...")
+        phases, buckets, functions = _breakdown(root, big_n, big_d, "secagg", args.top)
         small: dict[str, dict[str, float]] = {}
-        for n in (10, 50):
-            _say(f"profile of one round, n={n}, d=10^4, full graph ...")
-            fed = _Federation(root / f"small-{n}", "secagg", _vectors(n, 10**4, seed=2))
+        for n in small_ns:
+            _say(f"profile of one round, n={n}, d={_sci(small_d)}, full graph ...")
+            fed = _Federation(root / f"small-{n}", "secagg", _vectors(n, small_d, seed=2))
             fed.round()  # warm-up
             small[f"n={n}"], small_functions = _profile(fed, args.top)
             fed.close()
@@ -572,7 +588,7 @@ def main() -> None:
         "",
         throughput,
         "",
-        "### Where the time goes: n = 10, d = 10^6, full graph",
+        f"### Where the time goes: n = {big_n}, d = {_sci(big_d)}, full graph",
         "",
         "Phases (`Link.send` wrapped; a client's work before a send, including serializing "
         "the payload, and the server's work on the previous reply, is charged to that send's "
@@ -589,14 +605,15 @@ def main() -> None:
         "",
         functions,
         "",
-        "### A small model: d = 10^4, full graph, n = 10 and 50",
+        f"### A small model: d = {_sci(small_d)}, full graph, n = "
+        + " and ".join(map(str, small_ns)),
         "",
         "Per-message and per-pair costs (keys, shares, signatures, serialization) dominate "
         "here; the pair costs grow as n^2 on the full graph:",
         "",
         _bucket_table(small),
         "",
-        f"Top {args.top} functions by own time, n = 50:",
+        f"Top {args.top} functions by own time, n = {small_ns[-1]}:",
         "",
         small_functions,
     ])
