@@ -4,6 +4,7 @@ ghost-clipping step's time goes, and faster ways to clip per example for small M
     .venv/bin/python benchmarks/dp.py                            # every case (a few minutes)
     .venv/bin/python benchmarks/dp.py --quick                    # no 28x28 U-Net
     .venv/bin/python benchmarks/dp.py --out docs/benchmarks.md   # also write the tables
+    .venv/bin/python benchmarks/dp.py --smoke                    # seconds: a check only
 
 A step is one forward of the per-example flow matching loss [B] (``flow_matching_loss`` on fixed
 random x0, x1 with fresh t) and the gradient. The non-private step is ``zero_grad``, the loss and
@@ -12,6 +13,9 @@ random x0, x1 with fresh t) and the gradient. The non-private step is ``zero_gra
 and DP steps alternate within one process, so both see the same background load; a ratio is the
 DP median over the plain median. Progress goes to stderr, the tables (markdown) to stdout and,
 with ``--out``, between the ``<!-- dp:begin -->`` and ``<!-- dp:end -->`` markers of that file.
+``--smoke`` runs every table on two cases (the 64-wide MLP and the 8x8 U-Net at batch 16, one
+thread) with the fewest rounds (5) and no time budget: the default test suite runs it to check
+that the script works; its numbers are not measurements.
 """
 
 from __future__ import annotations
@@ -282,9 +286,12 @@ class _Case:
         return self.make()
 
 
-def _cases(quick: bool) -> list[_Case]:
+def _cases(quick: bool, smoke: bool = False) -> list[_Case]:
     mlp = [("`VelocityMLP(2, 64)`", lambda: VelocityMLP(2, 64)),
            ("`VelocityMLP(2, 256)` (3x256)", lambda: VelocityMLP(2, 256))]
+    if smoke:  # no budget: the fewest rounds (5) of each
+        return [_Case(mlp[0][0], mlp[0][1], (2,), 256, 1, 0.0),
+                _Case("`UNet(3)`, 8x8x3", lambda: UNet(3), (3, 8, 8), 16, 1, 0.0)]
     cases = [_Case(label, make, (2,), 256, 1, 2.0) for label, make in mlp]
     cases.append(_Case("`UNet(3)`, 8x8x3", lambda: UNet(3), (3, 8, 8), 64, 1, 5.0))
     # Below 32 examples PyTorch's expanded weights take another convolution path.
@@ -629,19 +636,26 @@ def main() -> None:
                         help="rounds of the variant and phase tables (median reported)")
     parser.add_argument("--out", type=Path, help="markdown file to write the tables into")
     parser.add_argument("--top", type=int, default=12, help="functions listed in the profile")
+    parser.add_argument("--smoke", action="store_true",
+                        help="two cases, 5 rounds, no time budget: checks that the script runs "
+                             "(seconds); the numbers are not measurements")
     args = parser.parse_args()
+    if args.smoke:
+        args.quick, args.rounds = True, 5
     if args.rounds < 5:
         parser.error("--rounds must be >= 5")
     # Opacus warns on every hooked backward that no input requires grad: expected here.
     warnings.filterwarnings("ignore", message="Full backward hook is firing")
     warnings.filterwarnings("ignore", message="Using a non-full backward hook")
-    command = "benchmarks/dp.py" + (" --quick" if args.quick else "") + (
-        f" --rounds {args.rounds}" if args.rounds != 300 else "")
+    command = "benchmarks/dp.py" + (" --smoke" if args.smoke else (
+        (" --quick" if args.quick else "") + (
+            f" --rounds {args.rounds}" if args.rounds != 300 else "")))
     load_before = os.getloadavg()
     started = time.perf_counter()
 
-    modes = _modes_table(_cases(args.quick))
-    variants, variants_note = _variants(((64, 1), (64, 2), (256, 1)), args.rounds, 30.0)
+    modes = _modes_table(_cases(args.quick, args.smoke))
+    variants, variants_note = _variants(((64, 1),) if args.smoke else ((64, 1), (64, 2), (256, 1)),
+                                        args.rounds, 0.0 if args.smoke else 30.0)
     _say("phases of the DPGradient step ...")
     phases = _phases(args.rounds)
     _say("cProfile of the DPGradient step ...")
