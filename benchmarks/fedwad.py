@@ -4,6 +4,7 @@ Fig. 2 of Rakotomamonjy et al. (2024), measured in one run.
     .venv/bin/python benchmarks/fedwad.py --quick                  # N up to 1000 (a minute)
     .venv/bin/python benchmarks/fedwad.py                          # N up to 10,000
     .venv/bin/python benchmarks/fedwad.py --out docs/benchmarks.md # also write the tables
+    .venv/bin/python benchmarks/fedwad.py --sizes 30 --figure /tmp/f.png  # seconds: a check
 
 Data: mu = N samples of N(0, I_d), nu = N (ratio 1:1) or N/3 (1:3) samples of N(m, I_d) with
 |m| = 2 along the diagonal, so the population W_2 is 2 (the closed form). Methods: exact W_2
@@ -14,7 +15,9 @@ Algorithm 1 with all parties in one process
 (``secureffm.methods.fedwad.fedwad``, default K = 20 and t ~ U(0.05, 0.95)), sequentially,
 evaluating every iterate's bound. Each cell runs on the same samples as exact W; a time ratio
 is FedWAD's time over exact W's in that cell; errors are |estimate / reference - 1| against the
-closed form (as the paper) and against exact W. The figure goes to docs/figures/fedwad_fig2.png.
+closed form (as the paper) and against exact W. The figure goes to docs/figures/fedwad_fig2.png
+(``--figure``). ``--sizes`` replaces the N values (the default test suite runs N = 30 to check
+that the script works).
 """
 
 from __future__ import annotations
@@ -150,15 +153,19 @@ def main() -> None:
                         help="largest N for exact-interpolation FedWAD")
     parser.add_argument("--out", type=Path, help="markdown file to write the tables into")
     parser.add_argument("--figure", type=Path, default=FIGURE)
+    parser.add_argument("--sizes", type=int, nargs="+",
+                        help=f"N values (default {SIZES}; {QUICK_SIZES} with --quick)")
     args = parser.parse_args()
     torch.set_num_threads(1)
-    sizes = QUICK_SIZES if args.quick else SIZES
+    sizes = tuple(args.sizes) if args.sizes else QUICK_SIZES if args.quick else SIZES
     results = run(sizes, args.repeats, args.exact_max)
     text = tables(results, sizes, args.exact_max)
     print(text)
     figure(results, sizes, args.exact_max, args.figure)
     if args.out:
-        note = (f"Measured by `benchmarks/fedwad.py{' --quick' if args.quick else ''}` "
+        flags = (" --quick" if args.quick else "") + (
+            f" --sizes {' '.join(map(str, sizes))}" if args.sizes else "")
+        note = (f"Measured by `benchmarks/fedwad.py{flags}` "
                 f"({args.repeats} draw(s) per cell, median), one process, one thread.\n\n")
         write_block(args.out, "fedwad", note + text, title="# Benchmarks")
 
