@@ -3,10 +3,15 @@ clients, for FFM-vanilla, FFM-LOT, FFM-GOT and the centralized I-CFM and OT-CFM,
 
     .venv/bin/python experiments/ffm_2d.py                 # 20k rounds, 3 seeds (about an hour)
     .venv/bin/python experiments/ffm_2d.py --rounds 2000   # a quick look
+    .venv/bin/python experiments/ffm_2d.py --smoke         # seconds: a check only
 
-Runs go to runs/ffm_2d/<method>-s<seed>; a finished run (metrics.json present) is reused, so an
-interrupted sweep resumes. Writes the table between the ffm_2d markers of docs/results.md and
-the figures docs/figures/ffm_2d_*.png.
+Runs go to runs/ffm_2d/<method>-s<seed> (``--root``); a finished run (metrics.json present) is
+reused, so an interrupted sweep resumes. Writes the table between the ffm_2d markers of
+docs/results.md and the figures docs/figures/ffm_2d_*.png (``--docs``). ``--smoke`` runs every
+method once, tiny (2 rounds of batch 64, 100 evaluation samples, 20 plotted trajectories, seed
+0, one worker; it overrides --rounds, --seeds, --eval-samples and --workers) and writes under
+runs/smoke/ffm_2d unless --root and --docs say otherwise: the default test suite runs it to
+check that the script works; its numbers are not results.
 """
 
 from __future__ import annotations
@@ -46,6 +51,8 @@ LABELS = {"vanilla": "FFM-vanilla", "lot": "FFM-LOT", "got": "FFM-GOT",
           "got-phi1e-3": "FFM-GOT, phi lr 1e-3", "icfm": "I-CFM (centralized)",
           "otcfm": "OT-CFM (centralized)"}
 ROOT = Path(__file__).resolve().parents[1]
+# --smoke: the smallest runs that still go through every step of the script.
+SMOKE = dict(rounds=2, eval_samples=100, batch_size=64, trajectories=20)
 
 
 def _one(job: tuple[str, int, dict]) -> dict:
@@ -115,13 +122,23 @@ def main() -> None:
     parser.add_argument("--data", default="8gaussians-moons")
     parser.add_argument("--eval-samples", type=int, default=10_000)
     parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--root", default=str(ROOT / "runs" / "ffm_2d"))
-    parser.add_argument("--docs", default=str(ROOT / "docs"))
+    parser.add_argument("--root", help="run folders (default runs/ffm_2d)")
+    parser.add_argument("--docs", help="folder of results.md and figures/ (default docs)")
+    parser.add_argument("--smoke", action="store_true",
+                        help="tiny runs, output under runs/smoke/ffm_2d: checks that the script "
+                             "works (seconds); the numbers are not results")
     args = parser.parse_args()
+    smoke = ROOT / "runs" / "smoke" / "ffm_2d"
+    args.root = args.root or str(smoke if args.smoke else ROOT / "runs" / "ffm_2d")
+    args.docs = args.docs or str(smoke if args.smoke else ROOT / "docs")
+    if args.smoke:
+        args.rounds, args.eval_samples = SMOKE["rounds"], SMOKE["eval_samples"]
+        args.seeds, args.workers = "0", 1
     methods = args.methods.split(",")
     seeds = [int(s) for s in args.seeds.split(",")]
-    settings = {"rounds": args.rounds, "data": args.data, "eval_samples": args.eval_samples,
-                "partition": "disjoint", "clients": 2, "root": args.root}
+    settings = {**(SMOKE if args.smoke else {}), "rounds": args.rounds, "data": args.data,
+                "eval_samples": args.eval_samples, "partition": "disjoint", "clients": 2,
+                "root": args.root}
     jobs = [(m, s, settings) for s in seeds for m in methods]
     with ProcessPoolExecutor(max_workers=args.workers) as pool:
         finished = list(pool.map(_one, jobs))
@@ -150,7 +167,8 @@ def main() -> None:
         f"W2 to a held-out target sample ({args.eval_samples} generated vs {args.eval_samples} "
         f"target points, exact OT) against Euler NFE, `{args.data}`, two clients with disjoint "
         f"data, {args.rounds} rounds, mean ± std over seeds {seeds}. Written by "
-        f"`experiments/ffm_2d.py --rounds {args.rounds} --data {args.data}`.\n\n"
+        f"`experiments/ffm_2d.py {'--smoke' if args.smoke else f'--rounds {args.rounds}'} "
+        f"--data {args.data}`.\n\n"
         + _table(results, nfes)
         + f"\n\nThe i.i.d. floor (W2 between two independent target samples of this size): "
         f"{floor:.3f}.\n"

@@ -1,10 +1,16 @@
 """Same-seed runs under `plaintext` and `secagg`: does secure aggregation change what is learned?
 
     .venv/bin/python experiments/secagg_vs_plaintext.py               # 2 methods x 2 protocols
+    .venv/bin/python experiments/secagg_vs_plaintext.py --smoke       # seconds: a check only
 
 Both protocols see the same clients, batches and noise (protocol randomness has its own
-stream), so W2 differs only through quantization and clipping of the masked sums. Writes the
-table between the secagg_match markers of docs/results.md.
+stream), so W2 differs only through quantization and clipping of the masked sums. Runs go to
+runs/secagg_match/<method>-<protocol> (``--root``; a finished run is reused). Writes the table
+between the secagg_match markers of docs/results.md (``--docs``). ``--smoke`` makes every run
+tiny (2 rounds of batch 64, 100 evaluation samples, 20 plotted trajectories; it overrides
+--rounds and --eval-samples) and writes under runs/smoke/secagg_match unless --root and --docs
+say otherwise: the default test suite runs it to check that the script works; its numbers are
+not results.
 """
 
 from __future__ import annotations
@@ -20,6 +26,8 @@ from secureffm.reporting import write_block
 from secureffm.runs import run
 
 ROOT = Path(__file__).resolve().parents[1]
+# --smoke: the smallest runs that still go through every step of the script.
+SMOKE = dict(rounds=2, eval_samples=100, batch_size=64, trajectories=20)
 
 
 def main() -> None:
@@ -27,9 +35,19 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2000)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--eval-samples", type=int, default=5000)
-    parser.add_argument("--root", default=str(ROOT / "runs" / "secagg_match"))
-    parser.add_argument("--docs", default=str(ROOT / "docs"))
+    parser.add_argument("--root", help="run folders (default runs/secagg_match)")
+    parser.add_argument("--docs", help="folder of results.md (default docs)")
+    parser.add_argument("--smoke", action="store_true",
+                        help="tiny runs, output under runs/smoke/secagg_match: checks that the "
+                             "script works (seconds); the numbers are not results")
     args = parser.parse_args()
+    smoke = ROOT / "runs" / "smoke" / "secagg_match"
+    args.root = args.root or str(smoke if args.smoke else ROOT / "runs" / "secagg_match")
+    args.docs = args.docs or str(smoke if args.smoke else ROOT / "docs")
+    sizes = SMOKE if args.smoke else {}
+    if args.smoke:
+        args.rounds, args.eval_samples = SMOKE["rounds"], SMOKE["eval_samples"]
+    Path(args.docs).mkdir(parents=True, exist_ok=True)
     torch.set_num_threads(1)
     rows = []
     for method in ("vanilla", "got"):
@@ -37,7 +55,7 @@ def main() -> None:
         for protocol in ("plaintext", "secagg"):
             out = Path(args.root) / f"{method}-{protocol}"
             if not (out / "metrics.json").exists():
-                run(load_config(None, {"method": method, "protocol": protocol,
+                run(load_config(None, {**sizes, "method": method, "protocol": protocol,
                                        "rounds": args.rounds, "seed": args.seed,
                                        "eval_samples": args.eval_samples, "out": str(out),
                                        "progress": False}))

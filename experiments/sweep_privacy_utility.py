@@ -3,11 +3,16 @@
 
     .venv/bin/python experiments/sweep_privacy_utility.py            # 72 runs (about an hour)
     .venv/bin/python experiments/sweep_privacy_utility.py --rounds 200 --seeds 0 --eps 8,inf
+    .venv/bin/python experiments/sweep_privacy_utility.py --smoke    # seconds: a check only
 
 epsilon = inf runs the same method without DP: `plaintext` in place of `dp`, `secagg` in place
-of `dp-secagg`. Runs go to runs/sweep/<method>-<protocol>-e<eps>-s<seed> and finished ones are
-reused. Writes runs/sweep/sweep.csv, docs/figures/sweep_privacy_utility.png and the table
-between the sweep markers of docs/results.md.
+of `dp-secagg`. Runs go to runs/sweep/<method>-<protocol>-e<eps>-s<seed> (``--root``) and
+finished ones are reused. Writes runs/sweep/sweep.csv, docs/figures/sweep_privacy_utility.png
+and the table between the sweep markers of docs/results.md (``--docs``). ``--smoke`` runs the
+grid at epsilon 8 and inf, seed 0, tiny (2 rounds of batch 64, 100 evaluation samples, 20
+plotted trajectories, one worker; it overrides --eps, --seeds, --rounds, --eval-samples and
+--workers) and writes under runs/smoke/sweep unless --root and --docs say otherwise: the default
+test suite runs it to check that the script works; its numbers are not results.
 """
 
 from __future__ import annotations
@@ -30,6 +35,8 @@ from secureffm.reporting import mean_std, write_block  # noqa: E402
 from secureffm.runs import run  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
+# --smoke: the smallest runs that still go through every step of the script.
+SMOKE = dict(rounds=2, eval_samples=100, batch_size=64, trajectories=20)
 WITHOUT_DP = {"dp": "plaintext", "dp-secagg": "secagg", "dp-secagg-distributed": "secagg"}
 
 
@@ -94,14 +101,24 @@ def main() -> None:
     parser.add_argument("--potential-lr", type=float, default=1e-3)
     parser.add_argument("--eval-samples", type=int, default=3000)
     parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--root", default=str(ROOT / "runs" / "sweep"))
-    parser.add_argument("--docs", default=str(ROOT / "docs"))
+    parser.add_argument("--root", help="run folders and sweep.csv (default runs/sweep)")
+    parser.add_argument("--docs", help="folder of results.md and figures/ (default docs)")
     parser.add_argument("--block", default="sweep",
                         help="name of the results.md block (and figure) to write")
+    parser.add_argument("--smoke", action="store_true",
+                        help="tiny runs, output under runs/smoke/sweep: checks that the script "
+                             "works (seconds); the numbers are not results")
     args = parser.parse_args()
+    smoke = ROOT / "runs" / "smoke" / "sweep"
+    args.root = args.root or str(smoke if args.smoke else ROOT / "runs" / "sweep")
+    args.docs = args.docs or str(smoke if args.smoke else ROOT / "docs")
+    if args.smoke:
+        args.rounds, args.eval_samples = SMOKE["rounds"], SMOKE["eval_samples"]
+        args.eps, args.seeds, args.workers = "8,inf", "0", 1
     eps_values = [float(e) for e in args.eps.split(",")]
-    settings = {"rounds": args.rounds, "potential_lr": args.potential_lr,
-                "eval_samples": args.eval_samples, "nfe": (2, 32), "root": args.root}
+    settings = {**(SMOKE if args.smoke else {}), "rounds": args.rounds,
+                "potential_lr": args.potential_lr, "eval_samples": args.eval_samples,
+                "nfe": (2, 32), "root": args.root}
     jobs = [(m, p, e, int(s), settings) for s in args.seeds.split(",")
             for e in eps_values for m in args.methods.split(",") for p in args.protocols.split(",")]
     with ProcessPoolExecutor(max_workers=args.workers) as pool:
