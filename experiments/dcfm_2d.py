@@ -3,9 +3,16 @@
 Trains FedFlow, DDM, their +L variants (local CI penalty), DCFM-A and DCFM-B on the modes2d
 data (docs/dcfm.md) under the IID and the paper's non-IID two-client split, over three seeds,
 each through ``secureffm.runs.run``. Writes docs/figures/dcfm_2d.png (rows: methods, columns:
-splits; seed 0) and the table of in-mode fractions into docs/results.md (block ``dcfm-2d``).
+splits; seed 0) and the table of in-mode fractions into docs/results.md (block ``dcfm-2d``);
+the figure goes to figures/ next to ``--doc``.
 
     .venv/bin/python experiments/dcfm_2d.py [--seeds 0 1 2] [--runs runs/dcfm_2d] [--reuse]
+    .venv/bin/python experiments/dcfm_2d.py --smoke        # seconds: a check only
+
+``--smoke`` trains every method and split once (seed 0) with a few steps on small shards, and
+evaluates and draws 50 samples per combination at NFE 2 (``SMOKE``; it overrides --seeds), and
+writes under runs/smoke/dcfm_2d unless --runs and --doc say otherwise: the default test suite
+runs it to check that the script works; its numbers are not results.
 """
 
 from __future__ import annotations
@@ -43,9 +50,13 @@ SETTINGS = dict(data="modes2d", clients=2, shard_size=1_500, batch_size=128, hid
                 p_uncond=0.1, guidance=1.0, eval_samples=1_000, nfe=(50,), device="cpu",
                 progress=False)
 ROOT = Path(__file__).resolve().parents[1]
+# --smoke: the fewest steps that still go through every stage of every method.
+SMOKE = dict(shard_size=200, batch_size=32, local_steps=4, dcfm_rounds=2, dcfm_steps=2,
+             distill_steps=4, teacher_steps=2, fedflow_rounds=2, fedflow_local_steps=2,
+             eval_samples=50, nfe=(2,))
 
 
-def _grid(seeds: list[int], runs: Path, reuse: bool) -> dict:
+def _grid(seeds: list[int], runs: Path, reuse: bool, settings: dict = SETTINGS) -> dict:
     """Every run of the grid; with ``reuse``, a run folder that holds metrics.json is read
     instead of trained again."""
     results = {}
@@ -56,12 +67,13 @@ def _grid(seeds: list[int], runs: Path, reuse: bool) -> dict:
             results[method, partition, seed] = (out, json.loads((out / "metrics.json").read_text()))
             continue
         config = RunConfig(method=method, partition=partition, seed=seed, out=str(out),
-                           **SETTINGS)
+                           **settings)
         results[method, partition, seed] = (out, run(config).metrics)
     return results
 
 
-def _figure(results: dict, seed: int, path: Path) -> None:
+def _figure(results: dict, seed: int, path: Path, per_combination: int = 400,
+            nfe: int = 50) -> None:
     fig, axes = plt.subplots(len(METHODS), len(PARTITIONS), figsize=(6.4, 3.0 * len(METHODS)),
                              sharex=True, sharey=True)
     combos = all_combinations((2, 2))
@@ -74,7 +86,7 @@ def _figure(results: dict, seed: int, path: Path) -> None:
             sampler = load_dcfm(out)
             generator = torch.Generator().manual_seed(seed)
             for y, color in zip(combos, colors, strict=True):
-                x = sampler.sample(y, 400, generator, nfe=50)
+                x = sampler.sample(y, per_combination, generator, nfe=nfe)
                 ax.scatter(x[:, 0], x[:, 1], s=1.5, alpha=0.5, color=color,
                            label=f"y={tuple(y.tolist())}")
             ax.add_patch(plt.Circle(centre.tolist(), 3 * STD, fill=False, color="black",
@@ -94,7 +106,7 @@ def _figure(results: dict, seed: int, path: Path) -> None:
     plt.close(fig)
 
 
-def _table(results: dict, seeds: list[int]) -> str:
+def _table(results: dict, seeds: list[int], settings: dict = SETTINGS) -> str:
     lines = ["| method | split | missing mode: fraction in mode | observed modes: mean fraction "
              "| model/update bytes sent + received per client |", "| --- | --- | --- | --- | --- |"]
     for method in METHODS:
@@ -107,25 +119,42 @@ def _table(results: dict, seeds: list[int]) -> str:
             lines.append(f"| {METHODS[method]} | {PARTITIONS[partition]} | "
                          f"{missing[0]:.3f} ± {missing[1]:.3f} | "
                          f"{observed[0]:.3f} ± {observed[1]:.3f} | {traffic / 1e3:,.0f} kB |")
-    settings = ", ".join(f"{k} = {v}" for k, v in SETTINGS.items() if k not in ("progress",))
+    listed = ", ".join(f"{k} = {v}" for k, v in settings.items() if k not in ("progress",))
     return (f"Mean ± std over seeds {', '.join(map(str, seeds))}; fraction of "
-            f"{SETTINGS['eval_samples']} samples per combination (Euler, NFE 50) within 3 std of "
+            f"{settings['eval_samples']} samples per combination (Euler, NFE "
+            f"{max(settings['nfe'])}) within 3 std of "
             f"the combination's mode. Written by `experiments/dcfm_2d.py`.\n\n"
-            + "\n".join(lines) + f"\n\nSettings: {settings}.")
+            + "\n".join(lines) + f"\n\nSettings: {listed}.")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--runs", type=Path, default=ROOT / "runs" / "dcfm_2d")
-    parser.add_argument("--doc", type=Path, default=ROOT / "docs" / "results.md")
+    parser.add_argument("--runs", type=Path, help="run folders (default runs/dcfm_2d)")
+    parser.add_argument("--doc", type=Path,
+                        help="results file; the figure goes to figures/ beside it "
+                             "(default docs/results.md)")
     parser.add_argument("--reuse", action="store_true",
                         help="read finished run folders instead of training them again")
+    parser.add_argument("--smoke", action="store_true",
+                        help="tiny runs, output under runs/smoke/dcfm_2d: checks that the script "
+                             "works (seconds); the numbers are not results")
     args = parser.parse_args()
+    smoke = ROOT / "runs" / "smoke" / "dcfm_2d"
+    args.runs = args.runs or (smoke if args.smoke else ROOT / "runs" / "dcfm_2d")
+    args.doc = args.doc or (smoke / "results.md" if args.smoke else ROOT / "docs" / "results.md")
+    settings = {**SETTINGS, **SMOKE} if args.smoke else SETTINGS
+    if args.smoke:
+        args.seeds = [0]
     torch.set_num_threads(1)
-    results = _grid(args.seeds, args.runs, args.reuse)
-    _figure(results, args.seeds[0], ROOT / "docs" / "figures" / "dcfm_2d.png")
-    table = _table(results, args.seeds)
+    results = _grid(args.seeds, args.runs, args.reuse, settings)
+    figure = args.doc.parent / "figures" / "dcfm_2d.png"
+    figure.parent.mkdir(parents=True, exist_ok=True)
+    if args.smoke:
+        _figure(results, args.seeds[0], figure, SMOKE["eval_samples"], max(SMOKE["nfe"]))
+    else:
+        _figure(results, args.seeds[0], figure)
+    table = _table(results, args.seeds, settings)
     write_block(args.doc, "dcfm-2d", table)
     print(table)
 
