@@ -3,16 +3,22 @@ combinations and compositional accuracy, for FedFlow, DDM, their +L variants, DC
 IID and Dirichlet(0.1), 10 clients at total coverage 1/2, over seeds.
 
     .venv/bin/python experiments/dcfm_digits.py                # 36 runs, 3 seeds (see SIZES)
-    .venv/bin/python experiments/dcfm_digits.py --quick        # 1 seed, short runs: a smoke test
+    .venv/bin/python experiments/dcfm_digits.py --quick        # 1 seed, short runs: a look
+    .venv/bin/python experiments/dcfm_digits.py --smoke        # seconds: a check only
     .venv/bin/python experiments/dcfm_digits.py --data-figure  # docs/figures/colored_digits.png
 
-Runs go to runs/dcfm_digits[-quick]/<method>-<partition>-s<seed> through ``secureffm run``'s
-library entry; a finished run (checkpoint.pt present) is reused, its evaluation redone. Evaluation
-(docs/dcfm-digits.md): an attribute classifier trained on the fully colored training images
-gives the features of the Frechet distance and the compositional accuracy; generated images of
-every known (held) and every novel combination are compared with the real test images of those
-combinations. Writes runs/dcfm_digits*/results.csv, docs/figures/dcfm_digits[_xK]_novel.png and
-the table between the dcfm_digits[_xK] markers of docs/results.md (K: --steps-scale).
+Runs go to runs/dcfm_digits[-quick|-smoke][-xK]/<method>-<partition>-s<seed> (``--runs``) through
+``secureffm run``'s library entry; a finished run (checkpoint.pt present) is reused, its
+evaluation redone. Evaluation (docs/dcfm-digits.md): an attribute classifier trained on the fully
+colored training images gives the features of the Frechet distance and the compositional
+accuracy; generated images of every known (held) and every novel combination are compared with
+the real test images of those combinations. Writes results.csv in the runs folder,
+docs/figures/dcfm_digits[_xK]_novel.png and the table between the dcfm_digits[_xK] markers of
+docs/results.md (K: --steps-scale; ``--docs`` moves both). With --quick or --smoke the numbers
+are not results: the figure goes to the runs folder and docs/results.md is not written.
+``--smoke`` is --quick with one or two steps per stage, one epoch of the classifier and 2
+generated images per combination: the default test suite runs it to check that the script
+works.
 """
 
 from __future__ import annotations
@@ -66,6 +72,8 @@ SIZES = {
                  distill_steps=120, teacher_steps=10),
     "quick": dict(local_steps=30, fedflow_rounds=3, fedflow_local_steps=10, dcfm_steps=5,
                   distill_steps=30, teacher_steps=10),
+    "smoke": dict(local_steps=2, fedflow_rounds=1, fedflow_local_steps=2, dcfm_steps=1,
+                  distill_steps=2, teacher_steps=2),
 }
 # nfe=(1,): the run's own sample sheet is a 1-step preview; this script samples for the metrics.
 COMMON = dict(data="colored-digits", clients=10, coverage=0.5, dirichlet_alpha=0.1, dcfm_rounds=3,
@@ -74,7 +82,6 @@ COMMON = dict(data="colored-digits", clients=10, coverage=0.5, dirichlet_alpha=0
 EVAL_NFE = 20  # Euler steps of the evaluated samples
 EVALUATOR = 2_000_000  # party index of this script's sampling generator
 ROOT = Path(__file__).resolve().parents[1]
-FIGURES = ROOT / "docs" / "figures"
 
 
 def _show(ax, images: torch.Tensor) -> None:
@@ -167,6 +174,9 @@ def _train(method: str, partition: str, seed: int, sizes: dict, root: Path) -> P
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="1 seed and short runs")
+    parser.add_argument("--smoke", action="store_true",
+                        help="1 seed and the shortest runs: checks that the script works "
+                             "(seconds); implies --per-combination 2")
     parser.add_argument("--seeds", default=None, help="comma-separated (default 0,1,2)")
     parser.add_argument("--methods", default=",".join(METHODS))
     parser.add_argument("--steps-scale", type=float, default=1.0,
@@ -176,26 +186,37 @@ def main() -> None:
                         help="generated images per combination for the metrics")
     parser.add_argument("--data-figure", action="store_true",
                         help="draw docs/figures/colored_digits.png and stop")
-    parser.add_argument("--docs", default=str(ROOT / "docs"))
+    parser.add_argument("--docs", default=str(ROOT / "docs"),
+                        help="folder of results.md and figures/")
+    parser.add_argument("--runs", type=Path,
+                        help="runs and results.csv (default runs/dcfm_digits[-quick|-smoke][-xK])")
     args = parser.parse_args()
     torch.set_num_threads(1)
     # Generated features often have dead units: singular covariances, handled by the ridge.
     warnings.filterwarnings("ignore", message="Matrix is singular")
-    FIGURES.mkdir(parents=True, exist_ok=True)
+    figures = Path(args.docs) / "figures"
     if args.data_figure:
-        plot_data_grid(FIGURES / "colored_digits.png")
+        figures.mkdir(parents=True, exist_ok=True)
+        plot_data_grid(figures / "colored_digits.png")
         return
-    size = "quick" if args.quick else "full"
+    if args.smoke:
+        args.quick, args.per_combination = True, 2
+    size = "smoke" if args.smoke else "quick" if args.quick else "full"
     steps = {k: v if k in ("fedflow_local_steps", "teacher_steps")
              else max(1, round(v * args.steps_scale)) for k, v in SIZES[size].items()}
     seeds = [int(v) for v in (args.seeds or ("0" if args.quick else "0,1,2")).split(",")]
     methods = args.methods.split(",")
     scale = "" if args.steps_scale == 1 else f"-x{args.steps_scale:g}"
-    root = ROOT / "runs" / (("dcfm_digits-quick" if args.quick else "dcfm_digits") + scale)
+    root = args.runs or ROOT / "runs" / ("dcfm_digits" + ("" if size == "full" else f"-{size}")
+                                         + scale)
     root.mkdir(parents=True, exist_ok=True)
+    if args.quick:  # not results: the figure stays with the runs
+        figures = root
+    figures.mkdir(parents=True, exist_ok=True)
 
     train_set, test_set = load_colored_digits("train"), load_colored_digits("test")
-    classifier = train_attribute_classifier(train_set.x, train_set.labels, CARDINALITIES)
+    classifier = train_attribute_classifier(train_set.x, train_set.labels, CARDINALITIES,
+                                            epochs=1 if args.smoke else 4)
     accuracy = attribute_accuracy(classifier, test_set.x, test_set.labels)
     print(f"attribute classifier, held-out: digit {accuracy[0]:.4f}, color {accuracy[1]:.4f}")
 
@@ -240,7 +261,7 @@ def main() -> None:
         writer.writeheader()
         writer.writerows(rows + floor)
     name = "dcfm_digits" + scale.replace("-", "_").replace(".", "_")
-    plot_novel_grid(FIGURES / f"{name}_novel.png", samples, methods, test_set,
+    plot_novel_grid(figures / f"{name}_novel.png", samples, methods, test_set,
                     federated_colored_digits(seed=seeds[0]).novel, args.per_combination)
     command = " ".join(["experiments/dcfm_digits.py"] + sys.argv[1:])
     text = _report(rows, floor, methods, seeds, accuracy, steps, args.per_combination, command,
