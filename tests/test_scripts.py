@@ -1,0 +1,286 @@
+"""Smoke tests: every script in benchmarks/ and experiments/ runs end to end at its smallest size
+(issue 18: ``benchmarks/secagg.py --quick`` had stopped running and nobody noticed).
+
+Each script runs through its command line (argparse and the ``if __name__ == "__main__"`` block)
+with everything written under tmp_path. ``test_secagg_benchmark`` runs its script as a user does,
+``python benchmarks/secagg.py``, in a fresh interpreter with PYTHONPATH at this checkout; the
+others run in a child process forked from this one, with ``sys.argv`` set, so that each does not
+pay a fresh import of torch, opacus and matplotlib (4-5 s a script on a 2-core machine, more
+than half of this file's budget). The child's exit code, stdout and stderr are the script's.
+Each test checks the exit code and the tables and files the script writes; none of them checks
+the numbers, which at these sizes mean nothing.
+"""
+
+from __future__ import annotations
+
+import csv
+import multiprocessing
+import os
+import re
+import runpy
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from secureffm.config import load_config
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPTS = sorted([*ROOT.glob("benchmarks/*.py"), *ROOT.glob("experiments/*.py")])
+TIMEOUT_S = 300  # per script; each takes seconds
+
+
+@dataclass
+class Result:
+    code: int | None
+    stdout: str = field(repr=False)
+    stderr: str = field(repr=False)
+
+    def check(self) -> Result:
+        assert self.code == 0, f"exit code {self.code}\n{self.stderr[-4000:]}"
+        return self
+
+
+def _child(script: Path, args: list[str], cwd: Path, stdout: Path, stderr: Path) -> None:
+    """In the forked child: the script as ``python script args`` would run it."""
+    for fd, path in ((1, stdout), (2, stderr)):
+        os.dup2(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), fd)
+    sys.stdout = open(1, "w", closefd=False)  # flushed by multiprocessing on exit
+    sys.stderr = open(2, "w", closefd=False)
+    os.chdir(cwd)  # a relative path a script writes lands in tmp_path
+    sys.argv = [str(script), *args]
+    sys.path.insert(0, str(script.parent))
+    runpy.run_path(str(script), run_name="__main__")
+
+
+def _tree(folder: Path) -> dict[str, int]:
+    return {str(p): p.stat().st_mtime_ns for p in folder.rglob("*")} if folder.exists() else {}
+
+
+@pytest.fixture(scope="module")
+def preimported():
+    """Each script imported once in this process (module level only, ``main`` not called), so
+    the forked children find torch, opacus, matplotlib and the library loaded."""
+    for script in SCRIPTS:
+        runpy.run_path(str(script), run_name="smoke_import")
+
+
+@pytest.fixture
+def run_script(preimported, tmp_path):
+    """run_script("experiments/x.py", *args) -> Result; the repository's docs/ and runs/ must
+    be left as they were."""
+    before = {name: _tree(ROOT / name) for name in ("docs", "runs")}
+
+    def run(script: str, *args: str) -> Result:
+        out, err = tmp_path / "stdout.txt", tmp_path / "stderr.txt"
+        child = multiprocessing.get_context("fork").Process(
+            target=_child, args=(ROOT / script, list(args), tmp_path, out, err))
+        child.start()
+        child.join(TIMEOUT_S)
+        if child.is_alive():
+            child.kill()
+            child.join()
+            pytest.fail(f"{script} ran past {TIMEOUT_S} s")
+        return Result(child.exitcode, out.read_text(), err.read_text())
+
+    yield run
+    assert {name: _tree(ROOT / name) for name in ("docs", "runs")} == before, \
+        "a script wrote into the repository's docs/ or runs/"
+
+
+def _block(doc: Path, name: str) -> str:
+    """The text between the ``name`` markers of ``doc`` (written by reporting.write_block)."""
+    text = doc.read_text()
+    match = re.search(f"<!-- {re.escape(name)}:begin -->\n(.*)\n<!-- {re.escape(name)}:end -->",
+                      text, re.S)
+    assert match, f"no {name} block in {doc}"
+    return match.group(1)
+
+
+def _section(text: str, heading: str) -> str:
+    """From the markdown heading that starts with ``heading`` to the next heading."""
+    start = text.index(heading)
+    end = text.find("\n#", start + 1)
+    return text[start:] if end < 0 else text[start:end]
+
+
+def _rows(text: str, first_cell: str) -> list[list[str]]:
+    """Cells of the markdown table rows of ``text`` whose first cell is ``first_cell``."""
+    rows = [[c.strip() for c in line.strip().strip("|").split("|")]
+            for line in text.splitlines() if line.startswith("|")]
+    return [r for r in rows if r[0] == first_cell]
+
+
+def test_every_script_has_a_smoke_test():
+    tested = {"benchmarks/dp.py", "benchmarks/fedwad.py", "benchmarks/secagg.py",
+              "experiments/dcfm_2d.py", "experiments/dcfm_digits.py",
+              "experiments/distributed_noise_gain.py", "experiments/fedwad_clustering.py",
+              "experiments/fedwad_coreset.py", "experiments/ffm_2d.py",
+              "experiments/secagg_vs_plaintext.py", "experiments/sweep_privacy_utility.py"}
+    assert {str(p.relative_to(ROOT)) for p in SCRIPTS} == tested
+
+
+@pytest.mark.parametrize("config", sorted(ROOT.glob("experiments/*.toml")), ids=lambda p: p.name)
+def test_experiment_config_loads(config):
+    assert load_config(config, {}).data
+
+
+# -- benchmarks/ ----------------------------------------------------------------------------
+
+
+def test_secagg_benchmark(tmp_path):
+    """The script of issue 18, in a fresh interpreter as a user runs it."""
+    out = tmp_path / "benchmarks.md"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run([sys.executable, "benchmarks/secagg.py", "--smoke", "--out", str(out)],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=TIMEOUT_S)
+    result = Result(done.returncode, done.stdout, done.stderr).check()
+    for heading in ("### Round time, secure aggregation over plaintext",
+                    "### Bytes on the wire per client per round",
+                    "### The malicious-server variant over the semi-honest one",
+                    "### Masking throughput against the raw stream cipher",
+                    "### Where the time goes: n = 10, d = 10^3, full graph",
+                    "### A small model: d = 10^3, full graph, n = 10"):
+        assert heading in result.stdout
+    rounds = _section(result.stdout, "### Round time")
+    assert [r[:3] for r in _rows(rounds, "2") + _rows(rounds, "10")] == [
+        ["2", "10^3", "full graph (1 neighbour)"],
+        ["2", "10^3", "SecAgg+ k=8, = full graph since n <= 9 (1 neighbour)"],
+        ["10", "10^3", "full graph (9 neighbours)"],
+        ["10", "10^3", "SecAgg+ k=8 (8 neighbours)"]]
+    assert _block(out, "secagg") == result.stdout.rstrip("\n")
+
+
+def test_dp_benchmark(run_script, tmp_path):
+    out = tmp_path / "benchmarks.md"
+    result = run_script("benchmarks/dp.py", "--smoke", "--out", str(out)).check()
+    modes = _rows(result.stdout, "`VelocityMLP(2, 64)` (8,706 params)")
+    assert [r[3] for r in modes] == ["`hooks`", "`functorch`", "`ew`", "`ghost`"]
+    for row in modes:  # each Opacus mode against the per-example truth, without noise
+        assert float(row[-1]) < 1e-4, row
+    assert len(_rows(result.stdout, "`UNet(3)`, 8x8x3 (456,963 params)")) == 4
+    linear = next(r for r in result.stdout.splitlines() if r.startswith("| `DPGradient`, mode "
+                                                                        "`linear`"))
+    error, noise = linear.split("|")[-2].split("/")
+    assert float(error) < 1e-4 and 0.5 < float(noise) < 2.0
+    for heading in ("### Variants of the DP step on the 2D MLPs",
+                    "### Where the `DPGradient` step's time goes"):
+        assert heading in result.stdout
+    assert "**DP step, sum of medians**" in result.stdout
+    assert _block(out, "dp") == result.stdout.rstrip("\n")
+
+
+def test_fedwad_benchmark(run_script, tmp_path):
+    out, figure = tmp_path / "benchmarks.md", tmp_path / "fig2.png"
+    result = run_script("benchmarks/fedwad.py", "--sizes", "30", "--figure", str(figure),
+                        "--out", str(out)).check()
+    for dim in (2, 50):
+        for ratio in (1, 3):
+            assert f"**d = {dim}, ratio 1:{ratio}**" in result.stdout
+    rows = _rows(result.stdout, "30")
+    assert len(rows) == 4 and all(len(r) == 7 and "not run" not in r for r in rows)
+    assert figure.stat().st_size > 0
+    assert "| N | W (POT) s |" in _block(out, "fedwad")
+
+
+# -- experiments/ ---------------------------------------------------------------------------
+
+
+def test_dcfm_2d(run_script, tmp_path):
+    docs = tmp_path / "docs"
+    result = run_script("experiments/dcfm_2d.py", "--smoke", "--runs", str(tmp_path / "runs"),
+                        "--doc", str(docs / "results.md")).check()
+    block = _block(docs / "results.md", "dcfm-2d")
+    assert block in result.stdout
+    for method in ("FedFlow", "DDM", "FedFlow+L", "DDM+L", "DCFM-A", "DCFM-B"):
+        assert [r[1] for r in _rows(block, method)] == ["IID", "non-IID"]
+    assert len(list((tmp_path / "runs").glob("*-s0/metrics.json"))) == 12
+    assert (docs / "figures" / "dcfm_2d.png").stat().st_size > 0
+
+
+def test_dcfm_digits(run_script, tmp_path):
+    runs, docs = tmp_path / "runs", tmp_path / "docs"
+    result = run_script("experiments/dcfm_digits.py", "--smoke", "--methods", "dcfm-b",
+                        "--runs", str(runs), "--docs", str(docs)).check()
+    with (runs / "results.csv").open() as handle:
+        rows = list(csv.DictReader(handle))
+    assert [(r["method"], r["partition"]) for r in rows] == [
+        ("dcfm-b", "iid"), ("dcfm-b", "dirichlet"), ("real", "-")]
+    assert list(rows[0])[:7] == ["method", "partition", "seed", "fd_known", "ca_known",
+                                 "fd_novel", "ca_novel"]
+    assert len(_rows(result.stdout, "DCFM-B")) == 1
+    assert len(_rows(result.stdout, "real training images (floor)")) == 1
+    assert (runs / "dcfm_digits_novel.png").stat().st_size > 0
+    assert not (docs / "results.md").exists()  # a smoke run's numbers are not results
+
+
+def test_distributed_noise_gain(run_script, tmp_path):
+    result = run_script("experiments/distributed_noise_gain.py", "--clients", "2,5", "--eps", "8",
+                        "--rounds", "10", "--docs", str(tmp_path)).check()
+    block = _block(tmp_path / "results.md", "distributed_gain")
+    assert block.strip() in result.stdout
+    assert [r[:3] for r in _rows(block, "2") + _rows(block, "5")] == [["2", "2", "8"],
+                                                                       ["5", "3", "8"]]
+
+
+def test_fedwad_clustering(run_script, tmp_path):
+    docs = tmp_path / "docs"
+    result = run_script("experiments/fedwad_clustering.py", "--seeds", "1", "--clients", "10",
+                        "--iterations", "1", "--support", "5", "--rounds", "1",
+                        "--root", str(tmp_path / "runs"), "--docs", str(docs)).check()
+    block = _block(docs / "results.md", "fedwad_clustering")
+    assert block in result.stdout
+    assert len(_rows(block, "clusters")[0]) == len(_rows(block, "random")[0]) == 6
+    assert (docs / "figures" / "fedwad_clustering.png").stat().st_size > 0
+
+
+def test_fedwad_coreset(run_script, tmp_path):
+    result = run_script("experiments/fedwad_coreset.py", "--epochs", "1", "--clients", "4",
+                        "--clients-per-epoch", "2", "--support", "5", "--iterations", "2",
+                        "--docs", str(tmp_path)).check()
+    block = _block(tmp_path / "results.md", "fedwad_coreset")
+    for split in ("random dealing (all classes per client)", "two classes per client"):
+        assert [r[1] for r in _rows(block, split)] == ["exact W", "FedWAD"]
+    assert "exact W2(coreset, pooled train)" in result.stdout
+    assert (tmp_path / "figures" / "fedwad_coreset_digits.png").stat().st_size > 0
+
+
+def test_ffm_2d(run_script, tmp_path):
+    docs = tmp_path / "docs"
+    result = run_script("experiments/ffm_2d.py", "--smoke", "--root", str(tmp_path / "runs"),
+                        "--docs", str(docs)).check()
+    name = "ffm_2d_8gaussians-moons"
+    block = _block(docs / "results.md", name)
+    assert block in result.stdout
+    for label in ("FFM-vanilla", "FFM-LOT", "FFM-GOT", "FFM-GOT, phi lr 1e-3",
+                  "I-CFM (centralized)", "OT-CFM (centralized)"):
+        assert len(_rows(block, label)) == 1, label
+    for figure in ("w2_nfe", "trajectories"):
+        assert (docs / "figures" / f"{name}_{figure}.png").stat().st_size > 0
+
+
+def test_secagg_vs_plaintext(run_script, tmp_path):
+    result = run_script("experiments/secagg_vs_plaintext.py", "--smoke",
+                        "--root", str(tmp_path / "runs"), "--docs", str(tmp_path)).check()
+    block = _block(tmp_path / "results.md", "secagg_match")
+    assert block.strip() in result.stdout
+    for method in ("vanilla", "got"):
+        rows = _rows(block, method)
+        assert [r[1] for r in rows] == ["1", "2", "4", "8", "16", "32", "100", "time and traffic"]
+
+
+def test_sweep_privacy_utility(run_script, tmp_path):
+    runs, docs = tmp_path / "runs", tmp_path / "docs"
+    result = run_script("experiments/sweep_privacy_utility.py", "--smoke", "--methods", "vanilla",
+                        "--root", str(runs), "--docs", str(docs)).check()
+    with (runs / "sweep.csv").open() as handle:
+        rows = list(csv.DictReader(handle))
+    assert [(r["protocol"], r["epsilon"]) for r in rows] == [
+        ("dp", "8"), ("dp-secagg", "8"), ("dp", "inf"), ("dp-secagg", "inf")]
+    assert all(float(r["spent_rdp"]) <= 8.0 for r in rows[:2])
+    block = _block(docs / "results.md", "sweep")
+    assert block in result.stdout
+    assert [r[1] for r in _rows(block, "vanilla, W2 at NFE 2")] == ["dp", "dp-secagg"]
+    assert (docs / "figures" / "sweep_privacy_utility.png").stat().st_size > 0
