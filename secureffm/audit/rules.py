@@ -26,8 +26,9 @@ from __future__ import annotations
 from collections.abc import Collection
 
 from ..errors import MessageError
-from ..federation.message import SERVER, deserialize_payload
+from ..federation.message import SERVER
 from ..protocols.secagg import MALICIOUS_PHASES as SECAGG_PHASES
+from ..protocols.wire import payload_bytes
 
 __all__ = ["ProtocolRules", "INPUT_PHASES", "PUBLIC_KINDS"]
 
@@ -192,7 +193,7 @@ class ProtocolRules:
             self._views_unchecked += 1
             return None
         try:
-            fields = _uint8_fields(payload)
+            fields = payload_bytes(payload, SERVER)
         except MessageError:
             return f"record {record['seq']}: the server's {record['phase']} message is unreadable"
         names = ("graph_seed", "u1") if what == "graph" else ("json",)
@@ -214,7 +215,7 @@ class ProtocolRules:
             self._keys_unchecked += 1
             return None
         try:
-            relayed = _uint8_fields(payload)
+            relayed = payload_bytes(payload, SERVER)
         except MessageError:
             return f"record {seq}: the keys the server sent {client} are not a valid payload"
         for name, key in sorted(relayed.items()):
@@ -228,17 +229,12 @@ class ProtocolRules:
         return None
 
 
-def _uint8_fields(payload: bytes) -> dict[str, bytes]:
-    """A secagg byte payload (named uint8 arrays, see secagg's ``_bytes_payload``) as bytes."""
-    return {name: array.tobytes() for name, array in deserialize_payload(payload).items()}
-
-
 def _advertised_keys(payload: bytes | None) -> Keys | None:
     """The keys in an advertise_keys payload, None when not kept or unreadable (the server
     rejects such a message, so it relays nothing of it)."""
     if payload is None:
         return None
     try:
-        return _uint8_fields(payload)
+        return payload_bytes(payload, SERVER)
     except MessageError:
         return None

@@ -21,52 +21,36 @@ it signs, and the round goes on without it or aborts with the sum still masked.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 
 import numpy as np
 
 from ..federation.crypto import new_key_pair
 from ..federation.faults import FaultPlan
-from ..federation.message import Envelope, deserialize_payload, serialize_payload
+from ..federation.message import SERVER, Envelope, deserialize_payload, serialize_payload
 from ..federation.parties import Party
+from .wire import bytes_payload, json_payload, payload_bytes, payload_json
 
 __all__ = ["play_deviations", "repeated_requests", "DEVIATIONS"]
 
 _INVENTED = "client-99"
 
 
-def _bytes_fields(data: bytes) -> dict[str, bytes]:
-    return {name: array.tobytes() for name, array in deserialize_payload(data).items()}
-
-
-def _from_bytes_fields(fields: dict[str, bytes]) -> bytes:
-    return serialize_payload({k: np.frombuffer(v, dtype=np.uint8) for k, v in fields.items()})
-
-
-def _json(data: bytes) -> dict:
-    return json.loads(_bytes_fields(data)["json"])
-
-
-def _to_json(value: dict) -> bytes:
-    return _from_bytes_fields({"json": json.dumps(value, sort_keys=True).encode()})
-
-
 def _substitute_keys(data: bytes, recipient: str) -> bytes:
-    fields = _bytes_fields(data)
-    return _from_bytes_fields({name: new_key_pair().public if name.startswith("c_pk:") else value
+    fields = payload_bytes(data, SERVER)
+    return bytes_payload({name: new_key_pair().public if name.startswith("c_pk:") else value
                                for name, value in fields.items()})
 
 
 def _split_view(data: bytes, recipient: str) -> bytes:
-    announced = _json(data)
+    announced = payload_json(data, SERVER)
     left_out = next(u for u in announced["survivors"] if u != recipient)
-    return _to_json({"survivors": [u for u in announced["survivors"] if u != left_out]})
+    return json_payload({"survivors": [u for u in announced["survivors"] if u != left_out]})
 
 
 def _invent_survivor(data: bytes, recipient: str) -> bytes:
-    request = _json(data)
-    return _to_json(request | {"survivors": [*request["survivors"], _INVENTED]})
+    request = payload_json(data, SERVER)
+    return json_payload(request | {"survivors": [*request["survivors"], _INVENTED]})
 
 
 def _split_broadcast(data: bytes, recipient: str) -> bytes:
@@ -95,9 +79,9 @@ def repeated_requests(faults: FaultPlan, round_: int, requests: list[tuple[str, 
         if fault.action != "ask_twice" or not fault.hits(round_):
             continue
         for v, data, _ in requests:
-            request = _json(data)
+            request = payload_json(data, SERVER)
             if v != fault.recipient and fault.recipient in request["survivors"]:
-                extra.append((v, _to_json(request | {
+                extra.append((v, json_payload(request | {
                     "survivors": [u for u in request["survivors"] if u != fault.recipient],
                     "dropped": [*request["dropped"], fault.recipient]}), fault.recipient))
     return extra

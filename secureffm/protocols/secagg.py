@@ -95,6 +95,10 @@ from .shamir import (
     share_to_bytes,
     split_bytes,
 )
+from .wire import bytes_payload as _bytes_payload
+from .wire import json_payload as _json_payload
+from .wire import payload_bytes as _payload_bytes
+from .wire import payload_json as _payload_json
 
 __all__ = ["SecAggStage", "harary_neighbours"]
 
@@ -138,31 +142,6 @@ def harary_neighbours(ids: list[str], k: int, rng: random.Random) -> dict[str, s
 
 
 # -- wire formats: each parser raises MessageError naming the problem ---------------------------
-
-def _bytes_payload(items: dict[str, bytes]) -> bytes:
-    return serialize_payload({k: np.frombuffer(v, dtype=np.uint8) for k, v in items.items()})
-
-
-def _payload_bytes(data: bytes, sender: str) -> dict[str, bytes]:
-    payload = deserialize_payload(data, sender)
-    for name, array in payload.items():
-        if array.dtype != np.uint8 or array.ndim != 1:
-            raise MessageError(f"{sender} sent field {name!r} as {array.dtype} {array.shape}, "
-                               "expected a byte string")
-    return {k: v.tobytes() for k, v in payload.items()}
-
-
-def _json_payload(value) -> bytes:
-    return _bytes_payload({"json": json.dumps(value, sort_keys=True).encode()})
-
-
-def _payload_json(data: bytes, sender: str):
-    fields = _payload_bytes(data, sender)
-    try:
-        return json.loads(fields["json"])
-    except (KeyError, ValueError) as err:  # ValueError covers bad JSON and bad UTF-8
-        raise MessageError(f"{sender} sent no valid JSON field: {err!r}") from None
-
 
 def _key_statement(round_: int, kind: str, u: str, keys: dict[str, bytes]) -> bytes:
     """What client u signs with its long-term identity when it advertises: its fresh keys and
