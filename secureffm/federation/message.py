@@ -38,6 +38,9 @@ def deserialize_payload(data: bytes, sender: str = "?") -> Payload:
 # signs the chain; the signed sha256 checks whatever bytes an offset points at).
 UNSIGNED_FIELDS = frozenset({"sig", "seq", "prev", "offset"})
 
+# The one phase in which the server forwards a payload another party wrote (``origin``).
+RELAY_PHASE = "relay"
+
 
 def canonical(record: dict) -> bytes:
     """The bytes a party signs for a record: sorted-key compact JSON of its content (every
@@ -51,7 +54,8 @@ class Envelope:
     """One delivery: routing header plus the payload bytes as they cross the transport.
 
     ``stages`` lists the protocol stages that transformed the payload, in order;
-    ``origin``: the client that wrote a payload the server relays ("" when it is the sender's);
+    ``origin``: the client that wrote a payload the server relays in :data:`RELAY_PHASE` (""
+    when it is the sender's, as in every other phase);
     ``sig``: the sender's Ed25519 signature of :func:`canonical` of :meth:`header` (made by the
     sending party before the transport sees the message; empty until signed).
     """

@@ -22,7 +22,7 @@ from ..errors import MessageError
 from .crypto import verify_signature
 from .faults import FaultPlan
 from .log import MessageLog
-from .message import SERVER, Envelope, canonical
+from .message import RELAY_PHASE, SERVER, Envelope, canonical
 from .parties import Party, Registry
 
 __all__ = ["Transport", "InProcessTransport", "Delivery", "Refusal"]
@@ -131,7 +131,9 @@ class InProcessTransport:
         return Delivery(None if refused else received, refusals)
 
     def _receive(self, record: dict, envelope: Envelope, received: bytes) -> Refusal | None:
-        """The recipient's checks: unaltered bytes, valid signature, first copy."""
+        """The recipient's checks: unaltered bytes, valid signature, an ``origin`` only on a
+        relayed payload, first copy (one per round, phase, kind, sender, recipient and, in
+        :data:`RELAY_PHASE`, origin)."""
         sender, round_, phase = envelope.sender, envelope.round, envelope.phase
         recipient = envelope.recipient
         if hashlib.sha256(received).hexdigest() != envelope.sha256:
@@ -142,6 +144,10 @@ class InProcessTransport:
                                 canonical(envelope.header())):
             return Refusal(recipient, sender, f"message seq {record['seq']} has an invalid "
                            "signature")
+        if envelope.origin and phase != RELAY_PHASE:
+            return Refusal(recipient, sender, f"message seq {record['seq']} names an author "
+                           f"({envelope.origin}) in phase {phase}; only a payload relayed in "
+                           f"phase {RELAY_PHASE} has an author other than its sender")
         key = (round_, phase, envelope.kind, sender, recipient, envelope.origin)
         if key in self._seen:
             return Refusal(recipient, sender, f"duplicate or replayed {envelope.kind} message "

@@ -71,9 +71,10 @@ def repeated_requests(faults: FaultPlan, round_: int, requests: list[tuple[str, 
                       ) -> list[tuple[str, bytes, str]]:
     """``ask_twice``: the second unmask requests a deviating server sends after the honest
     ``requests`` (client id, request bytes, origin) of ``round_``, each naming the victim
-    dropped. The server sets each one's ``origin`` to the victim, which the transport's
-    duplicate check (keyed on the envelope's fields) then does not catch: the client's own
-    rule (answer once) must."""
+    dropped. The server sets each one's ``origin`` to the victim to evade the duplicate
+    check (keyed on the envelope's fields, origin included); the recipient refuses an origin
+    outside the relay phase, and behind that check stands the client's own rule (answer
+    once per aggregation)."""
     extra = []
     for fault in faults.faults:
         if fault.action != "ask_twice" or not fault.hits(round_):

@@ -12,7 +12,13 @@ from __future__ import annotations
 from ..errors import MessageError, ProtocolError
 from ..federation.channel import Aggregate, Compute, Template
 from ..federation.faults import FaultPlan
-from ..federation.message import SERVER, Payload, deserialize_payload, serialize_payload
+from ..federation.message import (
+    RELAY_PHASE,
+    SERVER,
+    Payload,
+    deserialize_payload,
+    serialize_payload,
+)
 from ..federation.parties import Client, Party
 from ..federation.transport import Transport
 from ..privacy.settings import DistributedNoise, NoiseGeometry
@@ -157,7 +163,7 @@ class ProtectedChannel:
             payload = compute(author)
             if sealer is not None:
                 data = sealer.seal(author, self.transport.registry, payload, kind, round_,
-                                   "relay", peers)
+                                   RELAY_PHASE, peers)
             else:
                 data = serialize_payload(payload)
             uploaded = link.send("upload", author.id, SERVER, data)
@@ -169,10 +175,10 @@ class ProtectedChannel:
                 except MessageError as err:
                     link.reject("upload", author.id, str(err))
                     break
-                delivered = link.send("relay", SERVER, peer, copy, origin=author.id)
+                delivered = link.send(RELAY_PHASE, SERVER, peer, copy, origin=author.id)
                 if delivered is None:
                     continue
-                opened = self._open(link, "relay", author.id, peer, delivered,
+                opened = self._open(link, RELAY_PHASE, author.id, peer, delivered,
                                     relayed_by=SERVER)
                 if opened is not None:
                     gathered[peer][author.id] = opened

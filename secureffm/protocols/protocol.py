@@ -14,12 +14,13 @@ from __future__ import annotations
 from typing import Any
 
 from ..errors import ProtocolError
+from ..federation.message import RELAY_PHASE
 from ..privacy.settings import DPSettings, GeodesicPrivacy, NoiseGeometry
 from .registry import STAGES, ProtocolSpec, read_spec
 
 __all__ = ["Protocol", "load_protocol", "PLAIN_PHASES"]
 
-PLAIN_PHASES = ("broadcast", "upload", "relay")
+PLAIN_PHASES = ("broadcast", "upload", RELAY_PHASE)
 
 
 def load_protocol(name_or_path: str) -> Protocol:

@@ -285,3 +285,19 @@ def test_a_fault_the_federation_cannot_suffer_is_refused_by_the_transport(tmp_pa
                                                                           fragment):
     with pytest.raises(ConfigError, match=fragment):
         make_net(tmp_path, FaultPlan("m", (fault,)), n=2)
+
+
+def test_an_author_named_outside_the_relay_phase_is_refused(tmp_path):
+    """Adversary: a server that names another party as a message's author (``origin``) to
+    make a second copy look new to the recipient's duplicate check; only a payload relayed
+    in the relay phase has an author other than its sender."""
+    net = make_net(tmp_path)
+    server = net.parties[SERVER]
+    first = net.transport.send(server.envelope(1, "unmask_request", "gradient", "client-1", b"ask"))
+    again = net.transport.send(server.envelope(1, "unmask_request", "gradient", "client-1", b"ask",
+                                     origin="client-2"))
+    assert first.data == b"ask" and again.data is None
+    assert "names an author (client-2) in phase unmask_request" in again.refusals[0].reason
+    relayed = net.transport.send(server.envelope(1, "relay", "gradient", "client-1", b"x",
+                                       origin="client-2"))
+    assert relayed.data == b"x" and relayed.refusals == ()

@@ -83,12 +83,13 @@ def test_another_model_to_one_client_fails_the_consistency_signatures(events):
 
 
 def test_asking_twice_is_refused_and_the_victim_stays_masked(events):
-    """Each client answers one request per aggregation; the second, naming client-3 dropped
-    (its mask key would unmask its input), is refused by both, and the round completes with
-    client-3 counted."""
+    """The second request, naming client-3 dropped (its mask key would unmask its input) and
+    client-3 as its author to evade the duplicate check, is refused by both recipients (an
+    author outside the relay phase), and the round completes with client-3 counted."""
     refused = _refusals(events[5])
     assert set(refused) == {"client-1", "client-2"}
-    assert all("already answered an unmask request" in why for why in refused.values())
+    assert all("names an author (client-3) in phase unmask_request" in why
+               for why in refused.values())
     aggregated = next(e for e in events[5] if e["event"] == "aggregated")
     assert aggregated["included"] == ["client-1", "client-2", "client-3"]
 

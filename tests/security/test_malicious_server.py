@@ -280,15 +280,17 @@ def test_the_semi_honest_variant_does_not_stop_key_substitution(tmp_path, monkey
 
 # -- 2. asking twice ----------------------------------------------------------------------------
 
-def test_asking_twice_does_not_unmask_a_client(tmp_path, monkeypatch):
+@pytest.mark.parametrize("origin", [VICTIM, ""], ids=["author-named", "plain"])
+def test_asking_twice_does_not_unmask_a_client(tmp_path, monkeypatch, origin):
     """Adversary: after the honest unmask request (every client revealed its share of the
     victim's self-mask seed), the server sends each other client a second request naming the
-    victim dropped, with origin = the victim so that the transport's replay check (keyed on
-    round, phase, kind, sender, recipient, origin) lets it through; each client handles it
-    with its own code and reveals its share of the victim's mask key. Succeeded before issue
-    16: every client answered both requests, the log verified, and the server recovered the
-    victim's input to within one quantization step (largest error 0.79 to 0.95 steps in six
-    runs)."""
+    victim dropped, either plainly (the recipient's duplicate check refuses it) or with
+    origin = the victim, so that the duplicate check (keyed on round, phase, kind, sender,
+    recipient, origin) would let it through (the recipient refuses an origin outside the
+    relay phase; the client's answer-once rule stands behind both). Succeeded before issue
+    16 with origin = the victim: every client answered both requests, the log verified, and
+    the server recovered the victim's input to within one quantization step (largest error
+    0.79 to 0.95 steps in six runs)."""
     sessions = capture_sessions(monkeypatch)
     fed = federation(tmp_path)
     result = fed.aggregate()
@@ -297,7 +299,7 @@ def test_asking_twice_does_not_unmask_a_client(tmp_path, monkeypatch):
             f"the honest round did not complete: {result}")
     for v in others:
         again = with_request(fed.server.sent("unmask_request", v), dropping(VICTIM))
-        data = fed.server.send(1, "unmask_request", v, again, origin=VICTIM)
+        data = fed.server.send(1, "unmask_request", v, again, origin=origin)
         if data is not None:
             client_handles(fed, sessions[v], v, data)
     fed.close_and_verify()
