@@ -17,18 +17,33 @@ is a run the protocols could have produced. The first broken rule is named:
 - secure aggregation (phases of :data:`secureffm.protocols.secagg.MALICIOUS_PHASES`): a client
   takes part in an aggregation only after advertising keys in it, and the keys the server
   relays in ``keys`` are those each client advertised, and (malicious-server variant) every
-  client was announced the same graph (seed and U1) and the same survivor set. The last two
-  rules read payloads; without payloads.bin they are reported as not done, never as passed.
+  client was announced the same graph (seed and U1) and the same survivor set;
+- secure aggregation, malicious-server variant: a client that answered an unmask request
+  held, in that request, a valid signature (with the signer's key of parties.json) from every
+  survivor it names, over the statement the client itself would check
+  (:func:`secureffm.protocols.secagg.survivor_statement`): the survivor set the server
+  announced to it, the parameters and graph of its ``keys`` message and the broadcasts the
+  log shows it accepted that round (every ``broadcast`` record to it, but those it refused by
+  seq in a ``rejected`` event's ``refused``). A broadcast lost on the way leaves no record of
+  the loss; its recipient then sees a view its peers did not sign and refuses to answer, so
+  the rule never judges it.
+
+The rules on relayed keys, one view and signatures read payloads; without payloads.bin they
+are reported as not done, never as passed.
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection
+import hashlib
+from collections.abc import Mapping
 
 from ..errors import MessageError
+from ..federation.crypto import verify_signature
 from ..federation.message import SERVER
+from ..protocols.link import digest_of_broadcasts
 from ..protocols.secagg import MALICIOUS_PHASES as SECAGG_PHASES
-from ..protocols.wire import payload_bytes
+from ..protocols.secagg import survivor_statement
+from ..protocols.wire import payload_bytes, payload_json
 
 __all__ = ["ProtocolRules", "INPUT_PHASES", "PUBLIC_KINDS"]
 
@@ -39,6 +54,7 @@ _SERVER_EVENTS = ("dropped", "aborted", "aggregated")
 _RELAYED_KEYS = "secagg: relayed keys equal the advertised ones"
 _ONE_VIEW = "secagg: one graph and one survivor set announced to every client"
 _COUNTED = "aggregates: every counted client sent its input"
+_SIGNED = "secagg: every answered unmask request held the survivors' signatures of its view"
 
 Keys = dict[str, bytes]  # "c_pk" / "s_pk" -> raw X25519 public key
 
@@ -46,11 +62,12 @@ Keys = dict[str, bytes]  # "c_pk" / "s_pk" -> raw X25519 public key
 class ProtocolRules:
     """Feed :meth:`check` every verified record in log order; it returns the first broken rule.
 
-    ``parties``: the party ids of parties.json.
+    ``signing_keys``: party id -> its Ed25519 public key (32 bytes), as in parties.json.
     """
 
-    def __init__(self, parties: Collection[str]):
-        self.parties = frozenset(parties)
+    def __init__(self, signing_keys: Mapping[str, bytes]):
+        self.signing_keys = dict(signing_keys)
+        self.parties = frozenset(signing_keys)
         self._inputs: dict[tuple[int, str], set[str]] = {}
         # (round, kind) -> client -> its advertised keys (None: payload not kept or unreadable)
         self._advertised: dict[tuple[int, str], dict[str, Keys | None]] = {}
@@ -63,6 +80,12 @@ class ProtocolRules:
         self._announced: dict[tuple[int, str, str], tuple[bytes, str]] = {}
         self._views_checked = 0
         self._views_unchecked = 0
+        # (round, client) -> [seq, kind, sha256] of each clear broadcast it took, in order
+        self._taken: dict[tuple[int, str], list[tuple[int, str, str]]] = {}
+        # (round, kind, client) -> what it was told: params, graph, signed, request
+        self._told: dict[tuple[int, str, str], dict] = {}
+        self._answers_checked = 0
+        self._answers_unchecked = 0
 
     def check(self, record: dict, payload: bytes | None) -> str | None:
         """The first rule ``record`` breaks (a sentence naming it), or None.
@@ -72,6 +95,10 @@ class ProtocolRules:
         if record["kind"] == "event":
             return self._named(record) or self._event(record)
         problem = self._named(record) or self._broadcast(record)
+        if problem is None and record["phase"] == "broadcast" and record["sender"] == SERVER:
+            self._taken.setdefault((record["round"], record["recipient"]), []).append(
+                (record["seq"], record["kind"], record["sha256"] if not record["stages"]
+                 else ""))
         if problem is None and record["phase"] in SECAGG_PHASES:
             problem = self._secagg(record, payload)
         if problem is None and record["phase"] in INPUT_PHASES and record["recipient"] == SERVER:
@@ -94,6 +121,11 @@ class ProtocolRules:
                 if not self._views_unchecked else
                 f"NOT DONE for {self._views_unchecked} announcement(s): payloads.bin was not "
                 "kept (run with --keep-payloads)")
+        if self._answers_checked or self._answers_unchecked:
+            out[_SIGNED] = (
+                f"done: {self._answers_checked} answer(s) checked" if not self._answers_unchecked
+                else f"NOT DONE for {self._answers_unchecked} answer(s): payloads.bin was not "
+                "kept (run with --keep-payloads), or a broadcast was sealed")
         return out
 
     # -- one rule each -----------------------------------------------------------------------
@@ -130,6 +162,9 @@ class ProtocolRules:
         if event in _SERVER_EVENTS and record["sender"] != SERVER:
             return (f"record {seq}: a {event!r} event is the server's, but {record['sender']} "
                     "signed it")
+        if event == "rejected" and record["phase"] == "broadcast" and "refused" in record:
+            taken = self._taken.get((record["round"], record["sender"]), [])
+            taken[:] = [entry for entry in taken if entry[0] != record["refused"]]
         if event == "closed":
             return self._closed(record)
         if event == "aggregated":
@@ -180,9 +215,15 @@ class ProtocolRules:
                     "in it")
         if phase == "keys":
             return (self._relayed_keys(seq, client, session, payload)
-                    or self._one_view(record, payload, "graph"))
+                    or self._one_view(record, payload, "graph")
+                    or self._keys_told(record, payload))
         if phase == "consistency":
-            return self._one_view(record, payload, "survivor set")
+            return (self._one_view(record, payload, "survivor set")
+                    or self._told_survivors(record, payload))
+        if phase == "unmask_request":
+            self._tell(record, "request", payload)
+        if phase == "unmask" and record["recipient"] == SERVER:
+            return self._signed_view(record)
         return None
 
     def _one_view(self, record: dict, payload: bytes | None, what: str) -> str | None:
@@ -209,6 +250,64 @@ class ProtocolRules:
                     "secure aggregation (a split view)")
         return None
 
+    def _tell(self, record: dict, what: str, value) -> None:
+        """Note what the server told one client in this aggregation (None: not readable)."""
+        key = (record["round"], record["kind"], record["recipient"])
+        self._told.setdefault(key, {})[what] = value
+
+    def _keys_told(self, record: dict, payload: bytes | None) -> None:
+        """The parameters and graph digest of a malicious-variant ``keys`` message (already
+        read by :meth:`_one_view`)."""
+        fields = payload_bytes(payload, SERVER) if payload is not None else {}
+        if "params" in fields and "graph_seed" in fields and "u1" in fields:
+            self._tell(record, "params", fields["params"])
+            self._tell(record, "graph",
+                       hashlib.sha256(fields["graph_seed"] + fields["u1"]).digest())
+
+    def _told_survivors(self, record: dict, payload: bytes | None) -> None:
+        """The first survivor set announced to a client (the one it signs)."""
+        told = self._told.setdefault((record["round"], record["kind"], record["recipient"]), {})
+        told["consistency"] = True  # the malicious-server variant
+        if "signed" not in told and payload is not None:
+            try:
+                told["signed"] = payload_json(payload, SERVER)["survivors"]
+            except (MessageError, TypeError, KeyError):
+                told["signed"] = None
+        return None
+
+    def _signed_view(self, record: dict) -> str | None:
+        """A client answered an unmask request: every survivor the request names signed what
+        the log shows the client was told (the check the client makes before it answers)."""
+        client, round_, kind = record["sender"], record["round"], record["kind"]
+        told = self._told.get((round_, kind, client), {})
+        if not told.get("consistency"):
+            return None  # the semi-honest variant: nothing signed
+        if told.get("request") is None:
+            self._answers_unchecked += 1
+            return None
+        try:
+            request = payload_json(told["request"], SERVER)
+        except MessageError:
+            return (f"record {record['seq']}: {client} answered an unreadable unmask request")
+        taken = self._taken.get((round_, client), [])
+        if "signatures" not in request or any(not sha for _, _, sha in taken) or not all(
+                told.get(what) for what in ("params", "graph", "signed")):
+            self._answers_unchecked += 1
+            return None
+        statement = survivor_statement(
+            round_, kind, told["signed"], told["params"], told["graph"],
+            digest_of_broadcasts([(kind_, sha) for _, kind_, sha in taken]))
+        for w in request["survivors"]:
+            signature = request["signatures"].get(w, "")
+            if w not in told["signed"] or w not in self.signing_keys or not _verifies(
+                    self.signing_keys[w], signature, statement):
+                return (f"record {record['seq']}: {client} answered an unmask request in the "
+                        f"round-{round_} {kind} secure aggregation without {w}'s valid signature "
+                        "of the survivor set, parameters, graph and broadcasts the log shows "
+                        f"{client} was told")
+        self._answers_checked += 1
+        return None
+
     def _relayed_keys(self, seq: int, client: str, session: dict[str, Keys | None],
                       payload: bytes | None) -> str | None:
         if payload is None:
@@ -227,6 +326,14 @@ class ProtocolRules:
                         f"that {peer} did not advertise in this aggregation")
         self._keys_checked += 1
         return None
+
+
+def _verifies(key: bytes, signature_hex, statement: bytes) -> bool:
+    try:
+        signature = bytes.fromhex(signature_hex)
+    except (TypeError, ValueError):
+        return False
+    return verify_signature(key, signature, statement)
 
 
 def _advertised_keys(payload: bytes | None) -> Keys | None:

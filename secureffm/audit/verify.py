@@ -211,7 +211,7 @@ class _Walk:
         self.payloads = payloads
         self.prev = genesis(parties_text)
         self.offsets: bool | None = None  # message records carry offsets (None: none seen)
-        self.rules = ProtocolRules(parties)
+        self.rules = ProtocolRules({party: keys.sign for party, keys in parties.items()})
 
     def line(self, index: int, text: bytes) -> tuple[Any, AuditFinding | None]:
         """Line ``index`` (0-based) parsed, and its first problem."""

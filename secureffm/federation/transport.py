@@ -30,22 +30,27 @@ __all__ = ["Transport", "InProcessTransport", "Delivery", "Refusal"]
 
 @dataclass(frozen=True)
 class Refusal:
-    """A receipt check of ``recipient`` failed for a message from ``party``: ``reason``."""
+    """A receipt check of ``recipient`` failed for a message from ``party``: ``reason``;
+    ``refused``: the seq of the logged record it refused (None for a copy or forgery the log
+    does not hold)."""
 
     recipient: str
     party: str
     reason: str
+    refused: int | None = None
 
 
 @dataclass(frozen=True)
 class Delivery:
     """What became of one envelope: ``data``, the bytes its recipient accepted (None when the
-    sender was offline, the message was lost or a receipt check failed), and ``refusals``, the
+    sender was offline, the message was lost or a receipt check failed), ``refusals``, the
     failed receipt checks (of this envelope, of a replayed copy, of an injected forgery), for
-    their recipients to log."""
+    their recipients to log, and ``seq``, the envelope's record in the log (None when it was
+    not logged)."""
 
     data: bytes | None
     refusals: tuple[Refusal, ...] = ()
+    seq: int | None = None
 
 
 class Transport(Protocol):
@@ -60,8 +65,10 @@ class Transport(Protocol):
     def send(self, envelope: Envelope) -> Delivery:
         """Deliver a signed envelope (see :class:`Delivery`)."""
 
-    def reject(self, by: Party, round_: int, phase: str, party: str, reason: str) -> None:
-        """``by`` refuses (or withholds) a message of ``party``: a signed ``rejected`` event."""
+    def reject(self, by: Party, round_: int, phase: str, party: str, reason: str,
+               refused: int | None = None) -> None:
+        """``by`` refuses (or withholds) a message of ``party``: a signed ``rejected`` event,
+        naming the logged record it refused (``refused``, its seq) when there is one."""
 
     def record(self, event: dict) -> None:
         """Log an event a party raised and signed (:meth:`Party.event`)."""
@@ -113,12 +120,13 @@ class InProcessTransport:
                 recipient, sender, f"{envelope.kind} message (sha256 {envelope.sha256[:16]}...) "
                 "from a party that is not registered in this federation")))
         record = self.log.append(envelope)
+        seq = record["seq"]
         if self.faults.find("lose", sender, round_, phase, recipient):
-            return Delivery(None, refusals)
+            return Delivery(None, refusals, seq)
         if self.faults.find("delay", sender, round_, phase, recipient):
             return Delivery(None, (*refusals, Refusal(
-                recipient, sender, f"{envelope.kind} message seq {record['seq']} arrived after "
-                "the phase closed")))
+                recipient, sender, f"{envelope.kind} message seq {seq} arrived after the phase "
+                "closed", seq)), seq)
         received = envelope.data
         if self.faults.find("corrupt", sender, round_, phase, recipient) and received:
             received = bytes([received[0] ^ 0xFF]) + received[1:]
@@ -128,7 +136,7 @@ class InProcessTransport:
         if self.faults.find("replay", sender, round_, phase, recipient):
             again = self._receive(record, envelope, envelope.data)
             refusals = (*refusals, again) if again else refusals
-        return Delivery(None if refused else received, refusals)
+        return Delivery(None if refused else received, refusals, seq)
 
     def _receive(self, record: dict, envelope: Envelope, received: bytes) -> Refusal | None:
         """The recipient's checks: unaltered bytes, valid signature, an ``origin`` only on a
@@ -139,15 +147,16 @@ class InProcessTransport:
         if hashlib.sha256(received).hexdigest() != envelope.sha256:
             return Refusal(recipient, sender, f"message seq {record['seq']} was altered in "
                            "transit (sha256 of the bytes received does not match the signed "
-                           "one)")
+                           "one)", record["seq"])
         if not verify_signature(self.registry.sign[sender], envelope.sig,
                                 canonical(envelope.header())):
             return Refusal(recipient, sender, f"message seq {record['seq']} has an invalid "
-                           "signature")
+                           "signature", record["seq"])
         if envelope.origin and phase != RELAY_PHASE:
             return Refusal(recipient, sender, f"message seq {record['seq']} names an author "
                            f"({envelope.origin}) in phase {phase}; only a payload relayed in "
-                           f"phase {RELAY_PHASE} has an author other than its sender")
+                           f"phase {RELAY_PHASE} has an author other than its sender",
+                           record["seq"])
         key = (round_, phase, envelope.kind, sender, recipient, envelope.origin)
         if key in self._seen:
             return Refusal(recipient, sender, f"duplicate or replayed {envelope.kind} message "
@@ -170,8 +179,10 @@ class InProcessTransport:
                     round_, phase, envelope.kind, SERVER, envelope.data)).refusals
         return refusals
 
-    def reject(self, by: Party, round_: int, phase: str, party: str, reason: str) -> None:
-        self.record(by.event(round_, phase, "rejected", party, reason))
+    def reject(self, by: Party, round_: int, phase: str, party: str, reason: str,
+               refused: int | None = None) -> None:
+        fields = None if refused is None else {"refused": refused}
+        self.record(by.event(round_, phase, "rejected", party, reason, fields))
 
     def record(self, event: dict) -> None:
         self.log.event(event)

@@ -62,10 +62,16 @@ class ProtectedChannel:
         data = serialize_payload(payload)
         link = self._link(round_, kind)
         for client in self.clients:
-            received = link.send("broadcast", SERVER, client.id, data)
-            if received is not None:
-                client.inbox[kind] = deserialize_payload(received, SERVER)
-                record_broadcast(client, round_, kind, received)
+            delivery = link.deliver("broadcast", SERVER, client.id, data)
+            if delivery.data is None:
+                continue
+            try:
+                client.inbox[kind] = deserialize_payload(delivery.data, SERVER)
+            except MessageError as err:
+                link.reject("broadcast", SERVER, f"refused: {err}", by=client.id,
+                            refused=delivery.seq)
+                continue
+            record_broadcast(client, round_, kind, delivery.data)
 
     def aggregate(self, round_: int, kind: str, compute: Compute, weights: dict[str, float],
                   template: Template, noise: DistributedNoise | None = None) -> Aggregate:

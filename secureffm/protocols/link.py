@@ -8,14 +8,15 @@ signs its envelope with its own key, and a party that refuses a message raises t
 from __future__ import annotations
 
 import hashlib
+import json
 from dataclasses import dataclass, field
 
 from ..federation.faults import FaultPlan
 from ..federation.message import SERVER
 from ..federation.parties import Client, Party
-from ..federation.transport import Transport
+from ..federation.transport import Delivery, Transport
 
-__all__ = ["Link", "record_broadcast", "broadcast_digest"]
+__all__ = ["Link", "record_broadcast", "broadcast_digest", "digest_of_broadcasts"]
 
 _BROADCASTS = "broadcasts"
 
@@ -29,8 +30,14 @@ def record_broadcast(party: Party, round_: int, kind: str, data: bytes) -> None:
 def broadcast_digest(party: Party, round_: int) -> bytes:
     """SHA-256 over the (kind, sha256) of every broadcast ``party`` accepted in ``round_``, in
     order: equal for two clients exactly when they received the same broadcasts."""
-    seen = party.memory.get(_BROADCASTS, {}).get(round_, [])
-    return hashlib.sha256(repr(seen).encode()).digest()
+    return digest_of_broadcasts(party.memory.get(_BROADCASTS, {}).get(round_, []))
+
+
+def digest_of_broadcasts(seen: list[tuple[str, str]]) -> bytes:
+    """SHA-256 of the compact JSON list of [kind, sha256 hex] pairs, in order (what an auditor
+    recomputes from the broadcast records of one recipient and round)."""
+    return hashlib.sha256(json.dumps([list(pair) for pair in seen],
+                                     separators=(",", ":")).encode()).digest()
 
 
 @dataclass
@@ -52,18 +59,26 @@ class Link:
              origin: str = "") -> bytes | None:
         """``sender`` signs and sends ``data``; the bytes its recipient accepted, or None. Each
         failed receipt check is logged as the recipient's own ``rejected`` event."""
+        return self.deliver(phase, sender, recipient, data, origin).data
+
+    def deliver(self, phase: str, sender: str, recipient: str, data: bytes,
+                origin: str = "") -> Delivery:
+        """:meth:`send`, returning the whole :class:`Delivery` (its log record's seq too)."""
         delivery = self.transport.send(self.parties[sender].envelope(
             self.round, phase, self.kind, recipient, data, self.stages, origin))
         for refusal in delivery.refusals:
-            self.reject(phase, refusal.party, refusal.reason, by=refusal.recipient)
-        return delivery.data
+            self.reject(phase, refusal.party, refusal.reason, by=refusal.recipient,
+                        refused=refusal.refused)
+        return delivery
 
     def alive(self, party: str, phase: str) -> bool:
         return self.transport.alive(party, self.round, phase)
 
-    def reject(self, phase: str, party: str, reason: str, by: str = SERVER) -> None:
-        """``by`` refuses (or withholds) a message of ``party``: a ``rejected`` event."""
-        self.transport.reject(self.parties[by], self.round, phase, party, reason)
+    def reject(self, phase: str, party: str, reason: str, by: str = SERVER,
+               refused: int | None = None) -> None:
+        """``by`` refuses (or withholds) a message of ``party``: a ``rejected`` event, naming
+        the logged record it refused (``refused``, its seq) when the transport refused one."""
+        self.transport.reject(self.parties[by], self.round, phase, party, reason, refused)
 
     def event(self, phase: str, event: str, about: str, detail: str, by: str = SERVER,
               fields: dict | None = None) -> None:

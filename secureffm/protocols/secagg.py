@@ -10,9 +10,10 @@ One aggregation (a fresh session, fresh keys) runs these phases:
    its long-term Ed25519 identity.
 2. ``keys``: the server picks each client's neighbours N(u) (all others, or a random
    ``neighbours``-regular graph from a seed) and sends u their public keys; the malicious
-   variant also sends their commitments and signatures, the seed and U1, and u re-derives its
-   neighbours from them and checks every signature against the identities it pinned (not keys
-   the server relays): a substituted key makes u refuse the message and drop out.
+   variant also sends their commitments and signatures, the seed and U1 and the stage's
+   parameters; u re-derives its neighbours from them, refuses parameters other than its own
+   spec's and checks every signature against the identities it pinned (not keys the server
+   relays): a substituted key makes u refuse the message and drop out.
 3. ``share_keys``: u Shamir-shares its mask secret key s_sk and b_u among S(u) = N(u) + {u},
    t of |S(u)|; the share for v travels AES-GCM-encrypted under HKDF(X25519(c_sk_u, c_pk_v)),
    relayed by the server, which cannot read it.
@@ -100,7 +101,7 @@ from .wire import json_payload as _json_payload
 from .wire import payload_bytes as _payload_bytes
 from .wire import payload_json as _payload_json
 
-__all__ = ["SecAggStage", "harary_neighbours"]
+__all__ = ["SecAggStage", "harary_neighbours", "survivor_statement", "MALICIOUS_PHASES"]
 
 PHASES = ("advertise_keys", "keys", "share_keys", "shares", "masked_input", "unmask_request",
           "unmask")
@@ -150,11 +151,16 @@ def _key_statement(round_: int, kind: str, u: str, keys: dict[str, bytes]) -> by
             + b"".join(keys[name] for name in _ADVERTISED))
 
 
-def _survivor_statement(round_: int, kind: str, survivors: list[str], context: bytes) -> bytes:
-    """What a survivor signs in the consistency round: the survivor set it was told, and the
-    digest of what it saw this round (parameters, neighbour graph, broadcasts)."""
+def survivor_statement(round_: int, kind: str, survivors: list[str], parameters: bytes,
+                       graph: bytes, broadcasts: bytes) -> bytes:
+    """What a survivor signs in the consistency round (and what the audit re-checks): the
+    survivor set it was told, bound to the digest of what it saw this round: the stage's
+    ``parameters`` (:meth:`SecAggStage.parameters`), the ``graph`` it was announced
+    (sha256 of seed and U1) and the ``broadcasts`` it accepted (:func:`~secureffm.protocols.
+    link.broadcast_digest`)."""
+    seen = hashlib.sha256(parameters + graph + broadcasts).digest()
     return (_SURVIVOR_STATEMENT + json.dumps([round_, kind, sorted(survivors)]).encode()
-            + context)
+            + seen)
 
 
 def _commit(seed: bytes) -> bytes:
@@ -318,7 +324,7 @@ class _ClientSession:
         keys: dict[str, dict[str, bytes]] = {}
         for name, value in fields.items():
             kind, _, v = name.partition(":")
-            if kind in ("graph_seed", "u1") and self.malicious:
+            if kind in ("graph_seed", "u1", "params") and self.malicious:
                 continue
             if (kind not in _ADVERTISED + ("sig",) or v not in order or v == self.id
                     or len(value) != (64 if kind == "sig" else 32)):
@@ -339,7 +345,11 @@ class _ClientSession:
 
     def _neighbours(self, fields: dict[str, bytes]) -> set[str]:
         """This client's neighbours in the graph the server announced (a seed and U1): every
-        client derives the same graph from the same announcement, and signs its digest."""
+        client derives the same graph from the same announcement, and signs its digest. The
+        announced parameters must be this client's own."""
+        if fields.get("params") != self.stage.parameters():
+            raise MessageError(f"the keys message announces parameters {fields.get('params')!r}"
+                               f", this client's spec has {self.stage.parameters()!r}")
         seed, u1 = fields.get("graph_seed", b""), fields.get("u1", b"")
         try:
             ids = json.loads(u1)
@@ -411,11 +421,10 @@ class _ClientSession:
             y = quantizer.add_mod(y, mask) if peer.first else quantizer.sub_mod(y, mask)
         return y
 
-    def _seen(self) -> bytes:
-        """Digest of what this client saw this round and every honest peer saw alike: the
-        stage's parameters, the neighbour graph announced, the server's broadcasts."""
-        return hashlib.sha256(self.stage.parameters() + self.graph
-                              + broadcast_digest(self.party, self.round)).digest()
+    def _statement(self, survivors: list[str]) -> bytes:
+        """The consistency statement of ``survivors`` over what this client saw this round."""
+        return survivor_statement(self.round, self.kind, survivors, self.stage.parameters(),
+                                  self.graph, broadcast_digest(self.party, self.round))
 
     def sign_survivors(self, data: bytes) -> bytes:
         """Consistency round: sign the survivor set the server announced (once)."""
@@ -426,8 +435,7 @@ class _ClientSession:
             raise MessageError("the announced survivor set leaves out this client, which sent "
                                "its masked input")
         self.signed = tuple(sorted(survivors))
-        return self.party.sign(_survivor_statement(self.round, self.kind, survivors,
-                                                   self._seen()))
+        return self.party.sign(self._statement(survivors))
 
     def answer(self, data: bytes) -> bytes:
         """The unmask reply, at most once per aggregation; raises MessageError (a refusal,
@@ -476,7 +484,7 @@ class _ClientSession:
         if survivors != set(self.signed) & group:
             return (f"the request's survivors {sorted(survivors)} are not those of the set it "
                     f"signed ({sorted(set(self.signed) & group)} in its share group)")
-        statement = _survivor_statement(self.round, self.kind, list(self.signed), self._seen())
+        statement = self._statement(list(self.signed))
         for w in sorted(survivors):
             if w not in signatures or not verify_signature(self.registry.sign[w], signatures[w],
                                                            statement):
@@ -720,13 +728,14 @@ class SecAggStage:
 
     def _keys_message(self, r: _Round, u: str, u1: list[str]) -> bytes:
         """Phase 2's message to u: its neighbours' keys; under the malicious-server variant
-        also their commitments and signatures, and the graph's seed and U1."""
+        also their commitments and signatures, the graph's seed and U1, and the parameters."""
         fields = ("c_pk", "s_pk") + (("b_commit", "sig") if self.adversary == "malicious"
                                      else ())
         message = {f"{kind}:{v}": r.advertised[v][kind] for v in sorted(r.graph[u])
                    for kind in fields}
         if self.adversary == "malicious":
-            message |= {"graph_seed": r.graph_seed, "u1": json.dumps(u1).encode()}
+            message |= {"graph_seed": r.graph_seed, "u1": json.dumps(u1).encode(),
+                        "params": self.parameters()}
         return _bytes_payload(message)
 
     def _send_keys(self, r: _Round, u1: list[str]) -> list[str]:

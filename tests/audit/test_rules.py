@@ -26,7 +26,7 @@ class _Log:
     """Numbers records as a log does and feeds each to ``rules``."""
 
     def __init__(self, parties=PARTIES):
-        self.rules = ProtocolRules(parties)
+        self.rules = ProtocolRules({party: bytes(32) for party in parties})
         self.seq = 0
 
     def message(self, sender, recipient, phase, round_=1, kind="gradient", payload=None,

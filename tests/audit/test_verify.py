@@ -86,6 +86,12 @@ def run(runs, tmp_path) -> Run:
     return runs["secagg"].copy(tmp_path / "run")
 
 
+@pytest.fixture
+def plain_run(runs, tmp_path) -> Run:
+    """A fresh copy of the plaintext run (no signed views: only the chain pins its records)."""
+    return runs["plaintext"].copy(tmp_path / "run")
+
+
 def dump(record: dict) -> str:
     """A record as the log writes it."""
     return json.dumps(record, sort_keys=True, separators=(",", ":"))
@@ -193,13 +199,15 @@ def broadcast_seq(run: Run, recipient: str, round_: int = 2) -> int:
 
 
 @pytest.mark.parametrize("edit", ["delete", "duplicate", "swap"])
-def test_a_rechained_edit_by_a_folder_writer_fails_the_closing_records_signed_chain(run, edit):
+def test_a_rechained_edit_by_a_folder_writer_fails_the_closing_records_signed_chain(plain_run,
+                                                                                   edit):
     """Adversary: someone who can write the run folder but holds no party's key. They delete a
     delivery record in the middle (the server's round-2 model to client-2), or duplicate it, or
     swap it with its neighbour, then rewrite seq and prev of every later line. Every line but
     the last passes its own checks (seq, link, signature: seq and prev are not signed); the
     closing record's ``chain``, which the server signed, still names the line that preceded it
     in the real log, so the audit fails there, with keys pinned or not."""
+    run = plain_run
     keys = RunPin(fingerprints=pin_of(run.path, run.head).fingerprints)  # pinned at the end
     records = run.records()
     k = broadcast_seq(run, "client-2")
@@ -219,21 +227,44 @@ def test_a_rechained_edit_by_a_folder_writer_fails_the_closing_records_signed_ch
                          "not the log before it")
 
 
-def test_a_server_key_holder_can_rechain_and_reclose_but_not_past_a_pinned_head(run):
-    """Adversary: the server's key holder with write access to the folder. It deletes a
-    delivery, rechains and re-signs the closing record over the new chain: the log verifies
-    (the documented limit of a key holder), but not against the head pinned at the run's end."""
+def delete_and_reclose(run: Run, seq: int) -> None:
+    """The server's key holder deletes record ``seq``, rechains, and re-signs the closing
+    record over the new chain."""
     records = run.records()
-    del records[broadcast_seq(run, "client-2")]
+    del records[seq]
     closing = records[-1]
     records[-1] = closing | {"records": closing["records"] - 1}
     lines = rechain(run, records)
     closing = json.loads(lines[-1])
     lines[-1] = dump(resign(closing | {"chain": closing["prev"]}, run.keys[SERVER]))
     run.write(lines)
+
+
+def test_a_server_key_holder_can_rechain_and_reclose_but_not_past_a_pinned_head(plain_run):
+    """Adversary: the server's key holder with write access to the folder. It deletes a
+    delivery, rechains and re-signs the closing record over the new chain: the log verifies
+    (the documented limit of a key holder), but not against the head pinned at the run's end."""
+    run = plain_run
+    delete_and_reclose(run, broadcast_seq(run, "client-2"))
     assert verify_run(run.path).ok
     report = verify_run(run.path, RunPin(head=run.head))
     assert not report.ok and "differs from the pinned head" in report.first_bad.problem
+
+
+def test_a_deleted_broadcast_contradicts_the_views_the_clients_signed(run):
+    """Adversary: the server's key holder with write access to the folder deletes its
+    round-2 model to client-2 from a secure-aggregation log (malicious-server variant, payloads
+    kept), rechains and re-closes, as above. The log no longer matches what client-2 was
+    told when it answered its unmask request: the survivors' signatures it checked covered
+    the model, and the audit re-checks them over the logged view. Before this rule the log
+    verified (the key holder's limit above)."""
+    k = broadcast_seq(run, "client-2")
+    delete_and_reclose(run, k)
+    report = verify_run(run.path)
+    assert not report.ok, report.summary()
+    assert report.first_bad.problem.endswith(
+        "without client-1's valid signature of the survivor set, parameters, graph and "
+        "broadcasts the log shows client-2 was told")
 
 
 @pytest.mark.parametrize("source", [40, 15, 3])
@@ -421,6 +452,14 @@ def test_server_rejecting_an_unregistered_sender_verifies(tmp_path):
     report = verify_run(run.path)
     assert report.ok, report.first_bad
     assert [r["party"] for r in run.records() if r.get("event") == "rejected"] == ["client-99"]
+
+
+def test_an_honest_secure_aggregation_log_has_its_signed_views_checked(runs):
+    """Every unmask answer of the two malicious-variant rounds (3 clients each) is checked."""
+    report = verify_run(runs["secagg"].path)
+    assert report.ok, report.first_bad
+    signed = "secagg: every answered unmask request held the survivors' signatures of its view"
+    assert report.checks[signed] == "done: 6 answer(s) checked"
 
 
 def test_closing_count_re_signed_by_the_server_must_match(run):

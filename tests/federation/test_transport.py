@@ -67,7 +67,7 @@ def pinned_key(tmp_path, party: str) -> Ed25519PublicKey:
 def test_a_signed_envelope_is_delivered_and_logged_with_its_senders_signature(tmp_path):
     net = make_net(tmp_path)
     envelope = net.parties["client-1"].envelope(1, "upload", "gradient", SERVER, DATA, ("dp",))
-    assert net.transport.send(envelope) == Delivery(DATA, ())
+    assert net.transport.send(envelope) == Delivery(DATA, (), 0)
     [record] = net.records()
     assert {k: record[k] for k in ("round", "phase", "kind", "sender", "recipient", "stages",
                                    "bytes", "sha256", "seq", "sig")} == {
@@ -112,14 +112,14 @@ def test_bytes_swapped_after_signing_are_refused(tmp_path):
     envelope = net.parties["client-1"].envelope(1, "upload", "gradient", SERVER, DATA)
     delivery = net.transport.send(dataclasses.replace(envelope, data=b"other bytes"))
     assert delivery.data is None and "invalid signature" in delivery.refusals[0].reason
-    assert net.transport.send(envelope) == Delivery(DATA, ())  # the real one still arrives
+    assert net.transport.send(envelope) == Delivery(DATA, (), 1)  # the real one still arrives
 
 
 def test_a_second_copy_is_refused_and_the_first_stands(tmp_path):
     net = make_net(tmp_path)
     first = net.upload(data=b"first")
     second = net.upload(data=b"second")
-    assert first == Delivery(b"first", ())
+    assert first == Delivery(b"first", (), 0)
     assert second.data is None
     assert second.refusals == (Refusal(SERVER, "client-1", "duplicate or replayed gradient "
                                        "message (round 1, phase upload); the first copy stands"),)
@@ -153,7 +153,7 @@ def test_a_dropped_client_goes_offline_from_its_phase_to_the_end_of_the_round(tm
 
 def test_a_lost_message_leaves_only_its_senders_record(tmp_path):
     net = make_net(tmp_path, plan(Fault("lose", "client-1", "upload", (1,))))
-    assert net.upload() == Delivery(None, ())
+    assert net.upload() == Delivery(None, (), 0)
     assert [(r["sender"], r["phase"]) for r in net.records()] == [("client-1", "upload")]
     assert net.transport.alive("client-1", 1, "relay")  # it stays online
 
@@ -167,10 +167,10 @@ def test_a_delayed_or_corrupted_message_is_refused_by_its_recipient(tmp_path, ac
     delivery = net.upload()
     assert delivery.data is None
     [refusal] = delivery.refusals
-    assert (refusal.recipient, refusal.party) == (SERVER, "client-1")
+    assert (refusal.recipient, refusal.party, refusal.refused) == (SERVER, "client-1", 0)
     assert reason in refusal.reason
     assert len(net.records()) == 1 and net.log.events == []
-    assert net.upload("client-2") == Delivery(DATA, ())  # other senders are untouched
+    assert net.upload("client-2") == Delivery(DATA, (), 1)  # other senders are untouched
 
 
 def test_a_replayed_message_arrives_once_and_its_copy_is_refused(tmp_path):
@@ -180,6 +180,7 @@ def test_a_replayed_message_arrives_once_and_its_copy_is_refused(tmp_path):
     [refusal] = delivery.refusals
     assert (refusal.recipient, refusal.party) == (SERVER, "client-1")
     assert "duplicate or replayed gradient message (round 1, phase upload)" in refusal.reason
+    assert refusal.refused is None  # the copy is not in the log; its original was accepted
     assert len(net.records()) == 1
 
 
@@ -187,14 +188,14 @@ def test_an_unknown_sender_fault_forges_one_copy_to_the_server_per_round_and_pha
     net = make_net(tmp_path, plan(Fault("unknown_sender", "client-99", "upload", (1,))))
     to_peer = net.transport.send(net.parties["client-1"].envelope(1, "upload", "gradient",
                                                                   "client-2", DATA))
-    assert to_peer == Delivery(DATA, ())  # only deliveries to the server draw the forgery
+    assert to_peer == Delivery(DATA, (), 0)  # only deliveries to the server draw the forgery
     first = net.upload("client-1")
     assert first.data == DATA  # the real message still arrives
     [refusal] = first.refusals
     assert (refusal.recipient, refusal.party) == (SERVER, "client-99")
     assert "from a party that is not registered" in refusal.reason
-    assert net.upload("client-2") == Delivery(DATA, ())  # once per round and phase
-    assert net.upload("client-1", round_=2) == Delivery(DATA, ())  # not in other rounds
+    assert net.upload("client-2") == Delivery(DATA, (), 2)  # once per round and phase
+    assert net.upload("client-1", round_=2) == Delivery(DATA, (), 3)  # not in other rounds
     assert all(r["sender"] != "client-99" for r in net.records())
 
 

@@ -205,6 +205,27 @@ def test_broadcast_reaches_the_alive_clients_inboxes(tmp_path):
     assert [r["recipient"] for r in records(log)] == ["client-1", "client-2", "client-3"]
 
 
+def test_a_broadcast_its_recipient_cannot_read_is_refused_by_it_and_named(tmp_path):
+    """Adversary: a malicious server that signs and sends client-2 bytes that are no payload
+    in place of the model. client-2 refuses that record by seq (so an audit knows it never
+    accepted it) and the round goes on; the others take the model."""
+    clients = make_clients([3, 3, 3])
+    channel, log = make_channel(tmp_path, clients)
+    honest = channel.server.envelope
+
+    def envelope(round_, phase, kind, recipient, data, stages=(), origin=""):
+        data = b"not a payload" if recipient == "client-2" else data
+        return honest(round_, phase, kind, recipient, data, stages, origin)
+
+    channel.server.envelope = envelope
+    channel.broadcast(1, "global_model", {"theta": np.ones(2, np.float32)})
+    assert [c.id for c in clients if "global_model" in c.inbox] == ["client-1", "client-3"]
+    [rejected] = events(log, "rejected")
+    sent = [r for r in records(log) if r["recipient"] == "client-2"]
+    assert (rejected["sender"], rejected["party"], rejected["refused"]) == (
+        "client-2", SERVER, sent[0]["seq"])
+
+
 def test_send_delivers_one_message_each_way_and_none_when_it_cannot(tmp_path):
     clients = make_clients([3, 3, 3])
     faults = FaultPlan("t", (Fault("corrupt", "client-2", "upload", (1,)),

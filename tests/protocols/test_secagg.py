@@ -34,6 +34,7 @@ from secureffm.protocols.prg import expand_seed
 from secureffm.protocols.quantize import Quantizer
 from secureffm.protocols.secagg import SecAggStage, harary_neighbours
 from secureffm.protocols.shamir import reconstruct_bytes, share_from_bytes, share_to_bytes
+from secureffm.protocols.wire import bytes_payload, payload_bytes
 from secureffm.runs.scaffold import open_channel
 
 CLIENT_PHASES = ("advertise_keys", "share_keys", "masked_input", "consistency_sign", "unmask")
@@ -607,6 +608,31 @@ def test_secagg_plus_with_four_neighbours_is_exact_and_sends_four_keys(tmp_path)
     assert all(u in graph[v] for u in ids for v in graph[u])
     for record, data in logged_payloads(tmp_path, "share_keys"):  # 4 ciphertexts, to them
         assert set(deserialize_payload(data)) == graph[record["sender"]]
+
+
+def test_a_client_refuses_parameters_other_than_its_own_spec(tmp_path):
+    """Adversary: a malicious server that announces client-2 a lower threshold in its
+    ``keys`` message (so that fewer shares would reveal its secrets). client-2 refuses the
+    message naming both parameter sets, drops out, and the round completes without it."""
+    clients = make_clients(4)
+    channel, log = make_channel(tmp_path, clients, write_spec(tmp_path, threshold=0.6))
+    honest = channel.server.envelope
+    (stage,) = load_protocol(str(tmp_path / "spec.toml")).stages
+    lowered = SecAggStage(stage.protects, 0.51, stage.neighbours, stage.quantizer).parameters()
+
+    def envelope(round_, phase, kind, recipient, data, stages=(), origin=""):
+        if phase == "keys" and recipient == "client-2":
+            data = bytes_payload(payload_bytes(data, "server") | {"params": lowered})
+        return honest(round_, phase, kind, recipient, data, stages, origin)
+
+    channel.server.envelope = envelope
+    result = run_round(channel, uniform_updates(4, 10), {c.id: 1.0 for c in clients})
+    log.close()
+    refusals = [r for r in read_records(tmp_path) if r.get("event") == "rejected"
+                and r["sender"] == "client-2"]
+    assert len(refusals) == 1 and "announces parameters" in refusals[0]["detail"]
+    assert "0.51" in refusals[0]["detail"] and "0.6" in refusals[0]["detail"]
+    assert result.included == ["client-1", "client-3", "client-4"]
 
 
 # -- 7. spec validation ----------------------------------------------------------------------

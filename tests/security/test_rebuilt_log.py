@@ -52,10 +52,17 @@ def records(folder: Path) -> list[dict]:
     return [json.loads(line) for line in (folder / "messages.jsonl").read_text().splitlines()]
 
 
-def rebuild(folder: Path, log: list[dict], new_parties: tuple[str, ...] = ()) -> None:
+def rebuild(folder: Path, log: list[dict], new_parties: tuple[str, ...] = (),
+            strip_payloads: bool = False) -> None:
     """The folder writer's rebuild: fresh Ed25519 and X25519 keys for every party of
     parties.json plus ``new_parties``, parties.json rewritten, every record renumbered,
-    rechained and re-signed with the new key of its sender, the closing count and chain fixed."""
+    rechained and re-signed with the new key of its sender, the closing count and chain fixed.
+    ``strip_payloads``: also delete payloads.bin and the records' offsets into it. The
+    payloads hold signatures by the old keys (key advertisements, the consistency signatures
+    relayed in unmask requests) that the audit re-checks; dropping the file is simpler than
+    re-making them, and the audit then reports those rules as not done."""
+    if strip_payloads:
+        (folder / "payloads.bin").unlink()
     names = [*json.loads((folder / "parties.json").read_text()), *new_parties]
     signing = {party: Identity() for party in names}
     text = json.dumps({p: {"sign": signing[p].public.hex(), "seal": new_key_pair().public.hex()}
@@ -63,7 +70,9 @@ def rebuild(folder: Path, log: list[dict], new_parties: tuple[str, ...] = ()) ->
     (folder / "parties.json").write_text(text)
     prev, lines = hashlib.sha256(text.encode()).hexdigest(), []
     for seq, record in enumerate(log):
-        record = {k: v for k, v in record.items() if k != "sig"} | {"seq": seq, "prev": prev}
+        dropped = ("sig", "offset") if strip_payloads else ("sig",)
+        record = {k: v for k, v in record.items() if k not in dropped} | {
+            "seq": seq, "prev": prev}
         if record.get("event") == "closed":
             record |= {"records": seq, "chain": prev,
                        "detail": f"{seq} records precede this closing record"}
@@ -139,17 +148,27 @@ def test_an_intact_run_verifies_against_its_pin_by_head_and_by_keys(honest, caps
         "aggregates: every counted client sent its input": "done: 2 aggregated event(s) checked",
         "secagg: relayed keys equal the advertised ones": "done: 6 keys message(s) checked",
         "secagg: one graph and one survivor set announced to every client":
-            "done: 12 announcement(s) compared"}
+            "done: 12 announcement(s) compared",
+        "secagg: every answered unmask request held the survivors' signatures of its view":
+            "done: 6 answer(s) checked"}
 
 
 def test_rebuild_dropping_a_masked_input_passes_unpinned_and_fails_every_pin(honest, folder,
                                                                              tmp_path):
     """Adversary: a folder writer drops client-2's round-1 masked input, takes client-2 out of
     that round's aggregated event, regenerates all keys and re-signs every record. Before the
-    fix it passed --verify; it still passes an unpinned audit (which proves integrity against
-    accidental damage only); the head or keys pinned apart fail it."""
+    fix it passed --verify; with payloads.bin kept the audit re-checks the consistency
+    signatures inside it, made with the old keys, and fails it; a rebuilder that also strips
+    the payloads (or re-makes those signatures) passes an unpinned audit (which proves
+    integrity against accidental damage only); the head or keys pinned apart fail it."""
     _, pin, parties_copy = honest
-    rebuild(folder, without_masked_input(records(folder), "client-2", uncount=True))
+    log = without_masked_input(records(folder), "client-2", uncount=True)
+    rebuild(folder, log)
+    report = verify_run(folder)
+    assert not report.ok and "valid signature of the survivor set" in report.first_bad.problem
+    shutil.rmtree(folder)
+    shutil.copytree(honest[0], folder)
+    rebuild(folder, log, strip_payloads=True)
     report = verify_run(folder)
     assert report.ok, report.first_bad  # the attack succeeds against an unpinned audit
     assert "accidental damage only" in report.summary()
@@ -161,7 +180,8 @@ def test_dropped_masked_input_of_a_counted_client_is_caught_without_a_pin(folder
     """Adversary: a folder writer drops client-2's round-1 masked input and re-signs the log
     with fresh keys, leaving the server's aggregated event that counts client-2. Before the fix
     it passed --verify; the counted-client rule catches it with no pin."""
-    rebuild(folder, without_masked_input(records(folder), "client-2", uncount=False))
+    rebuild(folder, without_masked_input(records(folder), "client-2", uncount=False),
+            strip_payloads=True)  # else the signed-view rule fires first
     report = verify_run(folder)
     assert not report.ok
     assert ("client-2 is counted in the round-1 gradient aggregate but sent no input to it"
@@ -178,7 +198,7 @@ def test_rebuild_injecting_client_99_fails_every_pin_naming_the_added_party(hone
     _, pin, parties_copy = honest
     log = with_record_from(records(folder), "client-99", "masked_input")
     rebuild(folder, [r | {"phase": "upload"} if r["sender"] == "client-99" else r for r in log],
-            new_parties=("client-99",))
+            new_parties=("client-99",), strip_payloads=True)
     assert verify_run(folder).ok  # the attack succeeds against an unpinned audit
     assert_pins_fail(folder, pin, parties_copy, tmp_path, "parties added: client-99")
 
@@ -223,7 +243,7 @@ def test_client_signed_closing_record_is_caught_by_rule_and_by_every_pin(honest,
     _, pin, parties_copy = honest
     log = records(folder)
     log[-1]["sender"] = "client-1"
-    rebuild(folder, log)
+    rebuild(folder, log, strip_payloads=True)  # else the signed-view rule fires first
     report = verify_run(folder)
     assert not report.ok and report.first_bad.seq == len(log) - 1
     assert "the closing record must be signed by server, but client-1 signed it" in (
@@ -270,8 +290,7 @@ def test_payloads_stripped_by_a_rebuild_leave_the_key_check_not_done(honest, fol
     offset (fresh keys). An unpinned audit passes it but reports the relayed-key check as not
     done, never as passed; every pin fails it."""
     _, pin, parties_copy = honest
-    (folder / "payloads.bin").unlink()
-    rebuild(folder, [{k: v for k, v in r.items() if k != "offset"} for r in records(folder)])
+    rebuild(folder, records(folder), strip_payloads=True)
     report = verify_run(folder)
     assert report.ok and report.payloads == 0
     status = report.checks["secagg: relayed keys equal the advertised ones"]
