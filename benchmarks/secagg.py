@@ -44,7 +44,7 @@ from secureffm.federation import SERVER, Client, MessageLog
 from secureffm.federation.crypto import agree, new_key_pair
 from secureffm.protocols import flatten, load_protocol
 from secureffm.protocols.link import Link
-from secureffm.protocols.prg import expand_seed, keystream_throughput
+from secureffm.protocols.prg import add_masks, keystream_throughput, word_dtype
 from secureffm.protocols.secagg import MALICIOUS_PHASES as PHASES
 from secureffm.reporting import write_block
 from secureffm.runs.scaffold import open_channel
@@ -235,9 +235,9 @@ def _phase_table(results: list[CaseResult]) -> str:
 def _adversaries(root: Path, quick: bool, repeats: int, clients: tuple[int, ...] = CLIENTS,
                  sizes: tuple[int, ...] = SIZES) -> str:
     """Round time and bytes of ``secagg`` (malicious-server variant: signed keys, announced
-    graph, consistency round) over the same spec with ``adversary = "semi-honest"``, rounds
-    alternating; n in ``clients[1:]`` ({10, 50}), d in ``sizes`` ({10^4, 10^6}); n = 50,
-    d = 10^6 skipped with --quick."""
+    graph, consistency round) and of the same spec with ``adversary = "semi-honest"``, each
+    over a plaintext round, rounds alternating; n in ``clients[1:]`` ({10, 50}), d in ``sizes``
+    ({10^4, 10^6}); n = 50, d = 10^6 skipped with --quick."""
     spec = root / "secagg-semi-honest.toml"
     shipped = (Path(__file__).resolve().parents[1] / "protocols" / "secagg.toml").read_text()
     spec.write_text(shipped.replace('adversary = "malicious"', 'adversary = "semi-honest"'))
@@ -248,22 +248,29 @@ def _adversaries(root: Path, quick: bool, repeats: int, clients: tuple[int, ...]
                 continue
             _say(f"adversary variants n={n} d={_sci(d)} ...")
             vectors = _vectors(n, d)
-            semi = _Federation(root / f"adv-{n}-{d}", str(spec), vectors)
-            mal = _Federation(root / f"adv-{n}-{d}", "secagg", vectors)
+            feds = {"plain": _Federation(root / f"adv-{n}-{d}", "plaintext", vectors),
+                    "semi": _Federation(root / f"adv-{n}-{d}", str(spec), vectors),
+                    "mal": _Federation(root / f"adv-{n}-{d}", "secagg", vectors)}
             count = 1 if n * n * d > 10**8 else repeats
-            times: dict[str, list[float]] = {"semi": [], "mal": []}
+            times: dict[str, list[float]] = {name: [] for name in feds}
+            feds["plain"].round()  # warm-up: plaintext rounds are cheap, so always
             for _ in range(count):
-                times["semi"].append(semi.round())
-                times["mal"].append(mal.round())
+                for name, fed in feds.items():
+                    times[name].append(fed.round())
             sent = {name: sum(fed.phase_bytes(fed.rounds).values()) / n
-                    for name, fed in (("semi", semi), ("mal", mal))}
-            semi.close()
-            mal.close()
+                    for name, fed in feds.items()}
+            for fed in feds.values():
+                fed.close()
             median = {k: statistics.median(v) for k, v in times.items()}
-            rows.append([n, _sci(d), f"{1e3 * median['semi']:,.1f}", f"{1e3 * median['mal']:,.1f}",
-                         f"**{median['mal'] / median['semi']:.3f}x**", f"{sent['semi']:,.0f}",
+            rows.append([n, _sci(d), f"{1e3 * median['plain']:,.1f}",
+                         f"{1e3 * median['semi']:,.1f}",
+                         f"**{median['semi'] / median['plain']:.2f}x**",
+                         f"{1e3 * median['mal']:,.1f}",
+                         f"**{median['mal'] / median['plain']:.2f}x**",
+                         f"{median['mal'] / median['semi']:.3f}x", f"{sent['semi']:,.0f}",
                          f"{sent['mal']:,.0f}", f"{sent['mal'] / sent['semi']:.4f}x", count])
-    return _table(["n", "d", "semi-honest ms", "malicious ms", "time ratio",
+    return _table(["n", "d", "plaintext ms", "semi-honest ms", "semi-honest / plaintext",
+                   "malicious ms", "malicious / plaintext", "malicious / semi-honest",
                    "semi-honest B/client", "malicious B/client", "bytes ratio", "rounds each"],
                   rows)
 
@@ -272,25 +279,24 @@ def _adversaries(root: Path, quick: bool, repeats: int, clients: tuple[int, ...]
 
 
 def _throughput(d: int, repeats: int) -> str:
-    """Raw ChaCha20 against expand_seed and one client's whole masking step. Every repeat
+    """Raw ChaCha20 against adding one mask and one client's whole masking step. Every repeat
     times each item once, back to back, so a fraction of raw is a ratio within one repeat."""
     quantizer = load_protocol("secagg").stages[0].quantizer
-    bits = quantizer.bits
+    wire = word_dtype(quantizer.bits)
     rng = np.random.default_rng(0)
     x = {KIND: 0.01 * rng.standard_normal(d, dtype=np.float32)}
     template = {KIND: ((d,), np.dtype(np.float32))}
     seed = bytes(range(32))
-    mask = expand_seed(seed, d, bits)
-    q = quantizer.quantize(x[KIND], rng)
+    y = np.zeros(d, dtype=wire)
     mine, peer = new_key_pair(), new_key_pair()
 
     def masking_step(k: int) -> None:  # what SecAggStage does for one client at masked_input
-        y = quantizer.quantize(1.0 * flatten(x, template), rng)
-        y = quantizer.add_mod(y, expand_seed(seed, d, bits))
-        for j in range(k):
-            pair = agree(mine.private, peer.public, b"mask-seed")
-            y = (quantizer.add_mod if j % 2 else quantizer.sub_mod)(y, expand_seed(pair, d, bits))
-        y.astype(np.uint32)
+        flat = flatten(x, template, np.float32)
+        y = np.empty(d, dtype=wire)
+        quantizer.quantize_into(flat, y, rng, 1.0)
+        pairs = [agree(mine.private, peer.public, b"mask-seed") for _ in range(k)]
+        add_masks(y, [seed] + pairs[: (k + 1) // 2], pairs[(k + 1) // 2:])
+        quantizer.reduce(y)
 
     def timed(fn: Callable[[], object]) -> float:
         start = time.perf_counter()
@@ -298,38 +304,37 @@ def _throughput(d: int, repeats: int) -> str:
         return time.perf_counter() - start
 
     steps = (8, 9, 49)
-    mb = d * 8 / 1e6  # keystream MB per mask vector (8 bytes per word, 4 of them kept)
-    raw, expand, add, quant, pair = [], [], [], [], []
+    mb = d * wire.itemsize / 1e6  # keystream MB per mask vector
+    raw, one, quant, pair = [], [], [], []
     step: dict[int, list[float]] = {k: [] for k in steps}
     fraction: dict[str | int, list[float]] = defaultdict(list)
     for _ in range(repeats):
-        raw.append(8 * d / keystream_throughput(8 * d, 1))  # seconds for one vector
-        expand.append(timed(lambda: expand_seed(seed, d, bits)))
-        add.append(timed(lambda: quantizer.add_mod(q, mask)))
-        quant.append(timed(lambda: quantizer.quantize(flatten(x, template), rng)))
+        raw.append(d * wire.itemsize / keystream_throughput(d * wire.itemsize, 1))
+        one.append(timed(lambda: add_masks(y, [seed])))
+        quant.append(timed(lambda: quantizer.quantize_into(x[KIND], y, rng, 1.0)))
         pair.append(timed(lambda: agree(mine.private, peer.public, b"mask-seed")))
-        fraction["expand"].append(raw[-1] / expand[-1])
+        fraction["one"].append(raw[-1] / one[-1])
         for k in steps:
             step[k].append(timed(lambda k=k: masking_step(k)))
             fraction[k].append((k + 1) * raw[-1] / step[k][-1])
     med = statistics.median
     api = keystream_throughput() / 1e6
-    rows = [[f"raw ChaCha20 keystream, {mb:.0f} MB into a preallocated buffer "
-             "(`keystream_throughput(8 * d, 1)`)", f"{1e3 * med(raw):.2f}",
-             f"{mb / med(raw):,.0f}", "1.00"],
+    rows = [[f"raw ChaCha20 keystream, {mb:.0f} MB (one mask of {_sci(d)} {wire} words) into a "
+             f"preallocated buffer (`keystream_throughput({wire.itemsize} * d, 1)`)",
+             f"{1e3 * med(raw):.2f}", f"{mb / med(raw):,.0f}", "1.00"],
             ["raw ChaCha20, `keystream_throughput()` defaults (64 MiB, best of 3), once", "",
              f"{api:,.0f}", ""],
-            [f"`expand_seed(seed, {_sci(d)}, 32)`", f"{1e3 * med(expand):.2f}",
-             f"{mb / med(expand):,.0f}", f"{med(fraction['expand']):.2f}"],
-            [f"`add_mod` of two uint64 vectors of {_sci(d)}", f"{1e3 * med(add):.2f}", "", ""],
-            [f"`quantize(flatten(x))`, {_sci(d)} float32", f"{1e3 * med(quant):.2f}", "", ""],
+            [f"`add_masks(y, [seed])`: one mask added in place, {_sci(d)} words",
+             f"{1e3 * med(one):.2f}", f"{mb / med(one):,.0f}", f"{med(fraction['one']):.2f}"],
+            [f"`quantize_into(x, y, rng, 1.0)`, {_sci(d)} float32 (its own rounding stream "
+             "included)", f"{1e3 * med(quant):.2f}", "", ""],
             ["`agree` (X25519 + HKDF) for one pair seed", f"{1e3 * med(pair):.3f}", "", ""]]
     for k in steps:
-        rows.append([f"one client's masking step, k = {k} pairwise masks (quantize + self mask "
-                     f"+ k x (agree + expand_seed + add/sub) + uint32 cast)",
+        rows.append([f"one client's masking step, k = {k} pairwise masks (flatten + quantize_into "
+                     f"+ k x agree + `add_masks` of k + 1 masks + reduce)",
                      f"{1e3 * med(step[k]):,.1f}", f"{(k + 1) * mb / med(step[k]):,.0f}",
                      f"{med(fraction[k]):.2f}"])
-    return _table(["what", "ms (median)", "MB/s of mask (8 keystream bytes/word)",
+    return _table(["what", "ms (median)", "MB/s of mask keystream",
                    "fraction of raw (median of per-repeat ratios)"], rows)
 
 
@@ -337,17 +342,14 @@ def _throughput(d: int, repeats: int) -> str:
 
 # (bucket, test on (file, function name)); the first that matches takes the function's own time.
 _BUCKETS: list[tuple[str, Callable[[str, str], bool]]] = [
-    ("ChaCha20 keystream (`update_into`)", lambda f, fn: "update_into" in fn),
-    ("`expand_seed` own time (zero-filled 8 B/word input buffer, uint64 output, 32-bit mask)",
+    ("ChaCha20 keystream (`update_into`: masks, unmasking, rounding stream)",
+     lambda f, fn: "update_into" in fn),
+    ("`add_masks` / `Keystream` own time (chunk loop, in-place add or subtract)",
      lambda f, fn: f.endswith("prg.py")),
-    ("`add_mod` / `sub_mod` (uint64 add, `bitwise_and`, a new array per call)",
-     lambda f, fn: f.endswith("quantize.py") and fn in ("add_mod", "sub_mod", "_mask",
-                                                        "_check_bits")),
-    ("dtype casts (`astype`: float32->float64, uint64->uint32 wire, uint32->uint64)",
-     lambda f, fn: "astype" in fn),
-    ("`quantize` (clip, float64 map, stochastic rounding)",
+    ("dtype casts (`astype`: dequantize, unflatten, flatten)", lambda f, fn: "astype" in fn),
+    ("`quantize_into` (scale, clip check, fixed-point map, stochastic rounding)",
      lambda f, fn: f.endswith("quantize.py") or "_clip" in fn),
-    ("sha256 (payload hashed on send and on receipt, log chain)",
+    ("sha256 (each payload by its sender and on receipt, log chain)",
      lambda f, fn: "sha256" in fn or "hexdigest" in fn),
     ("Ed25519 sign (each sender signs its envelope or event)",
      lambda f, fn: ("ed25519" in fn and "sign" in fn) or (f.endswith("crypto.py")
@@ -363,7 +365,7 @@ _BUCKETS: list[tuple[str, Callable[[str, str], bool]]] = [
     ("log records (JSON, file writes)",
      lambda f, fn: f.endswith("log.py") or "json" in f or "write" in fn),
     ("`flatten` / `check_payload` / `unflatten`", lambda f, fn: f.endswith("aggregation.py")),
-    ("`SecAggStage.aggregate` own time (scale * x, zeros, loops)",
+    ("`SecAggStage.aggregate` own time (phases, loops, summing masked inputs)",
      lambda f, fn: f.endswith("secagg.py")),
 ]
 
