@@ -207,10 +207,16 @@ def _parse_dealt(data: bytes, u: str, neighbours: set[str]) -> dict[str, bytes]:
     return dealt
 
 
+def _shaped(shape, dtype) -> np.ndarray:
+    """A reference array of ``shape`` and ``dtype`` for :func:`check_payload`, which reads only
+    those: one zero broadcast (no memory per entry)."""
+    return np.broadcast_to(np.zeros((), dtype=dtype), shape)
+
+
 def _parse_masked(data: bytes, u: str, size: int, wire: np.dtype) -> np.ndarray:
     """u's masked input, shape ``[size]``, in the mask word type ``wire``."""
     got = deserialize_payload(data, u)
-    check_payload(u, got, {"y": np.zeros(size, dtype=wire)})
+    check_payload(u, got, {"y": _shaped(size, wire)})
     return got["y"]
 
 
@@ -799,7 +805,7 @@ class SecAggStage:
             return None
         payload = compute(client)
         try:
-            check_payload(u, payload, {name: np.zeros(shape, dtype)
+            check_payload(u, payload, {name: _shaped(shape, dtype)
                                        for name, (shape, dtype) in template.items()})
         except MessageError as err:
             r.reject("masked_input", u, f"withheld its update: {err}", by=u)
