@@ -195,19 +195,24 @@ class Quantizer:
         for start in range(0, x.size, CHUNK_WORDS):
             part = x[start:start + CHUNK_WORDS]
             v, low, r = scratch[:part.size], wide[:part.size], random[:part.size]
-            np.multiply(part, scale, out=v, dtype=np.float64)
-            if not (-clip <= v.min() and v.max() <= clip):  # NaN fails both comparisons
+            if scale == 1.0:
+                np.copyto(v, part)
+            else:
+                np.multiply(part, scale, out=v, dtype=np.float64)
+            high = v.max()
+            if not (-clip <= v.min() and high <= clip):  # NaN fails both comparisons
                 clipped += self._clip(v)
+                high = clip
             np.add(v, clip, out=v)
             np.multiply(v, lift, out=v)
-            np.minimum(v, top, out=v)
+            if (high + clip) * lift > top:  # rounding can lift the top level past L - 1
+                np.minimum(v, top, out=v)
             np.copyto(low, v, casting="unsafe")  # floor(2**F v): v >= 0
             stream.fill(r)
             if frac < 32:
                 np.right_shift(r, 32 - frac, out=r)
             np.add(low, r, out=low)  # < levels * 2**F <= 2**64: no wrap
-            np.right_shift(low, frac, out=low)
-            np.copyto(out[start:start + part.size], low, casting="unsafe")
+            np.right_shift(low, frac, out=out[start:start + part.size], casting="unsafe")
         return clipped
 
     def _clip(self, v: np.ndarray) -> int:
