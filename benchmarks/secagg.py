@@ -300,9 +300,10 @@ def _adversaries(root: Path, quick: bool, repeats: int, clients: tuple[int, ...]
 
 
 def _throughput(d: int, repeats: int) -> str:
-    """Raw ChaCha20 against adding one mask and one client's whole masking step. Every repeat
-    times each item once, back to back; each item's time is its best over the repeats (the
-    least disturbed by other work on the machine), and a fraction of raw is a ratio of bests."""
+    """Raw ChaCha20 against adding one mask and one client's whole masking step, in CPU time
+    (``time.process_time``: on a busy machine wall time also counts the time other processes
+    hold the core). Every repeat times each item once, back to back; each item's time is its
+    best over the repeats, and a fraction of raw is a ratio of bests."""
     quantizer = load_protocol("secagg").stages[0].quantizer
     wire = word_dtype(quantizer.bits)
     rng = np.random.default_rng(0)
@@ -321,28 +322,30 @@ def _throughput(d: int, repeats: int) -> str:
         quantizer.reduce(y)
 
     def timed(fn: Callable[[], object]) -> float:
-        start = time.perf_counter()
+        start = time.process_time()
         fn()
-        return time.perf_counter() - start
+        return time.process_time() - start
 
     steps = (8, 9, 49)
     mb = d * wire.itemsize / 1e6  # keystream MB per mask vector
     raw, one, quant, pair = [], [], [], []
     step: dict[int, list[float]] = {k: [] for k in steps}
     for _ in range(repeats):
-        raw.append(d * wire.itemsize / keystream_throughput(d * wire.itemsize, 1))
+        raw.append(d * wire.itemsize / keystream_throughput(d * wire.itemsize, 1,
+                                                            time.process_time))
         one.append(timed(lambda: add_masks(y, [seed])))
         quant.append(timed(lambda: quantizer.quantize_into(x[KIND], y, rng, 1.0)))
         pair.append(timed(lambda: agree(mine.private, peer.public, b"mask-seed")))
         for k in steps:
             step[k].append(timed(lambda k=k: masking_step(k)))
     best = min
-    api = keystream_throughput() / 1e6
+    api = keystream_throughput(clock=time.process_time) / 1e6
     rows = [[f"raw ChaCha20 keystream, {mb:g} MB (one mask of {_sci(d)} {wire} words) into a "
-             f"preallocated buffer (`keystream_throughput({wire.itemsize} * d, 1)`)",
+             f"preallocated buffer (`keystream_throughput({wire.itemsize} * d, 1, "
+             "time.process_time)`)",
              f"{1e3 * best(raw):.2f}", f"{mb / best(raw):,.0f}", "1.00"],
-            ["raw ChaCha20, `keystream_throughput()` defaults (64 MiB, best of 3), once", "",
-             f"{api:,.0f}", ""],
+            ["raw ChaCha20, `keystream_throughput()` defaults (64 MiB, best of 3, CPU time), "
+             "once", "", f"{api:,.0f}", ""],
             [f"`add_masks(y, [seed])`: one mask added in place, {_sci(d)} words",
              f"{1e3 * best(one):.2f}", f"{mb / best(one):,.0f}", f"{best(raw) / best(one):.2f}"],
             [f"`quantize_into(x, y, rng, 1.0)`, {_sci(d)} float32 (its own rounding stream "
@@ -353,7 +356,7 @@ def _throughput(d: int, repeats: int) -> str:
                      f"+ k x agree + `add_masks` of k + 1 masks + reduce)",
                      f"{1e3 * best(step[k]):,.1f}", f"{(k + 1) * mb / best(step[k]):,.0f}",
                      f"{(k + 1) * best(raw) / best(step[k]):.2f}"])
-    return _table(["what", f"ms (best of {repeats})", "MB/s of mask keystream",
+    return _table(["what", f"CPU ms (best of {repeats})", "MB/s of mask keystream",
                    "fraction of raw (ratio of bests)"], rows)
 
 
@@ -420,8 +423,9 @@ def _short(func: tuple) -> str:
 
 
 def _profile(fed: _Federation, top: int) -> tuple[dict[str, float], str]:
-    """cProfile one round: own seconds grouped into costs, and a table of the top functions."""
-    profile = cProfile.Profile()
+    """cProfile one round in CPU time (``time.process_time``, robust to other work on the
+    machine): own seconds grouped into costs, and a table of the top functions."""
+    profile = cProfile.Profile(time.process_time)
     profile.enable()
     fed.round()
     profile.disable()
@@ -617,7 +621,7 @@ def main() -> None:
         "",
         phases,
         "",
-        "cProfile of another round, own time grouped by cost (a numpy helper or builtin "
+        "cProfile of another round (CPU time), own time grouped by cost (a numpy helper or builtin "
         "without a group of its own takes its caller's group):",
         "",
         buckets,
