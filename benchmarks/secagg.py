@@ -44,7 +44,7 @@ from secureffm.federation import SERVER, Client, MessageLog
 from secureffm.federation.crypto import agree, new_key_pair
 from secureffm.protocols import flatten, load_protocol
 from secureffm.protocols.link import Link
-from secureffm.protocols.prg import expand_seed, keystream_throughput
+from secureffm.protocols.prg import add_masks, keystream_throughput, word_dtype
 from secureffm.protocols.secagg import MALICIOUS_PHASES as PHASES
 from secureffm.reporting import write_block
 from secureffm.runs.scaffold import open_channel
@@ -104,17 +104,19 @@ class _Federation:
         self.weights = {cid: 1.0 for cid in vectors}
         self.rounds = 0
 
-    def round(self) -> float:
-        """Run one aggregation; its wall seconds. Raises if a client was left out."""
+    def round(self) -> tuple[float, float]:
+        """Run one aggregation; its wall and CPU seconds (``time.process_time``: this process's
+        user + system time, which other work on a busy machine inflates far less than wall
+        time). Raises if a client was left out."""
         template = {KIND: ((self.d,), np.dtype(np.float32))}
         self.rounds += 1
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.process_time()
         result = self.channel.aggregate(self.rounds, KIND, lambda c: {KIND: self.vectors[c.id]},
                                         self.weights, template)
-        elapsed = time.perf_counter() - start
+        elapsed, cpu = time.perf_counter() - start, time.process_time() - cpu
         if result.payload is None or len(result.included) != len(self.vectors):
             raise RuntimeError(f"{self.protocol.name} round failed: {result.reason or result}")
-        return elapsed
+        return elapsed, cpu
 
     def degree(self) -> int:
         """Neighbours per client (n - 1 for plaintext and the full graph)."""
@@ -150,14 +152,20 @@ class CaseResult:
     d: int
     masking: str
     degree: int
-    plain_s: list[float] = field(default_factory=list)
+    plain_s: list[float] = field(default_factory=list)  # wall seconds
     secure_s: list[float] = field(default_factory=list)
+    plain_cpu: list[float] = field(default_factory=list)  # CPU seconds
+    secure_cpu: list[float] = field(default_factory=list)
     plain_bytes: dict[str, int] = field(default_factory=dict)
     secure_bytes: dict[str, int] = field(default_factory=dict)
 
     @property
     def ratio(self) -> float:
         return statistics.median(self.secure_s) / statistics.median(self.plain_s)
+
+    @property
+    def cpu_ratio(self) -> float:
+        return statistics.median(self.secure_cpu) / statistics.median(self.plain_cpu)
 
 
 def _run_case(root: Path, n: int, d: int, masking: str, protocol: str,
@@ -172,9 +180,13 @@ def _run_case(root: Path, n: int, d: int, masking: str, protocol: str,
         secure.round()
     result = CaseResult(n, d, masking, degree)
     for i in range(max(repeats, secure_repeats)):  # alternate: both see the same load
-        result.plain_s.append(plain.round())
+        wall, cpu = plain.round()
+        result.plain_s.append(wall)
+        result.plain_cpu.append(cpu)
         if i < secure_repeats:
-            result.secure_s.append(secure.round())
+            wall, cpu = secure.round()
+            result.secure_s.append(wall)
+            result.secure_cpu.append(cpu)
     result.plain_bytes = plain.phase_bytes(plain.rounds)
     result.secure_bytes = secure.phase_bytes(secure.rounds)
     plain.close()
@@ -199,10 +211,12 @@ def _round_table(results: list[CaseResult]) -> str:
         spread = f" ({1e3 * min(times):,.1f}-{1e3 * max(times):,.1f})" if len(times) > 1 else ""
         return f"{1e3 * statistics.median(times):,.1f}{spread}"
 
-    rows = [[r.n, _sci(r.d), _graph_note(r), ms(r.plain_s), ms(r.secure_s), f"**{r.ratio:.1f}x**",
-             f"{len(r.plain_s)} / {len(r.secure_s)}"] for r in results]
+    rows = [[r.n, _sci(r.d), _graph_note(r), ms(r.plain_s), ms(r.secure_s), f"**{r.ratio:.2f}x**",
+             f"**{r.cpu_ratio:.2f}x**", f"{len(r.plain_s)} / {len(r.secure_s)}"]
+            for r in results]
     return _table(["n", "d", "masking", "plaintext ms (min-max)", "secagg ms (min-max)",
-                   "ratio of medians", "rounds plaintext / secagg"], rows)
+                   "ratio of medians (wall)", "ratio of medians (CPU time)",
+                   "rounds plaintext / secagg"], rows)
 
 
 def _bytes_table(results: list[CaseResult]) -> str:
@@ -235,9 +249,9 @@ def _phase_table(results: list[CaseResult]) -> str:
 def _adversaries(root: Path, quick: bool, repeats: int, clients: tuple[int, ...] = CLIENTS,
                  sizes: tuple[int, ...] = SIZES) -> str:
     """Round time and bytes of ``secagg`` (malicious-server variant: signed keys, announced
-    graph, consistency round) over the same spec with ``adversary = "semi-honest"``, rounds
-    alternating; n in ``clients[1:]`` ({10, 50}), d in ``sizes`` ({10^4, 10^6}); n = 50,
-    d = 10^6 skipped with --quick."""
+    graph, consistency round) and of the same spec with ``adversary = "semi-honest"``, each
+    over a plaintext round, rounds alternating; n in ``clients[1:]`` ({10, 50}), d in ``sizes``
+    ({10^4, 10^6}); n = 50, d = 10^6 skipped with --quick."""
     spec = root / "secagg-semi-honest.toml"
     shipped = (Path(__file__).resolve().parents[1] / "protocols" / "secagg.toml").read_text()
     spec.write_text(shipped.replace('adversary = "malicious"', 'adversary = "semi-honest"'))
@@ -248,106 +262,116 @@ def _adversaries(root: Path, quick: bool, repeats: int, clients: tuple[int, ...]
                 continue
             _say(f"adversary variants n={n} d={_sci(d)} ...")
             vectors = _vectors(n, d)
-            semi = _Federation(root / f"adv-{n}-{d}", str(spec), vectors)
-            mal = _Federation(root / f"adv-{n}-{d}", "secagg", vectors)
+            feds = {"plain": _Federation(root / f"adv-{n}-{d}", "plaintext", vectors),
+                    "semi": _Federation(root / f"adv-{n}-{d}", str(spec), vectors),
+                    "mal": _Federation(root / f"adv-{n}-{d}", "secagg", vectors)}
             count = 1 if n * n * d > 10**8 else repeats
-            times: dict[str, list[float]] = {"semi": [], "mal": []}
+            times: dict[str, list[float]] = {name: [] for name in feds}
+            cpu: dict[str, list[float]] = {name: [] for name in feds}
+            feds["plain"].round()  # warm-up: plaintext rounds are cheap, so always
             for _ in range(count):
-                times["semi"].append(semi.round())
-                times["mal"].append(mal.round())
+                for name, fed in feds.items():
+                    wall, seconds = fed.round()
+                    times[name].append(wall)
+                    cpu[name].append(seconds)
             sent = {name: sum(fed.phase_bytes(fed.rounds).values()) / n
-                    for name, fed in (("semi", semi), ("mal", mal))}
-            semi.close()
-            mal.close()
+                    for name, fed in feds.items()}
+            for fed in feds.values():
+                fed.close()
             median = {k: statistics.median(v) for k, v in times.items()}
-            rows.append([n, _sci(d), f"{1e3 * median['semi']:,.1f}", f"{1e3 * median['mal']:,.1f}",
-                         f"**{median['mal'] / median['semi']:.3f}x**", f"{sent['semi']:,.0f}",
+            mcpu = {k: statistics.median(v) for k, v in cpu.items()}
+
+            def ratio(a: str, b: str, median=median, mcpu=mcpu) -> str:
+                return f"**{median[a] / median[b]:.2f}x** ({mcpu[a] / mcpu[b]:.2f}x)"
+
+            rows.append([n, _sci(d), f"{1e3 * median['plain']:,.1f}",
+                         f"{1e3 * median['semi']:,.1f}", ratio("semi", "plain"),
+                         f"{1e3 * median['mal']:,.1f}", ratio("mal", "plain"),
+                         ratio("mal", "semi"), f"{sent['semi']:,.0f}",
                          f"{sent['mal']:,.0f}", f"{sent['mal'] / sent['semi']:.4f}x", count])
-    return _table(["n", "d", "semi-honest ms", "malicious ms", "time ratio",
-                   "semi-honest B/client", "malicious B/client", "bytes ratio", "rounds each"],
-                  rows)
+    return _table(["n", "d", "plaintext ms", "semi-honest ms",
+                   "semi-honest / plaintext, wall (CPU time)", "malicious ms",
+                   "malicious / plaintext, wall (CPU time)",
+                   "malicious / semi-honest, wall (CPU time)", "semi-honest B/client",
+                   "malicious B/client", "bytes ratio", "rounds each"], rows)
 
 
 # -- masking throughput ---------------------------------------------------------------------
 
 
 def _throughput(d: int, repeats: int) -> str:
-    """Raw ChaCha20 against expand_seed and one client's whole masking step. Every repeat
-    times each item once, back to back, so a fraction of raw is a ratio within one repeat."""
+    """Raw ChaCha20 against adding one mask and one client's whole masking step, in CPU time
+    (``time.process_time``: on a busy machine wall time also counts the time other processes
+    hold the core). Every repeat times each item once, back to back; each item's time is its
+    best over the repeats, and a fraction of raw is a ratio of bests."""
     quantizer = load_protocol("secagg").stages[0].quantizer
-    bits = quantizer.bits
+    wire = word_dtype(quantizer.bits)
     rng = np.random.default_rng(0)
     x = {KIND: 0.01 * rng.standard_normal(d, dtype=np.float32)}
     template = {KIND: ((d,), np.dtype(np.float32))}
     seed = bytes(range(32))
-    mask = expand_seed(seed, d, bits)
-    q = quantizer.quantize(x[KIND], rng)
+    y = np.zeros(d, dtype=wire)
     mine, peer = new_key_pair(), new_key_pair()
 
     def masking_step(k: int) -> None:  # what SecAggStage does for one client at masked_input
-        y = quantizer.quantize(1.0 * flatten(x, template), rng)
-        y = quantizer.add_mod(y, expand_seed(seed, d, bits))
-        for j in range(k):
-            pair = agree(mine.private, peer.public, b"mask-seed")
-            y = (quantizer.add_mod if j % 2 else quantizer.sub_mod)(y, expand_seed(pair, d, bits))
-        y.astype(np.uint32)
+        flat = flatten(x, template, np.float32)
+        y = np.empty(d, dtype=wire)
+        quantizer.quantize_into(flat, y, rng, 1.0)
+        pairs = [agree(mine.private, peer.public, b"mask-seed") for _ in range(k)]
+        add_masks(y, [seed] + pairs[: (k + 1) // 2], pairs[(k + 1) // 2:])
+        quantizer.reduce(y)
 
     def timed(fn: Callable[[], object]) -> float:
-        start = time.perf_counter()
+        start = time.process_time()
         fn()
-        return time.perf_counter() - start
+        return time.process_time() - start
 
     steps = (8, 9, 49)
-    mb = d * 8 / 1e6  # keystream MB per mask vector (8 bytes per word, 4 of them kept)
-    raw, expand, add, quant, pair = [], [], [], [], []
+    mb = d * wire.itemsize / 1e6  # keystream MB per mask vector
+    raw, one, quant, pair = [], [], [], []
     step: dict[int, list[float]] = {k: [] for k in steps}
-    fraction: dict[str | int, list[float]] = defaultdict(list)
     for _ in range(repeats):
-        raw.append(8 * d / keystream_throughput(8 * d, 1))  # seconds for one vector
-        expand.append(timed(lambda: expand_seed(seed, d, bits)))
-        add.append(timed(lambda: quantizer.add_mod(q, mask)))
-        quant.append(timed(lambda: quantizer.quantize(flatten(x, template), rng)))
+        raw.append(d * wire.itemsize / keystream_throughput(d * wire.itemsize, 1,
+                                                            time.process_time))
+        one.append(timed(lambda: add_masks(y, [seed])))
+        quant.append(timed(lambda: quantizer.quantize_into(x[KIND], y, rng, 1.0)))
         pair.append(timed(lambda: agree(mine.private, peer.public, b"mask-seed")))
-        fraction["expand"].append(raw[-1] / expand[-1])
         for k in steps:
             step[k].append(timed(lambda k=k: masking_step(k)))
-            fraction[k].append((k + 1) * raw[-1] / step[k][-1])
-    med = statistics.median
-    api = keystream_throughput() / 1e6
-    rows = [[f"raw ChaCha20 keystream, {mb:.0f} MB into a preallocated buffer "
-             "(`keystream_throughput(8 * d, 1)`)", f"{1e3 * med(raw):.2f}",
-             f"{mb / med(raw):,.0f}", "1.00"],
-            ["raw ChaCha20, `keystream_throughput()` defaults (64 MiB, best of 3), once", "",
-             f"{api:,.0f}", ""],
-            [f"`expand_seed(seed, {_sci(d)}, 32)`", f"{1e3 * med(expand):.2f}",
-             f"{mb / med(expand):,.0f}", f"{med(fraction['expand']):.2f}"],
-            [f"`add_mod` of two uint64 vectors of {_sci(d)}", f"{1e3 * med(add):.2f}", "", ""],
-            [f"`quantize(flatten(x))`, {_sci(d)} float32", f"{1e3 * med(quant):.2f}", "", ""],
-            ["`agree` (X25519 + HKDF) for one pair seed", f"{1e3 * med(pair):.3f}", "", ""]]
+    best = min
+    api = keystream_throughput(clock=time.process_time) / 1e6
+    rows = [[f"raw ChaCha20 keystream, {mb:g} MB (one mask of {_sci(d)} {wire} words) into a "
+             f"preallocated buffer (`keystream_throughput({wire.itemsize} * d, 1, "
+             "time.process_time)`)",
+             f"{1e3 * best(raw):.2f}", f"{mb / best(raw):,.0f}", "1.00"],
+            ["raw ChaCha20, `keystream_throughput()` defaults (64 MiB, best of 3, CPU time), "
+             "once", "", f"{api:,.0f}", ""],
+            [f"`add_masks(y, [seed])`: one mask added in place, {_sci(d)} words",
+             f"{1e3 * best(one):.2f}", f"{mb / best(one):,.0f}", f"{best(raw) / best(one):.2f}"],
+            [f"`quantize_into(x, y, rng, 1.0)`, {_sci(d)} float32 (its own rounding stream "
+             "included)", f"{1e3 * best(quant):.2f}", "", ""],
+            ["`agree` (X25519 + HKDF) for one pair seed", f"{1e3 * best(pair):.3f}", "", ""]]
     for k in steps:
-        rows.append([f"one client's masking step, k = {k} pairwise masks (quantize + self mask "
-                     f"+ k x (agree + expand_seed + add/sub) + uint32 cast)",
-                     f"{1e3 * med(step[k]):,.1f}", f"{(k + 1) * mb / med(step[k]):,.0f}",
-                     f"{med(fraction[k]):.2f}"])
-    return _table(["what", "ms (median)", "MB/s of mask (8 keystream bytes/word)",
-                   "fraction of raw (median of per-repeat ratios)"], rows)
+        rows.append([f"one client's masking step, k = {k} pairwise masks (flatten + quantize_into "
+                     f"+ k x agree + `add_masks` of k + 1 masks + reduce)",
+                     f"{1e3 * best(step[k]):,.1f}", f"{(k + 1) * mb / best(step[k]):,.0f}",
+                     f"{(k + 1) * best(raw) / best(step[k]):.2f}"])
+    return _table(["what", f"CPU ms (best of {repeats})", "MB/s of mask keystream",
+                   "fraction of raw (ratio of bests)"], rows)
 
 
 # -- where the time goes --------------------------------------------------------------------
 
 # (bucket, test on (file, function name)); the first that matches takes the function's own time.
 _BUCKETS: list[tuple[str, Callable[[str, str], bool]]] = [
-    ("ChaCha20 keystream (`update_into`)", lambda f, fn: "update_into" in fn),
-    ("`expand_seed` own time (zero-filled 8 B/word input buffer, uint64 output, 32-bit mask)",
+    ("ChaCha20 keystream (`update_into`: masks, unmasking, rounding stream)",
+     lambda f, fn: "update_into" in fn),
+    ("`add_masks` / `Keystream` own time (chunk loop, in-place add or subtract)",
      lambda f, fn: f.endswith("prg.py")),
-    ("`add_mod` / `sub_mod` (uint64 add, `bitwise_and`, a new array per call)",
-     lambda f, fn: f.endswith("quantize.py") and fn in ("add_mod", "sub_mod", "_mask",
-                                                        "_check_bits")),
-    ("dtype casts (`astype`: float32->float64, uint64->uint32 wire, uint32->uint64)",
-     lambda f, fn: "astype" in fn),
-    ("`quantize` (clip, float64 map, stochastic rounding)",
+    ("dtype casts (`astype`: dequantize, unflatten, flatten)", lambda f, fn: "astype" in fn),
+    ("`quantize_into` (scale, clip check, fixed-point map, stochastic rounding)",
      lambda f, fn: f.endswith("quantize.py") or "_clip" in fn),
-    ("sha256 (payload hashed on send and on receipt, log chain)",
+    ("sha256 (each payload by its sender and on receipt, log chain)",
      lambda f, fn: "sha256" in fn or "hexdigest" in fn),
     ("Ed25519 sign (each sender signs its envelope or event)",
      lambda f, fn: ("ed25519" in fn and "sign" in fn) or (f.endswith("crypto.py")
@@ -363,7 +387,7 @@ _BUCKETS: list[tuple[str, Callable[[str, str], bool]]] = [
     ("log records (JSON, file writes)",
      lambda f, fn: f.endswith("log.py") or "json" in f or "write" in fn),
     ("`flatten` / `check_payload` / `unflatten`", lambda f, fn: f.endswith("aggregation.py")),
-    ("`SecAggStage.aggregate` own time (scale * x, zeros, loops)",
+    ("`SecAggStage.aggregate` own time (phases, loops, summing masked inputs)",
      lambda f, fn: f.endswith("secagg.py")),
 ]
 
@@ -399,8 +423,9 @@ def _short(func: tuple) -> str:
 
 
 def _profile(fed: _Federation, top: int) -> tuple[dict[str, float], str]:
-    """cProfile one round: own seconds grouped into costs, and a table of the top functions."""
-    profile = cProfile.Profile()
+    """cProfile one round in CPU time (``time.process_time``, robust to other work on the
+    machine): own seconds grouped into costs, and a table of the top functions."""
+    profile = cProfile.Profile(time.process_time)
     profile.enable()
     fed.round()
     profile.disable()
@@ -530,12 +555,12 @@ def main() -> None:
                           args.repeats)
             results.append(r)
             _say(f"    plaintext {1e3 * statistics.median(r.plain_s):,.1f} ms, secagg "
-                 f"{1e3 * statistics.median(r.secure_s):,.1f} ms ({r.ratio:.1f}x, "
-                 f"{len(r.secure_s)} secagg rounds)")
+                 f"{1e3 * statistics.median(r.secure_s):,.1f} ms ({r.ratio:.2f}x wall, "
+                 f"{r.cpu_ratio:.2f}x CPU, {len(r.secure_s)} secagg rounds)")
         del vectors
         _say("masking throughput ...")
         adversaries = _adversaries(root, args.quick, max(3, args.repeats), clients, sizes)
-        throughput = _throughput(big_d, max(3, args.repeats))
+        throughput = _throughput(big_d, max(5, 2 * args.repeats))
         _say(f"breakdown of one round, n={big_n}, d={_sci(big_d)}, full graph ...")
         phases, buckets, functions = _breakdown(root, big_n, big_d, "secagg", args.top)
         small: dict[str, dict[str, float]] = {}
@@ -596,7 +621,7 @@ def main() -> None:
         "",
         phases,
         "",
-        "cProfile of another round, own time grouped by cost (a numpy helper or builtin "
+        "cProfile of another round (CPU time), own time grouped by cost (a numpy helper or builtin "
         "without a group of its own takes its caller's group):",
         "",
         buckets,

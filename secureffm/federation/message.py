@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from functools import cached_property
 
 import numpy as np
 from safetensors import SafetensorError
@@ -70,9 +71,16 @@ class Envelope:
     origin: str = ""
     sig: bytes = b""
 
-    @property
+    @cached_property
     def sha256(self) -> str:
+        """Hex SHA-256 of ``data``, computed once per envelope (a payload can be megabytes)."""
         return hashlib.sha256(self.data).hexdigest()
+
+    def signed(self, sig: bytes) -> Envelope:
+        """This envelope with its sender's signature ``sig``, keeping the computed digest."""
+        out = replace(self, sig=sig)
+        out.__dict__["sha256"] = self.sha256  # what cached_property stores; data is the same
+        return out
 
     def header(self) -> dict:
         """The delivery's log record without its place in the log: what the sender signs."""

@@ -150,8 +150,7 @@ class Party:
                  stages: tuple[str, ...] = (), origin: str = "") -> Envelope:
         """A delivery from this party, signed by it (over :meth:`Envelope.header`)."""
         unsigned = Envelope(kind, self.id, recipient, round_, phase, data, stages, origin)
-        return Envelope(kind, self.id, recipient, round_, phase, data, stages, origin,
-                        self.sign(canonical(unsigned.header())))
+        return unsigned.signed(self.sign(canonical(unsigned.header())))
 
     def event(self, round_: int, phase: str, event: str, about: str, detail: str,
               fields: dict | None = None) -> dict:

@@ -39,9 +39,9 @@ def weighted_mean(contributions: list[tuple[Payload, float]]) -> Payload:
             for name in names}
 
 
-def flatten(payload: Payload, template: dict) -> np.ndarray:
-    """Concatenate the template's fields (sorted by name) into one float64 vector."""
-    return np.concatenate([payload[name].astype(np.float64).reshape(-1)
+def flatten(payload: Payload, template: dict, dtype: np.dtype = np.float64) -> np.ndarray:
+    """Concatenate the template's fields (sorted by name) into one vector of ``dtype``."""
+    return np.concatenate([payload[name].astype(dtype, copy=False).reshape(-1)
                            for name in sorted(template)])
 
 

@@ -4,67 +4,136 @@ The keystream is ChaCha20 (RFC 8439) from ``cryptography``, keyed by the seed, w
 16-byte nonce (``cryptography`` reads it as a 4-byte little-endian block counter followed by the
 RFC's 12-byte nonce, so the stream starts at block 0). A zero nonce is safe because each seed
 keys one stream only: seeds are fresh HKDF outputs per pair (or per client) and round.
-A client masks its quantized update ``q`` as ``q + sum_j +-expand_seed(s_ij) + expand_seed(b_i)``
-modulo ``2**bits``.
+
+Masks are words of :func:`word_dtype` (``bits``): entry ``i`` is keystream bytes
+``w i .. w i + w - 1`` (``w`` = 4 for ``bits <= 32``, else 8) read as a little-endian
+unsigned integer, keeping its low ``bits`` bits. A client masks its quantized update ``q`` as
+``q + sum_j +-PRG(s_ij) + PRG(b_i)`` modulo ``2**bits``; :func:`add_masks` does this in place
+in the word type, whose wrap-around is arithmetic modulo ``2**32`` (or ``2**64``), a multiple
+of ``2**bits``, so a final ``& (2**bits - 1)`` gives the result modulo ``2**bits``.
 """
 
 from __future__ import annotations
 
+import numbers
 import time
+from collections.abc import Callable, Sequence
 
 import numpy as np
 from cryptography.hazmat.primitives.ciphers import Cipher, CipherContext, algorithms
 
 from ..errors import ProtocolError
 
-__all__ = ["SEED_BYTES", "expand_seed", "keystream_throughput"]
+__all__ = ["SEED_BYTES", "Keystream", "add_masks", "expand_seed", "keystream_throughput",
+           "word_dtype"]
 
 SEED_BYTES = 32
 _NONCE = bytes(16)
 # ChaCha20's 32-bit block counter limits one stream to 2**32 blocks of 64 bytes.
-_MAX_WORDS = 2**32 * 64 // 8
+_MAX_BYTES = 2**32 * 64
+# Words per chunk of add_masks and Quantizer.quantize_into: large enough that the Python loop
+# costs little, small enough that a chunk (256 KiB of uint32 words) stays in cache while every
+# seed's keystream is added to it; a multiple of 16 (one 64-byte block of uint32 words).
+CHUNK_WORDS = 65536
+_ZEROS = np.zeros(8 * CHUNK_WORDS, dtype=np.uint8)  # the plaintext a keystream chunk encrypts
+
+
+def word_dtype(bits: int) -> np.dtype:
+    """The unsigned type that masks of ``bits`` (1..64) bits are drawn and added in: uint32 up
+    to 32 bits (4 keystream bytes per word), else uint64 (8 bytes)."""
+    if not isinstance(bits, numbers.Integral) or isinstance(bits, bool) or not 1 <= bits <= 64:
+        raise ProtocolError(f"bits must be an integer in [1, 64], got {bits!r}")
+    return np.dtype(np.uint32 if bits <= 32 else np.uint64)
+
+
+def _check_seed(seed: bytes) -> bytes:
+    if not isinstance(seed, bytes | bytearray | memoryview) or len(seed) != SEED_BYTES:
+        got = len(seed) if isinstance(seed, bytes | bytearray | memoryview) else type(seed)
+        raise ProtocolError(f"a mask seed must be exactly {SEED_BYTES} bytes, got {got}")
+    return bytes(seed)
 
 
 def _encryptor(key: bytes) -> CipherContext:
     return Cipher(algorithms.ChaCha20(key, _NONCE), mode=None).encryptor()
 
 
+class Keystream:
+    """The ChaCha20 keystream of one 32-byte seed, read front to back into arrays."""
+
+    def __init__(self, seed: bytes):
+        self._cipher = _encryptor(_check_seed(seed))
+
+    def fill(self, out: np.ndarray) -> np.ndarray:
+        """Write the next ``out.nbytes`` keystream bytes into ``out`` (C-contiguous, at most
+        ``8 * CHUNK_WORDS`` bytes per call); returns ``out``."""
+        self.fill_bytes(memoryview(out).cast("B"))
+        return out
+
+    def fill_bytes(self, out: memoryview) -> None:
+        """Write the next ``len(out)`` (at most ``8 * CHUNK_WORDS``) keystream bytes into the
+        byte view ``out``."""
+        self._cipher.update_into(_ZEROS[:len(out)], out)
+
+
+def add_masks(y: np.ndarray, plus: Sequence[bytes] = (), minus: Sequence[bytes] = ()) -> None:
+    """In place: ``y += sum PRG(plus) - sum PRG(minus)`` modulo ``2**(8 * y.itemsize)``.
+
+    ``y``: 1-D C-contiguous uint32 or uint64, shape ``[d]``; each seed's mask is its first
+    ``d`` words of the word type of ``y``. Works through ``y`` in chunks of
+    :data:`CHUNK_WORDS` words, adding every seed's chunk while it is in cache.
+    """
+    if y.ndim != 1 or y.dtype not in (np.uint32, np.uint64) or not y.flags.c_contiguous or (
+            not y.flags.writeable):
+        raise ProtocolError(f"add_masks needs a writable 1-D contiguous uint32 or uint64 "
+                            f"array, got {y.dtype} of shape {y.shape}")
+    if y.nbytes > _MAX_BYTES:
+        raise ProtocolError(f"a mask of {y.size} words exceeds one seed's keystream")
+    streams = [(Keystream(s), np.add) for s in plus] + [(Keystream(s), np.subtract)
+                                                         for s in minus]
+    scratch = np.empty(CHUNK_WORDS, dtype=y.dtype)
+    raw = memoryview(scratch).cast("B")
+    for start in range(0, y.size, CHUNK_WORDS):
+        part = y[start:start + CHUNK_WORDS]
+        words, chunk = scratch[:part.size], raw[:part.nbytes]
+        for stream, op in streams:
+            stream.fill_bytes(chunk)
+            op(part, words, out=part)
+
+
 def expand_seed(seed: bytes, length: int, bits: int) -> np.ndarray:
     """Mask vector of shape ``[length]``, uint64, each entry uniform in ``[0, 2**bits)``.
 
-    Entry ``i`` is keystream bytes ``8i .. 8i+7`` read as a little-endian uint64, keeping the
-    low ``bits`` bits. Deterministic in ``seed`` (exactly 32 bytes, else ProtocolError).
+    Entry ``i`` is word ``i`` of the seed's keystream in :func:`word_dtype` ``(bits)``, low
+    ``bits`` bits kept (module docstring). Deterministic in ``seed`` (exactly 32 bytes, else
+    ProtocolError).
     """
-    if not isinstance(seed, bytes | bytearray | memoryview) or len(seed) != SEED_BYTES:
-        got = len(seed) if isinstance(seed, bytes | bytearray | memoryview) else type(seed)
-        raise ProtocolError(f"a mask seed must be exactly {SEED_BYTES} bytes, got {got}")
-    if not 1 <= bits <= 64:
-        raise ProtocolError(f"bits must be in [1, 64], got {bits}")
-    if not 0 <= length <= _MAX_WORDS:
-        raise ProtocolError(f"length must be in [0, {_MAX_WORDS}], got {length}")
-    out = bytearray(length * 8)
-    if length:
-        _encryptor(bytes(seed)).update_into(bytes(length * 8), out)
-    words = np.frombuffer(out, dtype="<u8").astype(np.uint64, copy=False)
-    if bits < 64:
-        np.bitwise_and(words, np.uint64((1 << bits) - 1), out=words)
-    return words
+    dtype = word_dtype(bits)
+    if not 0 <= length <= _MAX_BYTES // dtype.itemsize:
+        raise ProtocolError(f"length must be in [0, {_MAX_BYTES // dtype.itemsize}], got "
+                            f"{length}")
+    words = np.zeros(length, dtype=dtype)
+    add_masks(words, [seed])
+    if bits < 8 * dtype.itemsize:
+        np.bitwise_and(words, dtype.type((1 << bits) - 1), out=words)
+    return words.astype(np.uint64, copy=False)
 
 
-def keystream_throughput(nbytes: int = 64 * 2**20, repeats: int = 3) -> float:
+def keystream_throughput(nbytes: int = 64 * 2**20, repeats: int = 3,
+                         clock: Callable[[], float] = time.perf_counter) -> float:
     """Raw ChaCha20 keystream speed in bytes per second (best of ``repeats``, one thread).
 
-    Encrypts ``nbytes`` zero bytes into a preallocated buffer, so allocation is not timed: the
-    ceiling that :func:`expand_seed` plus modular masking can be compared against.
+    Encrypts ``nbytes`` zero bytes into a preallocated buffer in one call, so allocation is not
+    timed: the ceiling that masking (:func:`add_masks`) can be compared against. ``clock``:
+    wall time by default; ``time.process_time`` counts only this process's CPU time.
     """
     if nbytes < 1 or repeats < 1:
         raise ProtocolError(f"nbytes and repeats must be >= 1, got {nbytes}, {repeats}")
-    zeros = bytes(nbytes)
+    zeros = bytearray(nbytes)  # written, unlike bytes(n): no first-touch page faults timed
     out = bytearray(nbytes)
     best = float("inf")
     for i in range(repeats):
         encryptor = _encryptor(i.to_bytes(SEED_BYTES, "little"))
-        start = time.perf_counter()
+        start = clock()
         encryptor.update_into(zeros, out)
-        best = min(best, time.perf_counter() - start)
+        best = min(best, clock() - start)
     return nbytes / best

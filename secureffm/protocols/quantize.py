@@ -6,12 +6,21 @@ each client first maps its real update to integers. With step ``s = 2 * clip / (
 .. math::
 
     v = (\\mathrm{clip}(x) + c) / s \\in [0, L - 1], \\qquad
-    q = \\lfloor v \\rfloor + [u < v - \\lfloor v \\rfloor], \\quad u \\sim U[0, 1),
+    q = \\lfloor (\\lfloor 2^F v \\rfloor + r) / 2^F \\rfloor, \\quad
+    r \\sim U\\{0, \\dots, 2^F - 1\\},
 
-which has the law of ``floor(v + u)`` and ``E[q] = v``, so ``q * s - c`` is an unbiased estimate of
-the clipped update. The server's unmasked total is ``sum_i q_i``; it equals the true integer sum
-as long as ``n * (L - 1) < 2**bits`` (:meth:`Quantizer.check`). Clipping biases the sum;
-:meth:`Quantizer.clipped` counts the entries it changes.
+stochastic rounding in fixed point with ``F = min(32, 64 - bitlength(L - 1))`` fraction bits:
+``q = floor(v) + 1`` with probability ``frac(v)`` truncated to ``F`` bits, so ``E[q] = v`` up to
+``2**-F`` of a step (none where float64 holds ``v`` to ``F`` bits or fewer, as for
+``v >= 2**(53 - F)``), and ``q * s - c`` estimates the clipped update. ``r`` is read from a
+ChaCha20 keystream keyed by 32 bytes drawn from the caller's generator. The server's unmasked
+total is ``sum_i q_i``; it equals the true integer sum as long as ``n * (L - 1) < 2**bits``
+(:meth:`Quantizer.check`). Clipping biases the sum; :meth:`Quantizer.quantize_into` counts the
+entries it changes.
+
+:meth:`Quantizer.quantize_into` writes the words that masking adds to in place
+(:func:`~secureffm.protocols.prg.word_dtype`: uint32 for ``bits <= 32``), one pass over the
+update in cache-sized chunks.
 """
 
 from __future__ import annotations
@@ -23,6 +32,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import ProtocolError
+from .prg import CHUNK_WORDS, SEED_BYTES, Keystream, word_dtype
 
 __all__ = ["Quantizer", "add_mod", "sub_mod", "required_bits"]
 
@@ -133,31 +143,92 @@ class Quantizer:
                 f"{fix}"
             )
 
-    def clipped(self, x: np.ndarray) -> int:
-        """How many entries of ``x`` lie outside ``[-clip, clip]`` (:meth:`quantize` clips them;
-        NaN counts as outside)."""
-        return int(np.count_nonzero(~(np.abs(np.asarray(x, dtype=np.float64)) <= self.clip)))
+    @property
+    def fraction_bits(self) -> int:
+        """``F``: the fraction bits of the fixed-point stochastic rounding (module docstring),
+        ``min(32, 64 - bitlength(levels - 1))``, so that ``(levels - 1) * 2**F < 2**64``."""
+        return min(32, 64 - (self.levels - 1).bit_length())
+
+    def reduce(self, words: np.ndarray) -> np.ndarray:
+        """In place: ``words mod 2**bits`` for uint32 or uint64 words whose sums wrapped at the
+        word size (a multiple of ``2**bits``); returns ``words``."""
+        if self.bits < 8 * words.dtype.itemsize:
+            np.bitwise_and(words, words.dtype.type((1 << self.bits) - 1), out=words)
+        return words
 
     def quantize(self, x: np.ndarray, rng: np.random.Generator) -> np.ndarray:
         """Clip, map to ``[0, levels - 1]`` and round stochastically; same shape as x, uint64.
 
-        Unbiased: ``E[q] * step - clip == clip(x)`` (up to float64 rounding of the mapping).
-        Draws one uniform per element from ``rng``. Rejects NaN or Inf with ProtocolError.
+        Unbiased up to ``2**-F`` of a step (module docstring); draws 32 bytes from ``rng``.
+        Rejects NaN or Inf with ProtocolError. See :meth:`quantize_into`.
         """
-        x = np.asarray(x, dtype=np.float64)
-        if not np.isfinite(x).all():
+        x = np.asarray(x)
+        words = np.empty(x.size, dtype=word_dtype(self.bits))
+        self.quantize_into(x.reshape(-1), words, rng)
+        return words.astype(np.uint64, copy=False).reshape(x.shape)
+
+    def quantize_into(self, x: np.ndarray, out: np.ndarray, rng: np.random.Generator,
+                      scale: float = 1.0) -> int:
+        """Quantize ``scale * x`` (x: 1-D, shape ``[d]``, float32 or float64, computed in
+        float64) into ``out`` (1-D contiguous uint32 or uint64 words, shape ``[d]``); returns how
+        many entries of ``scale * x`` lay outside ``[-clip, clip]`` and were clipped.
+
+        One pass in chunks of :data:`~secureffm.protocols.prg.CHUNK_WORDS`; draws 32 bytes from
+        ``rng`` to key the rounding stream. Rejects NaN or Inf with ProtocolError.
+        """
+        x = np.asarray(x)
+        if x.dtype.kind != "f":
+            x = x.astype(np.float64)
+        if (x.ndim != 1 or out.shape != x.shape or out.dtype not in (np.uint32, np.uint64)
+                or not out.flags.c_contiguous or self.levels - 1 > np.iinfo(out.dtype).max):
+            raise ProtocolError(f"quantize_into needs a 1-D update and contiguous uint32/uint64 "
+                                f"words of its shape holding levels - 1, got {x.shape} and "
+                                f"{out.dtype} {out.shape}")
+        frac, clip = self.fraction_bits, self.clip
+        lift = 2.0**frac * ((self.levels - 1) / (2 * clip))  # v * 2**F, exactly
+        top = float(self.levels - 1) * 2.0**frac
+        scratch = np.empty(min(CHUNK_WORDS, x.size))
+        wide = np.empty(scratch.size, dtype=np.uint64)
+        random = np.empty(scratch.size, dtype=np.uint32)
+        stream = Keystream(rng.bytes(SEED_BYTES))
+        clipped = 0
+        for start in range(0, x.size, CHUNK_WORDS):
+            part = x[start:start + CHUNK_WORDS]
+            v, low, r = scratch[:part.size], wide[:part.size], random[:part.size]
+            if scale == 1.0:
+                np.copyto(v, part)
+            else:
+                np.multiply(part, scale, out=v, dtype=np.float64)
+            high = v.max()
+            if not (-clip <= v.min() and high <= clip):  # NaN fails both comparisons
+                clipped += self._clip(v)
+                high = clip
+            np.add(v, clip, out=v)
+            np.multiply(v, lift, out=v)
+            if (high + clip) * lift > top:  # rounding can lift the top level past L - 1
+                np.minimum(v, top, out=v)
+            np.copyto(low, v, casting="unsafe")  # floor(2**F v): v >= 0
+            stream.fill(r)
+            if frac < 32:
+                np.right_shift(r, 32 - frac, out=r)
+            np.add(low, r, out=low)  # < levels * 2**F <= 2**64: no wrap
+            np.right_shift(low, frac, out=out[start:start + part.size], casting="unsafe")
+        return clipped
+
+    def _clip(self, v: np.ndarray) -> int:
+        """Clip ``v`` to ``[-clip, clip]`` in place; how many entries changed. Raises
+        ProtocolError for NaN or Inf."""
+        if not np.isfinite(v).all():
             raise ProtocolError("quantize got NaN or Inf in the update; clip or drop it first")
-        v = (np.clip(x, -self.clip, self.clip) + self.clip) * ((self.levels - 1) / (2 * self.clip))
-        v = np.clip(v, 0.0, float(self.levels - 1))
-        low = np.floor(v)
-        up = rng.random(size=v.shape) < (v - low)  # P(up) = frac(v): same law as floor(v + u)
-        return low.astype(np.uint64) + up.astype(np.uint64)
+        count = int(np.count_nonzero(np.abs(v) > self.clip))
+        np.clip(v, -self.clip, self.clip, out=v)
+        return count
 
     def dequantize_sum(self, total: np.ndarray, n: int, noisy: bool = False) -> np.ndarray:
         """Sum of ``n`` clipped updates from the sum of their quantized vectors; float64.
 
-        ``total`` (uint64, any shape) is ``sum_i q_i mod 2**bits``; :meth:`check` (called here)
-        ensures it did not wrap. Returns ``total * step - n * clip``, within
+        ``total`` (uint32 or uint64, any shape) is ``sum_i q_i mod 2**bits``; :meth:`check`
+        (called here) ensures it did not wrap. Returns ``total * step - n * clip``, within
         :meth:`error_bound` ``(n)`` of the exact sum of the clipped inputs. Raises ProtocolError
         if an entry exceeds ``n * (levels - 1)``: the masks did not cancel or ``n`` is wrong.
 
@@ -167,8 +238,9 @@ class Quantizer:
         """
         self.check(n)
         total = np.asarray(total)
-        if total.dtype != np.uint64:
-            raise ProtocolError(f"dequantize_sum expects a uint64 total, got {total.dtype}")
+        if total.dtype not in (np.uint32, np.uint64):
+            raise ProtocolError(f"dequantize_sum expects a uint32 or uint64 total, got "
+                                f"{total.dtype}")
         top = n * (self.levels - 1)
         if noisy:
             centre = top // 2

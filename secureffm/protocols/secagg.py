@@ -85,7 +85,7 @@ from ..privacy.skellam import grid_sensitivity
 from .adversary import repeated_requests
 from .aggregation import check_payload, flatten, unflatten
 from .link import Link, broadcast_digest
-from .prg import expand_seed
+from .prg import add_masks, word_dtype
 from .quantize import Quantizer
 from .registry import check_protects, check_table, register_stage
 from .shamir import (
@@ -213,10 +213,17 @@ def _parse_dealt(data: bytes, u: str, neighbours: set[str]) -> dict[str, bytes]:
     return dealt
 
 
-def _parse_masked(data: bytes, u: str, size: int, wire: type) -> np.ndarray:
+def _shaped(shape, dtype) -> np.ndarray:
+    """A reference array of ``shape`` and ``dtype`` for :func:`check_payload`, which reads only
+    those: one zero broadcast (no memory per entry)."""
+    return np.broadcast_to(np.zeros((), dtype=dtype), shape)
+
+
+def _parse_masked(data: bytes, u: str, size: int, wire: np.dtype) -> np.ndarray:
+    """u's masked input, shape ``[size]``, in the mask word type ``wire``."""
     got = deserialize_payload(data, u)
-    check_payload(u, got, {"y": np.zeros(size, dtype=wire)})
-    return got["y"].astype(np.uint64)
+    check_payload(u, got, {"y": _shaped(size, wire)})
+    return got["y"]
 
 
 def _id_list(value) -> bool:
@@ -411,15 +418,13 @@ class _ClientSession:
         self.masks_with = tuple(bundle)
         return failed
 
-    def masked(self, q: np.ndarray, quantizer: Quantizer) -> np.ndarray:
-        """y = q + PRG(b_u) + sum_v +-PRG(s_uv) mod 2^bits over the peers it masks with."""
-        size, bits = q.size, quantizer.bits
-        y = quantizer.add_mod(q, expand_seed(self.self_seed, size, bits))
-        for v in self.masks_with:
-            peer = self.peers[v]
-            mask = expand_seed(peer.pair_seed, size, bits)
-            y = quantizer.add_mod(y, mask) if peer.first else quantizer.sub_mod(y, mask)
-        return y
+    def masked(self, y: np.ndarray, quantizer: Quantizer) -> np.ndarray:
+        """In place: y = q + PRG(b_u) + sum_v +-PRG(s_uv) mod 2^bits over the peers it masks
+        with (+ when it precedes v); ``y``: its quantized words (``word_dtype(bits)``)."""
+        peers = [self.peers[v] for v in self.masks_with]
+        add_masks(y, [self.self_seed] + [p.pair_seed for p in peers if p.first],
+                  [p.pair_seed for p in peers if not p.first])
+        return quantizer.reduce(y)
 
     def _statement(self, survivors: list[str]) -> bytes:
         """The consistency statement of ``survivors`` over what this client saw this round."""
@@ -809,25 +814,27 @@ class SecAggStage:
             return None
         payload = compute(client)
         try:
-            check_payload(u, payload, {name: np.zeros(shape, dtype)
+            check_payload(u, payload, {name: _shaped(shape, dtype)
                                        for name, (shape, dtype) in template.items()})
         except MessageError as err:
             r.reject("masked_input", u, f"withheld its update: {err}", by=u)
             r.dropped[u] = str(err)
             return None
-        x = self.scales(weights)[u] * flatten(payload, template)
-        clipped = self.quantizer.clipped(x)
+        x = flatten(payload, template, np.result_type(*(dtype for _, dtype in
+                                                        template.values())))
+        wire = word_dtype(self.quantizer.bits)
+        y = np.empty(x.size, dtype=wire)
+        clipped = self.quantizer.quantize_into(x, y, client.protocol_rng,
+                                               self.scales(weights)[u])
         if clipped:
             r.link.event("masked_input", "clipped", u,
                          f"{clipped} of {x.size} coordinates of its scaled update lay outside "
                          f"[-{self.quantizer.clip:g}, {self.quantizer.clip:g}] and were clipped",
                          by=u)
-        q = self.quantizer.quantize(x, client.protocol_rng)
-        if share_variance:
-            q = self.quantizer.add_mod(q, _skellam(share_variance, x.size))
-        wire = np.uint32 if self.quantizer.bits <= 32 else np.uint64
+        if share_variance:  # two's complement integers: wrap to residues in the word type
+            np.add(y, _skellam(share_variance, x.size).astype(wire), out=y)
         data = r.send("masked_input", u, SERVER,
-                      serialize_payload({"y": session.masked(q, self.quantizer).astype(wire)}))
+                      serialize_payload({"y": session.masked(y, self.quantizer)}))
         if data is None:
             r.dropped[u] = "its masked input was rejected or never arrived"
             return None
@@ -958,20 +965,19 @@ class SecAggStage:
     def _unmasked_sum(self, r: _Round, masked: dict[str, np.ndarray], gone: list[str],
                       rebuilt: dict[tuple[str, str], bytes], size: int) -> np.ndarray:
         """sum_u y_u minus every survivor's PRG(b_u) and every pairwise mask a survivor
-        shares with a dropped client (uint64, mod 2^bits)."""
-        q, bits = self.quantizer, self.quantizer.bits
-        total = np.zeros(size, dtype=np.uint64)
-        for u, y in masked.items():
-            total = q.sub_mod(q.add_mod(total, y), expand_seed(rebuilt["b", u], size, bits))
+        shares with a dropped client: shape ``[size]``, mod 2^bits, in the mask word type."""
+        total = np.zeros(size, dtype=word_dtype(self.quantizer.bits))
+        for y in masked.values():
+            np.add(total, y, out=total)
+        plus, minus = [], [rebuilt["b", u] for u in masked]
         for u in gone:
             mask_key = private_from_bytes(rebuilt["s", u])
             for v in r.graph[u]:
-                if v not in masked or u not in r.routed[v]:
-                    continue
-                mask = expand_seed(agree(mask_key, r.advertised[v]["s_pk"], _MASK), size, bits)
-                undo = q.sub_mod if r.order[v] < r.order[u] else q.add_mod  # v added +-mask
-                total = undo(total, mask)
-        return total
+                if v in masked and u in r.routed[v]:  # v added the mask if it precedes u
+                    seed = agree(mask_key, r.advertised[v]["s_pk"], _MASK)
+                    (minus if r.order[v] < r.order[u] else plus).append(seed)
+        add_masks(total, plus, minus)
+        return self.quantizer.reduce(total)
 
     def _share_variance(self, noise: DistributedNoise | None, weights: dict[str, float],
                         size: int, n: int) -> float:

@@ -7,11 +7,14 @@ import struct
 import numpy as np
 import pytest
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from scipy.stats import chisquare
 
 from secureffm.errors import ProtocolError
-from secureffm.protocols.prg import expand_seed, keystream_throughput
-from secureffm.protocols.quantize import add_mod, sub_mod
+from secureffm.protocols import prg
+from secureffm.protocols.prg import add_masks, expand_seed, keystream_throughput, word_dtype
+from secureffm.protocols.quantize import Quantizer, add_mod, sub_mod
 
 # RFC 8439 section 2.3.2: key 00..1f, nonce 000000090000004a00000000, block counter 1.
 RFC_232 = bytes.fromhex(
@@ -79,21 +82,27 @@ def test_cryptography_nonce_is_counter_then_rfc_nonce():
 
 
 def test_expand_seed_matches_rfc_words_little_endian():
-    words = expand_seed(bytes(32), 16, 64)
+    words = expand_seed(bytes(32), 16, 64)  # bits > 32: 8 keystream bytes per word
     assert words.dtype == np.uint64 and words.shape == (16,)
     assert int(words[0]) == 0x903DF1A0ADE0B876  # bytes 76 b8 e0 ad a0 f1 3d 90, little-endian
     assert [int(w) for w in words] == [int.from_bytes(RFC_A1[8 * i: 8 * i + 8], "little")
+                                       for i in range(16)]
+    words = expand_seed(bytes(32), 16, 32)  # bits <= 32: 4 keystream bytes per word
+    assert words.dtype == np.uint64 and int(words[0]) == 0xADE0B876
+    assert [int(w) for w in words] == [int.from_bytes(RFC_A1[4 * i: 4 * i + 4], "little")
                                        for i in range(16)]
     assert [int(w) for w in expand_seed(bytes(32), 16, 20)] == [int(w) & (2**20 - 1)
                                                                  for w in words]
 
 
-@pytest.mark.parametrize("bits", [64, 32, 13, 1])
+@pytest.mark.parametrize("bits", [64, 33, 32, 13, 1])
 def test_expand_seed_matches_reference_chacha20_over_blocks(bits):
     seed = bytes(np.random.default_rng(bits).integers(0, 256, 32, dtype=np.uint8))
-    length = 21  # two full 64-byte blocks and part of a third
-    stream = b"".join(_chacha20_block(seed, c, bytes(12)) for c in range(3))
-    want = [int.from_bytes(stream[8 * i: 8 * i + 8], "little") % 2**bits for i in range(length)]
+    width = 4 if bits <= 32 else 8
+    length = 37  # words: over two (4-byte) or four (8-byte) 64-byte blocks and part of the next
+    stream = b"".join(_chacha20_block(seed, c, bytes(12)) for c in range(5))
+    want = [int.from_bytes(stream[width * i: width * i + width], "little") % 2**bits
+            for i in range(length)]
     got = expand_seed(seed, length, bits)
     assert [int(w) for w in got] == want
     # A prefix of a longer stream is the shorter stream.
@@ -162,6 +171,59 @@ def test_pairwise_masks_cancel_in_the_sum():
     y1, y2 = add_mod(q1, pair, bits), sub_mod(q2, pair, bits)  # client 1 adds, client 2 subtracts
     assert not np.array_equal(y1, q1)
     np.testing.assert_array_equal(add_mod(y1, y2, bits), q1 + q2)
+
+
+def reference_masked(q: list[int], plus: list[bytes], minus: list[bytes], bits: int) -> list[int]:
+    """The mask path written out plainly: Python integers, one whole keystream per seed from a
+    single ``cryptography`` call, word i = bytes w i .. w i + w - 1 little-endian (w = 4 for
+    bits <= 32, else 8), ``(q + sum plus - sum minus) mod 2**bits``."""
+    width, out = (4 if bits <= 32 else 8), list(q)
+    for seeds, sign in ((plus, 1), (minus, -1)):
+        for seed in seeds:
+            stream = Cipher(algorithms.ChaCha20(seed, bytes(16)), mode=None).encryptor().update(
+                bytes(width * len(q)))
+            for i in range(len(q)):
+                out[i] += sign * int.from_bytes(stream[width * i: width * i + width], "little")
+    return [v % 2**bits for v in out]
+
+
+def fast_masked(q: list[int], plus: list[bytes], minus: list[bytes], bits: int) -> list[int]:
+    """The fast path: words of ``word_dtype(bits)`` masked in place, then reduced."""
+    y = np.array(q, dtype=word_dtype(bits))
+    add_masks(y, plus, minus)
+    return [int(v) for v in Quantizer(1.0, 2, bits).reduce(y)]
+
+
+_SEEDS = st.binary(min_size=32, max_size=32)
+
+
+@settings(max_examples=60, deadline=None)
+@given(data=st.data(), bits=st.sampled_from([1, 7, 16, 31, 32, 33, 48, 63, 64]),
+       length=st.integers(0, 150), chunk=st.sampled_from([1, 5, 16, 17, 64, prg.CHUNK_WORDS]),
+       plus=st.lists(_SEEDS, max_size=4), minus=st.lists(_SEEDS, max_size=4))
+def test_add_masks_matches_the_reference_bit_for_bit(data, bits, length, chunk, plus, minus):
+    # Sizes that are no multiple of a 64-byte block or of the chunk, chunks that split a block.
+    q = data.draw(st.lists(st.integers(0, 2**bits - 1), min_size=length, max_size=length))
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(prg, "CHUNK_WORDS", chunk)
+        assert fast_masked(q, plus, minus, bits) == reference_masked(q, plus, minus, bits)
+
+
+@pytest.mark.parametrize("bits", [32, 64])
+def test_add_masks_matches_the_reference_across_a_full_chunk(bits):
+    d = prg.CHUNK_WORDS + 37  # past the first chunk, into a partial second one
+    q = [int(v) for v in np.random.default_rng(bits).integers(0, 2**bits, d, dtype=np.uint64)]
+    plus, minus = [bytes([1]) * 32, bytes([2]) * 32], [bytes([3]) * 32]
+    assert fast_masked(q, plus, minus, bits) == reference_masked(q, plus, minus, bits)
+
+
+def test_add_masks_refuses_arrays_it_cannot_mask_in_place():
+    for bad in (np.zeros(4, dtype=np.int64), np.zeros((2, 2), dtype=np.uint32),
+                np.zeros(8, dtype=np.uint32)[::2]):
+        with pytest.raises(ProtocolError, match="add_masks needs"):
+            add_masks(bad, [bytes(32)])
+    with pytest.raises(ProtocolError, match="32 bytes"):
+        add_masks(np.zeros(4, dtype=np.uint32), [bytes(31)])
 
 
 def test_keystream_throughput_is_positive():

@@ -6,10 +6,13 @@ import warnings
 
 import numpy as np
 import pytest
+from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from secureffm.errors import ProtocolError
+from secureffm.protocols import quantize as quantize_module
+from secureffm.protocols.prg import word_dtype
 from secureffm.protocols.quantize import Quantizer, add_mod, required_bits, sub_mod
 
 
@@ -182,3 +185,68 @@ def test_quantizer_mod_helpers_use_its_bits():
     a = np.array([2**16 - 1], dtype=np.uint64)
     assert int(quant.add_mod(a, np.uint64(2))[0]) == 1
     assert int(quant.sub_mod(np.uint64(0), a)[0]) == 1
+
+
+def reference_quantize(quant: Quantizer, x: list[float], scale: float, key: bytes
+                       ) -> tuple[list[int], int]:
+    """The fixed-point rounding of the module docstring written out per element with Python
+    floats and integers: v = (clip(scale x) + c) * 2**F (L - 1) / (2 c), capped at (L - 1) 2**F;
+    q = (floor(v) + r) >> F with r the top F bits of 32-bit little-endian keystream word i of
+    ChaCha20(key); and the count of clipped entries."""
+    frac, c = quant.fraction_bits, quant.clip
+    lift, top = 2.0**frac * ((quant.levels - 1) / (2 * c)), float(quant.levels - 1) * 2.0**frac
+    stream = Cipher(algorithms.ChaCha20(key, bytes(16)), mode=None).encryptor().update(
+        bytes(4 * len(x)))
+    out, clipped = [], 0
+    for i, value in enumerate(x):
+        scaled = value * scale
+        clipped += abs(scaled) > c
+        v = min((min(max(scaled, -c), c) + c) * lift, top)
+        r = int.from_bytes(stream[4 * i: 4 * i + 4], "little") >> (32 - frac)
+        out.append((int(v) + r) >> frac)
+    return out, clipped
+
+
+@settings(max_examples=60, deadline=None)
+@given(data=st.data(), levels=st.sampled_from([2, 5, 2**10 + 1, 2**22, 2**32, 2**40, 2**53]),
+       extra_bits=st.integers(0, 3), length=st.integers(0, 90),
+       chunk=st.sampled_from([1, 7, 16, 64, quantize_module.CHUNK_WORDS]),
+       clip=st.sampled_from([1.5, 0.7, 1.3]), scale=st.sampled_from([1.0, 0.37, 2.5]),
+       seed=st.integers(0, 2**32 - 1), single=st.booleans())
+def test_quantize_into_matches_the_reference_bit_for_bit(data, levels, extra_bits, length,
+                                                         chunk, clip, scale, seed, single):
+    # clip 0.7 and 1.3 at 2**32 levels: 2 clip * (levels - 1) / (2 clip) rounds above
+    # levels - 1, so the cap at (levels - 1) 2**F is exercised.
+    bits = min(64, required_bits(1, levels) + extra_bits)
+    quant = Quantizer(clip=clip, levels=levels, bits=bits)
+    x = data.draw(st.lists(st.one_of(st.floats(-4.0, 4.0), st.sampled_from([-clip, 0.0, clip])),
+                           min_size=length, max_size=length))
+    x = np.array(x, dtype=np.float32 if single else np.float64)
+    out = np.zeros(length, dtype=word_dtype(bits))
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(quantize_module, "CHUNK_WORDS", chunk)
+        clipped = quant.quantize_into(x, out, np.random.default_rng(seed), scale)
+    want, want_clipped = reference_quantize(quant, [float(v) for v in x], scale,
+                                            np.random.default_rng(seed).bytes(32))
+    assert [int(v) for v in out] == want and clipped == want_clipped
+    assert all(v <= levels - 1 for v in want)
+
+
+def test_quantize_into_refuses_inf_and_words_too_narrow():
+    quant = Quantizer(clip=1.0, levels=16, bits=32)
+    with pytest.raises(ProtocolError, match="NaN or Inf"):
+        quant.quantize_into(np.array([0.0, np.inf]), np.zeros(2, dtype=np.uint32),
+                            np.random.default_rng(0))
+    with pytest.raises(ProtocolError, match="quantize_into needs"):
+        Quantizer(clip=1.0, levels=2**40, bits=48).quantize_into(
+            np.zeros(2), np.zeros(2, dtype=np.uint32), np.random.default_rng(0))
+    with pytest.raises(ProtocolError, match="quantize_into needs"):
+        quant.quantize_into(np.zeros(3), np.zeros(2, dtype=np.uint32), np.random.default_rng(0))
+
+
+def test_reduce_keeps_the_low_bits_in_place():
+    words = np.array([2**32 - 1, 5], dtype=np.uint32)
+    assert Quantizer(clip=1.0, levels=2, bits=3).reduce(words) is words
+    assert words.tolist() == [7, 5]
+    wide = np.array([2**64 - 1], dtype=np.uint64)
+    assert Quantizer(clip=1.0, levels=2, bits=64).reduce(wide).tolist() == [2**64 - 1]

@@ -29,13 +29,15 @@ from secureffm.errors import MessageError, ProtocolError
 from secureffm.federation import Client, MessageLog, deserialize_payload
 from secureffm.federation.crypto import agree, open_sealed, private_bytes, private_from_bytes
 from secureffm.federation.faults import Fault, FaultPlan
+from secureffm.federation.parties import Registry
 from secureffm.protocols import load_protocol
-from secureffm.protocols.prg import expand_seed
+from secureffm.protocols.prg import expand_seed, word_dtype
 from secureffm.protocols.quantize import Quantizer
 from secureffm.protocols.secagg import SecAggStage, harary_neighbours
 from secureffm.protocols.shamir import reconstruct_bytes, share_from_bytes, share_to_bytes
 from secureffm.protocols.wire import bytes_payload, payload_bytes
 from secureffm.runs.scaffold import open_channel
+from tests.protocols.test_prg import reference_masked
 
 CLIENT_PHASES = ("advertise_keys", "share_keys", "masked_input", "consistency_sign", "unmask")
 LEVELS = 2**22
@@ -322,6 +324,43 @@ def test_masked_inputs_look_uniform_to_the_server(tmp_path):
     quantizer = Quantizer(8.0, LEVELS, 32)
     plain = quantizer.quantize(np.zeros(d), np.random.default_rng(0)).astype(np.uint32)
     assert _top_byte_p_value(plain) < 1e-100
+
+
+@settings(max_examples=25, deadline=None)
+@given(data=st.data(), n=st.integers(2, 5), bits=st.sampled_from([5, 24, 32, 40, 64]),
+       d=st.integers(1, 70), seed=st.integers(0, 2**32 - 1))
+def test_each_client_masks_as_the_reference_says_in_any_peer_order(data, n, bits, d, seed):
+    """``_ClientSession.masked`` (the fast path: words in place, one chunked pass) against
+    the reference of test_prg, bit for bit, with the federation's order shuffled (who adds and
+    who subtracts each pair mask) and the peers taken in any order; the pair masks cancel."""
+    rng = random.Random(seed)
+    clients = make_clients(n)
+    ids = [c.id for c in clients]
+    order = {u: i for i, u in enumerate(data.draw(st.permutations(ids)))}
+    pair = {frozenset(p): rng.randbytes(32) for p in
+            [(u, v) for i, u in enumerate(ids) for v in ids[i + 1:]]}
+    quantizer = Quantizer(1.0, 2, bits)
+    stage = SecAggStage((KIND,), 0.6, 0, quantizer, "semi-honest")
+    total, summed, self_masks = np.zeros(d, dtype=object), np.zeros(d, dtype=object), []
+    for client in clients:
+        u = client.id
+        session = secagg._ClientSession(client, Registry.of(clients), stage, 1, KIND)
+        peers = data.draw(st.permutations([v for v in ids if v != u]))
+        session.peers = {v: secagg._Peer(b"", pair[frozenset((u, v))], order[u] < order[v])
+                         for v in peers}
+        session.masks_with = tuple(peers)
+        q = [rng.randrange(2**bits) for _ in range(d)]
+        y = session.masked(np.array(q, dtype=word_dtype(bits)), quantizer)
+        plus = [session.self_seed] + [pair[frozenset((u, v))] for v in peers
+                                      if order[u] < order[v]]
+        minus = [pair[frozenset((u, v))] for v in peers if order[v] < order[u]]
+        assert [int(w) for w in y] == reference_masked(q, plus, minus, bits)
+        total += np.array(q, dtype=object)
+        summed += y.astype(object)
+        self_masks.append(session.self_seed)
+    # sum_u y_u - sum_u PRG(b_u) = sum_u q_u: every pair mask was added once, subtracted once.
+    assert [int(v) % 2**bits for v in summed] == reference_masked(list(total), self_masks, [],
+                                                                   bits)
 
 
 # -- 3. the server cannot read shares ---------------------------------------------------------
