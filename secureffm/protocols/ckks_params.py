@@ -10,10 +10,11 @@ when it is loaded, so a weaker one is refused with the limit in the message.
 
 Values: a vector of up to N/2 reals is one ciphertext (its slots). The last prime of the
 coefficient modulus is SEAL's special prime (key switching only); a fresh ciphertext lives
-modulo the product q of the others (``data_bits`` = log2 q). A slot holding z decodes correctly
-while |z| * 2^scale_bits < q / 2, so the sum of all inputs must stay below
-``sum_limit`` = 2^(data_bits - 2 - scale_bits) per coordinate (half that range: noise and a
-margin), and each of n clients' inputs below ``sum_limit / n``.
+modulo the product q of the L others (``data_bits`` bits in all, so q >= 2^(data_bits - L)).
+Slots z encode to coefficients of at most Delta * max|z| (Delta = 2^scale_bits), which decode
+correctly while below q / 2: any sum with max|z| < 2^(data_bits - L - 1 - scale_bits) does.
+``sum_limit`` is half that, leaving the noise a wide margin; each of n clients' inputs must
+stay below ``sum_limit / n``. Past q / 2 a sum wraps silently (a test shows it).
 
 Error: a symmetric encryption of z decrypts to z + (e + r) / Delta in the slots (Delta =
 2^scale_bits), with e SEAL's error polynomial (centered binomial, |e_i| <= 21) and r the
@@ -38,7 +39,7 @@ _STANDARD = ("the HE security standard (homomorphicencryption.org, Table 1: 128-
              "security)")
 _ERROR_MAX = 21  # SEAL's centered binomial error: |e_i| <= 21 (standard deviation 3.24)
 _PRIME_BITS = (20, 60)  # what SEAL's CoeffModulus::Create accepts per prime
-_MIN_HEADROOM_BITS = 10  # log2 of the smallest sum_limit a spec may leave
+_MIN_HEADROOM_BITS = 10  # log2 of the smallest decodable range a spec may leave
 
 
 @dataclass(frozen=True)
@@ -73,12 +74,12 @@ class CKKSParams:
                 "drop or shrink primes, or raise poly_modulus_degree")
         scale = table["scale_bits"]
         params = cls(degree, tuple(sizes), scale)
-        if (isinstance(scale, bool) or not isinstance(scale, int) or scale < 1
-                or params.data_bits - 2 - scale < _MIN_HEADROOM_BITS):
+        most = params.data_bits - (len(sizes) - 1) - 1 - _MIN_HEADROOM_BITS
+        if isinstance(scale, bool) or not isinstance(scale, int) or not 1 <= scale <= most:
             raise ProtocolError(
-                f"{where}: scale_bits = {scale!r}; give an integer from 1 to "
-                f"{params.data_bits - 2 - _MIN_HEADROOM_BITS}, so that a sum up to "
-                f"2^{_MIN_HEADROOM_BITS} decodes under the {params.data_bits}-bit data modulus")
+                f"{where}: scale_bits = {scale!r}; give an integer from 1 to {most}, so that "
+                f"sums up to 2^{_MIN_HEADROOM_BITS} decode under the {params.data_bits}-bit data "
+                "modulus (or raise the data primes)")
         return params
 
     @property
@@ -96,10 +97,17 @@ class CKKSParams:
         return float(2**self.scale_bits)
 
     @property
+    def decodable(self) -> float:
+        """Every sum with max|z| below 2^(data_bits - L - 1 - scale_bits) decodes, L the number
+        of data primes."""
+        primes = len(self.coeff_mod_bit_sizes) - 1
+        return float(2 ** (self.data_bits - primes - 1 - self.scale_bits))
+
+    @property
     def sum_limit(self) -> float:
-        """The largest |sum| per coordinate this stage lets a sum reach: 2^(data_bits - 2 -
-        scale_bits), half the range that decodes."""
-        return float(2 ** (self.data_bits - 2 - self.scale_bits))
+        """The largest |sum| per coordinate this stage lets a sum reach: half the decodable
+        range."""
+        return self.decodable / 2
 
     def input_limit(self, clients: int) -> float:
         """The largest |coordinate| of one client's scaled input: sum_limit / clients."""
