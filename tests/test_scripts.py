@@ -289,6 +289,18 @@ def test_secagg_vs_plaintext(run_script, tmp_path):
         assert [r[1] for r in rows] == ["1", "2", "4", "8", "16", "32", "100", "time and traffic"]
 
 
+def test_he_vs_plaintext(run_script, tmp_path):
+    result = run_script("experiments/secagg_vs_plaintext.py", "--smoke", "--protocol", "he",
+                        "--methods", "got", "--root", str(tmp_path / "runs"),
+                        "--docs", str(tmp_path)).check()
+    block = _block(tmp_path / "results.md", "he_match")
+    assert block.strip() in result.stdout
+    assert "| method | NFE | W2 plaintext | W2 he | difference |" in block
+    assert "--protocol he --methods got" in block
+    assert _rows(block, "vanilla") == [] and len(_rows(block, "got")) == 8
+    assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == ["got-he", "got-plaintext"]
+
+
 def test_sweep_privacy_utility(run_script, tmp_path):
     runs, docs = tmp_path / "runs", tmp_path / "docs"
     result = run_script("experiments/sweep_privacy_utility.py", "--smoke", "--methods", "vanilla",
