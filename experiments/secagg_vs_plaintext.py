@@ -2,12 +2,15 @@
 is learned?
 
     .venv/bin/python experiments/secagg_vs_plaintext.py               # 2 methods x 2 protocols
-    .venv/bin/python experiments/secagg_vs_plaintext.py --protocol he --methods got
+    .venv/bin/python experiments/secagg_vs_plaintext.py --protocol he --methods got \
+        --insecure-deterministic --root runs/he_match_deterministic
     .venv/bin/python experiments/secagg_vs_plaintext.py --smoke       # seconds: a check only
 
-Both protocols see the same clients, batches and noise (protocol randomness has its own
-stream), so W2 differs only through what the protocol does to each sum: quantization and
-clipping of the masked sums under `secagg`, the CKKS approximation error under `he`. Runs go to
+With ``--insecure-deterministic`` both runs derive their secret streams from the seed, so they
+see the same clients, batches and noise (protocol randomness has its own stream) and W2 differs
+only through what the protocol does to each sum: quantization and clipping of the masked sums
+under `secagg`, the CKKS approximation error under `he`; without it each run draws its own
+batches from the OS, and W2 differs by that too. Runs go to
 runs/<protocol>_match/<method>-<protocol> (``--root``; a finished run is reused). Writes the
 table between the <protocol>_match markers of docs/results.md (``--docs``). ``--smoke`` makes
 every run tiny (2 rounds of batch 64, 100 evaluation samples, 20 plotted trajectories; it
@@ -39,6 +42,9 @@ def main() -> None:
                         help="the protective protocol compared with plaintext")
     parser.add_argument("--methods", nargs="+", choices=("vanilla", "got"),
                         default=["vanilla", "got"])
+    parser.add_argument("--insecure-deterministic", action="store_true",
+                        help="secret streams from the seed, so both runs draw the same batches "
+                             "(no privacy claim holds; a comparison of protocols needs none)")
     parser.add_argument("--rounds", type=int, default=2000)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--eval-samples", type=int, default=5000)
@@ -58,7 +64,8 @@ def main() -> None:
     Path(args.docs).mkdir(parents=True, exist_ok=True)
     torch.set_num_threads(1)
     command = (f" --protocol {args.protocol}" if args.protocol != "secagg" else "") + (
-        f" --methods {' '.join(args.methods)}" if args.methods != ["vanilla", "got"] else "")
+        f" --methods {' '.join(args.methods)}" if args.methods != ["vanilla", "got"] else "") + (
+        " --insecure-deterministic" if args.insecure_deterministic else "")
     rows = []
     for method in args.methods:
         result = {}
@@ -68,6 +75,7 @@ def main() -> None:
                 run(load_config(None, {**sizes, "method": method, "protocol": protocol,
                                        "rounds": args.rounds, "seed": args.seed,
                                        "eval_samples": args.eval_samples, "out": str(out),
+                                       "insecure_deterministic": args.insecure_deterministic,
                                        "progress": False}))
             result[protocol] = json.loads((out / "metrics.json").read_text())
         plain, masked = result["plaintext"], result[args.protocol]
