@@ -32,8 +32,9 @@ wrap the modulus: :mod:`.ckks_params`) or NaN/Inf withholds it and logs why (nev
 The server logs no statistic of any update: only counts and which client was left out.
 
 Dropouts cost nothing: one that drops before ``upload`` is left out of the sum; one that drops
-after uploading is counted, and no recovery phase follows. The round aborts only when no upload
-arrives or no decryptor answers.
+after uploading is counted, and no recovery phase follows. The round aborts only when no key
+set-up or no upload reaches the server, no decryptor answers, or the decrypted sum is refused
+(decryptors disagree, or it is out of range).
 
 Threat model (docs/protocols.md): the server learns the weighted sum of the uploads and
 nothing else while no client colludes with it. Every client holds the secret key: a client
@@ -64,6 +65,7 @@ from .ckks_params import CKKSParams
 from .link import Link
 from .registry import check_protects, check_table, register_stage
 from .sealed import SealedStage
+from .secagg import SecAggStage
 from .wire import bytes_payload, payload_bytes
 
 __all__ = ["CKKSStage", "PHASES", "new_context", "public_context", "secret_context",
@@ -259,11 +261,8 @@ class CKKSStage:
         """The key epoch of ``round_``: 0 for the whole run, or round // rotate_every."""
         return round_ // self.rotate_every if self.rotate_every else 0
 
-    @staticmethod
-    def scales(weights: dict[str, float]) -> dict[str, float]:
-        """w_u = weight_u * n / sum of weights: each client's factor, about 1."""
-        total = sum(weights.values())
-        return {cid: w * len(weights) / total for cid, w in weights.items()}
+    # w_u = weight_u * n / sum of weights: each client's factor, about 1 (as secagg's).
+    scales = staticmethod(SecAggStage.scales)
 
     def aggregate(self, link: Link, compute: Compute, weights: dict[str, float],
                   template: Template, noise: DistributedNoise | None = None) -> Aggregate:
@@ -274,12 +273,13 @@ class CKKSStage:
         self._keys(r)
         server_key = r.key(SERVER)
         if server_key is None:
-            return Aggregate(None, [], r.dropped, "no client was online to set up the keys")
+            return Aggregate(None, [], r.dropped, "no key set-up reached the server (no client "
+                             "online, or the key holder's message was lost or rejected)")
         size = sum(int(np.prod(shape)) for shape, _ in template.values())
         total, included = self._uploads(r, server_key, compute, weights, template, size)
         if not included:
             return Aggregate(None, [], r.dropped, "no encrypted update was accepted")
-        summed, reason = self._decrypted(r, total, size, len(included))
+        summed, reason = self._decrypted(r, total, size)
         if summed is None:
             return Aggregate(None, [], r.dropped, reason)
         scale = self.scales(weights)
@@ -423,8 +423,8 @@ class CKKSStage:
 
     # -- phases he_sum and he_decrypted ---------------------------------------------------------
 
-    def _decrypted(self, r: _Round, total: list[ts.CKKSVector], size: int,
-                   inputs: int) -> tuple[np.ndarray | None, str]:
+    def _decrypted(self, r: _Round, total: list[ts.CKKSVector],
+                   size: int) -> tuple[np.ndarray | None, str]:
         """The decryptors' plaintext sum [d] float64, or None and why not."""
         link = r.link
         data = write_ciphertexts(total)
