@@ -114,8 +114,8 @@ def _rows(text: str, first_cell: str) -> list[list[str]]:
 
 
 def test_every_script_has_a_smoke_test():
-    tested = {"benchmarks/dp.py", "benchmarks/fedwad.py", "benchmarks/secagg.py",
-              "experiments/dcfm_2d.py", "experiments/dcfm_digits.py",
+    tested = {"benchmarks/dp.py", "benchmarks/fedwad.py", "benchmarks/he.py",
+              "benchmarks/secagg.py", "experiments/dcfm_2d.py", "experiments/dcfm_digits.py",
               "experiments/distributed_noise_gain.py", "experiments/fedwad_clustering.py",
               "experiments/fedwad_coreset.py", "experiments/ffm_2d.py",
               "experiments/secagg_vs_plaintext.py", "experiments/sweep_privacy_utility.py"}
@@ -151,6 +151,24 @@ def test_secagg_benchmark(tmp_path):
         ["10", "10^3", "full graph (9 neighbours)"],
         ["10", "10^3", "SecAgg+ k=8 (8 neighbours)"]]
     assert _block(out, "secagg") == result.stdout.rstrip("\n")
+
+
+def test_he_benchmark(run_script, tmp_path):
+    out = tmp_path / "benchmarks.md"
+    result = run_script("benchmarks/he.py", "--smoke", "--out", str(out)).check()
+    for heading in ("### Round time, he over plaintext and over secagg",
+                    "### Bytes per parameter per client per round",
+                    "### CKKS packing against NVIDIA FLARE's, d = 10^3",
+                    "### Where the time of an he round goes: n = 10, d = 10^3"):
+        assert heading in result.stdout
+    rounds = _section(result.stdout, "### Round time")
+    assert [r[:2] for r in _rows(rounds, "2") + _rows(rounds, "10")] == [["2", "10^3"],
+                                                                         ["10", "10^3"]]
+    packing = _section(result.stdout, "### CKKS packing")
+    flare = _rows(packing, "NVIDIA FLARE's filter: public key")[0]
+    ours = _rows(packing, "`he` (this stage): symmetric")[0]
+    assert flare[3] == "140 <= 218" and ours[3] == "100 <= 218"
+    assert _block(out, "he") == result.stdout.rstrip("\n")
 
 
 def test_dp_benchmark(run_script, tmp_path):
@@ -269,6 +287,18 @@ def test_secagg_vs_plaintext(run_script, tmp_path):
     for method in ("vanilla", "got"):
         rows = _rows(block, method)
         assert [r[1] for r in rows] == ["1", "2", "4", "8", "16", "32", "100", "time and traffic"]
+
+
+def test_he_vs_plaintext(run_script, tmp_path):
+    result = run_script("experiments/secagg_vs_plaintext.py", "--smoke", "--protocol", "he",
+                        "--methods", "got", "--root", str(tmp_path / "runs"),
+                        "--docs", str(tmp_path)).check()
+    block = _block(tmp_path / "results.md", "he_match")
+    assert block.strip() in result.stdout
+    assert "| method | NFE | W2 plaintext | W2 he | difference |" in block
+    assert "--protocol he --methods got" in block
+    assert _rows(block, "vanilla") == [] and len(_rows(block, "got")) == 8
+    assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == ["got-he", "got-plaintext"]
 
 
 def test_sweep_privacy_utility(run_script, tmp_path):

@@ -30,7 +30,7 @@ def load_protocol(name_or_path: str) -> Protocol:
 
 
 def _register_builtin_stages() -> None:
-    from . import dp, randomized_t, sealed, secagg  # noqa: F401  (they register their stages)
+    from . import ckks, dp, randomized_t, sealed, secagg  # noqa: F401  (they register stages)
 
 
 class Protocol:

@@ -30,6 +30,13 @@ def _stage_claim(stage, kind: str) -> tuple[str, str]:
                 "fewer than the threshold of a client's share holders collude with the server; "
                 "an honest-but-curious server (docs/protocols.md lists what a malicious one can "
                 "do)")
+    if stage.name == "ckks":
+        return ("CKKS homomorphic aggregation: the server adds ciphertexts and holds no secret "
+                "key; a decryptor client returns the weighted sum of the uploads; it adds no DP "
+                "by itself",
+                "no client colludes with the server (every client holds the one shared secret "
+                "key and could decrypt any upload the server saw); an honest-but-curious server "
+                "(a deviating one can ask a decryptor to decrypt a single upload)")
     if stage.name == "sealed":
         return ("sealed end to end for its recipients and signed by its author: the relay can "
                 "neither read nor forge it; every recipient reads it in full",

@@ -1,0 +1,481 @@
+"""The ``ckks`` stage: homomorphic aggregation with CKKS (TenSEAL). Clients encrypt their
+weighted updates under one shared secret key; the server adds ciphertexts, holding only the
+public context (the parameters: with symmetric encryption there is no public key, so the
+server holds no key at all); decryptor clients decrypt the sum and return it.
+
+One aggregation (round ``r``, one message kind) runs these phases:
+
+0. ``he_keys``, once per key epoch (the run, or ``rotate_every`` rounds): the key holder, the
+   first client online, makes a fresh CKKS context (SEAL draws the secret key and all
+   encryption noise from the OS through its own generator) and uploads in one message the
+   public context for the server and the secret-key context sealed end to end for every other
+   online client (the ``sealed`` transport: signed by the key holder, one content key wrapped
+   per recipient under X25519 with its pinned key; the server cannot read it). The server
+   keeps the public context and relays each recipient its part. A client online later that
+   holds no key of the epoch gets one the same way, from the key holder, at its next
+   aggregation. Each client keeps its own context in its ``memory``; one of another epoch is
+   dropped.
+1. ``upload``: each client with the key scales its update (w_u = weight_u * n / sum of
+   weights, about 1), packs it into ceil(d / (N/2)) ciphertexts, every slot used (the last one
+   padded with zeros), and sends them. The server checks every ciphertext (count, slots,
+   scale, level) and adds it to the running sum.
+2. ``he_sum``: the server sends the summed ciphertexts to the decryptors: the first
+   ``decryptors`` clients, in federation order, online and holding the key.
+3. ``he_decrypted``: each decryptor decrypts and returns the plaintext sum (float64), which
+   the log records as that delivery. The server accepts it when every decryptor returned the
+   same vector (decryption is deterministic) and it lies within the range honest inputs can
+   reach (a ciphertext under another key decrypts to noise spread over the whole range); the
+   mean is that sum over the sum of the included clients' w_u.
+
+A client whose scaled update has a coordinate beyond ``input_limit`` (beyond it, the sum could
+wrap the modulus: :mod:`.ckks_params`) or NaN/Inf withholds it and logs why (never the value).
+The server logs no statistic of any update: only counts and which client was left out.
+
+Dropouts cost nothing: one that drops before ``upload`` is left out of the sum; one that drops
+after uploading is counted, and no recovery phase follows. The round aborts only when no key
+set-up or no upload reaches the server, no decryptor answers, or the decrypted sum is refused
+(decryptors disagree, or it is out of range).
+
+Threat model (docs/protocols.md): the server learns the weighted sum of the uploads and
+nothing else while no client colludes with it. Every client holds the secret key: a client
+that colludes with the server decrypts every other client's upload from the server's view, and
+a server that deviates can ask a decryptor to decrypt one client's upload in place of the sum.
+With local DP (``dp-he``) every upload is DP on its own even then.
+
+Spec keys: ``protects`` (summable kinds), ``poly_modulus_degree``, ``coeff_mod_bit_sizes``,
+``scale_bits`` (checked against the HE security standard, :mod:`.ckks_params`),
+``decryptors`` (default 1), ``rotate_every`` (rounds per key epoch; 0, the default, keeps one
+key for the run).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import tenseal as ts
+
+from ..errors import MessageError, ProtocolError
+from ..federation.channel import Aggregate, Compute, Template
+from ..federation.message import SERVER, deserialize_payload, serialize_payload
+from ..federation.parties import Client, Party
+from ..privacy.settings import DistributedNoise, NoiseGeometry
+from .aggregation import check_payload, flatten, unflatten
+from .ckks_params import CKKSParams
+from .link import Link
+from .registry import check_protects, check_table, register_stage
+from .sealed import SealedStage
+from .secagg import SecAggStage
+from .wire import bytes_payload, payload_bytes
+
+__all__ = ["CKKSStage", "PHASES", "new_context", "public_context", "secret_context",
+           "load_context", "encrypt", "read_ciphertexts", "write_ciphertexts", "decrypt"]
+
+PHASES = ("he_keys", "he_sum", "he_decrypted")
+_KEYS = {"stage", "protects", "poly_modulus_degree", "coeff_mod_bit_sizes", "scale_bits",
+         "decryptors", "rotate_every"}
+_MEMORY = "ckks"
+# What TenSEAL raises on bytes it cannot parse or ciphertexts it cannot combine.
+_TENSEAL_ERRORS = (ValueError, RuntimeError, TypeError)
+_NO_DISTRIBUTED_NOISE = ("distributed DP noise holds only inside secure aggregation (stage "
+                         "'secagg'); with 'ckks' use noise = 'local'")
+
+
+# -- contexts: pure functions of TenSEAL objects ------------------------------------------------
+
+def new_context(params: CKKSParams) -> ts.Context:
+    """A fresh CKKS context with a new secret key (symmetric encryption, one thread)."""
+    context = ts.context(ts.SCHEME_TYPE.CKKS, params.poly_modulus_degree,
+                         coeff_mod_bit_sizes=list(params.coeff_mod_bit_sizes),
+                         encryption_type=ts.ENCRYPTION_TYPE.SYMMETRIC, n_threads=1)
+    context.global_scale = params.scale
+    return context
+
+
+def public_context(context: ts.Context) -> bytes:
+    """The parameters and scale, never the secret key (nor relinearization or Galois keys,
+    which addition does not need)."""
+    return context.serialize(save_public_key=False, save_secret_key=False,
+                             save_galois_keys=False, save_relin_keys=False)
+
+
+def secret_context(context: ts.Context) -> bytes:
+    """The parameters, scale and secret key: what a client encrypts and decrypts with."""
+    return context.serialize(save_public_key=False, save_secret_key=True,
+                             save_galois_keys=False, save_relin_keys=False)
+
+
+def load_context(data: bytes, params: CKKSParams, private: bool, sender: str) -> ts.Context:
+    """A context from ``sender``'s bytes; MessageError unless it parses, has ``params`` and
+    holds a secret key exactly when ``private``."""
+    try:
+        context = ts.context_from(data, n_threads=1)
+        key_data = context.seal_context().data.key_context_data()
+        found = (key_data.parms().poly_modulus_degree(), key_data.total_coeff_modulus_bit_count(),
+                 context.global_scale)
+    except _TENSEAL_ERRORS as err:
+        raise MessageError(f"{sender} sent no valid CKKS context: {err}") from None
+    wanted = (params.poly_modulus_degree, sum(params.coeff_mod_bit_sizes), params.scale)
+    if found != wanted:
+        raise MessageError(f"{sender}'s CKKS context has (degree, modulus bits, scale) "
+                           f"{found}, not the spec's {wanted}")
+    if context.is_private() != private:
+        why = "lacks the secret key a client needs" if private else (
+            "holds the secret key, which the server must never hold")
+        raise MessageError(f"{sender}'s CKKS context {why}")
+    return context
+
+
+# -- ciphertexts --------------------------------------------------------------------------------
+
+def encrypt(context: ts.Context, x: np.ndarray, params: CKKSParams) -> list[ts.CKKSVector]:
+    """x [d] float64 as ceil(d / (N/2)) ciphertexts of N/2 slots each (zeros pad the last)."""
+    count = params.ciphertexts(x.size)
+    padded = np.zeros(count * params.slots)
+    padded[:x.size] = x
+    return [ts.ckks_vector(context, chunk) for chunk in padded.reshape(count, params.slots)]
+
+
+def write_ciphertexts(vectors: list[ts.CKKSVector]) -> bytes:
+    """Serialized ciphertexts as a payload: ``lengths`` (uint64 [k]) and their concatenated
+    bytes ``ciphertexts``."""
+    blobs = [v.serialize() for v in vectors]
+    return serialize_payload({
+        "lengths": np.array([len(b) for b in blobs], dtype=np.uint64),
+        "ciphertexts": np.frombuffer(b"".join(blobs), dtype=np.uint8)})
+
+
+def read_ciphertexts(context: ts.Context, data: bytes, count: int, params: CKKSParams,
+                     sender: str) -> list[ts.CKKSVector]:
+    """``count`` ciphertexts from ``sender``'s payload; MessageError unless each parses under
+    ``context`` and is a fresh two-part ciphertext of N/2 slots at the spec's scale and level."""
+    fields = deserialize_payload(data, sender)
+    lengths, blob = fields.get("lengths"), fields.get("ciphertexts")
+    if (sorted(fields) != ["ciphertexts", "lengths"] or lengths.dtype != np.uint64
+            or lengths.shape != (count,) or blob.dtype != np.uint8 or blob.ndim != 1
+            or int(lengths.sum()) != blob.size):
+        raise MessageError(f"{sender} sent no {count} ciphertexts (fields lengths: uint64 "
+                           f"[{count}], ciphertexts: their bytes)")
+    ends = np.cumsum(lengths.astype(np.int64))
+    raw = blob.tobytes()
+    return [_read_one(context, raw[end - size:end], params, f"{sender}'s ciphertext {i}")
+            for i, (end, size) in enumerate(zip(ends, lengths.astype(np.int64), strict=True))]
+
+
+def _read_one(context: ts.Context, data: bytes, params: CKKSParams, what: str) -> ts.CKKSVector:
+    try:
+        vector = ts.ckks_vector_from(context, data)
+        parts = vector.ciphertext()
+        shape = (vector.size(), len(parts), parts[0].size(), parts[0].coeff_modulus_size(),
+                 parts[0].scale)
+    except _TENSEAL_ERRORS as err:
+        raise MessageError(f"{what} does not parse: {err}") from None
+    wanted = (params.slots, 1, 2, len(params.coeff_mod_bit_sizes) - 1, params.scale)
+    if shape != wanted:
+        raise MessageError(f"{what} has (slots, ciphertexts, parts, primes, scale) {shape}, "
+                           f"expected {wanted}")
+    return vector
+
+
+def decrypt(context: ts.Context, vectors: list[ts.CKKSVector], size: int) -> np.ndarray:
+    """The first ``size`` slots of ``vectors``, decrypted with ``context``'s secret key: [size]
+    float64."""
+    return np.concatenate([np.asarray(v.decrypt(context.secret_key()), dtype=np.float64)
+                           for v in vectors])[:size]
+
+
+# -- one aggregation ------------------------------------------------------------------------------
+
+@dataclass
+class _Round:
+    """One aggregation: the link, the key epoch, who was left out and why."""
+
+    link: Link
+    epoch: int
+    dropped: dict[str, str] = field(default_factory=dict)
+
+    def client(self, cid: str) -> Client:
+        return self.link.parties[cid]
+
+    def key(self, cid: str) -> ts.Context | None:
+        """The context a party holds for this epoch (another epoch's is forgotten)."""
+        memory = self.link.parties[cid].memory
+        held = memory.get(_MEMORY)
+        if held is not None and held["epoch"] != self.epoch:
+            del memory[_MEMORY]
+            return None
+        return None if held is None else held["context"]
+
+    def hold(self, party: Party, context: ts.Context, **extra) -> None:
+        party.memory[_MEMORY] = {"epoch": self.epoch, "context": context, **extra}
+
+
+@register_stage
+class CKKSStage:
+    """Homomorphic aggregation under one shared CKKS key; see the module docstring."""
+
+    name = "ckks"
+    role = "aggregate"
+    phases = PHASES
+    can_protect = frozenset({"gradient", "dual_update", "update", "scalar"})
+
+    def __init__(self, protects: tuple[str, ...], params: CKKSParams, decryptors: int = 1,
+                 rotate_every: int = 0):
+        self.protects = protects
+        self.params = params
+        self.decryptors = decryptors
+        self.rotate_every = rotate_every
+
+    @classmethod
+    def from_table(cls, table: dict, source: str) -> CKKSStage:
+        where = f"{source} (stage 'ckks')"
+        check_table(table, _KEYS, ("protects", "poly_modulus_degree", "coeff_mod_bit_sizes",
+                                   "scale_bits"), where)
+        protects = tuple(table["protects"])
+        check_protects(protects, cls, where, "the server decrypts only the sum, and such "
+                       "messages are needed one by one")
+        if not protects:
+            raise ProtocolError(f"{where}: protects is empty; name the kinds to aggregate")
+        params = CKKSParams.from_table(table, where)
+        counts = {key: table.get(key, default) for key, default in
+                  (("decryptors", 1), ("rotate_every", 0))}
+        for key, value in counts.items():
+            low = 1 if key == "decryptors" else 0
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise ProtocolError(f"{where}: {key} = {value!r}; give an integer >= {low}")
+        return cls(protects, params, counts["decryptors"], counts["rotate_every"])
+
+    def validate_for(self, clients: int) -> None:
+        if clients < 2:
+            raise ProtocolError("homomorphic aggregation needs at least 2 clients: the sum of "
+                                "one update is the update")
+        if self.decryptors > clients:
+            raise ProtocolError(f"stage 'ckks': decryptors = {self.decryptors} but the "
+                                f"federation has {clients} clients; lower decryptors")
+
+    def noise_geometry(self, weights: dict[str, float], sensitivity: dict[str, float],
+                       size: int, colluders: int) -> NoiseGeometry:
+        raise ProtocolError(_NO_DISTRIBUTED_NOISE)
+
+    def epoch(self, round_: int) -> int:
+        """The key epoch of ``round_``: 0 for the whole run, or round // rotate_every."""
+        return round_ // self.rotate_every if self.rotate_every else 0
+
+    # w_u = weight_u * n / sum of weights: each client's factor, about 1 (as secagg's).
+    scales = staticmethod(SecAggStage.scales)
+
+    def aggregate(self, link: Link, compute: Compute, weights: dict[str, float],
+                  template: Template, noise: DistributedNoise | None = None) -> Aggregate:
+        """One aggregation over ``link``'s clients (distributed noise is refused at load)."""
+        if noise is not None:
+            raise ProtocolError(_NO_DISTRIBUTED_NOISE)
+        r = _Round(link, self.epoch(link.round))
+        self._keys(r)
+        server_key = r.key(SERVER)
+        if server_key is None:
+            return Aggregate(None, [], r.dropped, "no key set-up reached the server (no client "
+                             "online, or the key holder's message was lost or rejected)")
+        size = sum(int(np.prod(shape)) for shape, _ in template.values())
+        total, included = self._uploads(r, server_key, compute, weights, template, size)
+        if not included:
+            return Aggregate(None, [], r.dropped, "no encrypted update was accepted")
+        summed, reason = self._decrypted(r, total, size)
+        if summed is None:
+            return Aggregate(None, [], r.dropped, reason)
+        scale = self.scales(weights)
+        mean = summed / sum(scale[u] for u in included)
+        return Aggregate(unflatten(mean, template), included, r.dropped)
+
+    # -- phase he_keys --------------------------------------------------------------------------
+
+    def _keys(self, r: _Round) -> None:
+        """Set up this epoch's keys, or hand them to online clients that lack them."""
+        link, server = r.link, r.link.parties[SERVER]
+        online = [c.id for c in link.clients if link.alive(c.id, "he_keys")]
+        if r.key(SERVER) is None:
+            if not online:
+                return
+            holder = online[0]
+            context = new_context(self.params)
+            r.hold(r.client(holder), context)
+            self._send_keys(r, holder, online[1:], public_context(context))
+            return
+        holder = server.memory[_MEMORY]["holder"]
+        missing = [c for c in online if c not in server.memory[_MEMORY]["holders"]]
+        if missing and holder in online and r.key(holder) is not None:
+            self._send_keys(r, holder, missing, None)
+
+    def _send_keys(self, r: _Round, holder: str, recipients: list[str],
+                   public: bytes | None) -> None:
+        """``holder`` uploads the public context (at set-up) and its secret context sealed for
+        ``recipients``; the server keeps the first and relays the second."""
+        link = r.link
+        sealer = SealedStage((link.kind,))
+        fields = {} if public is None else {"public": public}
+        if recipients:
+            fields["sealed"] = sealer.seal(
+                r.client(holder), link.transport.registry,
+                {"context": np.frombuffer(secret_context(r.key(holder)), dtype=np.uint8)},
+                link.kind, link.round, "he_keys", recipients)
+        expected = sorted(fields)
+        data = link.send("he_keys", holder, SERVER, bytes_payload(fields))
+        if data is None:
+            return
+        try:
+            fields = payload_bytes(data, holder)
+            if sorted(fields) != expected:
+                raise MessageError(f"{holder}'s key message has fields {sorted(fields)}, "
+                                   f"expected {expected}")
+            if public is not None:
+                r.hold(link.parties[SERVER], load_context(fields["public"], self.params, False,
+                                                          holder),
+                       holder=holder, holders={holder})
+        except MessageError as err:
+            link.reject("he_keys", holder, str(err))
+            return
+        holders = link.parties[SERVER].memory[_MEMORY]["holders"]
+        for v in recipients:
+            if self._relay_key(r, sealer, fields["sealed"], holder, v):
+                holders.add(v)
+
+    def _relay_key(self, r: _Round, sealer: SealedStage, sealed: bytes, holder: str,
+                   v: str) -> bool:
+        """The server relays v its part of the sealed secret context; v opens and keeps it.
+        Whether v now holds the key."""
+        link = r.link
+        try:
+            part = sealer.relay(sealed, v, holder)
+        except MessageError as err:
+            link.reject("he_keys", holder, str(err))
+            return False
+        data = link.send("he_keys", SERVER, v, part, origin=holder)
+        if data is None:
+            return False
+        try:
+            opened = sealer.open(r.client(v), link.transport.registry, data, link.kind,
+                                 link.round, "he_keys", holder)
+            if sorted(opened) != ["context"] or opened["context"].dtype != np.uint8:
+                raise MessageError(f"{holder}'s sealed key message holds {sorted(opened)}")
+            context = load_context(opened["context"].tobytes(), self.params, True, holder)
+        except (MessageError, ProtocolError) as err:
+            link.reject("he_keys", SERVER, f"{v} rejected the key context of {holder}: {err}",
+                        by=v)
+            return False
+        r.hold(r.client(v), context)
+        return True
+
+    # -- phase upload ---------------------------------------------------------------------------
+
+    def _uploads(self, r: _Round, server_key: ts.Context, compute: Compute,
+                 weights: dict[str, float], template: Template,
+                 size: int) -> tuple[list[ts.CKKSVector] | None, list[str]]:
+        """Every client's encrypted upload, added up by the server: (the sum, who is in it)."""
+        link, scale = r.link, self.scales(weights)
+        limit = self.params.input_limit(len(link.clients))
+        count = self.params.ciphertexts(size)
+        total, included = None, []
+        for client in link.clients:
+            u = client.id
+            if not link.alive(u, "upload"):
+                r.dropped[u] = "offline at phase upload"
+                continue
+            context = r.key(u)
+            if context is None:
+                r.dropped[u] = f"holds no key of key epoch {r.epoch}, so it did not encrypt"
+                continue
+            x = self._scaled_input(r, client, compute, template, scale[u], limit)
+            if x is None:
+                continue
+            data = link.send("upload", u, SERVER,
+                             write_ciphertexts(encrypt(context, x, self.params)))
+            if data is None:
+                r.dropped[u] = "its upload was rejected or never arrived"
+                continue
+            try:
+                vectors = read_ciphertexts(server_key, data, count, self.params, u)
+                total = vectors if total is None else [_add(s, v, u) for s, v in
+                                                       zip(total, vectors, strict=True)]
+            except MessageError as err:
+                link.reject("upload", u, str(err))
+                r.dropped[u] = str(err)
+                continue
+            included.append(u)
+        return total, included
+
+    def _scaled_input(self, r: _Round, client: Client, compute: Compute, template: Template,
+                      scale: float, limit: float) -> np.ndarray | None:
+        """w_u x_u as float64 [d], or None when the client withholds it (a ``rejected`` event
+        of its own, naming the rule, never a value)."""
+        u, link = client.id, r.link
+        payload = compute(client)
+        try:
+            check_payload(u, payload, {name: np.zeros(shape, dtype)
+                                       for name, (shape, dtype) in template.items()})
+            x = scale * flatten(payload, template)
+            if np.abs(x).max(initial=0.0) > limit:
+                raise MessageError(f"a coordinate of {u}'s scaled update exceeds +-{limit:g}, "
+                                   "beyond which the encrypted sum could wrap the modulus")
+        except MessageError as err:
+            link.reject("upload", u, f"withheld its update: {err}", by=u)
+            r.dropped[u] = str(err)
+            return None
+        return x
+
+    # -- phases he_sum and he_decrypted ---------------------------------------------------------
+
+    def _decrypted(self, r: _Round, total: list[ts.CKKSVector],
+                   size: int) -> tuple[np.ndarray | None, str]:
+        """The decryptors' plaintext sum [d] float64, or None and why not."""
+        link = r.link
+        data = write_ciphertexts(total)
+        chosen = [c.id for c in link.clients
+                  if link.alive(c.id, "he_sum") and r.key(c.id) is not None][:self.decryptors]
+        answers: dict[str, np.ndarray] = {}
+        for v in chosen:
+            answer = self._decrypt_as(r, v, data, size)
+            if answer is not None:
+                answers[v] = answer
+        if not answers:
+            return None, (f"no decryptor returned the sum (asked: {', '.join(chosen) or 'none'}"
+                          " online with the key)")
+        first = next(iter(answers.values()))
+        if any(not np.array_equal(a, first) for a in answers.values()):
+            return None, (f"the decryptors {', '.join(answers)} returned different sums; one "
+                          "of them decrypted wrongly or lied")
+        if np.abs(first).max(initial=0.0) > self.params.sum_limit:
+            return None, ("the decrypted sum lies outside the range honest inputs reach: an "
+                          "upload was encrypted under another key or altered")
+        return first, ""
+
+    def _decrypt_as(self, r: _Round, v: str, data: bytes, size: int) -> np.ndarray | None:
+        """Decryptor v receives the summed ciphertexts, decrypts them and returns the sum."""
+        link = r.link
+        received = link.send("he_sum", SERVER, v, data)
+        if received is None:
+            return None
+        context = r.key(v)
+        try:
+            vectors = read_ciphertexts(context, received, self.params.ciphertexts(size),
+                                       self.params, SERVER)
+        except MessageError as err:
+            link.reject("he_sum", SERVER, f"{v} refused the summed ciphertexts: {err}", by=v)
+            return None
+        answer = {"sum": decrypt(context, vectors, size)}
+        reply = link.send("he_decrypted", v, SERVER, serialize_payload(answer))
+        if reply is None:
+            return None
+        try:
+            got = deserialize_payload(reply, v)
+            check_payload(v, got, {"sum": np.zeros(size, np.float64)})
+        except MessageError as err:
+            link.reject("he_decrypted", v, str(err))
+            return None
+        return got["sum"]
+
+
+def _add(total: ts.CKKSVector, vector: ts.CKKSVector, sender: str) -> ts.CKKSVector:
+    """total + vector, or MessageError naming ``sender`` (TenSEAL refuses, say, other scales)."""
+    try:
+        return total + vector
+    except _TENSEAL_ERRORS as err:
+        raise MessageError(f"{sender}'s ciphertext cannot be added to the sum: {err}") from None
