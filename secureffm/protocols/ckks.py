@@ -11,7 +11,8 @@ One aggregation (round ``r``, one message kind) runs these phases:
    public context for the server and the secret-key context sealed end to end for every other
    online client (the ``sealed`` transport: signed by the key holder, one content key wrapped
    per recipient under X25519 with its pinned key; the server cannot read it). The server
-   keeps the public context and relays each recipient its part. A client online later that
+   keeps the public context and relays each recipient its part (phase ``relay``, naming the
+   key holder as ``origin``, as every relayed payload does). A client online later that
    holds no key of the epoch gets one the same way, from the key holder, at its next
    aggregation. Each client keeps its own context in its ``memory``; one of another epoch is
    dropped.
@@ -57,7 +58,7 @@ import tenseal as ts
 
 from ..errors import MessageError, ProtocolError
 from ..federation.channel import Aggregate, Compute, Template
-from ..federation.message import SERVER, deserialize_payload, serialize_payload
+from ..federation.message import RELAY_PHASE, SERVER, deserialize_payload, serialize_payload
 from ..federation.parties import Client, Party
 from ..privacy.settings import DistributedNoise, NoiseGeometry
 from .aggregation import check_payload, flatten, unflatten
@@ -348,7 +349,7 @@ class CKKSStage:
         except MessageError as err:
             link.reject("he_keys", holder, str(err))
             return False
-        data = link.send("he_keys", SERVER, v, part, origin=holder)
+        data = link.send(RELAY_PHASE, SERVER, v, part, origin=holder)
         if data is None:
             return False
         try:
@@ -358,7 +359,7 @@ class CKKSStage:
                 raise MessageError(f"{holder}'s sealed key message holds {sorted(opened)}")
             context = load_context(opened["context"].tobytes(), self.params, True, holder)
         except (MessageError, ProtocolError) as err:
-            link.reject("he_keys", SERVER, f"{v} rejected the key context of {holder}: {err}",
+            link.reject(RELAY_PHASE, SERVER, f"{v} rejected the key context of {holder}: {err}",
                         by=v)
             return False
         r.hold(r.client(v), context)

@@ -180,10 +180,11 @@ def test_the_key_set_up_is_logged_once_per_run_and_every_client_holds_one_key(tm
     xs = updates(3, 20)
     for round_ in (1, 2, 3):
         assert aggregate(channel, round_, xs, dict.fromkeys(xs, 1.0)).payload is not None
-    setup = [r for r in records(tmp_path) if r["phase"] == "he_keys"]
-    assert [(r["round"], r["sender"], r["recipient"], r.get("origin")) for r in setup] == [
-        (1, "client-1", SERVER, None), (1, SERVER, "client-2", "client-1"),
-        (1, SERVER, "client-3", "client-1")]
+    setup = [r for r in records(tmp_path) if r["phase"] in ("he_keys", "relay")]
+    assert [(r["round"], r["phase"], r["sender"], r["recipient"], r.get("origin"))
+            for r in setup] == [
+        (1, "he_keys", "client-1", SERVER, None), (1, "relay", SERVER, "client-2", "client-1"),
+        (1, "relay", SERVER, "client-3", "client-1")]
     assert all(r["stages"] == ["ckks"] for r in setup)
     keys = {_secret_key_bytes(_held(c), tmp_path) for c in channel.clients}
     assert len(keys) == 1  # one shared secret key
@@ -211,18 +212,18 @@ def test_a_client_offline_at_set_up_gets_the_key_when_it_is_back(tmp_path):
     second = aggregate(channel, 2, xs, weights)
     assert second.included == list(xs)
     late = [(r["sender"], r["recipient"]) for r in records(tmp_path)
-            if r["phase"] == "he_keys" and r["round"] == 2]
+            if r["phase"] in ("he_keys", "relay") and r["round"] == 2]
     assert late == [("client-1", SERVER), (SERVER, "client-3")]
 
 
 def test_a_server_that_alters_a_relayed_key_is_refused_by_its_recipient(tmp_path):
-    channel = make_channel(tmp_path, 3, [Fault("corrupt", SERVER, "he_keys", (1,), "client-2")])
+    channel = make_channel(tmp_path, 3, [Fault("corrupt", SERVER, "relay", (1,), "client-2")])
     xs = updates(3, 10)
     result = aggregate(channel, 1, xs, dict.fromkeys(xs, 1.0))
     assert result.included == ["client-1", "client-3"]
     assert "holds no key" in result.dropped["client-2"]
     rejected = [r for r in records(tmp_path) if r.get("event") == "rejected"]
-    assert [(r["sender"], r["phase"]) for r in rejected] == [("client-2", "he_keys")]
+    assert [(r["sender"], r["phase"]) for r in rejected] == [("client-2", "relay")]
 
 
 # -- what reaches the server ---------------------------------------------------------------------
