@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import tomllib
 from collections import Counter
 from contextlib import ExitStack
@@ -49,17 +50,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
 from ..errors import SecureFFMError
-from ..federation.crypto import verify_signature
 from ..federation.log import PARTIES_FILE, PAYLOADS_FILE, canonical, genesis
-from .pin import PartyKeys, RunPin, is_hex, load_parties, pin_of, sha256_hex
+from ..federation.message import UNSIGNED_FIELDS
+from .pin import PartyKeys, RunPin, is_hex, load_parties, pin_of
 from .rules import ProtocolRules
 
-__all__ = ["AuditFinding", "AuditReport", "verify_run", "pin_run", "LOG_FILE"]
+__all__ = ["AuditFinding", "AuditReport", "verify_run", "pin_run", "signed_bytes", "LOG_FILE"]
 
 LOG_FILE = "messages.jsonl"
 
-# Required field -> (type(s), what it must be, in words).
+# Required field -> (type, what it must be, in words). JSON decodes to exact types, so a value
+# has the right one when ``type(value) is`` it (which also keeps a bool from passing as int).
 _FIELDS: dict[str, tuple[type, str]] = {
     "seq": (int, "an integer"),
     "round": (int, "an integer"),
@@ -74,15 +79,22 @@ _FIELDS: dict[str, tuple[type, str]] = {
     "sig": (str, "a string"),
 }
 _EVENT_FIELDS: dict[str, tuple[type, str]] = {
+    **_FIELDS,
     "event": (str, "a string"),
     "party": (str, "a string"),
     "detail": (str, "a string"),
 }
-# Structured fields of particular events.
+# Events with structured fields of their own: event -> every field it needs.
 _EVENT_EXTRA: dict[str, dict[str, tuple[type, str]]] = {
-    "closed": {"records": (int, "an integer"), "chain": (str, "a string")},
-    "aggregated": {"included": (list, "a list"), "of_kind": (str, "a string")},
+    "closed": {**_EVENT_FIELDS, "records": (int, "an integer"), "chain": (str, "a string")},
+    "aggregated": {**_EVENT_FIELDS, "included": (list, "a list"), "of_kind": (str, "a string")},
 }
+_ENCODE = json.JSONEncoder(sort_keys=True, separators=(",", ":")).encode  # the exact form
+_DECODE = json.JSONDecoder().decode
+# An unsigned field as the exact form writes it after the first field: a comma, the key, and a
+# non-negative integer or a lowercase hex string (all that _check_fields lets these fields be).
+_UNSIGNED_ITEM = re.compile(rb',"(?:%s)":(?:[0-9]+|"[0-9a-f]*")' % b"|".join(
+    re.escape(name.encode()) for name in sorted(UNSIGNED_FIELDS)))
 _CHAIN_HINT = "(a record was deleted, inserted, reordered or edited)"
 _SCOPE = {
     (): ("integrity against accidental damage only: anyone who can write the run folder can "
@@ -162,28 +174,28 @@ class AuditReport:
         return "\n".join(out)
 
 
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
+def _shape(record: dict) -> dict[str, tuple[type, str]]:
+    """The fields ``record`` needs, by its kind and event."""
+    if record.get("kind") != "event":
+        return _FIELDS
+    event = record.get("event")
+    return _EVENT_EXTRA.get(event, _EVENT_FIELDS) if type(event) is str else _EVENT_FIELDS
 
 
 def _check_fields(record: Any, line: int) -> str | None:
     """None when ``record`` has every required field with the right type, else the problem."""
-    if not isinstance(record, dict):
+    if type(record) is not dict:
         return f"line {line} is not a JSON object"
-    fields = dict(_FIELDS)
-    if record.get("kind") == "event":
-        fields.update(_EVENT_FIELDS)
-        fields.update(_EVENT_EXTRA.get(record.get("event"), {}))
-    missing = [name for name in fields if name not in record]
-    if missing:
+    fields = _shape(record)
+    if not fields.keys() <= record.keys():
+        missing = [name for name in fields if name not in record]
         return f"line {line}: record is missing field(s) {', '.join(map(repr, missing))}"
     for name, (kind, words) in fields.items():
-        value = record[name]
-        if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
-            return f"line {line}: field {name!r} must be {words}, got {value!r}"
-    if "included" in fields and not all(isinstance(c, str) for c in record["included"]):
+        if type(record[name]) is not kind:
+            return f"line {line}: field {name!r} must be {words}, got {record[name]!r}"
+    if "included" in fields and not all(type(c) is str for c in record["included"]):
         return f"line {line}: field 'included' must list client ids (strings)"
-    if "offset" in record and not (_is_int(record["offset"]) and record["offset"] >= 0):
+    if "offset" in record and not (type(record["offset"]) is int and record["offset"] >= 0):
         return f"line {line}: field 'offset' must be a non-negative integer"
     if record["bytes"] < 0:
         return f"line {line}: field 'bytes' must be non-negative"
@@ -191,6 +203,24 @@ def _check_fields(record: Any, line: int) -> str | None:
         if not is_hex(record[name], length):
             return f"line {line}: field {name!r} is not {length} lowercase hex digits"
     return None
+
+
+def signed_bytes(line: bytes, record: dict) -> bytes:
+    """What the signer of ``record`` signed, :func:`~secureffm.federation.log.canonical` of it,
+    cut out of ``line``: the record in the log's exact form, whose fields passed the audit's
+    checks (the unsigned ones are non-negative integers and lowercase hex strings, and the first
+    field, ``bytes``, is signed).
+
+    The exact form is sorted-key compact JSON, so the signed form is the line less each unsigned
+    field's ``,"name":value``. Outside a string, ``,"`` starts a key or a list item, and ``":``
+    after it makes it a key; inside a string every quote is escaped. With no object nested in
+    the record (no ``{`` after the first byte) every key is the record's own, so each match is
+    one unsigned field. A line with a nested object, which the writer never produces, is
+    serialized again instead.
+    """
+    if line.find(b"{", 1) >= 0:
+        return canonical(record)
+    return _UNSIGNED_ITEM.sub(b"", line)
 
 
 def _closing_chain(record: dict) -> str | None:
@@ -201,43 +231,60 @@ def _closing_chain(record: dict) -> str | None:
     return None
 
 
+def _public_key(raw: bytes) -> Ed25519PublicKey | None:
+    """The Ed25519 key of 32 raw bytes, None when they are not one (its signatures all fail)."""
+    try:
+        return Ed25519PublicKey.from_public_bytes(raw)
+    except ValueError:
+        return None
+
+
 class _Walk:
-    """State while reading one log front to back: the previous line's hash, the payload file,
-    whether message records carry offsets, and the protocol rules."""
+    """State while reading one log front to back: the previous line's hash, the parties'
+    verification keys (each built once), the payload file, whether message records carry
+    offsets, and the protocol rules."""
 
     def __init__(self, parties: dict[str, PartyKeys], parties_text: bytes,
                  payloads: BinaryIO | None):
-        self.parties = parties
+        self.keys = {party: _public_key(keys.sign) for party, keys in parties.items()}
         self.payloads = payloads
         self.prev = genesis(parties_text)
         self.offsets: bool | None = None  # message records carry offsets (None: none seen)
         self.rules = ProtocolRules(parties)
 
     def line(self, index: int, text: bytes) -> tuple[Any, AuditFinding | None]:
-        """Line ``index`` (0-based) parsed, and its first problem."""
+        """Line ``index`` (0-based, without its newline) parsed, and its first problem."""
         line = index + 1
+        unreadable = (f"line {line} is JSON that no record holds (a number too long or lists "
+                      "nested too deep to read)")
         try:
-            record = json.loads(text)
+            string = text.decode()
+            record = _DECODE(string)
         except (UnicodeDecodeError, json.JSONDecodeError):
             return None, AuditFinding(None, line, f"line {line} is not valid JSON")
-        seq = record.get("seq") if isinstance(record, dict) else None
-        seq = seq if _is_int(seq) else None
-        problem = self._record(record, index, text)
+        except (ValueError, RecursionError):
+            return None, AuditFinding(None, line, unreadable)
+        seq = record.get("seq") if type(record) is dict else None
+        seq = seq if type(seq) is int else None
+        try:
+            problem = self._record(record, index, text, string)
+        except RecursionError:  # encoding the exact form again nests deeper than decoding did
+            problem = unreadable
         if problem is None:
-            self.prev = sha256_hex(text)
+            self.prev = hashlib.sha256(text).hexdigest()
         return record, None if problem is None else AuditFinding(seq, line, problem)
 
-    def _record(self, record: Any, index: int, text: bytes) -> str | None:
-        problem = (_check_fields(record, index + 1) or self._chain(record, index, text)
-                   or self._signature(record) or _closing_chain(record))
+    def _record(self, record: Any, index: int, text: bytes, string: str) -> str | None:
+        problem = (_check_fields(record, index + 1) or self._chain(record, index, string)
+                   or self._signature(record, text) or _closing_chain(record))
         if problem:
             return problem
         payload, problem = self._payload(record)
         return problem or self.rules.check(record, payload)
 
-    def _chain(self, record: dict, index: int, text: bytes) -> str | None:
+    def _chain(self, record: dict, index: int, string: str) -> str | None:
         line, seq = index + 1, record["seq"]
-        if text != json.dumps(record, sort_keys=True, separators=(",", ":")).encode():
+        if string != _ENCODE(record):
             return (f"line {line} is not in the log's exact form (sorted keys, compact JSON): "
                     "it was rewritten after signing")
         if seq != index:
@@ -249,12 +296,17 @@ class _Walk:
             return f"line {line}: chain broken: prev does not match {what} {_CHAIN_HINT}"
         return None
 
-    def _signature(self, record: dict) -> str | None:
+    def _signature(self, record: dict, text: bytes) -> str | None:
+        """The sender's signature of the record's content, ``text`` being its exact line."""
         seq, sender = record["seq"], record["sender"]
-        if sender not in self.parties:
+        if sender not in self.keys:
             return f"record {seq}: sender {sender!r} is not in {PARTIES_FILE}"
-        if not verify_signature(self.parties[sender].sign, bytes.fromhex(record["sig"]),
-                                canonical(record)):
+        key = self.keys[sender]
+        try:
+            if key is None:
+                raise InvalidSignature
+            key.verify(bytes.fromhex(record["sig"]), signed_bytes(text, record))
+        except InvalidSignature:
             return (f"record {seq}: signature does not verify with {sender}'s key (a signed "
                     "field was edited, or another key signed it)")
         return None
