@@ -47,6 +47,7 @@ import tomllib
 from collections import Counter
 from contextlib import ExitStack
 from dataclasses import dataclass, field
+from operator import itemgetter
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -63,8 +64,19 @@ __all__ = ["AuditFinding", "AuditReport", "verify_run", "pin_run", "signed_bytes
 
 LOG_FILE = "messages.jsonl"
 
-# Required field -> (type, what it must be, in words). JSON decodes to exact types, so a value
-# has the right one when ``type(value) is`` it (which also keeps a bool from passing as int).
+
+
+class _Shape:
+    """The fields one kind of record needs: name -> (type, what it must be, in words). JSON
+    decodes to exact types, so a value has the right one when ``type(value) is`` it (which
+    also keeps a bool from passing as an integer); ``values`` reads them all in one call."""
+
+    def __init__(self, fields: dict[str, tuple[type, str]]):
+        self.fields = fields
+        self.values = itemgetter(*fields)
+        self.types = [kind for kind, _ in fields.values()]
+
+
 _FIELDS: dict[str, tuple[type, str]] = {
     "seq": (int, "an integer"),
     "round": (int, "an integer"),
@@ -78,19 +90,21 @@ _FIELDS: dict[str, tuple[type, str]] = {
     "prev": (str, "a string"),
     "sig": (str, "a string"),
 }
-_EVENT_FIELDS: dict[str, tuple[type, str]] = {
-    **_FIELDS,
-    "event": (str, "a string"),
-    "party": (str, "a string"),
-    "detail": (str, "a string"),
+_EVENT_FIELDS = {**_FIELDS, "event": (str, "a string"), "party": (str, "a string"),
+                 "detail": (str, "a string")}
+_MESSAGE = _Shape(_FIELDS)
+_EVENT = _Shape(_EVENT_FIELDS)
+# Events with structured fields of their own.
+_EVENTS = {
+    "closed": _Shape({**_EVENT_FIELDS, "records": (int, "an integer"),
+                      "chain": (str, "a string")}),
+    "aggregated": _Shape({**_EVENT_FIELDS, "included": (list, "a list"),
+                          "of_kind": (str, "a string")}),
 }
-# Events with structured fields of their own: event -> every field it needs.
-_EVENT_EXTRA: dict[str, dict[str, tuple[type, str]]] = {
-    "closed": {**_EVENT_FIELDS, "records": (int, "an integer"), "chain": (str, "a string")},
-    "aggregated": {**_EVENT_FIELDS, "included": (list, "a list"), "of_kind": (str, "a string")},
-}
+_HEX = re.compile("[0-9a-f]*")
 _ENCODE = json.JSONEncoder(sort_keys=True, separators=(",", ":")).encode  # the exact form
 _DECODE = json.JSONDecoder().decode
+_RAW_DECODE = json.JSONDecoder().raw_decode
 # An unsigned field as the exact form writes it after the first field: a comma, the key, and a
 # non-negative integer or a lowercase hex string (all that _check_fields lets these fields be).
 _UNSIGNED_ITEM = re.compile(rb',"(?:%s)":(?:[0-9]+|"[0-9a-f]*")' % b"|".join(
@@ -174,34 +188,40 @@ class AuditReport:
         return "\n".join(out)
 
 
-def _shape(record: dict) -> dict[str, tuple[type, str]]:
+def _shape(record: dict) -> _Shape:
     """The fields ``record`` needs, by its kind and event."""
     if record.get("kind") != "event":
-        return _FIELDS
+        return _MESSAGE
     event = record.get("event")
-    return _EVENT_EXTRA.get(event, _EVENT_FIELDS) if type(event) is str else _EVENT_FIELDS
+    return _EVENTS.get(event, _EVENT) if type(event) is str else _EVENT
 
 
 def _check_fields(record: Any, line: int) -> str | None:
     """None when ``record`` has every required field with the right type, else the problem."""
     if type(record) is not dict:
         return f"line {line} is not a JSON object"
-    fields = _shape(record)
-    if not fields.keys() <= record.keys():
-        missing = [name for name in fields if name not in record]
+    shape = _shape(record)
+    try:
+        values = shape.values(record)
+    except KeyError:
+        missing = [name for name in shape.fields if name not in record]
         return f"line {line}: record is missing field(s) {', '.join(map(repr, missing))}"
-    for name, (kind, words) in fields.items():
-        if type(record[name]) is not kind:
-            return f"line {line}: field {name!r} must be {words}, got {record[name]!r}"
-    if "included" in fields and not all(type(c) is str for c in record["included"]):
+    if list(map(type, values)) != shape.types:  # one pass; else name the first wrong field
+        for name, (kind, words) in shape.fields.items():
+            if type(record[name]) is not kind:
+                return f"line {line}: field {name!r} must be {words}, got {record[name]!r}"
+    if "included" in shape.fields and not all(type(c) is str for c in record["included"]):
         return f"line {line}: field 'included' must list client ids (strings)"
     if "offset" in record and not (type(record["offset"]) is int and record["offset"] >= 0):
         return f"line {line}: field 'offset' must be a non-negative integer"
     if record["bytes"] < 0:
         return f"line {line}: field 'bytes' must be non-negative"
-    for name, length in (("sha256", 64), ("prev", 64), ("sig", 128)):
-        if not is_hex(record[name], length):
-            return f"line {line}: field {name!r} is not {length} lowercase hex digits"
+    digest, prev, sig = record["sha256"], record["prev"], record["sig"]
+    if not (len(digest) == len(prev) == 64 and len(sig) == 128
+            and _HEX.fullmatch(digest + prev + sig)):  # one pass; else name the bad field
+        for name, length in (("sha256", 64), ("prev", 64), ("sig", 128)):
+            if not is_hex(record[name], length):
+                return f"line {line}: field {name!r} is not {length} lowercase hex digits"
     return None
 
 
@@ -221,6 +241,23 @@ def signed_bytes(line: bytes, record: dict) -> bytes:
     if line.find(b"{", 1) >= 0:
         return canonical(record)
     return _UNSIGNED_ITEM.sub(b"", line)
+
+
+def _parse(string: str) -> Any:
+    """The JSON value of ``string``, read in one call when nothing surrounds it (as in the
+    exact form); otherwise by the decoder that skips whitespace and names what is wrong."""
+    try:
+        value, end = _RAW_DECODE(string)
+        if end == len(string):
+            return value
+    except json.JSONDecodeError:
+        pass
+    return _DECODE(string)
+
+
+def _unreadable(line: int) -> str:
+    return (f"line {line} is JSON that no record holds (a number too long or lists nested too "
+            "deep to read)")
 
 
 def _closing_chain(record: dict) -> str | None:
@@ -255,24 +292,22 @@ class _Walk:
     def line(self, index: int, text: bytes) -> tuple[Any, AuditFinding | None]:
         """Line ``index`` (0-based, without its newline) parsed, and its first problem."""
         line = index + 1
-        unreadable = (f"line {line} is JSON that no record holds (a number too long or lists "
-                      "nested too deep to read)")
         try:
             string = text.decode()
-            record = _DECODE(string)
+            record = _parse(string)
         except (UnicodeDecodeError, json.JSONDecodeError):
             return None, AuditFinding(None, line, f"line {line} is not valid JSON")
         except (ValueError, RecursionError):
-            return None, AuditFinding(None, line, unreadable)
-        seq = record.get("seq") if type(record) is dict else None
-        seq = seq if type(seq) is int else None
+            return None, AuditFinding(None, line, _unreadable(line))
         try:
             problem = self._record(record, index, text, string)
         except RecursionError:  # encoding the exact form again nests deeper than decoding did
-            problem = unreadable
+            problem = _unreadable(line)
         if problem is None:
             self.prev = hashlib.sha256(text).hexdigest()
-        return record, None if problem is None else AuditFinding(seq, line, problem)
+            return record, None
+        seq = record.get("seq") if type(record) is dict else None
+        return record, AuditFinding(seq if type(seq) is int else None, line, problem)
 
     def _record(self, record: Any, index: int, text: bytes, string: str) -> str | None:
         problem = (_check_fields(record, index + 1) or self._chain(record, index, string)
