@@ -36,6 +36,16 @@ A deleted, inserted or reordered line shows up as the first seq mismatch or brok
 (or, when the editor rewrote seq and prev after it, as the closing record's chain mismatch); an
 edited field as a signature failure; replaced keys as a broken first link (its ``prev`` is the
 sha256 of parties.json); lines cut off the end by the missing closing record.
+
+Speed (``benchmarks/audit.py``, docs/benchmarks.md): the log is streamed in batches of
+:data:`BATCH` lines. Each line is decoded once, encoded once (the exact-form check) and hashed
+once (the chain); the signed bytes are cut out of the line (:func:`signed_bytes`) rather than
+serialized again, and each party's Ed25519 key is built once. A batch's signatures are then
+verified back to back (cryptography has no batch verification; a loop of bare ``verify`` calls
+is the floor the benchmark compares with), and its records' payloads and protocol rules checked
+last, in log order; each pass stops at the first problem, so the first bad record is named as
+when each record is checked in full before the next (tests/audit/test_verify.py compares every
+batch size with batches of one line).
 """
 
 from __future__ import annotations
@@ -47,6 +57,7 @@ import tomllib
 from collections import Counter
 from contextlib import ExitStack
 from dataclasses import dataclass, field
+from itertools import islice
 from operator import itemgetter
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -276,21 +287,85 @@ def _public_key(raw: bytes) -> Ed25519PublicKey | None:
         return None
 
 
+# Lines whose signatures are verified together, after their form and chain are read and before
+# their payloads and rules are checked (see _Walk.batch).
+BATCH = 256
+
+_Signed = tuple[Ed25519PublicKey | None, bytes, bytes]  # key (None: not a key), signature, message
+
+
+def _first_forged(signed: list[_Signed]) -> int:
+    """The index of the first signature that does not verify; ``len(signed)`` when all do."""
+    for index, (key, signature, message) in enumerate(signed):
+        if key is None:
+            return index
+        try:
+            key.verify(signature, message)
+        except InvalidSignature:
+            return index
+    return len(signed)
+
+
 class _Walk:
     """State while reading one log front to back: the previous line's hash, the parties'
     verification keys (each built once), the payload file, whether message records carry
-    offsets, and the protocol rules."""
+    offsets, the protocol rules, and what verified so far: ``records``, ``payloads`` checked,
+    ``kinds`` and ``events`` counted, the 1-based line of the closing record and the head."""
 
     def __init__(self, parties: dict[str, PartyKeys], parties_text: bytes,
                  payloads: BinaryIO | None):
         self.keys = {party: _public_key(keys.sign) for party, keys in parties.items()}
-        self.payloads = payloads
+        self.payload_file = payloads
         self.prev = genesis(parties_text)
         self.offsets: bool | None = None  # message records carry offsets (None: none seen)
         self.rules = ProtocolRules(parties)
+        self.records = self.payloads = 0
+        self.kinds: Counter[str] = Counter()
+        self.events: Counter[str] = Counter()
+        self.closed_at: int | None = None
+        self.head: str | None = None
 
-    def line(self, index: int, text: bytes) -> tuple[Any, AuditFinding | None]:
-        """Line ``index`` (0-based, without its newline) parsed, and its first problem."""
+    def batch(self, start: int, texts: list[bytes]) -> AuditFinding | None:
+        """Check lines ``start``, ``start + 1``, ... (0-based, without their newlines) and count
+        the records that pass; the first problem in log order, or None.
+
+        Three passes: each line's form, place in the chain and sender; the signatures, back to
+        back (the verification code stays in the CPU's caches: about 5% faster than one record
+        at a time); then each record's closing chain, payload and protocol rules. A record's
+        checks run in the same order as one at a time, and each pass runs only over the records
+        before the earlier passes' first problem, so the first problem found is the same.
+        """
+        if self.closed_at is not None and texts:
+            return _after_close(start + 1, self.closed_at)
+        read: list[tuple[dict, str]] = []  # record, sha256 of its line
+        signed: list[_Signed] = []
+        first = None
+        for offset, text in enumerate(texts):
+            record, first = self._read(start + offset, text)
+            if first is not None:
+                break
+            read.append((record, self.prev))
+            signed.append((self.keys[record["sender"]], bytes.fromhex(record["sig"]),
+                           signed_bytes(text, record)))
+        forged = _first_forged(signed)
+        if forged < len(read):
+            record = read[forged][0]
+            first = AuditFinding(record["seq"], start + forged + 1, (
+                f"record {record['seq']}: signature does not verify with {record['sender']}'s "
+                "key (a signed field was edited, or another key signed it)"))
+            del read[forged:]
+        for offset, (record, digest) in enumerate(read):
+            line = start + offset + 1
+            problem = self._admit(record, line, digest)
+            if problem is not None:
+                return AuditFinding(record["seq"], line, problem)
+            if self.closed_at is not None and offset + 1 < len(texts):
+                return _after_close(line + 1, line)
+        return first
+
+    def _read(self, index: int, text: bytes) -> tuple[Any, AuditFinding | None]:
+        """Line ``index`` parsed, and the first problem of its form, its place in the chain or
+        its sender; the chain moves past the line when there is none."""
         line = index + 1
         try:
             string = text.decode()
@@ -300,7 +375,8 @@ class _Walk:
         except (ValueError, RecursionError):
             return None, AuditFinding(None, line, _unreadable(line))
         try:
-            problem = self._record(record, index, text, string)
+            problem = (_check_fields(record, line) or self._chain(record, index, string)
+                       or self._sender(record))
         except RecursionError:  # encoding the exact form again nests deeper than decoding did
             problem = _unreadable(line)
         if problem is None:
@@ -308,14 +384,6 @@ class _Walk:
             return record, None
         seq = record.get("seq") if type(record) is dict else None
         return record, AuditFinding(seq if type(seq) is int else None, line, problem)
-
-    def _record(self, record: Any, index: int, text: bytes, string: str) -> str | None:
-        problem = (_check_fields(record, index + 1) or self._chain(record, index, string)
-                   or self._signature(record, text) or _closing_chain(record))
-        if problem:
-            return problem
-        payload, problem = self._payload(record)
-        return problem or self.rules.check(record, payload)
 
     def _chain(self, record: dict, index: int, string: str) -> str | None:
         line, seq = index + 1, record["seq"]
@@ -331,19 +399,29 @@ class _Walk:
             return f"line {line}: chain broken: prev does not match {what} {_CHAIN_HINT}"
         return None
 
-    def _signature(self, record: dict, text: bytes) -> str | None:
-        """The sender's signature of the record's content, ``text`` being its exact line."""
-        seq, sender = record["seq"], record["sender"]
-        if sender not in self.keys:
-            return f"record {seq}: sender {sender!r} is not in {PARTIES_FILE}"
-        key = self.keys[sender]
-        try:
-            if key is None:
-                raise InvalidSignature
-            key.verify(bytes.fromhex(record["sig"]), signed_bytes(text, record))
-        except InvalidSignature:
-            return (f"record {seq}: signature does not verify with {sender}'s key (a signed "
-                    "field was edited, or another key signed it)")
+    def _sender(self, record: dict) -> str | None:
+        if record["sender"] not in self.keys:
+            return f"record {record['seq']}: sender {record['sender']!r} is not in {PARTIES_FILE}"
+        return None
+
+    def _admit(self, record: dict, line: int, digest: str) -> str | None:
+        """The first problem of a signed record's closing chain, payload or protocol rules;
+        when none, count it (``digest``: the sha256 of its line, the head if it closes)."""
+        problem = _closing_chain(record)
+        if problem is not None:
+            return problem
+        payload, problem = self._payload(record)
+        problem = problem or self.rules.check(record, payload)
+        if problem is not None:
+            return problem
+        if record["kind"] == "event":
+            self.events[record["event"]] += 1
+            if record["event"] == "closed":
+                self.closed_at, self.head = line, digest
+        else:
+            self.kinds[record["kind"]] += 1
+        self.payloads += "offset" in record
+        self.records += 1
         return None
 
     def _payload(self, record: dict) -> tuple[bytes | None, str | None]:
@@ -359,17 +437,22 @@ class _Walk:
             self.offsets = has
         if "offset" not in record:
             return None, None
-        if self.payloads is None:
+        if self.payload_file is None:
             return None, (f"record {seq} has a payload offset but {PAYLOADS_FILE} is missing: "
                           "the payloads were deleted, so no payload can be checked")
-        self.payloads.seek(record["offset"])
-        data = self.payloads.read(record["bytes"])
+        self.payload_file.seek(record["offset"])
+        data = self.payload_file.read(record["bytes"])
         if len(data) != record["bytes"]:
             return None, (f"record {seq}: {PAYLOADS_FILE} ends before its payload "
                           f"({record['bytes']} bytes at offset {record['offset']})")
         if hashlib.sha256(data).hexdigest() != record["sha256"]:
             return None, f"record {seq}: payload in {PAYLOADS_FILE} does not match its sha256"
         return data, None
+
+
+def _after_close(line: int, closed_at: int) -> AuditFinding:
+    return AuditFinding(None, line, f"line {line} comes after the closing record (line "
+                        f"{closed_at})")
 
 
 def verify_run(run_dir: str | Path, pin: RunPin | None = None) -> AuditReport:
@@ -386,49 +469,32 @@ def verify_run(run_dir: str | Path, pin: RunPin | None = None) -> AuditReport:
     if not log_path.is_file():
         raise SecureFFMError(f"{log_path} is missing: is {run_dir} a run folder?")
     payload_path = run_dir / PAYLOADS_FILE
-    kinds: Counter[str] = Counter()
-    events: Counter[str] = Counter()
-    checked = verified = lines = 0
+    lines = 0
     differs = pin.key_differences(parties, parties_text)
     finding = None if differs is None else AuditFinding(
         None, None, f"{PARTIES_FILE} differs from the pinned parties: {differs} (a log signed "
         "under other keys than the pinned ones proves nothing about the run)")
-    closed_at = head = None
     with ExitStack() as stack:
         log = stack.enter_context(log_path.open("rb"))
         payloads = stack.enter_context(payload_path.open("rb")) if payload_path.is_file() else None
         walk = _Walk(parties, parties_text, payloads)
-        for index, raw in enumerate(log):
-            lines += 1
-            if finding is not None:
-                continue  # only count the remaining lines
-            text = raw[:-1] if raw.endswith(b"\n") else raw
-            if closed_at is not None:
-                finding = AuditFinding(None, index + 1, f"line {index + 1} comes after the "
-                                       f"closing record (line {closed_at})")
-                continue
-            record, finding = walk.line(index, text)
-            if finding is not None:
-                continue
-            if record["kind"] == "event":
-                events[record["event"]] += 1
-                if record["event"] == "closed":
-                    closed_at, head = index + 1, walk.prev
-            else:
-                kinds[record["kind"]] += 1
-            checked += "offset" in record
-            verified += 1
-    if finding is None and closed_at is None:
+        while finding is None and (texts := [raw.removesuffix(b"\n")
+                                             for raw in islice(log, BATCH)]):
+            finding = walk.batch(lines, texts)
+            lines += len(texts)
+        lines += sum(1 for _ in log)  # after a problem, the remaining lines are only counted
+    if finding is None and walk.closed_at is None:
         finding = AuditFinding(None, lines, f"the log ends at line {lines} without its signed "
                                "closing record: it was cut short, or the run never finished")
-    if finding is None and pin.head is not None and head != pin.head:
-        finding = AuditFinding(None, None, f"the log's head {head} differs from the pinned head "
-                               f"{pin.head}: the log was rebuilt or changed after it was pinned")
+    if finding is None and pin.head is not None and walk.head != pin.head:
+        finding = AuditFinding(None, None, f"the log's head {walk.head} differs from the pinned "
+                               f"head {pin.head}: the log was rebuilt or changed after it was "
+                               "pinned")
     pinned = tuple(name for name, value in (("keys", pin.fingerprints), ("head", pin.head))
                    if value is not None)
-    return AuditReport(ok=finding is None, records=verified, first_bad=finding,
-                       events=dict(events), kinds=dict(kinds), payloads=checked, lines=lines,
-                       head=head if finding is None else None, pinned=pinned,
+    return AuditReport(ok=finding is None, records=walk.records, first_bad=finding,
+                       events=dict(walk.events), kinds=dict(walk.kinds), payloads=walk.payloads,
+                       lines=lines, head=walk.head if finding is None else None, pinned=pinned,
                        checks=walk.rules.status(), randomness=_randomness(run_dir))
 
 

@@ -7,6 +7,7 @@ import hashlib
 import json
 import shutil
 import sys
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,6 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from secureffm.audit import AuditReport, verify_run
+from secureffm.audit import verify as verify_module
 from secureffm.audit.pin import RunPin, pin_of
 from secureffm.audit.verify import signed_bytes
 from secureffm.cli import main as cli_main
@@ -662,3 +664,67 @@ def test_an_event_field_of_another_type_is_named(run, change, problem):
     lines[event] = dump(json.loads(lines[event]) | change)
     run.write(lines)
     assert_first_bad(verify_run(run.path), event, event + 1, problem)
+
+
+# -- signatures verified in batches: the same first problem as one record at a time -----------
+
+
+def _tamper(run: Run, how: str, k: int) -> None:
+    """One edit of line ``k`` (or of what it points at) that a given pass of the audit sees."""
+    lines = run.lines()
+    record = json.loads(lines[k])
+    if how == "unsigned edit":  # signature pass
+        lines[k] = dump(record | {"round": record["round"] + 7})
+    elif how == "not json":  # reading pass
+        lines[k] = "not json{"
+    elif how == "unknown sender":  # reading pass, after the chain
+        lines[k] = dump(resign(record | {"sender": "client-99"}, Identity()))
+    elif how == "rule":  # last pass: re-signed by its sender, so only the rules see it
+        lines[k] = dump(resign(record | {"recipient": "client-99"}, run.keys[record["sender"]]))
+    elif how == "payload" and "offset" in record:  # last pass
+        with (run.path / "payloads.bin").open("r+b") as payloads:
+            payloads.seek(record["offset"])
+            payloads.write(bytes([payloads.read(1)[0] ^ 1]))
+    elif how == "after close":
+        lines.append(lines[k])
+    run.write(lines)
+
+
+def _verdict(report: AuditReport) -> tuple:
+    return (report.ok, report.first_bad, report.records, report.lines, report.payloads,
+            report.events, report.kinds, report.head, report.checks)
+
+
+HOWS = ["unsigned edit", "not json", "unknown sender", "rule", "payload", "after close"]
+
+
+@given(st.lists(st.tuples(st.sampled_from(HOWS), st.integers(0, 62)), min_size=1, max_size=3,
+                unique_by=lambda edit: edit[1]))
+@settings(max_examples=40, deadline=None)
+def test_batches_of_any_size_find_the_first_problem_of_one_record_at_a_time(runs, edits):
+    """Edits that each pass sees (reading, signatures, payloads and rules) at up to three places,
+    in any order: every batch size gives the verdict of batches of one line, which run a
+    record's checks in the documented order before reading the next."""
+    with tempfile.TemporaryDirectory() as tmp:
+        run = runs["secagg"].copy(Path(tmp) / "run")
+        for how, k in edits:
+            _tamper(run, how, k)
+        verdicts = {}
+        for size in (1, 2, 3, 7, 64, verify_module.BATCH):
+            with pytest.MonkeyPatch.context() as patch:
+                patch.setattr(verify_module, "BATCH", size)
+                verdicts[size] = _verdict(verify_run(run.path))
+        assert all(verdict == verdicts[1] for verdict in verdicts.values()), verdicts
+
+
+@pytest.mark.parametrize("size", [1, 5, 62, 63])
+def test_a_forged_record_at_a_batch_edge_is_named(run, monkeypatch, size):
+    """The last record of a batch, the first of the next, and the closing record."""
+    monkeypatch.setattr(verify_module, "BATCH", size)
+    lines = run.lines()
+    for k in sorted({size - 1, size % len(lines), len(lines) - 1}):
+        forged = run.copy(run.path.parent / f"forged-{k}")
+        forged.write(lines[:k] + [dump(json.loads(lines[k]) | {"bytes": 7})] + lines[k + 1:])
+        assert_first_bad(verify_run(forged.path), k, k + 1, "signature does not verify")
+    run.write(lines + [lines[3]])
+    assert_first_bad(verify_run(run.path), None, 64, "comes after the closing record (line 63)")
