@@ -18,8 +18,9 @@ and system time, so reading the files counts and waiting for a busy CPU does not
 pinned to one CPU (``os.sched_setaffinity``) where the platform allows. Raw loops and audits
 alternate ``--repeats`` times; each rate is a median, the ratio is the audit's over the raw one,
 and "other work" is what an audit spends per record besides the raw verification
-(1/audit - 1/raw). Then one audit runs under cProfile: its table lists the functions with the
-most time of their own, per record.
+(1/audit - 1/raw). Then one audit runs under cProfile (its default wall-clock timer: a CPU timer
+costs a system call per event, which inflated small functions more than load does): its table
+lists the functions with the most time of their own, per record.
 
 Progress goes to stderr, the tables (markdown) to stdout and, with ``--out``, between the
 ``<!-- audit:begin -->`` and ``<!-- audit:end -->`` markers of that file. ``--smoke`` writes two
@@ -162,8 +163,9 @@ def profile(run_dir: Path) -> str:
     rows = sorted(stats.stats.items(), key=lambda item: -item[1][2])[:PROFILE_ROWS]
     table = [[_function(func), f"{calls:,}", f"{own * 1e6 / report.records:.1f}",
               f"{own / total:.0%}"] for func, (_, calls, own, _, _) in rows]
-    return (f"One audit of {report.records:,} records under cProfile: {total:.2f} s in all "
-            f"(profiling adds its own cost to each call).\n\n"
+    return (f"One audit of {report.records:,} records under cProfile: {total:.2f} s in all, wall "
+            "clock (profiling adds its own cost to each call, and a busy CPU to every function "
+            "alike: compare shares).\n\n"
             + _table(["function", "calls", "us per record (own)", "share"], table))
 
 
