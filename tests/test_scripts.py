@@ -114,8 +114,9 @@ def _rows(text: str, first_cell: str) -> list[list[str]]:
 
 
 def test_every_script_has_a_smoke_test():
-    tested = {"benchmarks/dp.py", "benchmarks/fedwad.py", "benchmarks/he.py",
-              "benchmarks/secagg.py", "experiments/dcfm_2d.py", "experiments/dcfm_digits.py",
+    tested = {"benchmarks/audit.py", "benchmarks/dp.py", "benchmarks/fedwad.py",
+              "benchmarks/he.py", "benchmarks/secagg.py",
+              "experiments/dcfm_2d.py", "experiments/dcfm_digits.py",
               "experiments/distributed_noise_gain.py", "experiments/fedwad_clustering.py",
               "experiments/fedwad_coreset.py", "experiments/ffm_2d.py",
               "experiments/secagg_vs_plaintext.py", "experiments/sweep_privacy_utility.py"}
@@ -128,6 +129,24 @@ def test_experiment_config_loads(config):
 
 
 # -- benchmarks/ ----------------------------------------------------------------------------
+
+
+def test_audit_benchmark(run_script, tmp_path):
+    out = tmp_path / "benchmarks.md"
+    result = run_script("benchmarks/audit.py", "--smoke", "--out", str(out)).check()
+    records = {}
+    for kept in ("not kept", "kept"):
+        [row] = _rows(result.stdout, f"GOT, dp-secagg, 3 rounds, payloads {kept}")
+        records[kept], payloads = int(row[1]), int(row[2])
+        assert records[kept] > 60 and (0 < payloads < records[kept]) == (kept == "kept")
+        assert float(row[3].replace(",", "")) > 0 and float(row[5]) > 0
+    profile = _section(result.stdout, "### Where an audit's time goes")  # of the last log
+    assert f"`Ed25519PublicKey.verify` | {records['kept']} |" in profile
+    assert _block(out, "audit") == result.stdout.rstrip("\n")
+    old_log = ROOT / "tests" / "fixtures" / "audit_log"  # --log: a finished run folder
+    result = run_script("benchmarks/audit.py", "--log", str(old_log), "--repeats", "1").check()
+    [row] = _rows(result.stdout, str(old_log))
+    assert row[1:3] == ["60", "55"]
 
 
 def test_secagg_benchmark(tmp_path):

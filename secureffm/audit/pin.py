@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,7 +25,7 @@ from ..errors import SecureFFMError
 __all__ = ["PartyKeys", "RunPin", "parse_parties", "load_parties", "load_pin", "pin_of",
            "sha256_hex", "is_hex"]
 
-_HEX = frozenset("0123456789abcdef")
+_HEX = re.compile("[0-9a-f]*")
 _PIN_FIELDS = {"head", "parties_sha256", "fingerprints"}
 
 
@@ -34,7 +35,7 @@ def sha256_hex(data: bytes) -> str:
 
 def is_hex(value: object, length: int) -> bool:
     """True when ``value`` is a string of ``length`` lowercase hex digits."""
-    return isinstance(value, str) and len(value) == length and set(value) <= _HEX
+    return isinstance(value, str) and len(value) == length and _HEX.fullmatch(value) is not None
 
 
 @dataclass(frozen=True)

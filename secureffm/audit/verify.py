@@ -36,30 +36,58 @@ A deleted, inserted or reordered line shows up as the first seq mismatch or brok
 (or, when the editor rewrote seq and prev after it, as the closing record's chain mismatch); an
 edited field as a signature failure; replaced keys as a broken first link (its ``prev`` is the
 sha256 of parties.json); lines cut off the end by the missing closing record.
+
+Speed (``benchmarks/audit.py``, docs/benchmarks.md): the log is streamed in batches of
+:data:`BATCH` lines. Each line is decoded once, encoded once (the exact-form check) and hashed
+once (the chain); the signed bytes are cut out of the line (:func:`signed_bytes`) rather than
+serialized again, and each party's Ed25519 key is built once. A batch's signatures are then
+verified back to back (cryptography has no batch verification; a loop of bare ``verify`` calls
+is the floor the benchmark compares with), and its records' payloads and protocol rules checked
+last, in log order; each pass stops at the first problem, so the first bad record is named as
+when each record is checked in full before the next (tests/audit/test_verify.py compares every
+batch size with batches of one line).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import re
 import tomllib
 from collections import Counter
 from contextlib import ExitStack
 from dataclasses import dataclass, field
+from itertools import islice
+from operator import itemgetter
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
 from ..errors import SecureFFMError
-from ..federation.crypto import verify_signature
 from ..federation.log import PARTIES_FILE, PAYLOADS_FILE, canonical, genesis
-from .pin import PartyKeys, RunPin, is_hex, load_parties, pin_of, sha256_hex
+from ..federation.message import UNSIGNED_FIELDS
+from .pin import PartyKeys, RunPin, is_hex, load_parties, pin_of
 from .rules import ProtocolRules
 
-__all__ = ["AuditFinding", "AuditReport", "verify_run", "pin_run", "LOG_FILE"]
+__all__ = ["AuditFinding", "AuditReport", "verify_run", "pin_run", "signed_bytes", "LOG_FILE"]
 
 LOG_FILE = "messages.jsonl"
 
-# Required field -> (type(s), what it must be, in words).
+
+
+class _Shape:
+    """The fields one kind of record needs: name -> (type, what it must be, in words). JSON
+    decodes to exact types, so a value has the right one when ``type(value) is`` it (which
+    also keeps a bool from passing as an integer); ``values`` reads them all in one call."""
+
+    def __init__(self, fields: dict[str, tuple[type, str]]):
+        self.fields = fields
+        self.values = itemgetter(*fields)
+        self.types = [kind for kind, _ in fields.values()]
+
+
 _FIELDS: dict[str, tuple[type, str]] = {
     "seq": (int, "an integer"),
     "round": (int, "an integer"),
@@ -73,16 +101,25 @@ _FIELDS: dict[str, tuple[type, str]] = {
     "prev": (str, "a string"),
     "sig": (str, "a string"),
 }
-_EVENT_FIELDS: dict[str, tuple[type, str]] = {
-    "event": (str, "a string"),
-    "party": (str, "a string"),
-    "detail": (str, "a string"),
+_EVENT_FIELDS = {**_FIELDS, "event": (str, "a string"), "party": (str, "a string"),
+                 "detail": (str, "a string")}
+_MESSAGE = _Shape(_FIELDS)
+_EVENT = _Shape(_EVENT_FIELDS)
+# Events with structured fields of their own.
+_EVENTS = {
+    "closed": _Shape({**_EVENT_FIELDS, "records": (int, "an integer"),
+                      "chain": (str, "a string")}),
+    "aggregated": _Shape({**_EVENT_FIELDS, "included": (list, "a list"),
+                          "of_kind": (str, "a string")}),
 }
-# Structured fields of particular events.
-_EVENT_EXTRA: dict[str, dict[str, tuple[type, str]]] = {
-    "closed": {"records": (int, "an integer"), "chain": (str, "a string")},
-    "aggregated": {"included": (list, "a list"), "of_kind": (str, "a string")},
-}
+_HEX = re.compile("[0-9a-f]*")
+_ENCODE = json.JSONEncoder(sort_keys=True, separators=(",", ":")).encode  # the exact form
+_DECODE = json.JSONDecoder().decode
+_RAW_DECODE = json.JSONDecoder().raw_decode
+# An unsigned field as the exact form writes it after the first field: a comma, the key, and a
+# non-negative integer or a lowercase hex string (all that _check_fields lets these fields be).
+_UNSIGNED_ITEM = re.compile(rb',"(?:%s)":(?:[0-9]+|"[0-9a-f]*")' % b"|".join(
+    re.escape(name.encode()) for name in sorted(UNSIGNED_FIELDS)))
 _CHAIN_HINT = "(a record was deleted, inserted, reordered or edited)"
 _SCOPE = {
     (): ("integrity against accidental damage only: anyone who can write the run folder can "
@@ -162,35 +199,76 @@ class AuditReport:
         return "\n".join(out)
 
 
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
+def _shape(record: dict) -> _Shape:
+    """The fields ``record`` needs, by its kind and event."""
+    if record.get("kind") != "event":
+        return _MESSAGE
+    event = record.get("event")
+    return _EVENTS.get(event, _EVENT) if type(event) is str else _EVENT
 
 
 def _check_fields(record: Any, line: int) -> str | None:
     """None when ``record`` has every required field with the right type, else the problem."""
-    if not isinstance(record, dict):
+    if type(record) is not dict:
         return f"line {line} is not a JSON object"
-    fields = dict(_FIELDS)
-    if record.get("kind") == "event":
-        fields.update(_EVENT_FIELDS)
-        fields.update(_EVENT_EXTRA.get(record.get("event"), {}))
-    missing = [name for name in fields if name not in record]
-    if missing:
+    shape = _shape(record)
+    try:
+        values = shape.values(record)
+    except KeyError:
+        missing = [name for name in shape.fields if name not in record]
         return f"line {line}: record is missing field(s) {', '.join(map(repr, missing))}"
-    for name, (kind, words) in fields.items():
-        value = record[name]
-        if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
-            return f"line {line}: field {name!r} must be {words}, got {value!r}"
-    if "included" in fields and not all(isinstance(c, str) for c in record["included"]):
+    if list(map(type, values)) != shape.types:  # one pass; else name the first wrong field
+        for name, (kind, words) in shape.fields.items():
+            if type(record[name]) is not kind:
+                return f"line {line}: field {name!r} must be {words}, got {record[name]!r}"
+    if "included" in shape.fields and not all(type(c) is str for c in record["included"]):
         return f"line {line}: field 'included' must list client ids (strings)"
-    if "offset" in record and not (_is_int(record["offset"]) and record["offset"] >= 0):
+    if "offset" in record and not (type(record["offset"]) is int and record["offset"] >= 0):
         return f"line {line}: field 'offset' must be a non-negative integer"
     if record["bytes"] < 0:
         return f"line {line}: field 'bytes' must be non-negative"
-    for name, length in (("sha256", 64), ("prev", 64), ("sig", 128)):
-        if not is_hex(record[name], length):
-            return f"line {line}: field {name!r} is not {length} lowercase hex digits"
+    digest, prev, sig = record["sha256"], record["prev"], record["sig"]
+    if not (len(digest) == len(prev) == 64 and len(sig) == 128
+            and _HEX.fullmatch(digest + prev + sig)):  # one pass; else name the bad field
+        for name, length in (("sha256", 64), ("prev", 64), ("sig", 128)):
+            if not is_hex(record[name], length):
+                return f"line {line}: field {name!r} is not {length} lowercase hex digits"
     return None
+
+
+def signed_bytes(line: bytes, record: dict) -> bytes:
+    """What the signer of ``record`` signed, :func:`~secureffm.federation.log.canonical` of it,
+    cut out of ``line``: the record in the log's exact form, whose fields passed the audit's
+    checks (the unsigned ones are non-negative integers and lowercase hex strings, and the first
+    field, ``bytes``, is signed).
+
+    The exact form is sorted-key compact JSON, so the signed form is the line less each unsigned
+    field's ``,"name":value``. Outside a string, ``,"`` starts a key or a list item, and ``":``
+    after it makes it a key; inside a string every quote is escaped. With no object nested in
+    the record (no ``{`` after the first byte) every key is the record's own, so each match is
+    one unsigned field. A line with a nested object, which the writer never produces, is
+    serialized again instead.
+    """
+    if line.find(b"{", 1) >= 0:
+        return canonical(record)
+    return _UNSIGNED_ITEM.sub(b"", line)
+
+
+def _parse(string: str) -> Any:
+    """The JSON value of ``string``, read in one call when nothing surrounds it (as in the
+    exact form); otherwise by the decoder that skips whitespace and names what is wrong."""
+    try:
+        value, end = _RAW_DECODE(string)
+        if end == len(string):
+            return value
+    except json.JSONDecodeError:
+        pass
+    return _DECODE(string)
+
+
+def _unreadable(line: int) -> str:
+    return (f"line {line} is JSON that no record holds (a number too long or lists nested too "
+            "deep to read)")
 
 
 def _closing_chain(record: dict) -> str | None:
@@ -201,43 +279,115 @@ def _closing_chain(record: dict) -> str | None:
     return None
 
 
+def _public_key(raw: bytes) -> Ed25519PublicKey | None:
+    """The Ed25519 key of 32 raw bytes, None when they are not one (its signatures all fail)."""
+    try:
+        return Ed25519PublicKey.from_public_bytes(raw)
+    except ValueError:
+        return None
+
+
+# Lines whose signatures are verified together, after their form and chain are read and before
+# their payloads and rules are checked (see _Walk.batch).
+BATCH = 256
+
+_Signed = tuple[Ed25519PublicKey | None, bytes, bytes]  # key (None: not a key), signature, message
+
+
+def _first_forged(signed: list[_Signed]) -> int:
+    """The index of the first signature that does not verify; ``len(signed)`` when all do."""
+    for index, (key, signature, message) in enumerate(signed):
+        if key is None:
+            return index
+        try:
+            key.verify(signature, message)
+        except InvalidSignature:
+            return index
+    return len(signed)
+
+
 class _Walk:
-    """State while reading one log front to back: the previous line's hash, the payload file,
-    whether message records carry offsets, and the protocol rules."""
+    """State while reading one log front to back: the previous line's hash, the parties'
+    verification keys (each built once), the payload file, whether message records carry
+    offsets, the protocol rules, and what verified so far: ``records``, ``payloads`` checked,
+    ``kinds`` and ``events`` counted, the 1-based line of the closing record and the head."""
 
     def __init__(self, parties: dict[str, PartyKeys], parties_text: bytes,
                  payloads: BinaryIO | None):
-        self.parties = parties
-        self.payloads = payloads
+        self.keys = {party: _public_key(keys.sign) for party, keys in parties.items()}
+        self.payload_file = payloads
         self.prev = genesis(parties_text)
         self.offsets: bool | None = None  # message records carry offsets (None: none seen)
         self.rules = ProtocolRules({party: keys.sign for party, keys in parties.items()})
+        self.records = self.payloads = 0
+        self.kinds: Counter[str] = Counter()
+        self.events: Counter[str] = Counter()
+        self.closed_at: int | None = None
+        self.head: str | None = None
 
-    def line(self, index: int, text: bytes) -> tuple[Any, AuditFinding | None]:
-        """Line ``index`` (0-based) parsed, and its first problem."""
+    def batch(self, start: int, texts: list[bytes]) -> AuditFinding | None:
+        """Check lines ``start``, ``start + 1``, ... (0-based, without their newlines) and count
+        the records that pass; the first problem in log order, or None.
+
+        Three passes: each line's form, place in the chain and sender; the signatures, back to
+        back (the verification code stays in the CPU's caches: about 5% faster than one record
+        at a time); then each record's closing chain, payload and protocol rules. A record's
+        checks run in the same order as one at a time, and each pass runs only over the records
+        before the earlier passes' first problem, so the first problem found is the same.
+        """
+        if self.closed_at is not None and texts:
+            return _after_close(start + 1, self.closed_at)
+        read: list[tuple[dict, str]] = []  # record, sha256 of its line
+        signed: list[_Signed] = []
+        first = None
+        for offset, text in enumerate(texts):
+            record, first = self._read(start + offset, text)
+            if first is not None:
+                break
+            read.append((record, self.prev))
+            signed.append((self.keys[record["sender"]], bytes.fromhex(record["sig"]),
+                           signed_bytes(text, record)))
+        forged = _first_forged(signed)
+        if forged < len(read):
+            record = read[forged][0]
+            first = AuditFinding(record["seq"], start + forged + 1, (
+                f"record {record['seq']}: signature does not verify with {record['sender']}'s "
+                "key (a signed field was edited, or another key signed it)"))
+            del read[forged:]
+        for offset, (record, digest) in enumerate(read):
+            line = start + offset + 1
+            problem = self._admit(record, line, digest)
+            if problem is not None:
+                return AuditFinding(record["seq"], line, problem)
+            if self.closed_at is not None and offset + 1 < len(texts):
+                return _after_close(line + 1, line)
+        return first
+
+    def _read(self, index: int, text: bytes) -> tuple[Any, AuditFinding | None]:
+        """Line ``index`` parsed, and the first problem of its form, its place in the chain or
+        its sender; the chain moves past the line when there is none."""
         line = index + 1
         try:
-            record = json.loads(text)
+            string = text.decode()
+            record = _parse(string)
         except (UnicodeDecodeError, json.JSONDecodeError):
             return None, AuditFinding(None, line, f"line {line} is not valid JSON")
-        seq = record.get("seq") if isinstance(record, dict) else None
-        seq = seq if _is_int(seq) else None
-        problem = self._record(record, index, text)
+        except (ValueError, RecursionError):
+            return None, AuditFinding(None, line, _unreadable(line))
+        try:
+            problem = (_check_fields(record, line) or self._chain(record, index, string)
+                       or self._sender(record))
+        except RecursionError:  # encoding the exact form again nests deeper than decoding did
+            problem = _unreadable(line)
         if problem is None:
-            self.prev = sha256_hex(text)
-        return record, None if problem is None else AuditFinding(seq, line, problem)
+            self.prev = hashlib.sha256(text).hexdigest()
+            return record, None
+        seq = record.get("seq") if type(record) is dict else None
+        return record, AuditFinding(seq if type(seq) is int else None, line, problem)
 
-    def _record(self, record: Any, index: int, text: bytes) -> str | None:
-        problem = (_check_fields(record, index + 1) or self._chain(record, index, text)
-                   or self._signature(record) or _closing_chain(record))
-        if problem:
-            return problem
-        payload, problem = self._payload(record)
-        return problem or self.rules.check(record, payload)
-
-    def _chain(self, record: dict, index: int, text: bytes) -> str | None:
+    def _chain(self, record: dict, index: int, string: str) -> str | None:
         line, seq = index + 1, record["seq"]
-        if text != json.dumps(record, sort_keys=True, separators=(",", ":")).encode():
+        if string != _ENCODE(record):
             return (f"line {line} is not in the log's exact form (sorted keys, compact JSON): "
                     "it was rewritten after signing")
         if seq != index:
@@ -249,14 +399,29 @@ class _Walk:
             return f"line {line}: chain broken: prev does not match {what} {_CHAIN_HINT}"
         return None
 
-    def _signature(self, record: dict) -> str | None:
-        seq, sender = record["seq"], record["sender"]
-        if sender not in self.parties:
-            return f"record {seq}: sender {sender!r} is not in {PARTIES_FILE}"
-        if not verify_signature(self.parties[sender].sign, bytes.fromhex(record["sig"]),
-                                canonical(record)):
-            return (f"record {seq}: signature does not verify with {sender}'s key (a signed "
-                    "field was edited, or another key signed it)")
+    def _sender(self, record: dict) -> str | None:
+        if record["sender"] not in self.keys:
+            return f"record {record['seq']}: sender {record['sender']!r} is not in {PARTIES_FILE}"
+        return None
+
+    def _admit(self, record: dict, line: int, digest: str) -> str | None:
+        """The first problem of a signed record's closing chain, payload or protocol rules;
+        when none, count it (``digest``: the sha256 of its line, the head if it closes)."""
+        problem = _closing_chain(record)
+        if problem is not None:
+            return problem
+        payload, problem = self._payload(record)
+        problem = problem or self.rules.check(record, payload)
+        if problem is not None:
+            return problem
+        if record["kind"] == "event":
+            self.events[record["event"]] += 1
+            if record["event"] == "closed":
+                self.closed_at, self.head = line, digest
+        else:
+            self.kinds[record["kind"]] += 1
+        self.payloads += "offset" in record
+        self.records += 1
         return None
 
     def _payload(self, record: dict) -> tuple[bytes | None, str | None]:
@@ -272,17 +437,22 @@ class _Walk:
             self.offsets = has
         if "offset" not in record:
             return None, None
-        if self.payloads is None:
+        if self.payload_file is None:
             return None, (f"record {seq} has a payload offset but {PAYLOADS_FILE} is missing: "
                           "the payloads were deleted, so no payload can be checked")
-        self.payloads.seek(record["offset"])
-        data = self.payloads.read(record["bytes"])
+        self.payload_file.seek(record["offset"])
+        data = self.payload_file.read(record["bytes"])
         if len(data) != record["bytes"]:
             return None, (f"record {seq}: {PAYLOADS_FILE} ends before its payload "
                           f"({record['bytes']} bytes at offset {record['offset']})")
         if hashlib.sha256(data).hexdigest() != record["sha256"]:
             return None, f"record {seq}: payload in {PAYLOADS_FILE} does not match its sha256"
         return data, None
+
+
+def _after_close(line: int, closed_at: int) -> AuditFinding:
+    return AuditFinding(None, line, f"line {line} comes after the closing record (line "
+                        f"{closed_at})")
 
 
 def verify_run(run_dir: str | Path, pin: RunPin | None = None) -> AuditReport:
@@ -299,49 +469,32 @@ def verify_run(run_dir: str | Path, pin: RunPin | None = None) -> AuditReport:
     if not log_path.is_file():
         raise SecureFFMError(f"{log_path} is missing: is {run_dir} a run folder?")
     payload_path = run_dir / PAYLOADS_FILE
-    kinds: Counter[str] = Counter()
-    events: Counter[str] = Counter()
-    checked = verified = lines = 0
+    lines = 0
     differs = pin.key_differences(parties, parties_text)
     finding = None if differs is None else AuditFinding(
         None, None, f"{PARTIES_FILE} differs from the pinned parties: {differs} (a log signed "
         "under other keys than the pinned ones proves nothing about the run)")
-    closed_at = head = None
     with ExitStack() as stack:
         log = stack.enter_context(log_path.open("rb"))
         payloads = stack.enter_context(payload_path.open("rb")) if payload_path.is_file() else None
         walk = _Walk(parties, parties_text, payloads)
-        for index, raw in enumerate(log):
-            lines += 1
-            if finding is not None:
-                continue  # only count the remaining lines
-            text = raw[:-1] if raw.endswith(b"\n") else raw
-            if closed_at is not None:
-                finding = AuditFinding(None, index + 1, f"line {index + 1} comes after the "
-                                       f"closing record (line {closed_at})")
-                continue
-            record, finding = walk.line(index, text)
-            if finding is not None:
-                continue
-            if record["kind"] == "event":
-                events[record["event"]] += 1
-                if record["event"] == "closed":
-                    closed_at, head = index + 1, walk.prev
-            else:
-                kinds[record["kind"]] += 1
-            checked += "offset" in record
-            verified += 1
-    if finding is None and closed_at is None:
+        while finding is None and (texts := [raw.removesuffix(b"\n")
+                                             for raw in islice(log, BATCH)]):
+            finding = walk.batch(lines, texts)
+            lines += len(texts)
+        lines += sum(1 for _ in log)  # after a problem, the remaining lines are only counted
+    if finding is None and walk.closed_at is None:
         finding = AuditFinding(None, lines, f"the log ends at line {lines} without its signed "
                                "closing record: it was cut short, or the run never finished")
-    if finding is None and pin.head is not None and head != pin.head:
-        finding = AuditFinding(None, None, f"the log's head {head} differs from the pinned head "
-                               f"{pin.head}: the log was rebuilt or changed after it was pinned")
+    if finding is None and pin.head is not None and walk.head != pin.head:
+        finding = AuditFinding(None, None, f"the log's head {walk.head} differs from the pinned "
+                               f"head {pin.head}: the log was rebuilt or changed after it was "
+                               "pinned")
     pinned = tuple(name for name, value in (("keys", pin.fingerprints), ("head", pin.head))
                    if value is not None)
-    return AuditReport(ok=finding is None, records=verified, first_bad=finding,
-                       events=dict(events), kinds=dict(kinds), payloads=checked, lines=lines,
-                       head=head if finding is None else None, pinned=pinned,
+    return AuditReport(ok=finding is None, records=walk.records, first_bad=finding,
+                       events=dict(walk.events), kinds=dict(walk.kinds), payloads=walk.payloads,
+                       lines=lines, head=walk.head if finding is None else None, pinned=pinned,
                        checks=walk.rules.status(), randomness=_randomness(run_dir))
 
 

@@ -6,15 +6,21 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
+import sys
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from secureffm.audit import AuditReport, verify_run
+from secureffm.audit import verify as verify_module
 from secureffm.audit.pin import RunPin, pin_of
+from secureffm.audit.verify import signed_bytes
 from secureffm.cli import main as cli_main
 from secureffm.errors import SecureFFMError
 from secureffm.federation import SERVER, Client, MessageLog, Party, Registry
@@ -557,3 +563,207 @@ def test_main_prints_the_verdict_and_exits_by_it(run, capsys):
     assert main(["--verify", str(run.path)]) == 2
     err = capsys.readouterr().err
     assert err.startswith("secureffm: error: ") and "parties.json is missing" in err
+
+
+# -- the fast path: signed bytes cut out of the line, keys built once -------------------------
+
+# Written by MessageLog at commit 923df5b, before the audit cut the signed bytes out of each line
+# instead of serializing the record again: build_run(path, "secagg", faults) with client-2's
+# masked input corrupted in round 1 and client-3 offline at unmask in round 2 (so the log holds
+# rejected, dropped, aggregated and closed events), payloads kept. Its head, as the run printed it:
+OLD_LOG = Path(__file__).parents[1] / "fixtures" / "audit_log"
+OLD_HEAD = "c02335c69cc71e9cd9a4bd22d57827606a13376c67403185b95bb9c1f9840513"
+EXACT = json.JSONEncoder(sort_keys=True, separators=(",", ":")).encode
+
+
+def test_a_log_written_before_the_fast_audit_verifies_to_its_printed_head():
+    report = verify_run(OLD_LOG, RunPin(head=OLD_HEAD))
+    assert report.ok, report.first_bad
+    assert (report.records, report.payloads) == (60, 55)
+    assert report.events == {"rejected": 1, "dropped": 1, "aggregated": 2, "closed": 1}
+
+
+def test_signed_bytes_of_every_old_line_are_its_canonical_form():
+    """The documented rule (canonical JSON of every field but sig, seq, prev and offset),
+    computed by serializing, against the bytes the audit cuts out of each line."""
+    for line in (OLD_LOG / "messages.jsonl").read_bytes().splitlines():
+        record = json.loads(line)
+        assert signed_bytes(line, record) == canonical(record)
+
+
+def _edit(field: str, value):
+    """Another value of the same type, still well formed (a registered sender, hex digits)."""
+    if field == "sender":
+        return "client-1" if value != "client-1" else "client-2"
+    if isinstance(value, int):
+        return value + 1
+    if isinstance(value, list):
+        return [*value, "x"]
+    return value[::-1] if field == "sha256" else value + "x"
+
+
+def test_each_signed_field_edited_in_the_old_log_fails_at_that_record(tmp_path):
+    """An edit of any signed field of a record, re-chained after it by a folder writer, is
+    caught at that record by its signature."""
+    lines = (OLD_LOG / "messages.jsonl").read_text().splitlines()
+    k = 17
+    record = json.loads(lines[k])
+    for field in sorted(set(record) - {"sig", "seq", "prev", "offset"}):
+        run = Path(shutil.copytree(OLD_LOG, tmp_path / field))
+        edited = record | {field: _edit(field, record[field])}
+        rewritten = lines[:k] + [EXACT(edited)] + lines[k + 1:]
+        for i in range(k + 1, len(rewritten)):  # fix the chain after the edit
+            rewritten[i] = EXACT(json.loads(rewritten[i]) | {"prev": hashlib.sha256(
+                rewritten[i - 1].encode()).hexdigest()})
+        (run / "messages.jsonl").write_text("".join(line + "\n" for line in rewritten))
+        report = verify_run(run)
+        assert report.first_bad is not None and report.first_bad.line == k + 1, (field, report)
+        assert "signature does not verify" in report.first_bad.problem, field
+
+
+_HEX = "0123456789abcdef"
+_UNSIGNED = ("offset", "prev", "seq", "sig")
+_TRICKY = st.text(st.sampled_from([*',":{}[]\\ seqprvoftig0123456789', "é", "\n", "\x00"]),
+                  max_size=12) | st.text(max_size=6)
+_VALUES = st.recursive(  # nested objects may use the unsigned fields' names and value forms
+    st.none() | st.booleans() | st.integers() | st.text(_HEX, max_size=8) | _TRICKY,
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(
+        st.sampled_from(_UNSIGNED) | _TRICKY, inner, max_size=3),
+    max_leaves=8)
+
+
+@given(st.fixed_dictionaries(
+    {"bytes": st.integers(0), "seq": st.integers(0), "prev": st.text(_HEX, min_size=64,
+                                                                     max_size=64),
+     "sig": st.text(_HEX, min_size=128, max_size=128)},
+    optional={"offset": st.integers(0)}),
+    st.dictionaries(_TRICKY.filter(lambda k: k not in {"bytes", *_UNSIGNED}), _VALUES,
+                    max_size=6))
+@settings(max_examples=300, deadline=None)
+def test_signed_bytes_equal_canonical_json_of_any_record(unsigned, content):
+    """Strings that spell ``,"seq":1``, keys ending in a quote, nested objects and non-ASCII
+    text: cutting the unsigned fields out of the exact form gives canonical()'s bytes."""
+    record = content | unsigned
+    assert signed_bytes(EXACT(record).encode(), record) == canonical(record)
+
+
+def test_a_line_with_a_nested_object_is_verified_on_its_canonical_form(run):
+    """A key holder may sign a record holding an object whose keys are those of unsigned
+    fields: it verifies, and an edit inside that object does not."""
+    lines = run.lines()
+    record = json.loads(lines[16])
+    nested = resign(record | {"extra": {"seq": record["seq"], "sig": record["sig"][:8]}},
+                    run.keys[record["sender"]])
+    lines[16] = dump(nested)
+    rechained = [*lines[:17]]
+    for line in lines[17:]:
+        rechained.append(dump(json.loads(line) | {
+            "prev": hashlib.sha256(rechained[-1].encode()).hexdigest()}))
+    run.write(rechained)
+    report = verify_run(run.path)
+    assert report.first_bad is not None and report.first_bad.line == len(lines)  # closing chain
+    assert report.records == len(lines) - 1
+    lines[16] = dump(nested | {"extra": {"seq": record["seq"] + 1, "sig": "x"}})
+    run.write(lines[:17])
+    assert_first_bad(verify_run(run.path), 16, 17, "signature does not verify")
+
+
+@pytest.mark.parametrize("line, problem", [
+    ('{"seq":' + "1" * 5000 + "}", "a number too long"),
+    ('{"seq":16,"x":' + "[" * 100_000 + "]" * 100_000 + "}", "nested too deep"),
+    ("\xff".encode("latin-1"), "is not valid JSON"),
+])
+def test_a_line_json_cannot_read_is_named_not_raised(run, line, problem):
+    lines = run.log.read_bytes().splitlines()
+    lines[16] = line.encode() if isinstance(line, str) else line
+    run.log.write_bytes(b"".join(text + b"\n" for text in lines))
+    assert_first_bad(verify_run(run.path), None, 17, problem)
+
+
+def test_nesting_too_deep_to_serialize_again_is_named_not_raised(run):
+    """Near the interpreter's recursion limit a line may decode and then fail to encode in the
+    exact-form check, deeper in the stack: every depth around it is a finding."""
+    lines = run.lines()
+    record = json.loads(lines[16])
+    limit = sys.getrecursionlimit()
+    for depth in range(limit - 120, limit + 5, 5):
+        deep = EXACT(record).replace('"bytes":', '"a":' + "[" * depth + "]" * depth + ',"bytes":')
+        run.write(lines[:16] + [deep])
+        report = verify_run(run.path)
+        assert report.first_bad is not None and report.first_bad.line == 17, depth
+
+
+@pytest.mark.parametrize("change, problem", [
+    ({"event": []}, "field 'event' must be a string"),
+    ({"event": {"closed": 1}}, "field 'event' must be a string"),
+])
+def test_an_event_field_of_another_type_is_named(run, change, problem):
+    lines = run.lines()
+    event = next(i for i, line in enumerate(lines) if '"kind":"event"' in line)
+    lines[event] = dump(json.loads(lines[event]) | change)
+    run.write(lines)
+    assert_first_bad(verify_run(run.path), event, event + 1, problem)
+
+
+# -- signatures verified in batches: the same first problem as one record at a time -----------
+
+
+def _tamper(run: Run, how: str, k: int) -> None:
+    """One edit of line ``k`` (or of what it points at) that a given pass of the audit sees."""
+    lines = run.lines()
+    record = json.loads(lines[k])
+    if how == "unsigned edit":  # signature pass
+        lines[k] = dump(record | {"round": record["round"] + 7})
+    elif how == "not json":  # reading pass
+        lines[k] = "not json{"
+    elif how == "unknown sender":  # reading pass, after the chain
+        lines[k] = dump(resign(record | {"sender": "client-99"}, Identity()))
+    elif how == "rule":  # last pass: re-signed by its sender, so only the rules see it
+        lines[k] = dump(resign(record | {"recipient": "client-99"}, run.keys[record["sender"]]))
+    elif how == "payload" and "offset" in record:  # last pass
+        with (run.path / "payloads.bin").open("r+b") as payloads:
+            payloads.seek(record["offset"])
+            payloads.write(bytes([payloads.read(1)[0] ^ 1]))
+    elif how == "after close":
+        lines.append(lines[k])
+    run.write(lines)
+
+
+def _verdict(report: AuditReport) -> tuple:
+    return (report.ok, report.first_bad, report.records, report.lines, report.payloads,
+            report.events, report.kinds, report.head, report.checks)
+
+
+HOWS = ["unsigned edit", "not json", "unknown sender", "rule", "payload", "after close"]
+
+
+@given(st.lists(st.tuples(st.sampled_from(HOWS), st.integers(0, 62)), min_size=1, max_size=3,
+                unique_by=lambda edit: edit[1]))
+@settings(max_examples=40, deadline=None)
+def test_batches_of_any_size_find_the_first_problem_of_one_record_at_a_time(runs, edits):
+    """Edits that each pass sees (reading, signatures, payloads and rules) at up to three places,
+    in any order: every batch size gives the verdict of batches of one line, which run a
+    record's checks in the documented order before reading the next."""
+    with tempfile.TemporaryDirectory() as tmp:
+        run = runs["secagg"].copy(Path(tmp) / "run")
+        for how, k in edits:
+            _tamper(run, how, k)
+        verdicts = {}
+        for size in (1, 2, 3, 7, 64, verify_module.BATCH):
+            with pytest.MonkeyPatch.context() as patch:
+                patch.setattr(verify_module, "BATCH", size)
+                verdicts[size] = _verdict(verify_run(run.path))
+        assert all(verdict == verdicts[1] for verdict in verdicts.values()), verdicts
+
+
+@pytest.mark.parametrize("size", [1, 5, 62, 63])
+def test_a_forged_record_at_a_batch_edge_is_named(run, monkeypatch, size):
+    """The last record of a batch, the first of the next, and the closing record."""
+    monkeypatch.setattr(verify_module, "BATCH", size)
+    lines = run.lines()
+    for k in sorted({size - 1, size % len(lines), len(lines) - 1}):
+        forged = run.copy(run.path.parent / f"forged-{k}")
+        forged.write(lines[:k] + [dump(json.loads(lines[k]) | {"bytes": 7})] + lines[k + 1:])
+        assert_first_bad(verify_run(forged.path), k, k + 1, "signature does not verify")
+    run.write(lines + [lines[3]])
+    assert_first_bad(verify_run(run.path), None, 64, "comes after the closing record (line 63)")

@@ -1,0 +1,228 @@
+"""Audit speed: ``secureffm audit --verify`` in records per second against raw Ed25519
+verifications per second (cryptography) on the same log, in the same process, on one core.
+
+    .venv/bin/python benchmarks/audit.py                             # two 300-round runs (a minute)
+    .venv/bin/python benchmarks/audit.py --log runs/got-dp-secagg-8gaussians-moons-s0
+    .venv/bin/python benchmarks/audit.py --out docs/benchmarks.md    # also write the tables
+    .venv/bin/python benchmarks/audit.py --smoke                     # seconds: a check only
+
+Without ``--log`` the script first writes real logs: a GOT run under ``dp-secagg`` (the README's
+main job with ``--rounds`` rounds and a 200-sample, NFE-1 evaluation), once without and once with
+``--keep-payloads``; ``--log RUN_DIR`` audits a finished run folder instead (e.g. the README's
+main job). An audit is one ``verify_run(RUN_DIR)`` call: read messages.jsonl and parties.json (and
+payloads.bin), check every record and the protocol rules. The raw rate is the floor of any audit
+that checks each signature with cryptography: ``key.verify(sig, message)`` over the log's own
+signatures, with every key object built and every signed message (the record's canonical JSON)
+computed beforehand. Both are timed in CPU seconds of this process (``time.process_time``: user
+and system time, so reading the files counts and waiting for a busy CPU does not), in a process
+pinned to one CPU (``os.sched_setaffinity``) where the platform allows. Raw loops and audits
+alternate ``--repeats`` times; each rate is a median, the ratio is the audit's over the raw one,
+and "other work" is what an audit spends per record besides the raw verification
+(1/audit - 1/raw). Then one audit runs under cProfile (its default wall-clock timer: a CPU timer
+costs a system call per event, which inflated small functions more than load does): its table
+lists the functions with the most time of their own, per record.
+
+Progress goes to stderr, the tables (markdown) to stdout and, with ``--out``, between the
+``<!-- audit:begin -->`` and ``<!-- audit:end -->`` markers of that file. ``--smoke`` writes two
+3-round logs and times each once: the default test suite runs it to check that the script works;
+its numbers are not measurements.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import json
+import os
+import platform
+import pstats
+import re
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import cryptography
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
+from secureffm.audit import verify_run
+from secureffm.audit.pin import load_parties
+from secureffm.config import RunConfig
+from secureffm.federation.log import canonical
+from secureffm.reporting import write_block
+from secureffm.runs import run
+
+__all__ = ["main"]
+
+LOG_FILE = "messages.jsonl"
+PROFILE_ROWS = 12
+
+
+def _say(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
+
+
+def _table(headers: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(headers) + " |", "|" + "|".join(" --- " for _ in headers) + "|"]
+    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def one_core() -> str:
+    """Pin this process to one CPU where the platform allows; say which."""
+    if not hasattr(os, "sched_setaffinity"):
+        return "not pinned (no sched_setaffinity here)"
+    cpu = min(os.sched_getaffinity(0))
+    os.sched_setaffinity(0, {cpu})
+    return f"pinned to CPU {cpu}"
+
+
+def write_log(folder: Path, rounds: int, keep_payloads: bool) -> Path:
+    """A real run's folder: GOT under dp-secagg for ``rounds`` rounds, a tiny evaluation."""
+    config = RunConfig(method="got", protocol="dp-secagg", rounds=rounds, eval_samples=200,
+                       nfe=(1,), trajectories=10, out=str(folder), progress=False,
+                       keep_payloads=keep_payloads, device="cpu")
+    run(config)
+    return folder
+
+
+@dataclass
+class Signed:
+    """What a raw verification loop needs from a log: one (key, signature, message) each."""
+
+    triples: list[tuple[Ed25519PublicKey, bytes, bytes]]
+
+    @classmethod
+    def of(cls, run_dir: Path) -> Signed:
+        parties, _ = load_parties(run_dir / "parties.json")
+        keys = {p: Ed25519PublicKey.from_public_bytes(k.sign) for p, k in parties.items()}
+        with (run_dir / LOG_FILE).open("rb") as log:
+            records = [json.loads(line) for line in log]
+        return cls([(keys[r["sender"]], bytes.fromhex(r["sig"]), canonical(r))
+                    for r in records])
+
+    def rate(self) -> float:
+        """Raw Ed25519 verifications per second over the log's signatures."""
+        start = time.process_time()
+        for key, sig, message in self.triples:
+            key.verify(sig, message)
+        return len(self.triples) / (time.process_time() - start)
+
+
+def audit_rate(run_dir: Path) -> float:
+    """Records per CPU second of one ``verify_run``; exits when the log does not verify."""
+    start = time.process_time()
+    report = verify_run(run_dir)
+    seconds = time.process_time() - start
+    if not report.ok:
+        raise SystemExit(f"{run_dir}: the log does not verify: {report.first_bad}")
+    return report.records / seconds
+
+
+@dataclass
+class Case:
+    name: str
+    run_dir: Path
+    records: int = 0
+    payloads: int = 0
+    audit: tuple[float, ...] = ()
+    raw: tuple[float, ...] = ()
+
+    def row(self) -> list[str]:
+        audit, raw = statistics.median(self.audit), statistics.median(self.raw)
+        return [self.name, f"{self.records:,}", f"{self.payloads:,}", f"{audit:,.0f}",
+                f"{raw:,.0f}", f"{audit / raw:.2f}", f"{1e6 / audit - 1e6 / raw:.1f}",
+                str(len(self.audit))]
+
+
+def measure(case: Case, repeats: int) -> Case:
+    """Alternate raw loops and audits ``repeats`` times (an untimed audit first)."""
+    signed = Signed.of(case.run_dir)
+    report = verify_run(case.run_dir)
+    case.records, case.payloads = report.records, report.payloads
+    audits, raws = [], []
+    for i in range(repeats):
+        raws.append(signed.rate())
+        audits.append(audit_rate(case.run_dir))
+        _say(f"  {case.name} {i + 1}/{repeats}: audit {audits[-1]:,.0f} rec/s, "
+             f"raw {raws[-1]:,.0f} verif/s")
+    case.audit, case.raw = tuple(audits), tuple(raws)
+    return case
+
+
+def profile(run_dir: Path) -> str:
+    """The functions with the most time of their own in one audit of ``run_dir``."""
+    profiler = cProfile.Profile()
+    profiler.enable()
+    report = verify_run(run_dir)
+    profiler.disable()
+    stats = pstats.Stats(profiler)
+    total = sum(row[2] for row in stats.stats.values())
+    rows = sorted(stats.stats.items(), key=lambda item: -item[1][2])[:PROFILE_ROWS]
+    table = [[_function(func), f"{calls:,}", f"{own * 1e6 / report.records:.1f}",
+              f"{own / total:.0%}"] for func, (_, calls, own, _, _) in rows]
+    return (f"One audit of {report.records:,} records under cProfile: {total:.2f} s in all, wall "
+            "clock (profiling adds its own cost to each call, and a busy CPU to every function "
+            "alike: compare shares).\n\n"
+            + _table(["function", "calls", "us per record (own)", "share"], table))
+
+
+def _function(func: tuple[str, int, str]) -> str:
+    path, line, name = func
+    if path == "~":  # a built-in: "<method 'verify' of 'a.b.Key' objects>" -> Key.verify
+        method = re.fullmatch(r"<method '(\w+)' of '(?:[\w.]*\.)?(\w+)' objects>", name)
+        name = f"{method[2]}.{method[1]}" if method else name.strip("<>")
+        return f"`{name.removeprefix('built-in method ')}`"
+    parts = Path(path).parts
+    where = "/".join(parts[parts.index("secureffm"):]) if "secureffm" in parts else parts[-1]
+    return f"`{where}:{line}({name})`"
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
+    parser.add_argument("--log", type=Path, help="audit this run folder instead of writing logs")
+    parser.add_argument("--rounds", type=int, default=300, help="rounds of each written run")
+    parser.add_argument("--repeats", type=int, default=5, help="audits (and raw loops) per log")
+    parser.add_argument("--out", type=Path, help="markdown file to write the tables into")
+    parser.add_argument("--smoke", action="store_true",
+                        help="3-round logs, one audit each: a check that the script works")
+    args = parser.parse_args(argv)
+    if args.smoke:
+        args.rounds, args.repeats = 3, 1
+    pinned = one_core()
+    with tempfile.TemporaryDirectory() as tmp:
+        if args.log is not None:
+            cases = [Case(str(args.log), args.log)]
+        else:
+            cases = []
+            for keep in (False, True):
+                name = (f"GOT, dp-secagg, {args.rounds} rounds, payloads "
+                        f"{'kept' if keep else 'not kept'}")
+                _say(f"writing the log of {name} ...")
+                cases.append(Case(name, write_log(Path(tmp) / f"run-{keep}", args.rounds, keep)))
+        for case in cases:
+            _say(f"auditing {case.name} ...")
+            measure(case, args.repeats)
+        text = "\n".join([
+            "### `audit --verify` against raw Ed25519 verification, one core",
+            "",
+            f"Python {platform.python_version()}, cryptography {cryptography.__version__}, "
+            f"{pinned}; CPU time; medians of {args.repeats} alternating audits and raw loops.",
+            "",
+            _table(["log", "records", "payloads checked", "audit records/s",
+                    "raw Ed25519 verif/s", "audit / raw", "other work us/record", "repeats"],
+                   [case.row() for case in cases]),
+            "",
+            f"### Where an audit's time goes: {cases[-1].name}",
+            "",
+            profile(cases[-1].run_dir),
+        ])
+    print(text)
+    if args.out:
+        write_block(args.out, "audit", text, title="# Benchmarks")
+
+
+if __name__ == "__main__":
+    main()
