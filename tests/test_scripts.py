@@ -141,7 +141,11 @@ def test_audit_benchmark(run_script, tmp_path):
         assert records[kept] > 60 and (0 < payloads < records[kept]) == (kept == "kept")
         assert float(row[3].replace(",", "")) > 0 and float(row[5]) > 0
     profile = _section(result.stdout, "### Where an audit's time goes")  # of the last log
-    assert f"`Ed25519PublicKey.verify` | {records['kept']} |" in profile
+    # one verification per record, and (payloads kept) the audit's re-check of the consistency
+    # signatures each answering client held
+    [verified] = [int(line.split("|")[2]) for line in profile.splitlines()
+                  if line.startswith("| `Ed25519PublicKey.verify` |")]
+    assert verified > records["kept"]
     assert _block(out, "audit") == result.stdout.rstrip("\n")
     old_log = ROOT / "tests" / "fixtures" / "audit_log"  # --log: a finished run folder
     result = run_script("benchmarks/audit.py", "--log", str(old_log), "--repeats", "1").check()
