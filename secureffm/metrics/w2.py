@@ -2,7 +2,8 @@
 
 :func:`w2` runs POT's exact network simplex with the costs computed on the fly
 (:func:`~secureffm.ot.sqeuclidean_emd_cost`): memory O(N + M) instead of the dense cost matrix
-and POT's copies of it (3.9 GB at N = M = 10^4), at about 1.5x the time of the dense solver.
+and POT's arrays of its size (3.9 GB at N = M = 10^4), at 1.5-2x the dense solver's time
+(docs/benchmarks.md, "The README's main job").
 """
 
 from __future__ import annotations
