@@ -58,8 +58,9 @@ class RunConfig:
     candidates: int = 256
     ctransform_steps: int = 0
     ctransform_lr: float = 0.1
-    # Evaluation.
-    eval_samples: int = 10_000
+    # Evaluation. Exact W2 on eval_samples points (docs/benchmarks.md, "The main job"): 3,000
+    # keeps the README's job within minutes; its i.i.d. floor (in metrics.json) is about 0.2.
+    eval_samples: int = 3_000
     nfe: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 100)
     adaptive_solver: str = "dopri5"
     adaptive_tol: float = 1e-5

@@ -1,7 +1,17 @@
+import numpy as np
+import pytest
 import torch
 from torch import nn
 
-from secureffm.ot import c_transform, semidual_value
+import secureffm.ot as transport
+from secureffm.errors import SolverError
+from secureffm.ot import (
+    c_transform,
+    emd_cost,
+    semidual_value,
+    sqeuclidean_emd_cost,
+    squared_distances,
+)
 
 
 class Quadratic(nn.Module):
@@ -56,3 +66,23 @@ def test_semidual_value_lower_bounds_ot_cost():
     for a in (0.0, 0.2, -0.3):
         value = semidual_value(Quadratic(a), x0, cand, x1, steps=20, lr=0.2)
         assert float(value.detach()) <= ot_cost + 0.1
+
+
+def test_on_the_fly_costs_give_the_dense_solvers_optimum():
+    """The same linear program with and without a stored cost matrix: equal optima, also for
+    unequal sizes and float32 input, and for two samples of one law (a small, tie-prone cost)."""
+    rng = np.random.default_rng(0)
+    x, y = rng.normal(size=(150, 2)), rng.normal(size=(200, 2)) + [1.0, -0.5]
+    assert sqeuclidean_emd_cost(x, y) == pytest.approx(emd_cost(squared_distances(x, y)),
+                                                       rel=1e-12)
+    a = torch.from_numpy(rng.normal(size=(300, 2))).float()
+    b = torch.from_numpy(rng.normal(size=(300, 2))).float()
+    assert sqeuclidean_emd_cost(a, b) == pytest.approx(emd_cost(squared_distances(a, b)),
+                                                       rel=1e-12)
+
+
+def test_on_the_fly_costs_refuse_a_solve_that_stopped_early(monkeypatch):
+    monkeypatch.setattr(transport, "MAX_ITER", 5)
+    rng = np.random.default_rng(2)
+    with pytest.raises(SolverError, match="did not converge"):
+        sqeuclidean_emd_cost(rng.normal(size=(300, 2)), rng.normal(size=(300, 2)))

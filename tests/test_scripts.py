@@ -115,7 +115,7 @@ def _rows(text: str, first_cell: str) -> list[list[str]]:
 
 def test_every_script_has_a_smoke_test():
     tested = {"benchmarks/audit.py", "benchmarks/dp.py", "benchmarks/fedwad.py",
-              "benchmarks/he.py", "benchmarks/secagg.py",
+              "benchmarks/he.py", "benchmarks/main_job.py", "benchmarks/secagg.py",
               "experiments/dcfm_2d.py", "experiments/dcfm_digits.py",
               "experiments/distributed_noise_gain.py", "experiments/fedwad_clustering.py",
               "experiments/fedwad_coreset.py", "experiments/ffm_2d.py",
@@ -224,6 +224,24 @@ def test_fedwad_benchmark(run_script, tmp_path):
     assert len(rows) == 4 and all(len(r) == 7 and "not run" not in r for r in rows)
     assert figure.stat().st_size > 0
     assert "| N | W (POT) s |" in _block(out, "fedwad")
+
+
+def test_main_job_benchmark(run_script, tmp_path):
+    """The job runs in a fresh interpreter of its own; its wall time, memory and parts are
+    reported, and the parts timed inside the job leave a remainder >= 0 of its wall time."""
+    out = tmp_path / "benchmarks.md"
+    result = run_script("benchmarks/main_job.py", "--smoke", "--out", str(out)).check()
+    assert "### `secureffm run --protocol dp-secagg --method got`" in result.stdout
+    (wall,) = _rows(result.stdout, "wall time")
+    (memory,) = _rows(result.stdout, "peak resident memory")
+    assert wall[1].endswith(" s") and float(memory[1].split()[0]) > 0.1  # torch alone: > 0.1 GB
+    parts = [line.split("|")[1:3] for line in result.stdout.splitlines()
+             if line.startswith(("| set-up", "| training (", "| evaluation", "| privacy",
+                                 "| interpreter"))]
+    assert len(parts) == 8 and float(parts[-1][1].split()[0]) >= 0.0, parts
+    (w2,) = _rows(result.stdout, "run 1")
+    assert len(w2) == 5 and all(float(v) > 0 for v in w2[1:])  # NFE 1, 2, dopri5, floor
+    assert _block(out, "main-job") == result.stdout.rstrip("\n")
 
 
 # -- experiments/ ---------------------------------------------------------------------------

@@ -245,9 +245,9 @@ class FederatedFlowMatching:
         # The divisor is the expected batch at the nominal size, q * shard_size = batch_size.
         client.state["velocity_grad"] = DPGradient(velocity, self.dp.clip, sigma,
                                                    c.batch_size, secret)
-        if self.potential is not None:  # its per-example loss evaluates f at two points
+        if self.potential is not None:  # f at two points per example: linear mode's two passes
             client.state["dual_grad"] = DPGradient(potential, self.dp.clip, sigma,
-                                                   c.batch_size, secret, mode="hooks")
+                                                   c.batch_size, secret)
 
     def _coupling(self, client: Client):
         if self.settings.method == "vanilla":

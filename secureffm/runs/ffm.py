@@ -43,6 +43,7 @@ from .scaffold import (
 __all__ = ["run_ffm", "load_velocity"]
 
 EVALUATOR = 1_000_000  # party index of the evaluator's generator (outside the federation)
+FLOOR = EVALUATOR + 1  # the evaluator's second target sample (the i.i.d. floor of W2)
 
 
 def _build(config: RunConfig, device: torch.device, log: MessageLog):
@@ -98,7 +99,12 @@ def _privacy(config: RunConfig, trainer, rounds_run: int) -> dict:
 
 
 def run_ffm(config: RunConfig) -> RunResult:
-    """Train and evaluate an FFM-family ``config``; write everything to the run folder."""
+    """Train and evaluate an FFM-family ``config``; write everything to the run folder.
+
+    metrics.json times the parts in wall seconds: ``setup_seconds`` (data, parties, the DP
+    calibration), ``train_seconds``, ``eval_seconds`` (samples, exact W2, the potential's
+    health, trajectories) and ``privacy_seconds`` (the accounting of privacy.json)."""
+    begun = time.perf_counter()
     device = resolve_device(config.device)
     out = run_folder(config)
     check_pin_path(out, config.pin_to)
@@ -136,29 +142,36 @@ def run_ffm(config: RunConfig) -> RunResult:
         head = _close_log(log, trainer)
     pin = record_pin(out, head, config.pin_to)
 
+    setup_seconds = start - begun
     evaluator = party_generator(config.seed, EVALUATOR, device)
     model = trainer.velocity.averaged
-    if config.progress:
-        print(f"evaluating: {len(config.nfe)} NFEs + {config.adaptive_solver}, "
-              f"{config.eval_samples} samples each, exact W2", flush=True)
-    report, generated = evaluate_flow(model, pair, config.nfe, config.eval_samples, evaluator,
-                                      device, config.adaptive_solver, config.adaptive_tol)
+    started = time.perf_counter()
+    report, generated = evaluate_flow(
+        model, pair, config.nfe, config.eval_samples, evaluator, device, config.adaptive_solver,
+        config.adaptive_tol, floor_generator=party_generator(config.seed, FLOOR, device),
+        progress=config.progress)
     if trainer.potential is not None:
         report.potential = potential_health(trainer.potential.module, pair,
                                             generated["target"].to(device), config.candidates,
                                             evaluator)
     x0 = pair.source.sample(config.trajectories, evaluator, device)[0]
     paths = trajectories(model, x0).cpu()
+    eval_seconds = time.perf_counter() - started
 
+    started = time.perf_counter()
     (out / "privacy.json").write_text(json.dumps(_privacy(config, trainer, budget), indent=2))
+    privacy_seconds = time.perf_counter() - started
     metrics = {
         "method": config.method,
         "protocol": load_protocol(config.protocol).name,
         "data": config.data,
         "clients": config.clients if config.method not in CENTRALIZED else 1,
         "rounds": budget,
+        "setup_seconds": setup_seconds,
         "train_seconds": train_seconds,
         "seconds_per_round": train_seconds / max(budget, 1),
+        "eval_seconds": eval_seconds,
+        "privacy_seconds": privacy_seconds,
         "eval": report.to_dict(),
         "messages": log.summary(),
         "aborted_aggregations": aborted,

@@ -5,7 +5,8 @@ exact flow e x0, whose W2 to N(0, I) is sqrt(2) |s - 1| for scale s (the Gaussia
 its straightness on Euler paths is a finite sum near E|x0|^2 (e - 1)(3 - e) / 2; a constant
 field is straight (straightness 0) and Euler-exact at every NFE. For the potential: with f = 0
 each target takes its nearest candidate (brute force with numpy), and a steep linear f sends
-every target to one.
+every target to one. The i.i.d. floor is W2 between two samples of the target: for the same
+Gaussian on both sides, about as far from the exact flow's scale as the sampling error allows.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from torch import nn
 from secureffm.data.pairs import DataPair
 from secureffm.data.toy2d import DISTRIBUTIONS
 from secureffm.metrics.evaluate import evaluate_flow, potential_health
+from secureffm.metrics.w2 import w2
 
 GAUSSIANS = DataPair(DISTRIBUTIONS["gaussian"], DISTRIBUTIONS["gaussian"])
 CPU = torch.device("cpu")
@@ -95,6 +97,32 @@ def test_the_report_names_every_sample_set_and_serializes_with_string_keys():
     assert set(data["w2"]) == set(data["inference_seconds"]) == {"1", "2"}
     assert data["eval_samples"] == SAMPLES and data["potential"] == {}
     assert all(seconds >= 0 for seconds in report.inference_seconds.values())
+    assert set(data["seconds"]) == {"sampling", "straightness", "w2"}
+    assert data["iid_floor"] == report.iid_floor
+
+
+def test_the_floor_is_w2_to_a_second_target_sample_from_its_own_generator():
+    """With ``floor_generator`` the evaluator's generator draws only x0 and the target, so a
+    caller's later draws are those it made before the floor existed."""
+    evaluator, floor = torch.Generator().manual_seed(0), torch.Generator().manual_seed(9)
+    report, generated = evaluate_flow(_Identity(), GAUSSIANS, (1,), SAMPLES, evaluator, CPU,
+                                      floor_generator=floor)
+    replay = torch.Generator().manual_seed(0)
+    for _ in range(2):  # x0, then the target
+        GAUSSIANS.source.sample(SAMPLES, replay)
+    assert torch.equal(evaluator.get_state(), replay.get_state())
+    second = GAUSSIANS.target.sample(SAMPLES, torch.Generator().manual_seed(9))[0]
+    assert report.iid_floor == w2(second, generated["target"])
+    # Two samples of N(0, I): far below the identity field's W2, above zero.
+    assert 0.0 < report.iid_floor < 0.25 < report.w2[1]
+
+
+def test_progress_shows_every_solve_and_w2_problem(capsys):
+    """Two Euler NFEs, the adaptive solve and straightness, then four W2 problems."""
+    evaluate_flow(_Constant(), GAUSSIANS, (1, 2), 200, torch.Generator().manual_seed(0), CPU,
+                  progress=True)
+    shown = capsys.readouterr().err
+    assert "evaluation" in shown and "8/8" in shown
 
 
 def test_with_a_zero_potential_each_target_takes_its_nearest_candidate():

@@ -27,10 +27,12 @@ def test_empirical_w2_matches_gaussian_closed_form():
     assert w2(x, y) == pytest.approx(exact, rel=0.02)
 
 
-def test_w2_many_equals_sequential():
+def test_w2_many_equals_sequential_and_reports_each_pair_once():
     rng = np.random.default_rng(1)
     pairs = [(rng.normal(size=(200, 2)), rng.normal(size=(200, 2)) + k) for k in range(3)]
-    assert w2_many(pairs) == [w2(*p) for p in pairs]
+    finished = []
+    assert w2_many(pairs, done=finished.append) == [w2(*p) for p in pairs]
+    assert sorted(finished) == [0, 1, 2]
 
 
 def test_non_convergence_is_an_error(monkeypatch):

@@ -100,3 +100,52 @@ def test_a_layer_opacus_cannot_handle_is_refused_with_its_explanation():
     model = nn.Sequential(nn.Linear(2, 4), nn.BatchNorm1d(4), nn.Linear(4, 2))
     with pytest.raises(ConfigError, match="BatchNorm"):
         DPGradient(model, 1.0, 1.0, 10, torch.Generator())
+
+
+def _dual_losses(f, x0, x1, pool):
+    """GOT's dual loss: f at each example's x0 and at its best candidate (two passes)."""
+    from secureffm.ot import c_transform
+
+    return -(f(x0) + c_transform(f, pool, x1))
+
+
+def test_linear_mode_clips_a_loss_with_two_passes_per_example_like_one_example_at_a_time():
+    """Example j's loss evaluates the potential at x0_j and at x*_j; its clipped gradient must be
+    that of the two passes together (the cross terms), as autograd gives for j alone."""
+    from secureffm.models.mlp import PotentialMLP
+
+    torch.manual_seed(0)
+    model = PotentialMLP(2, 16)
+    g = torch.Generator().manual_seed(1)
+    x0, x1, pool = (torch.randn(40, 2, generator=g), torch.randn(40, 2, generator=g) + 1,
+                    torch.randn(32, 2, generator=g))
+    truth, norms = [], []
+    for j in range(len(x0)):
+        model.zero_grad(set_to_none=True)
+        _dual_losses(model, x0[j:j + 1], x1[j:j + 1], pool).sum().backward()
+        grad = torch.cat([p.grad.reshape(-1) for p in model.parameters()]).double()
+        truth.append(grad)
+        norms.append(grad.norm())
+    clip = float(torch.stack(norms).median())
+    expected = sum(t * min(1.0, clip / (float(n) + 1e-6))
+                   for t, n in zip(truth, norms, strict=True)) / 40
+    dp = DPGradient(model, clip, 0.0, 40, torch.Generator())
+    assert dp.mode == "linear"
+    got = dp(_dual_losses(dp.forward_module, x0, x1, pool), 40)
+    np.testing.assert_allclose(got, expected.numpy(), atol=1e-6 * float(expected.norm()))
+    hooks_model = PotentialMLP(2, 16)
+    hooks_model.load_state_dict(model.state_dict())
+    hooks = DPGradient(hooks_model, clip, 0.0, 40, torch.Generator(), mode="hooks")
+    np.testing.assert_allclose(hooks(_dual_losses(hooks.forward_module, x0, x1, pool), 40), got,
+                               atol=1e-6 * float(expected.norm()))
+
+
+def test_linear_mode_refuses_passes_whose_rows_are_not_the_examples():
+    torch.manual_seed(0)
+    model = VelocityMLP(2, 8)
+    x, t, y = batch(8)
+    dp = DPGradient(model, 1.0, 1.0, 8, torch.Generator())
+    with pytest.raises(ConfigError, match="row j = example j"):
+        losses = losses_of(model, x, t, y)
+        model(torch.cat([x, x]), torch.cat([t, t]))  # a pass on 16 rows for 8 examples
+        dp(losses, 8)
