@@ -490,7 +490,7 @@ class _ClientSession:
             return (f"the request's survivors {sorted(survivors)} are not those of the set it "
                     f"signed ({sorted(set(self.signed) & group)} in its share group)")
         statement = self._statement(list(self.signed))
-        for w in sorted(survivors):
+        for w in sorted(survivors - {self.id}):  # its own it made itself
             if w not in signatures or not verify_signature(self.registry.sign[w], signatures[w],
                                                            statement):
                 return (f"{w} did not sign the survivor set, parameters, graph and broadcasts "
