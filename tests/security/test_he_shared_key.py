@@ -9,6 +9,8 @@ Adversaries:
 - the server colluding with one client: the client hands over its secret context, and the
   pair decrypts another client's upload from the server's view. The key is shared, so this
   succeeds: the documented limit of ``he`` (docs/protocols.md), shown here.
+- a server that deviates: it sends a decryptor one client's upload in place of the sum and
+  gets it decrypted; also a documented limit, shown here.
 
 Truths used: the victim's own update (the value the attack recovers, to the CKKS error
 bound), SEAL's serialized secret key as a byte string (from TenSEAL's ``SecretKey.save``),
@@ -26,6 +28,7 @@ import tenseal as ts
 import torch
 
 from secureffm.federation import SERVER, Client, MessageLog
+from secureffm.federation.message import deserialize_payload as read_payload
 from secureffm.protocols import load_protocol
 from secureffm.protocols.ckks import CKKSStage, decrypt, new_context, read_ciphertexts
 from secureffm.runs.scaffold import open_channel
@@ -159,3 +162,35 @@ def test_a_client_colluding_with_the_server_decrypts_another_clients_upload(he_r
     scale = CKKSStage.scales(WEIGHTS)["client-3"]  # public: from the public weights
     victim = _updates()["client-3"].astype(np.float64)
     assert np.abs(recovered / scale - victim).max() <= params.error_bound(1, 2 * scale) / scale
+
+
+def test_a_deviating_server_gets_one_upload_decrypted_in_place_of_the_sum(tmp_path):
+    """The documented limit against a server that deviates: in round 1 it sends the decryptor
+    client-3's upload (taken from its own log) as the summed ciphertexts; the decryptor cannot
+    tell one ciphertext from a sum and returns client-3's scaled update in the clear, which the
+    server logs as the decrypted sum. ``he`` assumes a server that follows the protocol
+    (docs/protocols.md); secagg's malicious-server variant is the protocol for this one."""
+    clients = [Client(c, torch.zeros(1, 2), torch.Generator().manual_seed(i))
+               for i, c in enumerate(WEIGHTS)]
+    protocol = load_protocol("he")
+    channel = open_channel(protocol, clients, MessageLog(tmp_path / "messages.jsonl",
+                                                         keep_payloads=True))
+    honest = channel.server.envelope
+
+    def envelope(round_, phase, kind, recipient, data, stages=(), origin=""):
+        if phase == "he_sum":
+            data = _upload_of(tmp_path, "client-3", round_)
+        return honest(round_, phase, kind, recipient, data, stages, origin)
+
+    channel.server.envelope = envelope
+    xs = _updates()
+    channel.aggregate(1, "gradient", lambda c: {"g": xs[c.id]}, WEIGHTS,
+                      {"g": ((D,), np.dtype(np.float32))})
+    channel.close()
+    records, blob = _server_view(tmp_path)
+    [reply] = [r for r in records if r["phase"] == "he_decrypted"]
+    plain = read_payload(blob[reply["offset"]:reply["offset"] + reply["bytes"]])["sum"]
+    params = protocol.stages[0].params
+    scale = CKKSStage.scales(WEIGHTS)["client-3"]
+    victim = xs["client-3"].astype(np.float64)
+    assert np.abs(plain / scale - victim).max() <= params.error_bound(1, 2 * scale) / scale
