@@ -51,7 +51,7 @@ from secureffm.audit import verify_run
 from secureffm.audit.pin import load_parties
 from secureffm.config import RunConfig
 from secureffm.federation.log import canonical
-from secureffm.reporting import write_block
+from secureffm.reporting import markdown_table, write_block
 from secureffm.runs import run
 
 __all__ = ["main"]
@@ -62,12 +62,6 @@ PROFILE_ROWS = 12
 
 def _say(text: str) -> None:
     print(text, file=sys.stderr, flush=True)
-
-
-def _table(headers: list[str], rows: list[list[str]]) -> str:
-    lines = ["| " + " | ".join(headers) + " |", "|" + "|".join(" --- " for _ in headers) + "|"]
-    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
-    return "\n".join(lines)
 
 
 def one_core() -> str:
@@ -166,7 +160,7 @@ def profile(run_dir: Path) -> str:
     return (f"One audit of {report.records:,} records under cProfile: {total:.2f} s in all, wall "
             "clock (profiling adds its own cost to each call, and a busy CPU to every function "
             "alike: compare shares).\n\n"
-            + _table(["function", "calls", "us per record (own)", "share"], table))
+            + markdown_table(["function", "calls", "us per record (own)", "share"], table))
 
 
 def _function(func: tuple[str, int, str]) -> str:
@@ -211,7 +205,7 @@ def main(argv: list[str] | None = None) -> None:
             f"Python {platform.python_version()}, cryptography {cryptography.__version__}, "
             f"{pinned}; CPU time; medians of {args.repeats} alternating audits and raw loops.",
             "",
-            _table(["log", "records", "payloads checked", "audit records/s",
+            markdown_table(["log", "records", "payloads checked", "audit records/s",
                     "raw Ed25519 verif/s", "audit / raw", "other work us/record", "repeats"],
                    [case.row() for case in cases]),
             "",

@@ -50,7 +50,7 @@ from secureffm.models import VelocityMLP
 from secureffm.models.params import flat_grad
 from secureffm.models.unet import UNet
 from secureffm.privacy import DPGradient, PlainGradient
-from secureffm.reporting import write_block
+from secureffm.reporting import markdown_table, write_block
 
 __all__ = ["main"]
 
@@ -73,13 +73,6 @@ def _fm_loss(model: nn.Module, x0: torch.Tensor, x1: torch.Tensor,
 
 def _say(text: str) -> None:
     print(text, file=sys.stderr, flush=True)
-
-
-def _table(headers: list[str], rows: list[list[str]]) -> str:
-    lines = ["| " + " | ".join(headers) + " |", "|" + "|".join(" --- " for _ in headers) + "|"]
-    lines += ["| " + " | ".join(str(c).replace("|", "\\|") for c in row) + " |"
-              for row in rows]
-    return "\n".join(lines)
 
 
 def _ms(seconds: list[float]) -> str:
@@ -325,7 +318,7 @@ def _reference(base: nn.Module, x0: torch.Tensor,
     return clip, clipped / len(x0)
 
 
-def _modes_table(cases: list[_Case]) -> str:
+def _modesmarkdown_table(cases: list[_Case]) -> str:
     rows = []
     truths: dict[tuple[str, int], tuple[float, np.ndarray]] = {}
     for case in cases:
@@ -357,7 +350,7 @@ def _modes_table(cases: list[_Case]) -> str:
             rows.append(label + [_ms(times["plain"]), _ms(times[mode]), f"**{ratio:.1f}x**",
                                  str(rounds), f"{error:.0e}"])
             _say(f"    {ratio:.1f}x")
-    return _table(["model", "batch", "threads", "mode", "plain ms (min-max)",
+    return markdown_table(["model", "batch", "threads", "mode", "plain ms (min-max)",
                    "DP ms (min-max)", "ratio of medians", "rounds", "check"], rows)
 
 
@@ -445,7 +438,7 @@ def _variants(configs: tuple[tuple[int, int], ...], rounds: int,
             "truth| over |truth|, the truth computed one example at a time, then, with the "
             "losses multiplied by 0, the std of the result over sigma C / B (1 when the noise "
             "is N(0, sigma^2 C^2) / B).")
-    return _table(headers, rows), note
+    return markdown_table(headers, rows), note
 
 
 # -- where the time goes -----------------------------------------------------------------------
@@ -523,7 +516,7 @@ def _phases(rounds: int) -> str:
     rows.append(["**plain step, sum of medians**", f"{1e6 * plain_total:,.0f}", "1.00x"])
     rows.append(["**DP step, sum of medians**", f"{1e6 * dp_total:,.0f}",
                  f"**{dp_total / plain_total:.2f}x**"])
-    return _table(["phase", "us (median)", "/ plain step"], rows)
+    return markdown_table(["phase", "us (median)", "/ plain step"], rows)
 
 
 _BUCKETS = [  # (label, test on (filename, function name)), first match wins
@@ -616,14 +609,15 @@ def _profile(steps: int, top: int) -> tuple[str, str]:
     dp_total = sum(buckets["DPGradient"].values())
     rows.append(["**total (profiled)**", f"{1e6 * plain_total:,.0f}", f"{1e6 * dp_total:,.0f}",
                  f"**{dp_total / plain_total:.2f}x** (ratio)"])
-    bucket_table = _table(["cost", "plain us/step", "DPGradient us/step",
+    bucket_table = markdown_table(["cost", "plain us/step", "DPGradient us/step",
                            "difference / plain step"], rows)
     dp_stats = stats["DPGradient"]
     dp_own = sum(s[2] for s in dp_stats.values())
     ranked = sorted(dp_stats.items(), key=lambda kv: -kv[1][2])[:top]
     func_rows = [[_short(func), f"{calls / steps:g}", f"{1e6 * own / steps:,.0f}",
                   f"{100 * own / dp_own:.0f}%"] for func, (_, calls, own, _, _) in ranked]
-    return bucket_table, _table(["function", "calls/step", "own us/step", "share"], func_rows)
+    return bucket_table, markdown_table(["function", "calls/step", "own us/step", "share"],
+                                        func_rows)
 
 
 # -- output ------------------------------------------------------------------------------------
@@ -653,7 +647,7 @@ def main() -> None:
     load_before = os.getloadavg()
     started = time.perf_counter()
 
-    modes = _modes_table(_cases(args.quick, args.smoke))
+    modes = _modesmarkdown_table(_cases(args.quick, args.smoke))
     variants, variants_note = _variants(((64, 1),) if args.smoke else ((64, 1), (64, 2), (256, 1)),
                                         args.rounds, 0.0 if args.smoke else 30.0)
     _say("phases of the DPGradient step ...")

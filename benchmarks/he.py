@@ -42,7 +42,7 @@ from secureffm.federation import SERVER, Client, MessageLog
 from secureffm.protocols import load_protocol
 from secureffm.protocols.ckks import decrypt, encrypt, new_context, write_ciphertexts
 from secureffm.protocols.ckks_params import MAX_BITS_128, CKKSParams
-from secureffm.reporting import write_block
+from secureffm.reporting import markdown_table, write_block
 from secureffm.runs.scaffold import open_channel
 
 CLIENTS = (2, 10)
@@ -62,12 +62,6 @@ def _say(text: str) -> None:
 
 def _sci(d: int) -> str:
     return f"10^{len(str(d)) - 1}" if str(d).strip("0") == "1" else f"{d:,}"
-
-
-def _table(headers: list[str], rows: list[list]) -> str:
-    lines = ["| " + " | ".join(headers) + " |", "|" + "|".join(" --- " for _ in headers) + "|"]
-    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
-    return "\n".join(lines)
 
 
 def _clients(n: int) -> list[Client]:
@@ -154,7 +148,7 @@ def _run_case(root: Path, n: int, d: int, repeats: int) -> Case:
 # -- tables ---------------------------------------------------------------------------------------
 
 
-def _round_table(cases: list[Case]) -> str:
+def _roundmarkdown_table(cases: list[Case]) -> str:
     def ms(times: list[float]) -> str:
         spread = f" ({1e3 * min(times):,.0f}-{1e3 * max(times):,.0f})" if len(times) > 1 else ""
         return f"{1e3 * statistics.median(times):,.1f}{spread}"
@@ -163,7 +157,7 @@ def _round_table(cases: list[Case]) -> str:
              ms(c.seconds["he"]), f"**{c.median('he') / c.median('plaintext'):.1f}x**",
              f"**{c.median('he') / c.median('secagg'):.2f}x**", f"{1e3 * c.first_he:,.1f}",
              len(c.seconds["he"])] for c in cases]
-    return _table(["n", "d", "plaintext ms (min-max)", "secagg ms (min-max)",
+    return markdown_table(["n", "d", "plaintext ms (min-max)", "secagg ms (min-max)",
                    "he ms (min-max)", "he / plaintext", "he / secagg",
                    "he first round, with key set-up, ms", "rounds each"], rows)
 
@@ -174,7 +168,7 @@ def _per_param(phases: dict[str, dict[str, int]], n: int, d: int, only: str = ""
     return f"{total / n / d:.2f}"
 
 
-def _bytes_table(cases: list[Case]) -> str:
+def _bytesmarkdown_table(cases: list[Case]) -> str:
     rows = []
     for c in cases:
         he = c.bytes["he"]
@@ -184,7 +178,7 @@ def _bytes_table(cases: list[Case]) -> str:
                      _per_param(he, c.n, c.d, "upload"),
                      _per_param(he, c.n, c.d),
                      f"{setup / 1e3:,.0f}"])
-    return _table(["n", "d", "plaintext (up+down)", "secagg (up+down)", "he upload",
+    return markdown_table(["n", "d", "plaintext (up+down)", "secagg (up+down)", "he upload",
                    "he (up+down: upload, sum to the decryptor, its plaintext sum)",
                    "he key set-up, once per run (KB per client)"], rows)
 
@@ -216,7 +210,7 @@ def _packing(d: int) -> str:
                      f"{bits} <= {limit}", f"2^{params.scale_bits}", f"{size / d:.1f}",
                      f"{per * encrypt_s:.2f}", f"{per * add_s:.3f}", f"{per * decrypt_s:.2f}",
                      f"{np.abs(plain - (x + y)).max():.1e}"])
-    return _table(["set-up", "N", "primes (bits)", "modulus bits (128-bit limit)", "scale",
+    return markdown_table(["set-up", "N", "primes (bits)", "modulus bits (128-bit limit)", "scale",
                    "bytes / parameter", "encrypt s / 10^6", "add s / 10^6",
                    "decrypt s / 10^6", "max error of x + y"], rows)
 
@@ -263,7 +257,7 @@ def _profile(n: int, d: int, root: Path) -> str:
     rows = [[label, f"{1e3 * s:,.1f}", f"{100 * s / total:.0f}%"]
             for label, s in sorted(costs.items(), key=lambda kv: -kv[1])]
     rows.append(["**round (profiled)**", f"{1e3 * total:,.1f}", ""])
-    return _table(["cost", "own ms", "share"], rows)
+    return markdown_table(["cost", "own ms", "share"], rows)
 
 
 def main() -> None:
@@ -312,14 +306,14 @@ def main() -> None:
         "after one untimed warm-up each; medians (min-max). The he warm-up is its first round, "
         "which sets up the keys: shown on its own.",
         "",
-        _round_table(cases),
+        _roundmarkdown_table(cases),
         "",
         "### Bytes per parameter per client per round",
         "",
         "Payload bytes of one round (after the warm-up) from the message log, all phases and "
         "both directions, divided by n and d; the key set-up is once per run (in KB).",
         "",
-        _bytes_table(cases),
+        _bytesmarkdown_table(cases),
         "",
         f"### CKKS packing against NVIDIA FLARE's, d = {_sci(max(sizes))}",
         "",

@@ -40,7 +40,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from secureffm.reporting import write_block  # noqa: E402
+from secureffm.reporting import markdown_table, write_block  # noqa: E402
 
 __all__ = ["main"]
 
@@ -53,11 +53,6 @@ TARGET_S, TARGET_GB = 180.0, 1.5
 
 def _say(text: str) -> None:
     print(text, file=sys.stderr, flush=True)
-
-
-def _table(headers: list[str], rows: list[list[str]]) -> str:
-    lines = ["| " + " | ".join(headers) + " |", "|" + "|".join(" --- " for _ in headers) + "|"]
-    return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in rows])
 
 
 def run_job(extra: list[str], folder: Path, profile: Path | None = None) -> dict:
@@ -117,9 +112,9 @@ def _profile_tables(path: Path, top: int) -> str:
               for f, e in by_own]
     return "\n".join([
         f"Library functions by cumulative time (top {top}; the profiled run took {total:.0f} s):",
-        "", _table(["function", "calls", "cumulative s", "share"], rows_c), "",
+        "", markdown_table(["function", "calls", "cumulative s", "share"], rows_c), "",
         f"All functions by own time (top {top}):", "",
-        _table(["function", "calls", "own s", "share"], rows_o)])
+        markdown_table(["function", "calls", "own s", "share"], rows_o)])
 
 
 def _report(jobs: list[dict], command: str, load: tuple[float, float], profile: str) -> str:
@@ -144,12 +139,12 @@ def _report(jobs: list[dict], command: str, load: tuple[float, float], profile: 
         "",
         f"### `secureffm {' '.join(JOB)}`: wall time, peak memory, parts",
         "",
-        _table(["measure", *runs, "target"], summary),
+        markdown_table(["measure", *runs, "target"], summary),
         "",
         f"### W2 of the main job ({ev['eval_samples']:,} generated vs {ev['eval_samples']:,} "
         "held-out target points, exact) and the i.i.d. floor at that size",
         "",
-        _table(["run", *(f"NFE {n}" for n in nfes), f"{ev['adaptive']['solver']}",
+        markdown_table(["run", *(f"NFE {n}" for n in nfes), f"{ev['adaptive']['solver']}",
                 "i.i.d. floor"], w2_rows),
     ] + (["", "### Profile of one more run (cProfile)", "", profile] if profile else []))
 

@@ -46,7 +46,7 @@ from secureffm.protocols import flatten, load_protocol
 from secureffm.protocols.link import Link
 from secureffm.protocols.prg import add_masks, keystream_throughput, word_dtype
 from secureffm.protocols.secagg import MALICIOUS_PHASES as PHASES
-from secureffm.reporting import write_block
+from secureffm.reporting import markdown_table, write_block
 from secureffm.runs.scaffold import open_channel
 
 CLIENTS = (2, 10, 50)
@@ -69,12 +69,6 @@ def _say(text: str) -> None:
 
 def _sci(d: int) -> str:
     return f"10^{len(str(d)) - 1}" if d and str(d).strip("0") == "1" else f"{d:,}"
-
-
-def _table(headers: list[str], rows: list[list[str]]) -> str:
-    lines = ["| " + " | ".join(headers) + " |", "|" + "|".join(" --- " for _ in headers) + "|"]
-    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
-    return "\n".join(lines)
 
 
 # -- the federation under test --------------------------------------------------------------
@@ -206,7 +200,7 @@ def _graph_note(r: CaseResult) -> str:
     return f"SecAgg+ k=8 ({peers})"
 
 
-def _round_table(results: list[CaseResult]) -> str:
+def _roundmarkdown_table(results: list[CaseResult]) -> str:
     def ms(times: list[float]) -> str:
         spread = f" ({1e3 * min(times):,.1f}-{1e3 * max(times):,.1f})" if len(times) > 1 else ""
         return f"{1e3 * statistics.median(times):,.1f}{spread}"
@@ -214,12 +208,12 @@ def _round_table(results: list[CaseResult]) -> str:
     rows = [[r.n, _sci(r.d), _graph_note(r), ms(r.plain_s), ms(r.secure_s), f"**{r.ratio:.2f}x**",
              f"**{r.cpu_ratio:.2f}x**", f"{len(r.plain_s)} / {len(r.secure_s)}"]
             for r in results]
-    return _table(["n", "d", "masking", "plaintext ms (min-max)", "secagg ms (min-max)",
+    return markdown_table(["n", "d", "masking", "plaintext ms (min-max)", "secagg ms (min-max)",
                    "ratio of medians (wall)", "ratio of medians (CPU time)",
                    "rounds plaintext / secagg"], rows)
 
 
-def _bytes_table(results: list[CaseResult]) -> str:
+def _bytesmarkdown_table(results: list[CaseResult]) -> str:
     rows = []
     for r in results:
         up = sum(b for p, b in r.secure_bytes.items() if _DIRECTION[p] == "up") / r.n
@@ -230,17 +224,17 @@ def _bytes_table(results: list[CaseResult]) -> str:
         rows.append([r.n, _sci(r.d), _graph_note(r), f"{plain_up:,.0f}", f"{up:,.0f}",
                      f"{down:,.0f}", f"{masked / r.d:.4f}", f"{keys:,.0f}",
                      f"{(up + down) / plain_up:.3f}x"])
-    return _table(["n", "d", "masking", "plaintext up", "secagg up", "secagg down",
+    return markdown_table(["n", "d", "masking", "plaintext up", "secagg up", "secagg down",
                    "masked input B/param", "keys + shares + unmask (up+down)",
                    "secagg (up+down) / plaintext up"], rows)
 
 
-def _phase_table(results: list[CaseResult]) -> str:
+def _phasemarkdown_table(results: list[CaseResult]) -> str:
     rows = []
     for r in results:
         rows.append([r.n, _sci(r.d), _graph_note(r)]
                     + [f"{r.secure_bytes.get(p, 0) / r.n:,.0f}" for p in PHASES])
-    return _table(["n", "d", "masking"] + [f"{p} ({_DIRECTION[p]})" for p in PHASES], rows)
+    return markdown_table(["n", "d", "masking"] + [f"{p} ({_DIRECTION[p]})" for p in PHASES], rows)
 
 
 # -- the malicious-server variant against the semi-honest one ------------------------------
@@ -289,7 +283,7 @@ def _adversaries(root: Path, quick: bool, repeats: int, clients: tuple[int, ...]
                          f"{1e3 * median['mal']:,.1f}", ratio("mal", "plain"),
                          ratio("mal", "semi"), f"{sent['semi']:,.0f}",
                          f"{sent['mal']:,.0f}", f"{sent['mal'] / sent['semi']:.4f}x", count])
-    return _table(["n", "d", "plaintext ms", "semi-honest ms",
+    return markdown_table(["n", "d", "plaintext ms", "semi-honest ms",
                    "semi-honest / plaintext, wall (CPU time)", "malicious ms",
                    "malicious / plaintext, wall (CPU time)",
                    "malicious / semi-honest, wall (CPU time)", "semi-honest B/client",
@@ -356,7 +350,7 @@ def _throughput(d: int, repeats: int) -> str:
                      f"+ k x agree + `add_masks` of k + 1 masks + reduce)",
                      f"{1e3 * best(step[k]):,.1f}", f"{(k + 1) * mb / best(step[k]):,.0f}",
                      f"{(k + 1) * best(raw) / best(step[k]):.2f}"])
-    return _table(["what", f"CPU ms (best of {repeats})", "MB/s of mask keystream",
+    return markdown_table(["what", f"CPU ms (best of {repeats})", "MB/s of mask keystream",
                    "fraction of raw (ratio of bests)"], rows)
 
 
@@ -441,12 +435,12 @@ def _profile(fed: _Federation, top: int) -> tuple[dict[str, float], str]:
         main = max(callers.items(), key=lambda kv: kv[1][2])[0] if callers else None
         func_rows.append([_short(func), calls, f"{1e3 * tt:,.1f}", f"{1e3 * ct:,.1f}",
                           f"{100 * tt / total_tt:.0f}%", _short(main) if main else ""])
-    func_table = _table(["function", "calls", "own ms", "cumulative ms", "own share",
+    func_table = markdown_table(["function", "calls", "own ms", "cumulative ms", "own share",
                          "main caller"], func_rows)
     return dict(buckets), func_table
 
 
-def _bucket_table(columns: dict[str, dict[str, float]]) -> str:
+def _bucketmarkdown_table(columns: dict[str, dict[str, float]]) -> str:
     """Costs as rows, one ms and share column pair per profiled round, sorted by the first."""
     first = next(iter(columns.values()))
     labels = sorted(set().union(*columns.values()), key=lambda b: -first.get(b, 0.0))
@@ -460,7 +454,7 @@ def _bucket_table(columns: dict[str, dict[str, float]]) -> str:
             tt, total = buckets.get(label, 0.0), sum(buckets.values())
             row += [f"{1e3 * tt:,.1f}", f"{100 * tt / total:.0f}%"]
         rows.append(row)
-    return _table(headers, rows)
+    return markdown_table(headers, rows)
 
 
 def _breakdown(root: Path, n: int, d: int, protocol: str, top: int) -> tuple[str, str, str]:
@@ -503,14 +497,14 @@ def _breakdown(root: Path, n: int, d: int, protocol: str, top: int) -> tuple[str
     rows.append(["server: add masked inputs, rebuild seeds, remove masks, dequantize", "",
                  f"{1e3 * tail:,.1f}", "", f"{100 * tail / total:.0f}%"])
     rows.append(["**round**", len(spans), "", "", f"{1e3 * total:,.1f} ms"])
-    phases = _table(["phase", "messages", "work before each send, ms",
+    phases = markdown_table(["phase", "messages", "work before each send, ms",
                      "inside `Link.send` (sign, deliver, check, log; serialize excluded), ms",
                      "share"], rows)
 
     # 2. cProfile of a third round.
     buckets, func_table = _profile(fed, top)
     fed.close()
-    return phases, _bucket_table({f"n={n}, d={_sci(d)}": buckets}), func_table
+    return phases, _bucketmarkdown_table({f"n={n}, d={_sci(d)}": buckets}), func_table
 
 
 # -- output ---------------------------------------------------------------------------------
@@ -587,18 +581,18 @@ def main() -> None:
         "cases, which run fewer rounds)"
         + ("; n = 50, d = 10^6 skipped (`--quick`)." if args.quick else "."),
         "",
-        _round_table(results),
+        _roundmarkdown_table(results),
         "",
         "### Bytes on the wire per client per round",
         "",
         "Payload bytes from the message log (`bytes` of each record; the log's `summary()` "
         "total agrees), divided by n. Up = client to server, down = server to client.",
         "",
-        _bytes_table(results),
+        _bytesmarkdown_table(results),
         "",
         "By phase (bytes per client; the direction is in the header):",
         "",
-        _phase_table(results),
+        _phasemarkdown_table(results),
         "",
         "### The malicious-server variant over the semi-honest one",
         "",
@@ -636,7 +630,7 @@ def main() -> None:
         "Per-message and per-pair costs (keys, shares, signatures, serialization) dominate "
         "here; the pair costs grow as n^2 on the full graph:",
         "",
-        _bucket_table(small),
+        _bucketmarkdown_table(small),
         "",
         f"Top {args.top} functions by own time, n = {small_ns[-1]}:",
         "",

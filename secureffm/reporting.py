@@ -5,7 +5,7 @@ from __future__ import annotations
 import statistics
 from pathlib import Path
 
-__all__ = ["write_block", "mean_std"]
+__all__ = ["write_block", "markdown_table", "mean_std"]
 
 
 def write_block(doc: Path, name: str, text: str, title: str = "# Results") -> None:
@@ -20,6 +20,15 @@ def write_block(doc: Path, name: str, text: str, title: str = "# Results") -> No
     head, rest = current.split(begin, 1)
     tail = rest.split(end, 1)[1]
     doc.write_text(f"{head}{begin}\n{text}\n{end}{tail}")
+
+
+def markdown_table(headers: list[str], rows: list[list]) -> str:
+    """A markdown table: ``headers``, then one line per row (cells by ``str``, a ``|`` inside a
+    cell escaped)."""
+    lines = ["| " + " | ".join(headers) + " |", "|" + "|".join(" --- " for _ in headers) + "|"]
+    lines += ["| " + " | ".join(str(c).replace("|", "\\|") for c in row) + " |"
+              for row in rows]
+    return "\n".join(lines)
 
 
 def mean_std(values: list[float]) -> tuple[float, float]:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 
-from secureffm.reporting import mean_std, write_block
+from secureffm.reporting import markdown_table, mean_std, write_block
 
 
 def test_a_block_is_replaced_and_the_prose_around_it_kept(tmp_path):
@@ -35,3 +35,8 @@ def test_mean_and_sample_standard_deviation():
     assert math.isclose(std, math.sqrt(((1 - 7 / 3) ** 2 + (2 - 7 / 3) ** 2 + (4 - 7 / 3) ** 2)
                                        / 2))
     assert mean_std([5.0]) == (5.0, 0.0)
+
+
+def test_markdown_table_writes_a_header_a_rule_and_one_line_per_row():
+    text = markdown_table(["a", "b"], [[1, "x|y"], [2.5, ""]])
+    assert text.splitlines() == ["| a | b |", "| --- | --- |", "| 1 | x\\|y |", "| 2.5 |  |"]
