@@ -16,6 +16,7 @@ from typing import Protocol
 import numpy as np
 
 from ..privacy.settings import DistributedNoise, NoiseGeometry
+from .exchange import Task
 from .message import Payload
 from .parties import Client
 
@@ -23,8 +24,9 @@ __all__ = ["Channel", "Aggregate", "Template", "Compute"]
 
 # Expected payload of an aggregation: field name -> (shape, dtype).
 Template = dict[str, tuple[tuple[int, ...], np.dtype]]
-# A client-side computation: the payload one client contributes.
-Compute = Callable[[Client], Payload]
+# A client-side computation: the payload one client contributes. A Task names one the
+# client's own program runs (any engine); a callable on the client runs only in-process.
+Compute = Task | Callable[[Client], Payload]
 
 
 @dataclass
@@ -32,13 +34,15 @@ class Aggregate:
     """What the server obtained from one aggregation.
 
     ``payload``: sum_i w_i x_i / sum_i w_i over the ``included`` clients, or None when the
-    round aborted (``reason`` says why); ``dropped``: client id -> why it was left out.
+    round aborted (``reason`` says why); ``dropped``: client id -> why it was left out;
+    ``asked``: the clients asked to compute their payload (what a DP ledger counts).
     """
 
     payload: Payload | None
     included: list[str]
     dropped: dict[str, str] = field(default_factory=dict)
     reason: str = ""
+    asked: list[str] = field(default_factory=list)
 
 
 class Channel(Protocol):

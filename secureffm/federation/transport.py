@@ -14,30 +14,22 @@ event itself.
 
 from __future__ import annotations
 
-import hashlib
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 from ..errors import MessageError
-from .crypto import verify_signature
+from .exchange import Incoming, Receipts, Refusal, Reply, Request, late_refusal
 from .faults import FaultPlan
 from .log import MessageLog
-from .message import RELAY_PHASE, SERVER, Envelope, canonical
+from .message import SERVER, Envelope
 from .parties import Party, Registry
 
-__all__ = ["Transport", "InProcessTransport", "Delivery", "Refusal"]
+__all__ = ["Transport", "InProcessTransport", "Delivery", "Refusal", "Endpoint"]
 
-
-@dataclass(frozen=True)
-class Refusal:
-    """A receipt check of ``recipient`` failed for a message from ``party``: ``reason``;
-    ``refused``: the seq of the logged record it refused (None for a copy or forgery the log
-    does not hold)."""
-
-    recipient: str
-    party: str
-    reason: str
-    refused: int | None = None
+# A client's side of the boundary: it answers a request, given the server's message as it
+# arrived (None when the request carries none or it was lost).
+Endpoint = Callable[[Request, Incoming | None], Reply]
 
 
 @dataclass(frozen=True)
@@ -45,12 +37,14 @@ class Delivery:
     """What became of one envelope: ``data``, the bytes its recipient accepted (None when the
     sender was offline, the message was lost or a receipt check failed), ``refusals``, the
     failed receipt checks (of this envelope, of a replayed copy, of an injected forgery), for
-    their recipients to log, and ``seq``, the envelope's record in the log (None when it was
-    not logged)."""
+    their recipients to log, ``seq``, the envelope's record in the log (None when it was
+    not logged), and, for a reply in an exchange, the ``events`` its client signed while
+    answering (already logged)."""
 
     data: bytes | None
     refusals: tuple[Refusal, ...] = ()
     seq: int | None = None
+    events: tuple[dict, ...] = ()
 
 
 class Transport(Protocol):
@@ -64,6 +58,12 @@ class Transport(Protocol):
 
     def send(self, envelope: Envelope) -> Delivery:
         """Deliver a signed envelope (see :class:`Delivery`)."""
+
+    def exchange(self, requests: dict[str, Request]) -> dict[str, Delivery]:
+        """One request to each named client, answered on the client's side: client id -> the
+        :class:`Delivery` of its reply to the server (data None when it sent none, was
+        offline, or the server's receipt check refused it). Every message both ways is
+        logged, and the events the clients signed are recorded."""
 
     def reject(self, by: Party, round_: int, phase: str, party: str, reason: str,
                refused: int | None = None) -> None:
@@ -82,11 +82,13 @@ class InProcessTransport:
 
     ``registry``: the pinned public keys of the server and the ``clients`` (ids, in federation
     order), written to parties.json before any record. ``phases``: the protocol's phase names in
-    round order, which injected faults refer to.
+    round order, which injected faults refer to. ``endpoints``: each client's side of the
+    boundary (client id -> :data:`Endpoint`), which :meth:`exchange` calls.
     """
 
     def __init__(self, registry: Registry, clients: list[str], log: MessageLog,
-                 phases: tuple[str, ...], faults: FaultPlan | None = None):
+                 phases: tuple[str, ...], faults: FaultPlan | None = None,
+                 endpoints: dict[str, Endpoint] | None = None):
         if len(set(clients)) != len(clients) or SERVER in clients:
             raise MessageError(f"client ids must be unique and not {SERVER!r}: {clients}")
         missing = sorted(set(clients) - set(registry.sign))
@@ -98,8 +100,9 @@ class InProcessTransport:
         self.phases = phases
         self.faults = faults or FaultPlan()
         self.faults.check_phases(phases, list(clients))
+        self.endpoints = endpoints or {}
         log.register(registry)
-        self._seen: set[tuple] = set()
+        self._receipts = Receipts(registry)
         self._injected: set[tuple] = set()
 
     def alive(self, party: str, round_: int, phase: str) -> bool:
@@ -110,59 +113,75 @@ class InProcessTransport:
         """See :meth:`Transport.send`. A sender that is not registered (a forger) is refused by
         name on receipt; its message is not logged as a delivery, since no key in parties.json
         could verify it."""
-        sender, round_, phase = envelope.sender, envelope.round, envelope.phase
-        recipient = envelope.recipient
-        if not self.alive(sender, round_, phase):
+        if not self.alive(envelope.sender, envelope.round, envelope.phase):
             return Delivery(None)
         refusals = self._inject_unknown_sender(envelope)
-        if sender not in self.registry.sign:
+        if envelope.sender not in self.registry.sign:
             return Delivery(None, (*refusals, Refusal(
-                recipient, sender, f"{envelope.kind} message (sha256 {envelope.sha256[:16]}...) "
-                "from a party that is not registered in this federation")))
-        record = self.log.append(envelope)
-        seq = record["seq"]
-        if self.faults.find("lose", sender, round_, phase, recipient):
+                envelope.recipient, envelope.sender, f"{envelope.kind} message (sha256 "
+                f"{envelope.sha256[:16]}...) from a party that is not registered in this "
+                "federation")))
+        arrived, seq = self._transmit(envelope)
+        if arrived is None:
             return Delivery(None, refusals, seq)
-        if self.faults.find("delay", sender, round_, phase, recipient):
-            return Delivery(None, (*refusals, Refusal(
-                recipient, sender, f"{envelope.kind} message seq {seq} arrived after the phase "
-                "closed", seq)), seq)
-        received = envelope.data
-        if self.faults.find("corrupt", sender, round_, phase, recipient) and received:
-            received = bytes([received[0] ^ 0xFF]) + received[1:]
-        refused = self._receive(record, envelope, received)
+        if arrived.late:
+            return Delivery(None, (*refusals, late_refusal(arrived)), seq)
+        refused = self._receipts.check(envelope, arrived.data, seq)
         if refused is not None:
             refusals = (*refusals, refused)
-        if self.faults.find("replay", sender, round_, phase, recipient):
-            again = self._receive(record, envelope, envelope.data)
+        if self._replayed(envelope):
+            again = self._receipts.check(envelope, envelope.data, seq)
             refusals = (*refusals, again) if again else refusals
-        return Delivery(None if refused else received, refusals, seq)
+        return Delivery(None if refused else arrived.data, refusals, seq)
 
-    def _receive(self, record: dict, envelope: Envelope, received: bytes) -> Refusal | None:
-        """The recipient's checks: unaltered bytes, valid signature, an ``origin`` only on a
-        relayed payload, first copy (one per round, phase, kind, sender, recipient and, in
-        :data:`RELAY_PHASE`, origin)."""
-        sender, round_, phase = envelope.sender, envelope.round, envelope.phase
-        recipient = envelope.recipient
-        if hashlib.sha256(received).hexdigest() != envelope.sha256:
-            return Refusal(recipient, sender, f"message seq {record['seq']} was altered in "
-                           "transit (sha256 of the bytes received does not match the signed "
-                           "one)", record["seq"])
-        if not verify_signature(self.registry.sign[sender], envelope.sig,
-                                canonical(envelope.header())):
-            return Refusal(recipient, sender, f"message seq {record['seq']} has an invalid "
-                           "signature", record["seq"])
-        if envelope.origin and phase != RELAY_PHASE:
-            return Refusal(recipient, sender, f"message seq {record['seq']} names an author "
-                           f"({envelope.origin}) in phase {phase}; only a payload relayed in "
-                           f"phase {RELAY_PHASE} has an author other than its sender",
-                           record["seq"])
-        key = (round_, phase, envelope.kind, sender, recipient, envelope.origin)
-        if key in self._seen:
-            return Refusal(recipient, sender, f"duplicate or replayed {envelope.kind} message "
-                           f"(round {round_}, phase {phase}); the first copy stands")
-        self._seen.add(key)
-        return None
+    def exchange(self, requests: dict[str, Request]) -> dict[str, Delivery]:
+        """See :meth:`Transport.exchange`: first every request's message is logged (with the
+        injected faults on the server's deliveries), then each client online at the request's
+        phase runs its endpoint (its reply is lost when it goes offline before the reply's
+        phase), then every reply is delivered to the server as :meth:`send` does."""
+        arrived: dict[str, list[Incoming | None]] = {}
+        for cid, request in requests.items():
+            if request.envelope is None:
+                arrived[cid] = [None]
+                continue
+            incoming, _ = self._transmit(request.envelope)
+            arrived[cid] = [incoming] if incoming is not None else []
+            if incoming is not None and self._replayed(request.envelope):
+                arrived[cid].append(Incoming(request.envelope, request.envelope.data,
+                                             incoming.seq))
+        replies: dict[str, Reply] = {}
+        for cid, request in requests.items():
+            if not self.alive(cid, request.round, request.phase):
+                continue
+            if request.envelope is not None and not arrived[cid]:
+                continue  # its message was lost: nothing to answer
+            answers = [self.endpoints[cid](request, item) for item in arrived[cid]]
+            for answer in answers:
+                for event in answer.events:
+                    self.record(event)
+            if self.alive(cid, request.round, request.reply_phase):
+                replies[cid] = answers[0]
+        return {cid: replace(self.send(reply.envelope) if reply.envelope is not None
+                             else Delivery(None), events=reply.events)
+                for cid, reply in replies.items()}
+
+    def _transmit(self, envelope: Envelope) -> tuple[Incoming | None, int]:
+        """Log ``envelope`` and carry it: what arrived (None when an injected fault lost it),
+        and its record's seq."""
+        sender, round_, phase, recipient = (envelope.sender, envelope.round, envelope.phase,
+                                            envelope.recipient)
+        seq = self.log.append(envelope)["seq"]
+        if self.faults.find("lose", sender, round_, phase, recipient):
+            return None, seq
+        late = bool(self.faults.find("delay", sender, round_, phase, recipient))
+        data = envelope.data
+        if self.faults.find("corrupt", sender, round_, phase, recipient) and data:
+            data = bytes([data[0] ^ 0xFF]) + data[1:]
+        return Incoming(envelope, data, seq, late), seq
+
+    def _replayed(self, envelope: Envelope) -> bool:
+        return bool(self.faults.find("replay", envelope.sender, envelope.round,
+                                     envelope.phase, envelope.recipient))
 
     def _inject_unknown_sender(self, envelope: Envelope) -> tuple[Refusal, ...]:
         """Each ``unknown_sender`` fault due now sends, once, a copy of ``envelope``'s bytes to

@@ -20,8 +20,9 @@ import numpy as np
 import torch
 
 from ..data.pairs import DataPair
-from ..errors import ConfigError
+from ..errors import ConfigError, ProtocolError
 from ..federation.channel import Channel
+from ..federation.exchange import Task
 from ..federation.parties import Client
 from ..models.mlp import PotentialMLP, VelocityMLP
 from ..models.params import load_flat_params
@@ -35,7 +36,8 @@ from .couplings import ExactOTCoupling, IndependentCoupling, SemiDualCoupling
 from .flow_matching import flow_matching_loss
 from .global_model import GlobalModel
 
-__all__ = ["FederatedFlowMatching", "FFMSettings", "client_weights", "velocity_gradient",
+__all__ = ["FederatedFlowMatching", "FFMClient", "FFMSettings", "planned_steps",
+           "local_noise_multiplier", "client_weights", "velocity_gradient",
            "LOT_DP_REFUSAL"]
 
 LOT_DP_REFUSAL = (
@@ -114,139 +116,82 @@ class FFMSettings:
         return ("gradient", "dual_update") if self.method == "got" else ("gradient",)
 
 
-class FederatedFlowMatching:
-    """FFM with coupling ``vanilla``, ``lot`` or ``got`` over a channel's clients."""
+def planned_steps(settings: FFMSettings, rounds: int | None = None) -> dict[str, int]:
+    """DP mechanism invocations per client over ``rounds`` (the settings' by default), by
+    message kind."""
+    rounds = settings.rounds if rounds is None else rounds
+    steps = {"gradient": rounds}
+    if settings.method == "got":
+        steps["dual_update"] = rounds // settings.potential_every
+    return steps
+
+
+def local_noise_multiplier(settings: FFMSettings, dp: DPSettings) -> float:
+    """sigma of local-noise DP-SGD: the given one, or the smallest that keeps a client within
+    the target over the planned rounds. Public (the sample rate is the nominal one), so the
+    server's ledger and each client compute the same value."""
+    if dp.noise_multiplier:
+        return dp.noise_multiplier
+    rate = poisson_rate(settings.batch_size, settings.shard_size)
+    return smallest_multiplier(
+        lambda m: epsilon([(m, rate, n) for n in planned_steps(settings).values()], dp.delta,
+                          dp.accountant), dp.target_epsilon, dp.delta)
+
+
+class FFMClient:
+    """FFM's client side: what a client computes in a round with its own shard and secret
+    streams (:class:`~secureffm.federation.exchange.Task` ``ffm.velocity`` and ``ffm.dual``,
+    args ``{"round": r}``), from public settings only, so a client's own process builds the
+    same program. Its replicas and DP state live in ``client.state``, set up on first use."""
+
+    TASKS = ("ffm.velocity", "ffm.dual")
 
     def __init__(self, settings: FFMSettings, dp: DPSettings | None, pair: DataPair,
-                 channel: Channel, device: torch.device):
-        """``dp``: the DP settings of every kind in ``settings.sent_kinds``, resolved by the
-        runner from the protocol (None: no DP)."""
+                 device: torch.device):
         self.settings = settings
-        self.pair = pair
-        self.channel = channel
-        self.device = device
-        self.velocity = GlobalModel(VelocityMLP(pair.dim, settings.hidden).to(device),
-                                    settings.lr, settings.ema_decay)
-        self.potential = None
-        if settings.method == "got":
-            self.potential = GlobalModel(
-                PotentialMLP(pair.dim, settings.potential_hidden).to(device),
-                settings.potential_lr)
         self.dp = dp
-        if dp is not None:
-            self._check_dp()
-        self.weights = client_weights(channel.clients, settings.weighting, private=bool(dp))
-        self.ledger = PrivacyLedger(self.dp.delta) if self.dp else None
-        self.noise_multipliers: dict[str, float] = {}
-        self.distributed = self.dp is not None and self.dp.noise == "distributed"
-        self.geometry, self.noise = {}, {}
-        for client in channel.clients:
-            self._setup_client(client)
-        if self.distributed:
-            self._plan_distributed_noise()
-        if self.potential is not None:
-            self.channel.broadcast(0, "global_potential", {"phi": self.potential.flat()})
+        self.pair = pair
+        self.device = device
+        self.sigma = 0.0
+        if dp is not None and dp.noise != "distributed":  # distributed: secagg adds noise
+            self.sigma = local_noise_multiplier(settings, dp)
 
-    # -- set-up --------------------------------------------------------------------------
+    def __call__(self, client: Client, task: Task) -> dict[str, np.ndarray]:
+        if task.name not in self.TASKS:
+            raise ProtocolError(f"FFM clients run {', '.join(self.TASKS)}, not {task.name!r}")
+        if "velocity" not in client.state:
+            self.setup(client)
+        if task.name == "ffm.velocity":
+            return self._velocity(client, int(task.args["round"]))
+        return self._dual(client, int(task.args["round"]))
 
-    def _check_dp(self) -> None:
-        """Refuse what DP-SGD cannot bound or run for this method."""
-        if self.settings.method == "lot":
-            raise ConfigError(LOT_DP_REFUSAL)
-        if self.settings.method == "got" and self.settings.ctransform_steps:
-            raise ConfigError("ctransform_steps > 0 refines f^c by gradient steps through the "
-                              "potential, which DP-SGD's per-example hooks cannot run; use "
-                              "ctransform_steps = 0 under a dp protocol")
-        check_delta(self.dp.delta, self.settings.shard_size)
-
-    def planned_steps(self, rounds: int | None = None) -> dict[str, int]:
-        """DP mechanism invocations per client over ``rounds`` (the run's), by message kind."""
-        rounds = self.settings.rounds if rounds is None else rounds
-        steps = {"gradient": rounds}
-        if self.potential is not None:
-            steps["dual_update"] = rounds // self.settings.potential_every
-        return steps
-
-    def client_epsilon(self, client: Client, multiplier: float, rounds: int) -> float:
-        """The epsilon ``client`` spends in ``rounds`` rounds at noise ``multiplier`` (sigma
-        for local noise, tau for distributed noise)."""
-        rate, steps = client.state["rate"], self.planned_steps(rounds)
-        if not self.distributed:
-            return epsilon([(multiplier, rate, n) for n in steps.values()], self.dp.delta,
-                           self.dp.accountant)
-        schedule = []
-        for kind, n in steps.items():
-            l2, l1 = self.geometry[kind].sensitivity[client.id]
-            schedule.append(SkellamStep(rate, l2, l1,
-                                        self.geometry[kind].sum_variance(multiplier), n))
-        return skellam_epsilon(schedule, self.dp.delta)
-
-    def _plan_distributed_noise(self) -> None:
-        """Geometry of each kind's noise in quantization levels, and one multiplier tau for
-        every client and kind: the given one, or the smallest keeping every client within the
-        target."""
-        clients = self.channel.clients
-        sensitivity = {c.id: self.dp.clip / self.settings.batch_size for c in clients}
-        sizes = {"gradient": self.velocity.flat().size}
-        if self.potential is not None:
-            sizes["dual_update"] = self.potential.flat().size
-        self.geometry = {kind: self.channel.noise_geometry(kind, self.weights, sensitivity, size)
-                         for kind, size in sizes.items()}
-        tau = self.dp.noise_multiplier or smallest_multiplier(
-            lambda m: max(self.client_epsilon(c, m, self.settings.rounds) for c in clients),
-            self.dp.target_epsilon, self.dp.delta)
-        self.noise_multipliers = {c.id: tau for c in clients}
-        self.noise = {kind: DistributedNoise(tau, sensitivity, self.dp.colluders)
-                      for kind in sizes}
-
-    def rounds_within_budget(self) -> int:
-        """The most rounds every client can run without its epsilon exceeding the target
-        (all rounds when sigma was calibrated to the target, or when there is no target)."""
-        if self.dp is None or self.dp.target_epsilon is None:
-            return self.settings.rounds
-
-        def fits(rounds: int) -> bool:
-            return all(self.client_epsilon(c, self.noise_multipliers[c.id], rounds)
-                       <= self.dp.target_epsilon for c in self.channel.clients)
-
-        low, high = 0, self.settings.rounds
-        if fits(high):
-            return high
-        while high - low > 1:
-            mid = (low + high) // 2
-            low, high = (mid, high) if fits(mid) else (low, mid)
-        return low
-
-    def _setup_client(self, client: Client) -> None:
+    def setup(self, client: Client) -> None:
+        """The client's replicas (their initial weights do not matter: every task loads the
+        broadcast ones; drawn under a forked global generator so that setting up a client
+        never shifts anyone else's draws) and its gradient estimators."""
         c = self.settings
-        velocity = VelocityMLP(self.pair.dim, c.hidden).to(self.device)
+        with torch.random.fork_rng(devices=[]):
+            velocity = VelocityMLP(self.pair.dim, c.hidden).to(self.device)
+            potential = (PotentialMLP(self.pair.dim, c.potential_hidden).to(self.device)
+                         if c.method == "got" else None)
         client.state["velocity"] = velocity
-        if self.potential is not None:
-            potential = PotentialMLP(self.pair.dim, c.potential_hidden).to(self.device)
+        if potential is not None:
             client.state["potential"] = potential
         client.state["coupling"] = self._coupling(client)
         if self.dp is None:
             client.state["velocity_grad"] = PlainGradient(velocity)
-            if self.potential is not None:
+            if potential is not None:
                 client.state["dual_grad"] = PlainGradient(potential)
             return
-        rate = poisson_rate(c.batch_size, c.shard_size)  # the public nominal shard size
-        client.state["rate"] = rate
-        if self.dp.noise == "distributed":  # the clipped sum; secure aggregation adds noise
-            sigma = 0.0
-        else:
-            sigma = self.dp.noise_multiplier or smallest_multiplier(
-                lambda m: self.client_epsilon(client, m, c.rounds), self.dp.target_epsilon,
-                self.dp.delta)
-            self.noise_multipliers[client.id] = sigma
+        client.state["rate"] = poisson_rate(c.batch_size, c.shard_size)  # the nominal size
         # Sampling and noise must be unpredictable: OS entropy, never the published seed.
         secret = client.streams.torch("dp", self.device)
         client.state["dp_rng"] = secret
         # The divisor is the expected batch at the nominal size, q * shard_size = batch_size.
-        client.state["velocity_grad"] = DPGradient(velocity, self.dp.clip, sigma,
+        client.state["velocity_grad"] = DPGradient(velocity, self.dp.clip, self.sigma,
                                                    c.batch_size, secret)
-        if self.potential is not None:  # f at two points per example: linear mode's two passes
-            client.state["dual_grad"] = DPGradient(potential, self.dp.clip, sigma,
+        if potential is not None:  # f at two points per example: linear mode's two passes
+            client.state["dual_grad"] = DPGradient(potential, self.dp.clip, self.sigma,
                                                    c.batch_size, secret)
 
     def _coupling(self, client: Client):
@@ -256,7 +201,7 @@ class FederatedFlowMatching:
             return ExactOTCoupling()
         return SemiDualCoupling(client.state["potential"])
 
-    # -- client side ---------------------------------------------------------------------
+    # -- one task ---------------------------------------------------------------------
 
     def _rows(self, client: Client) -> torch.Tensor:
         """Indices [b] of this step's examples: Poisson sampling under DP (rate q, the secret
@@ -302,78 +247,187 @@ class FederatedFlowMatching:
         return -(f(x0) + c_transform(f, pool, client.data[rows], c.ctransform_steps,
                                      c.ctransform_lr))
 
-    def _record(self, client: Client, kind: str, round_: int) -> None:
-        if self.ledger is None:
-            return
-        rate, multiplier = client.state["rate"], self.noise_multipliers[client.id]
-        if not self.distributed:
-            self.ledger.record(LedgerEntry(client.id, kind, round_, rate, multiplier,
-                                           self.dp.clip))
-            return
-        l2, l1 = self.geometry[kind].sensitivity[client.id]
-        self.ledger.record(LedgerEntry(client.id, kind, round_, rate, multiplier, self.dp.clip,
-                                       mechanism="skellam", l2=l2, l1=l1,
-                                       variance=self.geometry[kind].sum_variance(multiplier)))
-
     def _sync(self, client: Client) -> None:
         """Load the latest broadcast parameters into the client's replicas."""
         load_flat_params(client.state["velocity"], client.inbox["global_model"]["theta"])
         if "global_potential" in client.inbox:
             load_flat_params(client.state["potential"], client.inbox["global_potential"]["phi"])
 
-    def _client_velocity(self, client: Client, round_: int) -> dict[str, np.ndarray]:
+    def _velocity(self, client: Client, round_: int) -> dict[str, np.ndarray]:
         self._sync(client)
         losses = self.velocity_losses(client, round_, self._rows(client))
         grad = client.state["velocity_grad"](losses, len(losses))
-        self._record(client, "gradient", round_)
         client.state["last_loss"] = float(losses.detach().mean()) if len(losses) else 0.0
         return {"gradient": grad}
 
-    def _client_dual(self, client: Client, round_: int) -> dict[str, np.ndarray]:
+    def _dual(self, client: Client, round_: int) -> dict[str, np.ndarray]:
         losses = self.dual_losses(client, round_, self._rows(client))
         grad = client.state["dual_grad"](losses, len(losses))
-        self._record(client, "dual_update", round_)
         client.state["last_dual"] = float(-losses.detach().mean()) if len(losses) else 0.0
         return {"gradient": grad}
+
+class FederatedFlowMatching:
+    """FFM's server with coupling ``vanilla``, ``lot`` or ``got``: it holds the global models
+    and the privacy ledger and asks the channel's clients to run :class:`FFMClient`'s tasks;
+    it never touches a client's data or state."""
+
+    def __init__(self, settings: FFMSettings, dp: DPSettings | None, pair: DataPair,
+                 channel: Channel, device: torch.device):
+        """``dp``: the DP settings of every kind in ``settings.sent_kinds``, resolved by the
+        runner from the protocol (None: no DP)."""
+        self.settings = settings
+        self.pair = pair
+        self.channel = channel
+        self.device = device
+        self.velocity = GlobalModel(VelocityMLP(pair.dim, settings.hidden).to(device),
+                                    settings.lr, settings.ema_decay)
+        self.potential = None
+        if settings.method == "got":
+            self.potential = GlobalModel(
+                PotentialMLP(pair.dim, settings.potential_hidden).to(device),
+                settings.potential_lr)
+        self.dp = dp
+        if dp is not None:
+            self._check_dp()
+        self.weights = client_weights(channel.clients, settings.weighting, private=bool(dp))
+        self.ledger = PrivacyLedger(self.dp.delta) if self.dp else None
+        self.rate = poisson_rate(settings.batch_size, settings.shard_size) if dp else 0.0
+        self.distributed = self.dp is not None and self.dp.noise == "distributed"
+        self.noise_multipliers: dict[str, float] = {}
+        self.geometry, self.noise = {}, {}
+        if self.distributed:
+            self._plan_distributed_noise()
+        elif dp is not None:
+            sigma = local_noise_multiplier(settings, dp)
+            self.noise_multipliers = {c.id: sigma for c in channel.clients}
+        if self.potential is not None:
+            self.channel.broadcast(0, "global_potential", {"phi": self.potential.flat()})
+
+    # -- set-up --------------------------------------------------------------------------
+
+    def _check_dp(self) -> None:
+        """Refuse what DP-SGD cannot bound or run for this method."""
+        if self.settings.method == "lot":
+            raise ConfigError(LOT_DP_REFUSAL)
+        if self.settings.method == "got" and self.settings.ctransform_steps:
+            raise ConfigError("ctransform_steps > 0 refines f^c by gradient steps through the "
+                              "potential, which DP-SGD's per-example hooks cannot run; use "
+                              "ctransform_steps = 0 under a dp protocol")
+        check_delta(self.dp.delta, self.settings.shard_size)
+
+    def planned_steps(self, rounds: int | None = None) -> dict[str, int]:
+        """See :func:`planned_steps`."""
+        return planned_steps(self.settings, rounds)
+
+    def client_epsilon(self, client: str, multiplier: float, rounds: int) -> float:
+        """The epsilon client ``client`` (its id) spends in ``rounds`` rounds at noise
+        ``multiplier`` (sigma for local noise, tau for distributed noise)."""
+        steps = self.planned_steps(rounds)
+        if not self.distributed:
+            return epsilon([(multiplier, self.rate, n) for n in steps.values()], self.dp.delta,
+                           self.dp.accountant)
+        schedule = []
+        for kind, n in steps.items():
+            l2, l1 = self.geometry[kind].sensitivity[client]
+            schedule.append(SkellamStep(self.rate, l2, l1,
+                                        self.geometry[kind].sum_variance(multiplier), n))
+        return skellam_epsilon(schedule, self.dp.delta)
+
+    def _plan_distributed_noise(self) -> None:
+        """Geometry of each kind's noise in quantization levels, and one multiplier tau for
+        every client and kind: the given one, or the smallest keeping every client within the
+        target."""
+        ids = [c.id for c in self.channel.clients]
+        sensitivity = {cid: self.dp.clip / self.settings.batch_size for cid in ids}
+        sizes = {"gradient": self.velocity.flat().size}
+        if self.potential is not None:
+            sizes["dual_update"] = self.potential.flat().size
+        self.geometry = {kind: self.channel.noise_geometry(kind, self.weights, sensitivity, size)
+                         for kind, size in sizes.items()}
+        tau = self.dp.noise_multiplier or smallest_multiplier(
+            lambda m: max(self.client_epsilon(cid, m, self.settings.rounds) for cid in ids),
+            self.dp.target_epsilon, self.dp.delta)
+        self.noise_multipliers = {cid: tau for cid in ids}
+        self.noise = {kind: DistributedNoise(tau, sensitivity, self.dp.colluders)
+                      for kind in sizes}
+
+    def rounds_within_budget(self) -> int:
+        """The most rounds every client can run without its epsilon exceeding the target
+        (all rounds when sigma was calibrated to the target, or when there is no target)."""
+        if self.dp is None or self.dp.target_epsilon is None:
+            return self.settings.rounds
+
+        def fits(rounds: int) -> bool:
+            return all(self.client_epsilon(cid, multiplier, rounds) <= self.dp.target_epsilon
+                       for cid, multiplier in self.noise_multipliers.items())
+
+        low, high = 0, self.settings.rounds
+        if fits(high):
+            return high
+        while high - low > 1:
+            mid = (low + high) // 2
+            low, high = (mid, high) if fits(mid) else (low, mid)
+        return low
+
+    def _record(self, asked: list[str], kind: str, round_: int) -> None:
+        """Ledger entries for the clients asked to compute ``kind`` (each may have released
+        it: a client that was offline then is counted too, which only overstates)."""
+        if self.ledger is None:
+            return
+        for cid in asked:
+            multiplier = self.noise_multipliers[cid]
+            if not self.distributed:
+                self.ledger.record(LedgerEntry(cid, kind, round_, self.rate, multiplier,
+                                               self.dp.clip))
+                continue
+            l2, l1 = self.geometry[kind].sensitivity[cid]
+            self.ledger.record(LedgerEntry(
+                cid, kind, round_, self.rate, multiplier, self.dp.clip, mechanism="skellam",
+                l2=l2, l1=l1, variance=self.geometry[kind].sum_variance(multiplier)))
 
     # -- rounds --------------------------------------------------------------------------
 
     def train_round(self, round_: int) -> dict[str, float]:
-        """One communication round; returns the clients' mean diagnostics (simulator's view)
-        and ``aborted`` = 1 for each aggregation that aborted (the model then stays put)."""
+        """One communication round; returns the clients' mean diagnostics (the in-process
+        simulator's view, without DP) and ``aborted`` = 1 for each aggregation that aborted
+        (the model then stays put)."""
         self.channel.broadcast(round_, "global_model", {"theta": self.velocity.flat()})
         update = self.channel.aggregate(round_, "gradient",
-                                        lambda client: self._client_velocity(client, round_),
+                                        Task("ffm.velocity", {"round": round_}),
                                         self.weights, _template(self.velocity),
                                         self.noise.get("gradient"))
+        self._record(update.asked, "gradient", round_)
         report = {"aborted": 0.0}
-        # Client losses are not privatized: under DP the simulator does not report them.
-        diagnostics = self.dp is None
         if update.payload is not None:
             self.velocity.apply(update.payload["gradient"])
-            if diagnostics:
-                report["loss"] = self._mean_state("last_loss", update.included)
+            self._diagnose(report, "loss", "last_loss", update.included)
         else:
             report["aborted"] += 1
         if self.potential is not None and round_ % self.settings.potential_every == 0:
             dual = self.channel.aggregate(round_, "dual_update",
-                                          lambda client: self._client_dual(client, round_),
+                                          Task("ffm.dual", {"round": round_}),
                                           self.weights, _template(self.potential),
                                           self.noise.get("dual_update"))
+            self._record(dual.asked, "dual_update", round_)
             if dual.payload is not None:
                 self.potential.apply(dual.payload["gradient"])
                 self.channel.broadcast(round_, "global_potential",
                                        {"phi": self.potential.flat()})
-                if diagnostics:
-                    report["dual"] = self._mean_state("last_dual", dual.included)
+                self._diagnose(report, "dual", "last_dual", dual.included)
             else:
                 report["aborted"] += 1
         return report
 
-    def _mean_state(self, key: str, included: list[str]) -> float:
+    def _diagnose(self, report: dict, name: str, key: str, included: list[str]) -> None:
+        """The weighted mean of the counted clients' ``key``, read from their state: only in
+        the in-process simulator (the clients are objects here) and without DP (the losses
+        are not privatized)."""
+        clients = {c.id: c for c in self.channel.clients}
+        if self.dp is not None or not all(isinstance(clients[cid], Client) for cid in included):
+            return
         total = sum(self.weights[cid] for cid in included)
-        states = {c.id: c.state for c in self.channel.clients}
-        return sum(self.weights[cid] * states[cid][key] for cid in included) / total
+        report[name] = sum(self.weights[cid] * clients[cid].state[key]
+                           for cid in included) / total
 
     def state_dict(self) -> dict:
         state = {"velocity": self.velocity.state_dict()}

@@ -6,10 +6,11 @@ import numpy as np
 
 from ..errors import MessageError
 from ..federation.channel import Aggregate, Compute, Template
-from ..federation.message import SERVER, Payload, deserialize_payload, serialize_payload
-from .link import Link
+from ..federation.message import Payload, deserialize_payload
+from .link import Call, Link
 
-__all__ = ["weighted_mean", "check_payload", "flatten", "unflatten", "plain_aggregate"]
+__all__ = ["weighted_mean", "check_payload", "flatten", "unflatten", "plain_aggregate",
+           "template_json", "template_of"]
 
 
 def check_payload(sender: str, payload: Payload, reference: Payload | None) -> None:
@@ -56,17 +57,33 @@ def unflatten(vector: np.ndarray, template: dict) -> Payload:
     return out
 
 
+def template_json(template: Template) -> dict[str, list]:
+    """``template`` as JSON-able arguments: field -> [shape, dtype string]."""
+    return {name: [list(shape), np.dtype(dtype).str] for name, (shape, dtype) in template.items()}
+
+
+def template_of(table: dict[str, list]) -> Template:
+    """The inverse of :func:`template_json`; a malformed table is a MessageError."""
+    try:
+        return {name: (tuple(int(n) for n in shape), np.dtype(dtype))
+                for name, (shape, dtype) in table.items()}
+    except (TypeError, ValueError) as err:
+        raise MessageError(f"the request's template is malformed: {err}") from None
+
+
 def plain_aggregate(link: Link, compute: Compute, weights: dict[str, float],
                     template: Template) -> Aggregate:
     """Every client uploads its payload in the clear; the server checks each one against
     ``template``, leaves out (and names) the bad ones, and averages the rest with weights."""
     reference = {name: np.zeros(shape, dtype) for name, (shape, dtype) in template.items()}
     accepted, dropped = [], {}
+    replies = link.exchange("upload", "upload", "upload",
+                            {c.id: Call(args={"compute": compute}) for c in link.clients})
     for client in link.clients:
-        if not link.alive(client.id, "upload"):
+        if client.id not in replies:
             dropped[client.id] = "offline at phase upload"
             continue
-        data = link.send("upload", client.id, SERVER, serialize_payload(compute(client)))
+        data = replies[client.id].data
         if data is None:
             dropped[client.id] = "its upload was rejected or never arrived"
             continue
@@ -78,7 +95,8 @@ def plain_aggregate(link: Link, compute: Compute, weights: dict[str, float],
             dropped[client.id] = str(err)
             continue
         accepted.append((client.id, payload))
+    asked = [c.id for c in link.clients]
     if not accepted:
-        return Aggregate(None, [], dropped, "no client update was accepted")
+        return Aggregate(None, [], dropped, "no client update was accepted", asked)
     mean = weighted_mean([(payload, weights[cid]) for cid, payload in accepted])
-    return Aggregate(mean, [cid for cid, _ in accepted], dropped)
+    return Aggregate(mean, [cid for cid, _ in accepted], dropped, asked=asked)

@@ -24,7 +24,7 @@ from ..federation.transport import Transport
 from ..privacy.settings import DistributedNoise, NoiseGeometry
 from .adversary import play_deviations
 from .aggregation import check_payload, plain_aggregate
-from .link import Link, record_broadcast
+from .link import Call, Link
 from .protocol import Protocol
 
 __all__ = ["ProtectedChannel"]
@@ -60,18 +60,8 @@ class ProtectedChannel:
         client notes the digest of what it accepted, which the malicious-server variant of
         secure aggregation signs, so a server that sends clients different models is caught."""
         data = serialize_payload(payload)
-        link = self._link(round_, kind)
-        for client in self.clients:
-            delivery = link.deliver("broadcast", SERVER, client.id, data)
-            if delivery.data is None:
-                continue
-            try:
-                client.inbox[kind] = deserialize_payload(delivery.data, SERVER)
-            except MessageError as err:
-                link.reject("broadcast", SERVER, f"refused: {err}", by=client.id,
-                            refused=delivery.seq)
-                continue
-            record_broadcast(client, round_, kind, delivery.data)
+        self._link(round_, kind).exchange("broadcast", "broadcast", "accept",
+                                          {c.id: Call(data) for c in self.clients})
 
     def aggregate(self, round_: int, kind: str, compute: Compute, weights: dict[str, float],
                   template: Template, noise: DistributedNoise | None = None) -> Aggregate:

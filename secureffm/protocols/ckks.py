@@ -61,9 +61,10 @@ from ..federation.channel import Aggregate, Compute, Template
 from ..federation.message import RELAY_PHASE, SERVER, deserialize_payload, serialize_payload
 from ..federation.parties import Client, Party
 from ..privacy.settings import DistributedNoise, NoiseGeometry
-from .aggregation import check_payload, flatten, unflatten
+from .aggregation import check_payload, flatten, template_json, template_of, unflatten
 from .ckks_params import CKKSParams
-from .link import Link
+from .endpoint import Step, client_action
+from .link import Call, Link, silence
 from .registry import check_protects, check_table, register_stage
 from .sealed import SealedStage
 from .secagg import SecAggStage
@@ -194,21 +195,27 @@ class _Round:
     link: Link
     epoch: int
     dropped: dict[str, str] = field(default_factory=dict)
+    asked: list[str] = field(default_factory=list)  # who was asked to compute
 
     def client(self, cid: str) -> Client:
         return self.link.parties[cid]
 
     def key(self, cid: str) -> ts.Context | None:
         """The context a party holds for this epoch (another epoch's is forgotten)."""
-        memory = self.link.parties[cid].memory
-        held = memory.get(_MEMORY)
-        if held is not None and held["epoch"] != self.epoch:
-            del memory[_MEMORY]
-            return None
-        return None if held is None else held["context"]
+        return _held(self.link.parties[cid], self.epoch)
 
     def hold(self, party: Party, context: ts.Context, **extra) -> None:
         party.memory[_MEMORY] = {"epoch": self.epoch, "context": context, **extra}
+
+
+def _held(party: Party, epoch: int) -> ts.Context | None:
+    """The context ``party`` holds for key ``epoch`` (another epoch's is forgotten)."""
+    memory = party.memory
+    held = memory.get(_MEMORY)
+    if held is not None and held["epoch"] != epoch:
+        del memory[_MEMORY]
+        return None
+    return None if held is None else held["context"]
 
 
 @register_stage
@@ -279,13 +286,13 @@ class CKKSStage:
         size = sum(int(np.prod(shape)) for shape, _ in template.values())
         total, included = self._uploads(r, server_key, compute, weights, template, size)
         if not included:
-            return Aggregate(None, [], r.dropped, "no encrypted update was accepted")
+            return Aggregate(None, [], r.dropped, "no encrypted update was accepted", r.asked)
         summed, reason = self._decrypted(r, total, size)
         if summed is None:
-            return Aggregate(None, [], r.dropped, reason)
+            return Aggregate(None, [], r.dropped, reason, r.asked)
         scale = self.scales(weights)
         mean = summed / sum(scale[u] for u in included)
-        return Aggregate(unflatten(mean, template), included, r.dropped)
+        return Aggregate(unflatten(mean, template), included, r.dropped, asked=r.asked)
 
     # -- phase he_keys --------------------------------------------------------------------------
 
@@ -374,23 +381,21 @@ class CKKSStage:
         link, scale = r.link, self.scales(weights)
         limit = self.params.input_limit(len(link.clients))
         count = self.params.ciphertexts(size)
+        replies = link.exchange("upload", "upload", "ckks.upload", {
+            c.id: Call(args={"compute": compute, "template": template_json(template),
+                             "scale": scale[c.id], "limit": limit, "epoch": r.epoch})
+            for c in link.clients})
         total, included = None, []
         for client in link.clients:
             u = client.id
-            if not link.alive(u, "upload"):
+            if u not in replies:
                 r.dropped[u] = "offline at phase upload"
                 continue
-            context = r.key(u)
-            if context is None:
-                r.dropped[u] = f"holds no key of key epoch {r.epoch}, so it did not encrypt"
-                continue
-            x = self._scaled_input(r, client, compute, template, scale[u], limit)
-            if x is None:
-                continue
-            data = link.send("upload", u, SERVER,
-                             write_ciphertexts(encrypt(context, x, self.params)))
+            r.asked.append(u)
+            data = replies[u].data
             if data is None:
-                r.dropped[u] = "its upload was rejected or never arrived"
+                r.dropped[u] = silence(replies[u], u, "its upload was rejected or never "
+                                       "arrived")
                 continue
             try:
                 vectors = read_ciphertexts(server_key, data, count, self.params, u)
@@ -402,25 +407,6 @@ class CKKSStage:
                 continue
             included.append(u)
         return total, included
-
-    def _scaled_input(self, r: _Round, client: Client, compute: Compute, template: Template,
-                      scale: float, limit: float) -> np.ndarray | None:
-        """w_u x_u as float64 [d], or None when the client withholds it (a ``rejected`` event
-        of its own, naming the rule, never a value)."""
-        u, link = client.id, r.link
-        payload = compute(client)
-        try:
-            check_payload(u, payload, {name: np.zeros(shape, dtype)
-                                       for name, (shape, dtype) in template.items()})
-            x = scale * flatten(payload, template)
-            if np.abs(x).max(initial=0.0) > limit:
-                raise MessageError(f"a coordinate of {u}'s scaled update exceeds +-{limit:g}, "
-                                   "beyond which the encrypted sum could wrap the modulus")
-        except MessageError as err:
-            link.reject("upload", u, f"withheld its update: {err}", by=u)
-            r.dropped[u] = str(err)
-            return None
-        return x
 
     # -- phases he_sum and he_decrypted ---------------------------------------------------------
 
@@ -480,3 +466,30 @@ def _add(total: ts.CKKSVector, vector: ts.CKKSVector, sender: str) -> ts.CKKSVec
         return total + vector
     except _TENSEAL_ERRORS as err:
         raise MessageError(f"{sender}'s ciphertext cannot be added to the sum: {err}") from None
+
+
+@client_action("ckks.upload")
+def _client_upload(step: Step) -> bytes | None:
+    """The client's w_u x_u encrypted under the key it holds for the request's epoch; it
+    withholds (a ``rejected`` event of its own, naming the rule, never a value) an update
+    that is malformed or beyond the decodable range, and sends nothing without a key."""
+    u, args = step.client.id, step.args
+    context = _held(step.client, int(args["epoch"]))
+    if context is None:
+        step.reject(u, f"holds no key of key epoch {args['epoch']}, so it did not encrypt")
+        return None
+    stage = step.endpoint.protocol.aggregator(step.request.kind)
+    template = template_of(args["template"])
+    payload = step.compute()
+    limit = float(args["limit"])
+    try:
+        check_payload(u, payload, {name: np.zeros(shape, dtype)
+                                   for name, (shape, dtype) in template.items()})
+        x = float(args["scale"]) * flatten(payload, template)
+        if np.abs(x).max(initial=0.0) > limit:
+            raise MessageError(f"a coordinate of {u}'s scaled update exceeds +-{limit:g}, "
+                               "beyond which the encrypted sum could wrap the modulus")
+    except MessageError as err:
+        step.reject(u, f"withheld its update: {err}")
+        return None
+    return write_ciphertexts(encrypt(context, x, stage.params))

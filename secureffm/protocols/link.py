@@ -11,12 +11,14 @@ import hashlib
 import json
 from dataclasses import dataclass, field
 
+from ..federation.exchange import Request
 from ..federation.faults import FaultPlan
 from ..federation.message import SERVER
 from ..federation.parties import Client, Party
 from ..federation.transport import Delivery, Transport
 
-__all__ = ["Link", "record_broadcast", "broadcast_digest", "digest_of_broadcasts"]
+__all__ = ["Link", "Call", "silence", "record_broadcast", "broadcast_digest",
+           "digest_of_broadcasts"]
 
 _BROADCASTS = "broadcasts"
 
@@ -38,6 +40,26 @@ def digest_of_broadcasts(seen: list[tuple[str, str]]) -> bytes:
     recomputes from the broadcast records of one recipient and round)."""
     return hashlib.sha256(json.dumps([list(pair) for pair in seen],
                                      separators=(",", ":")).encode()).digest()
+
+
+def silence(delivery: Delivery, client: str, default: str) -> str:
+    """Why ``client`` answered nothing usable: the reason it gave in its own signed event
+    withholding its message (``rejected`` about itself), else ``default``."""
+    for event in delivery.events:
+        if event.get("event") == "rejected" and event.get("party") == client:
+            return event["detail"]
+    return default
+
+
+@dataclass(frozen=True)
+class Call:
+    """The server's part of one request to one client: its message ``data`` (None: the client
+    speaks first), the handler's public ``args``, and the message's author ``origin`` when the
+    server relays a payload another party wrote."""
+
+    data: bytes | None = None
+    args: dict = field(default_factory=dict)
+    origin: str = ""
 
 
 @dataclass
@@ -70,6 +92,24 @@ class Link:
             self.reject(phase, refusal.party, refusal.reason, by=refusal.recipient,
                         refused=refusal.refused)
         return delivery
+
+    def exchange(self, phase: str, reply_phase: str, action: str,
+                 calls: dict[str, Call]) -> dict[str, Delivery]:
+        """The server signs each call's message of ``phase`` and asks each client to run its
+        handler ``action``; client id -> the delivery of its ``reply_phase`` answer (absent
+        when the client was offline). The server logs its own refusals of the replies."""
+        server = self.parties[SERVER]
+        requests = {cid: Request(self.round, self.kind, phase, reply_phase, action, self.stages,
+                                 None if call.data is None else server.envelope(
+                                     self.round, phase, self.kind, cid, call.data, self.stages,
+                                     call.origin), call.args)
+                    for cid, call in calls.items()}
+        deliveries = self.transport.exchange(requests)
+        for delivery in deliveries.values():
+            for refusal in delivery.refusals:
+                self.reject(reply_phase, refusal.party, refusal.reason, by=refusal.recipient,
+                            refused=refusal.refused)
+        return deliveries
 
     def alive(self, party: str, phase: str) -> bool:
         return self.transport.alive(party, self.round, phase)

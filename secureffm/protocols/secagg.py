@@ -62,6 +62,7 @@ import math
 import random
 import secrets
 from dataclasses import dataclass, field
+from functools import partial
 
 import numpy as np
 
@@ -83,8 +84,9 @@ from ..federation.parties import Client, Registry
 from ..privacy.settings import DistributedNoise, NoiseGeometry
 from ..privacy.skellam import grid_sensitivity
 from .adversary import repeated_requests
-from .aggregation import check_payload, flatten, unflatten
-from .link import Link, broadcast_digest
+from .aggregation import check_payload, flatten, template_json, template_of, unflatten
+from .endpoint import Step, client_action
+from .link import Call, Link, broadcast_digest, silence
 from .prg import add_masks, word_dtype
 from .quantize import Quantizer
 from .registry import check_protects, check_table, register_stage
@@ -500,31 +502,26 @@ class _ClientSession:
 
 # -- one aggregation ----------------------------------------------------------------------------
 
+def _context(round_: int, kind: str, author: str, recipient: str) -> bytes:
+    """Associated data binding a sealed share to its round, kind and pair."""
+    return f"{round_}|{kind}|{author}|{recipient}".encode()
+
+
 @dataclass
 class _Round:
-    """One aggregation: how to send and reject, and what the server has learnt so far."""
+    """One aggregation as the server runs it: how to reach the clients and what it has learnt
+    so far."""
 
     link: Link
     order: dict[str, int]  # client id -> position in the federation's client list
     dropped: dict[str, str] = field(default_factory=dict)
-    sessions: dict[str, _ClientSession] = field(default_factory=dict)  # client side
     advertised: dict[str, dict[str, bytes]] = field(default_factory=dict)
     graph: dict[str, set[str]] = field(default_factory=dict)
     graph_seed: bytes = b""
     routed: dict[str, set[str]] = field(default_factory=dict)  # whom each client masks with
 
-    def send(self, phase: str, sender: str, recipient: str, data: bytes) -> bytes | None:
-        return self.link.send(phase, sender, recipient, data)
-
-    def reject(self, phase: str, party: str, reason: str, by: str = SERVER) -> None:
-        self.link.reject(phase, party, reason, by=by)
-
-    def alive(self, party: str, phase: str) -> bool:
-        return self.link.alive(party, phase)
-
-    def context(self, author: str, recipient: str) -> bytes:
-        """Associated data binding a sealed share to this round, kind and pair."""
-        return f"{self.link.round}|{self.link.kind}|{author}|{recipient}".encode()
+    def reject(self, phase: str, party: str, reason: str) -> None:
+        self.link.reject(phase, party, reason)
 
     def members(self, u: str) -> list[str]:
         """S(u): u and its neighbours in client order; v's share of u's secrets is at x =
@@ -662,7 +659,7 @@ class SecAggStage:
         needed = self.shares_needed(self.group_size(len(ids)))
 
         def abort(reason: str) -> Aggregate:
-            return Aggregate(None, [], r.dropped, reason)
+            return Aggregate(None, [], r.dropped, reason, list(r.routed))
 
         u1 = self._advertise(r, ids)
         if len(u1) < needed:
@@ -672,17 +669,11 @@ class SecAggStage:
             "protocol", 256, link.round, link.kind, "graph").to_bytes(32, "big")
         r.graph = harary_neighbours(u1, self.neighbours,
                                     random.Random(int.from_bytes(r.graph_seed, "big")))
-        dealt = self._share_keys(r, self._send_keys(r, u1))
+        dealt = self._share_keys(r, u1)
         u2 = list(dealt)
         if len(u2) < needed:
             return abort(f"only {len(u2)} clients shared keys, threshold is {needed}")
-        ready = self._route_shares(r, dealt)
-        masked = {}
-        for client in link.clients:
-            if client.id in ready:
-                y = self._masked_input(r, client, compute, weights, template, share_variance)
-                if y is not None:
-                    masked[client.id] = y
+        masked = self._masked_inputs(r, dealt, compute, weights, template, share_variance)
         u3 = [u for u in u2 if u in masked]
         if len(u3) < needed:
             return abort(f"only {len(u3)} masked inputs arrived, threshold is {needed}")
@@ -700,15 +691,14 @@ class SecAggStage:
                          "wrongly or sent one outside the quantizer's range")
         scale = self.scales(weights)
         mean = summed / sum(scale[u] for u in u3)
-        return Aggregate(unflatten(mean, template), u3, r.dropped)
+        return Aggregate(unflatten(mean, template), u3, r.dropped, asked=list(r.routed))
 
     def _advertise(self, r: _Round, ids: list[str]) -> list[str]:
         """Phase 1. Returns U1, the clients whose keys and commitment the server accepted."""
-        link = r.link
+        replies = r.link.exchange("advertise_keys", "advertise_keys", "secagg.advertise",
+                                  {u: Call() for u in ids})
         for u in ids:
-            session = _ClientSession(link.parties[u], link.transport.registry, self,
-                                     link.round, link.kind)
-            data = r.send("advertise_keys", u, SERVER, session.advertisement())
+            data = replies[u].data if u in replies else None
             if data is None:
                 r.dropped[u] = "dropped before advertising keys"
                 continue
@@ -717,8 +707,6 @@ class SecAggStage:
             except MessageError as err:
                 r.reject("advertise_keys", u, str(err))
                 r.dropped[u] = str(err)
-                continue
-            r.sessions[u] = session
         return [u for u in ids if u in r.advertised]
 
     def _accept_advertisement(self, r: _Round, data: bytes, u: str) -> dict[str, bytes]:
@@ -743,128 +731,75 @@ class SecAggStage:
                         "params": self.parameters()}
         return _bytes_payload(message)
 
-    def _send_keys(self, r: _Round, u1: list[str]) -> list[str]:
-        """Phase 2. Returns the clients that took their neighbours' keys."""
-        took = []
-        for u in u1:
-            data = r.send("keys", SERVER, u, self._keys_message(r, u, u1))
-            if data is None:
-                r.dropped[u] = "never got its neighbours' keys"
-                continue
-            try:
-                r.sessions[u].take_keys(data, r.order)
-            except MessageError as err:
-                r.reject("keys", SERVER, f"{u} refused the keys message: {err}", by=u)
-                r.dropped[u] = f"refused the server's keys message: {err}"
-                continue
-            took.append(u)
-        return took
-
-    def _share_keys(self, r: _Round, ready: list[str]) -> dict[str, dict[str, bytes]]:
-        """Phase 3. Returns author -> recipient -> sealed shares for U2, the clients whose
-        shares the server accepted, in client order."""
+    def _share_keys(self, r: _Round, u1: list[str]) -> dict[str, dict[str, bytes]]:
+        """Phases 2-3: each client gets its neighbours' keys and deals shares of its secrets.
+        Returns author -> recipient -> sealed shares for U2, the clients whose shares the
+        server accepted, in client order."""
+        replies = r.link.exchange("keys", "share_keys", "secagg.deal",
+                                  {u: Call(self._keys_message(r, u, u1)) for u in u1})
         dealt: dict[str, dict[str, bytes]] = {}
-        for u in ready:
-            if not r.alive(u, "share_keys"):
-                r.dropped[u] = "dropped before sharing keys"
+        for u in u1:
+            if u not in replies:
+                r.dropped[u] = ("sent no shares (offline, or its keys message was lost or "
+                                "refused)")
                 continue
-            members = sorted([u, *r.sessions[u].peers], key=r.order.get)  # u's view of S(u)
-            data = r.send("share_keys", u, SERVER, r.sessions[u].deal(
-                members, self.shares_needed(len(members)), r.context))
-            if data is None:
-                r.dropped[u] = "dropped while sharing keys"
+            if replies[u].data is None:
+                r.dropped[u] = "its shares were rejected or never arrived"
                 continue
             try:
-                dealt[u] = _parse_dealt(data, u, r.graph[u])
+                dealt[u] = _parse_dealt(replies[u].data, u, r.graph[u])
             except MessageError as err:
                 r.reject("share_keys", u, str(err))
                 r.dropped[u] = str(err)
         return dealt
 
-    def _route_shares(self, r: _Round, dealt: dict[str, dict[str, bytes]]) -> set[str]:
-        """Phase 4: each recipient gets the ciphertexts addressed to it and opens them.
-        Returns the clients ready to mask; ``r.routed[v]``: the authors v masks with."""
-        ready = set()
+    def _masked_inputs(self, r: _Round, dealt: dict[str, dict[str, bytes]], compute: Compute,
+                       weights: dict[str, float], template: Template,
+                       share_variance: float) -> dict[str, np.ndarray]:
+        """Phases 4-5: each client of U2 gets the ciphertexts addressed to it, opens them,
+        computes its input and masks it. Returns the masked inputs the server accepted;
+        ``r.routed[v]``: the authors v masks with."""
+        scale = self.scales(weights)
+        calls = {}
         for v in dealt:
             bundle = {u: to[v] for u, to in dealt.items() if v in to}
-            data = r.send("shares", SERVER, v, _bytes_payload(bundle))
-            if data is None:
-                r.dropped[v] = "its shares never arrived, so it did not mask"
+            r.routed[v] = set(bundle)
+            calls[v] = Call(_bytes_payload(bundle), {
+                "compute": compute, "template": template_json(template), "scale": scale[v],
+                "share_variance": share_variance})
+        replies = r.link.exchange("shares", "masked_input", "secagg.mask", calls)
+        size = sum(int(np.prod(shape)) for shape, _ in template.values())
+        wire = word_dtype(self.quantizer.bits)
+        masked = {}
+        for v in dealt:
+            if v not in replies:
+                r.dropped[v] = ("sent no masked input (offline, or its shares were lost or "
+                                "refused)")
+                continue
+            if replies[v].data is None:
+                r.dropped[v] = silence(replies[v], v, "its masked input was rejected or never "
+                                       "arrived")
                 continue
             try:
-                failed = r.sessions[v].take_shares(data, r.context)
+                masked[v] = _parse_masked(replies[v].data, v, size, wire)
             except MessageError as err:
-                r.reject("shares", SERVER, f"{v} refused the shares message: {err}", by=v)
-                r.dropped[v] = f"refused the server's shares message, so it did not mask: {err}"
-                continue
-            for u, why in failed.items():
-                r.reject("shares", u, f"{v} cannot use {u}'s shares ({why}); it holds none of "
-                         f"them and still masks with {u}", by=v)
-            r.routed[v] = set(bundle)
-            ready.add(v)
-        return ready
-
-    def _masked_input(self, r: _Round, client: Client, compute: Compute,
-                      weights: dict[str, float], template: Template,
-                      share_variance: float) -> np.ndarray | None:
-        """Phase 5 for one client: its masked input as the server accepted it, or None."""
-        u, session = client.id, r.sessions[client.id]
-        if not r.alive(u, "masked_input"):
-            r.dropped[u] = "dropped before sending its masked input"
-            return None
-        payload = compute(client)
-        try:
-            check_payload(u, payload, {name: _shaped(shape, dtype)
-                                       for name, (shape, dtype) in template.items()})
-        except MessageError as err:
-            r.reject("masked_input", u, f"withheld its update: {err}", by=u)
-            r.dropped[u] = str(err)
-            return None
-        x = flatten(payload, template, np.result_type(*(dtype for _, dtype in
-                                                        template.values())))
-        wire = word_dtype(self.quantizer.bits)
-        y = np.empty(x.size, dtype=wire)
-        clipped = self.quantizer.quantize_into(x, y, client.protocol_rng,
-                                               self.scales(weights)[u])
-        if clipped:
-            r.link.event("masked_input", "clipped", u,
-                         f"{clipped} of {x.size} coordinates of its scaled update lay outside "
-                         f"[-{self.quantizer.clip:g}, {self.quantizer.clip:g}] and were clipped",
-                         by=u)
-        if share_variance:  # two's complement integers: wrap to residues in the word type
-            np.add(y, _skellam(share_variance, x.size).astype(wire), out=y)
-        data = r.send("masked_input", u, SERVER,
-                      serialize_payload({"y": session.masked(y, self.quantizer)}))
-        if data is None:
-            r.dropped[u] = "its masked input was rejected or never arrived"
-            return None
-        try:
-            return _parse_masked(data, u, x.size, wire)
-        except MessageError as err:
-            r.reject("masked_input", u, str(err))
-            r.dropped[u] = str(err)
-            return None
+                r.reject("masked_input", v, str(err))
+                r.dropped[v] = str(err)
+        return masked
 
     def _consistency(self, r: _Round, u3: list[str]) -> dict[str, bytes]:
         """Phases consistency and consistency_sign (malicious-server variant): each survivor
         signs the survivor set U3 with what it saw. Returns survivor -> signature, relayed
         unverified: each client checks them against its own view."""
-        signatures = {}
         announcement = _json_payload({"survivors": u3})
+        replies = r.link.exchange("consistency", "consistency_sign", "secagg.sign",
+                                  {v: Call(announcement) for v in u3})
+        signatures = {}
         for v in u3:
-            data = r.send("consistency", SERVER, v, announcement)
-            if data is None or not r.alive(v, "consistency_sign"):
+            if v not in replies or replies[v].data is None:
                 continue
             try:
-                signature = r.sessions[v].sign_survivors(data)
-            except MessageError as err:
-                r.reject("consistency", SERVER, f"refused: {err}", by=v)
-                continue
-            reply = r.send("consistency_sign", v, SERVER, _bytes_payload({"sig": signature}))
-            if reply is None:
-                continue
-            try:
-                fields = _payload_bytes(reply, v)
+                fields = _payload_bytes(replies[v].data, v)
                 if sorted(fields) != ["sig"] or len(fields["sig"]) != 64:
                     raise MessageError(f"{v}'s consistency reply is not one 64-byte sig")
             except MessageError as err:
@@ -890,28 +825,24 @@ class SecAggStage:
         """Phases 6-7. Returns (which, peer) -> holder -> share, from the well-formed replies."""
         revealed: dict[tuple[str, str], dict[str, Share]] = {}
         requests = [(v, self._request(r, v, u3, gone, signatures), "") for v in u3]
-        requests += repeated_requests(r.link.deviations, r.link.round, requests)  # a deviation
-        for v, request, origin in requests:
-            data = r.link.send("unmask_request", SERVER, v, request, origin)
-            if data is None or not r.alive(v, "unmask"):
-                continue  # still included: its input is in the sum, it just sends no shares
-            try:
-                answer = r.sessions[v].answer(data)
-            except MessageError as err:
-                r.reject("unmask", SERVER, f"refused: {err}", by=v)
-                continue
-            reply = r.send("unmask", v, SERVER, answer)
-            if reply is None:
-                continue
-            allowed = ({("b", u) for u in u3 if v in r.graph[u] | {u}}
-                       | {("s", u) for u in gone if v in r.graph[u]})
-            try:
-                shares = _parse_reply(reply, v, allowed)
-            except MessageError as err:
-                r.reject("unmask", v, f"{err}; all its shares were discarded")
-                continue
-            for key, share in shares.items():
-                revealed.setdefault(key, {})[v] = share
+        rounds = [{v: Call(data) for v, data, _ in requests}]
+        rounds += [{v: Call(data, origin=origin)}  # a deviation: asked again
+                   for v, data, origin in repeated_requests(r.link.deviations, r.link.round,
+                                                            requests)]
+        for calls in rounds:
+            replies = r.link.exchange("unmask_request", "unmask", "secagg.answer", calls)
+            for v, delivery in replies.items():
+                if delivery.data is None:
+                    continue  # still included: its input is in the sum, it sends no shares
+                allowed = ({("b", u) for u in u3 if v in r.graph[u] | {u}}
+                           | {("s", u) for u in gone if v in r.graph[u]})
+                try:
+                    shares = _parse_reply(delivery.data, v, allowed)
+                except MessageError as err:
+                    r.reject("unmask", v, f"{err}; all its shares were discarded")
+                    continue
+                for key, share in shares.items():
+                    revealed.setdefault(key, {})[v] = share
         return revealed
 
     def _rebuild(self, r: _Round, u3: list[str], gone: list[str],
@@ -1003,3 +934,105 @@ def _skellam(variance: float, size: int) -> np.ndarray:
     rng = np.random.default_rng(secrets.randbits(128))
     noise = rng.poisson(variance / 2, size) - rng.poisson(variance / 2, size)
     return noise.astype(np.int64).astype(np.uint64)
+
+
+# -- the client's side ----------------------------------------------------------------------
+
+def _session(step: Step) -> _ClientSession:
+    """The client's session of the request's aggregation; refuses a request for an
+    aggregation it never advertised keys for."""
+    session = step.endpoint.sessions.get((step.request.round, step.request.kind))
+    if not isinstance(session, _ClientSession):
+        raise MessageError(f"{step.client.id} advertised no keys for {step.request.kind} in "
+                           f"round {step.request.round}")
+    return session
+
+
+def _order(registry: Registry) -> dict[str, int]:
+    """Client id -> position in the federation, as the client's pinned registry lists them."""
+    return {cid: i for i, cid in enumerate(c for c in registry.sign if c != SERVER)}
+
+
+@client_action("secagg.advertise")
+def _client_advertise(step: Step) -> bytes:
+    """Phase 1: fresh keys for this aggregation, under the client's own spec."""
+    stage = step.endpoint.protocol.aggregator(step.request.kind)
+    if not isinstance(stage, SecAggStage):
+        raise ProtocolError(f"{step.client.id}'s protocol does not aggregate "
+                            f"{step.request.kind!r} with secagg")
+    return step.session(lambda: _ClientSession(step.client, step.endpoint.registry, stage,
+                                               step.request.round, step.request.kind)
+                        ).advertisement()
+
+
+@client_action("secagg.deal")
+def _client_deal(step: Step) -> bytes | None:
+    """Phases 2-3: take the neighbours' keys, deal shares of this client's secrets."""
+    u = step.client.id
+    try:
+        session = _session(step)
+        session.take_keys(step.data, _order(step.endpoint.registry))
+    except MessageError as err:
+        step.reject(SERVER, f"{u} refused the keys message: {err}")
+        return None
+    order = _order(step.endpoint.registry)
+    members = sorted([u, *session.peers], key=order.get)  # u's view of S(u)
+    return session.deal(members, session.stage.shares_needed(len(members)),
+                        lambda a, b: _context(step.request.round, step.request.kind, a, b))
+
+
+@client_action("secagg.mask")
+def _client_mask(step: Step) -> bytes | None:
+    """Phases 4-5: open the routed shares, compute the input, quantize and mask it."""
+    u = step.client.id
+    context = partial(_context, step.request.round, step.request.kind)
+    try:
+        session = _session(step)
+        failed = session.take_shares(step.data, context)
+    except MessageError as err:
+        step.reject(SERVER, f"{u} refused the shares message: {err}")
+        return None
+    for author, why in failed.items():
+        step.reject(author, f"{u} cannot use {author}'s shares ({why}); it holds none of them "
+                    f"and still masks with {author}")
+    template = template_of(step.args["template"])
+    payload = step.compute()
+    try:
+        check_payload(u, payload, {name: _shaped(shape, dtype)
+                                   for name, (shape, dtype) in template.items()})
+    except MessageError as err:
+        step.reject(u, f"withheld its update: {err}", phase="masked_input")
+        return None
+    x = flatten(payload, template, np.result_type(*(dtype for _, dtype in template.values())))
+    stage = session.stage
+    wire = word_dtype(stage.quantizer.bits)
+    y = np.empty(x.size, dtype=wire)
+    clipped = stage.quantizer.quantize_into(x, y, step.client.protocol_rng, step.args["scale"])
+    if clipped:
+        step.event("masked_input", "clipped", u,
+                   f"{clipped} of {x.size} coordinates of its scaled update lay outside "
+                   f"[-{stage.quantizer.clip:g}, {stage.quantizer.clip:g}] and were clipped")
+    if step.args["share_variance"]:  # two's complement integers: wrap to residues
+        np.add(y, _skellam(step.args["share_variance"], x.size).astype(wire), out=y)
+    return serialize_payload({"y": session.masked(y, stage.quantizer)})
+
+
+@client_action("secagg.sign")
+def _client_sign(step: Step) -> bytes | None:
+    """Consistency round: sign the announced survivor set with what this client saw."""
+    try:
+        signature = _session(step).sign_survivors(step.data)
+    except MessageError as err:
+        step.reject(SERVER, f"refused: {err}")
+        return None
+    return _bytes_payload({"sig": signature})
+
+
+@client_action("secagg.answer")
+def _client_answer(step: Step) -> bytes | None:
+    """Phase 7: the shares the unmask request may have, once (see _ClientSession.answer)."""
+    try:
+        return _session(step).answer(step.data)
+    except MessageError as err:
+        step.reject(SERVER, f"refused: {err}", phase="unmask")
+        return None

@@ -22,7 +22,7 @@ from ..federation.faults import load_threat_model
 from ..federation.log import MessageLog
 from ..federation.parties import Registry, new_client, new_clients, secret_randomness
 from ..methods import CENTRALIZED, CentralizedFlowMatching, FederatedFlowMatching
-from ..methods.ffm import FFMSettings
+from ..methods.ffm import FFMClient, FFMSettings
 from ..metrics.evaluate import evaluate_flow, potential_health
 from ..metrics.sampling import trajectories
 from ..plots import plot_trajectories, plot_w2_nfe
@@ -62,9 +62,10 @@ def _build(config: RunConfig, device: torch.device, log: MessageLog):
                                                      device)
     clients = new_clients([shard.to(device) for shard in shards], config.deterministic_seed)
     faults = load_threat_model(config.threat_model) if config.threat_model else None
-    channel = open_channel(protocol, clients, log, faults, config.deterministic_seed)
     settings = FFMSettings.of(config)
     dp = resolve_dp(config, protocol, settings.sent_kinds)
+    channel = open_channel(protocol, clients, log, faults, config.deterministic_seed,
+                           FFMClient(settings, dp, pair, device))
     return pair, shards, FederatedFlowMatching(settings, dp, pair, channel, device)
 
 

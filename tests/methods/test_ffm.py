@@ -28,6 +28,7 @@ from secureffm.federation.parties import SecretStreams, new_client
 from secureffm.methods.couplings import IndependentCoupling
 from secureffm.methods.ffm import (
     FederatedFlowMatching,
+    FFMClient,
     FFMSettings,
     client_weights,
     velocity_gradient,
@@ -58,12 +59,22 @@ def _ffm(tmp_path, method="vanilla", protocol="plaintext", sizes=(SHARD, SHARD),
     clients = [new_client(f"client-{i}", part, deterministic_seed=7)
                for i, part in enumerate(torch.split(data, list(sizes)), start=1)]
     folder = Path(tempfile.mkdtemp(dir=tmp_path))  # one log per federation
-    channel = open_channel(load_protocol(protocol), clients,
-                           MessageLog(folder / "messages.jsonl", keep_payloads=True), faults)
     settings = FFMSettings.of(config)
-    dp = resolve_dp(config, channel.protocol, settings.sent_kinds)
+    protocol = load_protocol(protocol)
+    dp = resolve_dp(config, protocol, settings.sent_kinds)
+    program = FFMClient(settings, dp, pair, torch.device("cpu"))
+    channel = open_channel(protocol, clients,
+                           MessageLog(folder / "messages.jsonl", keep_payloads=True), faults,
+                           program=program)
+    for client in clients:
+        program.setup(client)
     torch.manual_seed(0)
     return FederatedFlowMatching(settings, dp, pair, channel, torch.device("cpu"))
+
+
+def _program(ffm) -> FFMClient:
+    """The clients' side of ``ffm`` (one program runs every client's tasks in-process)."""
+    return ffm.channel.transport.endpoints["client-1"].program
 
 
 def _records(ffm) -> list[dict]:
@@ -103,7 +114,7 @@ def test_example_noise_is_the_clients_keyed_uniforms_for_round_kind_and_row(tmp_
     ffm = _ffm(tmp_path)
     client = ffm.channel.clients[0]
     rows = torch.tensor([3, 0, 17])
-    x0, t = ffm.example_noise(client, 5, "gradient", rows)
+    x0, t = _program(ffm).example_noise(client, 5, "gradient", rows)
     width = ffm.pair.source.uniforms + 1
     u = torch.as_tensor(client.streams.example_uniforms((5, "gradient", "example"),
                                                         rows.numpy(), width))  # float64
@@ -116,12 +127,12 @@ def test_example_noise_is_keyed_by_row_round_and_kind_only(tmp_path):
     ffm = _ffm(tmp_path)
     client, other = ffm.channel.clients
     rows = torch.tensor([2, 9, 4])
-    x0, t = ffm.example_noise(client, 1, "gradient", rows)
-    again, t_again = ffm.example_noise(client, 1, "gradient", torch.tensor([9, 4, 2, 11]))
+    x0, t = _program(ffm).example_noise(client, 1, "gradient", rows)
+    again, t_again = _program(ffm).example_noise(client, 1, "gradient", torch.tensor([9, 4, 2, 11]))
     assert torch.equal(again[:3], x0[[1, 2, 0]]) and torch.equal(t_again[:3], t[[1, 2, 0]])
-    for changed in [ffm.example_noise(client, 2, "gradient", rows),
-                    ffm.example_noise(client, 1, "dual_update", rows),
-                    ffm.example_noise(other, 1, "gradient", rows)]:
+    for changed in [_program(ffm).example_noise(client, 2, "gradient", rows),
+                    _program(ffm).example_noise(client, 1, "dual_update", rows),
+                    _program(ffm).example_noise(other, 1, "gradient", rows)]:
         assert not torch.isclose(changed[1], t).any()
         assert not torch.isclose(changed[0], x0).all(dim=1).any()
 
@@ -129,15 +140,15 @@ def test_example_noise_is_keyed_by_row_round_and_kind_only(tmp_path):
 def test_the_candidate_pool_has_k_rows_keyed_by_round_and_kind_whatever_the_batch(tmp_path):
     ffm = _ffm(tmp_path, method="got")
     client = ffm.channel.clients[0]
-    pool = ffm.candidate_pool(client, 3, "gradient")
+    pool = _program(ffm).candidate_pool(client, 3, "gradient")
     assert pool.shape == (K, 2)
-    ffm.velocity_losses(client, 3, torch.tensor([0, 5]))  # draws nothing from the pool's key
-    assert torch.equal(ffm.candidate_pool(client, 3, "gradient"), pool)
+    _program(ffm).velocity_losses(client, 3, torch.tensor([0, 5]))  # draws nothing from the pool's key
+    assert torch.equal(_program(ffm).candidate_pool(client, 3, "gradient"), pool)
     u = client.streams.example_uniforms((3, "gradient", "pool"), np.arange(K),
                                         ffm.pair.source.uniforms)
     assert torch.equal(pool, ffm.pair.source.from_uniforms(torch.as_tensor(u))[0])
-    assert not torch.equal(ffm.candidate_pool(client, 4, "gradient"), pool)
-    assert not torch.equal(ffm.candidate_pool(client, 3, "dual_update"), pool)
+    assert not torch.equal(_program(ffm).candidate_pool(client, 4, "gradient"), pool)
+    assert not torch.equal(_program(ffm).candidate_pool(client, 3, "dual_update"), pool)
 
 
 def test_the_largest_keyed_uniform_still_gives_finite_source_points(tmp_path, monkeypatch):
@@ -148,9 +159,9 @@ def test_the_largest_keyed_uniform_still_gives_finite_source_points(tmp_path, mo
     monkeypatch.setattr(SecretStreams, "example_uniforms",
                         lambda self, context, rows, width: np.full((len(rows), width),
                                                                    1 - 2**-53))
-    x0, _ = ffm.example_noise(client, 1, "gradient", torch.tensor([0, 1]))
+    x0, _ = _program(ffm).example_noise(client, 1, "gradient", torch.tensor([0, 1]))
     assert torch.isfinite(x0).all() and torch.isfinite(
-        ffm.candidate_pool(client, 1, "gradient")).all()
+        _program(ffm).candidate_pool(client, 1, "gradient")).all()
 
 
 # -- losses and gradients ------------------------------------------------------------------
@@ -159,7 +170,7 @@ def test_the_largest_keyed_uniform_still_gives_finite_source_points(tmp_path, mo
 def test_velocity_losses_are_one_finite_term_per_row(tmp_path, method):
     ffm = _ffm(tmp_path, method=method)
     client = ffm.channel.clients[0]
-    losses = ffm.velocity_losses(client, 1, torch.tensor([0, 3, 7, 11, 20]))
+    losses = _program(ffm).velocity_losses(client, 1, torch.tensor([0, 3, 7, 11, 20]))
     assert losses.shape == (5,) and torch.isfinite(losses).all() and (losses >= 0).all()
 
 
@@ -168,16 +179,16 @@ def test_a_vanilla_term_depends_on_its_own_row_only(tmp_path):
     ffm = _ffm(tmp_path)
     client = ffm.channel.clients[0]
     ffm.channel.broadcast(1, "global_model", {"theta": ffm.velocity.flat()})
-    ffm._sync(client)
-    alone = ffm.velocity_losses(client, 1, torch.tensor([3]))
-    batch = ffm.velocity_losses(client, 1, torch.tensor([8, 3, 1]))
+    _program(ffm)._sync(client)
+    alone = _program(ffm).velocity_losses(client, 1, torch.tensor([3]))
+    batch = _program(ffm).velocity_losses(client, 1, torch.tensor([8, 3, 1]))
     assert torch.allclose(batch[1], alone[0], rtol=1e-6)
 
 
 def test_dual_losses_are_one_finite_term_per_row(tmp_path):
     ffm = _ffm(tmp_path, method="got")
     client = ffm.channel.clients[0]
-    losses = ffm.dual_losses(client, 1, torch.tensor([1, 2, 3]))
+    losses = _program(ffm).dual_losses(client, 1, torch.tensor([1, 2, 3]))
     assert losses.shape == (3,) and torch.isfinite(losses).all()
 
 

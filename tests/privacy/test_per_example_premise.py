@@ -23,7 +23,7 @@ from secureffm.config import RunConfig
 from secureffm.data.pairs import get_pair
 from secureffm.federation.log import MessageLog
 from secureffm.federation.parties import new_client
-from secureffm.methods.ffm import FederatedFlowMatching, FFMSettings
+from secureffm.methods.ffm import FederatedFlowMatching, FFMClient, FFMSettings
 from secureffm.protocols import load_protocol
 from secureffm.runs.scaffold import open_channel, resolve_dp
 
@@ -37,16 +37,24 @@ def _federation(tmp_path, name: str, data: torch.Tensor, method: str) -> Federat
                        batch_size=N, candidates=16, hidden=16, potential_hidden=16,
                        progress=False, device="cpu")
     client = new_client("client-1", data, deterministic_seed=7)
-    channel = open_channel(load_protocol("dp"), [client],
-                           MessageLog(tmp_path / name / "messages.jsonl"))
-    torch.manual_seed(0)
     settings = FFMSettings.of(config)
-    dp = resolve_dp(config, channel.protocol, settings.sent_kinds)
+    protocol = load_protocol("dp")
+    dp = resolve_dp(config, protocol, settings.sent_kinds)
+    program = FFMClient(settings, dp, get_pair(config.data), torch.device("cpu"))
+    channel = open_channel(protocol, [client], MessageLog(tmp_path / name / "messages.jsonl"),
+                           program=program)
+    program.setup(client)
+    torch.manual_seed(0)
     ffm = FederatedFlowMatching(settings, dp, get_pair(config.data), channel,
                                 torch.device("cpu"))
     channel.broadcast(1, "global_model", {"theta": ffm.velocity.flat()})
-    ffm._sync(client)
+    program._sync(client)
     return ffm
+
+
+def _program(ffm: FederatedFlowMatching) -> FFMClient:
+    """The client's side of ``ffm``."""
+    return ffm.channel.transport.endpoints["client-1"].program
 
 
 def _released(ffm: FederatedFlowMatching, kind: str, round_: int, sigma: float) -> np.ndarray:
@@ -59,8 +67,9 @@ def _released(ffm: FederatedFlowMatching, kind: str, round_: int, sigma: float) 
     estimator.noise_multiplier, estimator.generator = sigma, noise
     if estimator.mode == "hooks":
         estimator.optimizer.noise_multiplier, estimator.optimizer.generator = sigma, noise
-    losses = (ffm.velocity_losses if kind == "gradient" else ffm.dual_losses)(client, round_,
-                                                                               rows)
+    program = _program(ffm)
+    losses = (program.velocity_losses if kind == "gradient" else program.dual_losses)(
+        client, round_, rows)
     return estimator(losses, len(losses)) * estimator.expected_batch
 
 

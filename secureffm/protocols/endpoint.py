@@ -1,0 +1,149 @@
+"""A client's side of the boundary: the named handlers it runs when the server asks.
+
+:class:`ClientEndpoint` is all a client exposes: given a
+:class:`~secureffm.federation.exchange.Request` and the server's message as it arrived, it
+checks that message on receipt with its own pinned keys, runs the handler the request names
+(``ACTIONS``, registered by the protocol stages with :func:`client_action`) with its own keys,
+data and state, and answers one signed reply and the events it signed. Nothing of the client
+(keys, shard, sessions) leaves it except through that reply.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..errors import MessageError, ProtocolError
+from ..federation.exchange import Incoming, Receipts, Reply, Request, Task, late_refusal
+from ..federation.message import SERVER, Payload, deserialize_payload, serialize_payload
+from ..federation.parties import Client, Registry
+from .link import record_broadcast
+
+__all__ = ["ClientEndpoint", "Step", "client_action", "ACTIONS", "Program"]
+
+# What runs a method's named client computation: (the client, the task) -> its payload.
+Program = Callable[[Client, Task], Payload]
+
+
+@dataclass
+class Step:
+    """One request as its client handles it: ``data`` and ``seq``, the server's message as the
+    client accepted it and its log record (None when the client speaks first); ``events``:
+    what the client raised and signed while handling it."""
+
+    endpoint: ClientEndpoint
+    request: Request
+    data: bytes | None
+    seq: int | None
+    events: list[dict] = field(default_factory=list)
+
+    @property
+    def client(self) -> Client:
+        return self.endpoint.client
+
+    @property
+    def args(self) -> dict:
+        return self.request.args
+
+    def reject(self, party: str, reason: str, phase: str = "",
+               refused: int | None = None) -> None:
+        """The client refuses (or withholds) a message of ``party``: a signed ``rejected``
+        event of ``phase`` (the request's by default), naming the refused record's seq."""
+        fields = None if refused is None else {"refused": refused}
+        self.event(phase or self.request.phase, "rejected", party, reason, fields)
+
+    def event(self, phase: str, event: str, about: str, detail: str,
+              fields: dict | None = None) -> None:
+        self.events.append(self.client.event(self.request.round, phase, event, about, detail,
+                                             fields))
+
+    def compute(self) -> Payload:
+        """The payload of the method's client computation named in ``args["compute"]`` (a
+        :class:`Task` the client's program runs, or, in-process only, a callable on the
+        client)."""
+        compute = self.args["compute"]
+        if isinstance(compute, Task):
+            if self.endpoint.program is None:
+                raise ProtocolError(f"{self.client.id} has no program to run task "
+                                    f"{compute.name!r}")
+            return self.endpoint.program(self.client, compute)
+        return compute(self.client)
+
+    def session(self, make: Callable[[], Any]) -> Any:
+        """This client's state for the request's aggregation (round, kind), made on first use."""
+        key = (self.request.round, self.request.kind)
+        if key not in self.endpoint.sessions:
+            self.endpoint.sessions[key] = make()
+        return self.endpoint.sessions[key]
+
+
+# action name -> handler: returns the reply's bytes, or None to send nothing.
+ACTIONS: dict[str, Callable[[Step], bytes | None]] = {}
+
+
+def client_action(name: str):
+    """Register a client handler under ``name`` (what a :class:`Request`'s action names)."""
+
+    def register(handler: Callable[[Step], bytes | None]):
+        if name in ACTIONS:
+            raise ProtocolError(f"client action {name!r} is registered twice")
+        ACTIONS[name] = handler
+        return handler
+
+    return register
+
+
+@dataclass
+class ClientEndpoint:
+    """One client's side: ``client`` (its keys, shard and streams), ``registry`` (the public
+    keys it pinned), ``protocol`` (its own copy of the run's protocol, whose parameters it
+    trusts rather than the server's word), ``program`` (what runs the method's named
+    computations), and the per-aggregation ``sessions`` its protocol handlers keep."""
+
+    client: Client
+    registry: Registry
+    protocol: Any
+    program: Program | None = None
+    sessions: dict[tuple[int, str], Any] = field(default_factory=dict)
+    receipts: Receipts = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.receipts = Receipts(self.registry)
+
+    def __call__(self, request: Request, incoming: Incoming | None) -> Reply:
+        """Check the server's message on receipt, run the request's action, sign the reply."""
+        if request.action not in ACTIONS:
+            raise ProtocolError(f"no client action {request.action!r}")
+        step = Step(self, request, None, None)
+        if incoming is not None:
+            refusal = (late_refusal(incoming) if incoming.late else
+                       self.receipts.check(incoming.envelope, incoming.data, incoming.seq))
+            if refusal is not None:
+                step.reject(refusal.party, refusal.reason, refused=refusal.refused)
+                return Reply(None, tuple(step.events))
+            step.data, step.seq = incoming.data, incoming.seq
+        data = ACTIONS[request.action](step)
+        envelope = None if data is None else self.client.envelope(
+            request.round, request.reply_phase, request.kind, SERVER, data, request.stages)
+        return Reply(envelope, tuple(step.events))
+
+
+@client_action("accept")
+def accept_broadcast(step: Step) -> None:
+    """A broadcast: the client keeps the payload in its inbox and notes its digest (which the
+    malicious-server variant of secure aggregation signs, so a server that sends clients
+    different models is caught); an unreadable one is refused by name."""
+    try:
+        step.client.inbox[step.request.kind] = deserialize_payload(step.data, SERVER)
+    except MessageError as err:
+        step.reject(SERVER, f"refused: {err}", refused=step.seq)
+        return None
+    record_broadcast(step.client, step.request.round, step.request.kind, step.data)
+    return None
+
+
+@client_action("upload")
+def upload(step: Step) -> bytes:
+    """Aggregation in the clear: the client's payload, as it is."""
+    return serialize_payload(step.compute())
