@@ -16,11 +16,19 @@ from typing import Protocol
 import numpy as np
 
 from ..privacy.settings import DistributedNoise, NoiseGeometry
-from .exchange import Task
 from .message import Payload
 from .parties import Client
 
-__all__ = ["Channel", "Aggregate", "Template", "Compute"]
+__all__ = ["Channel", "Aggregate", "Template", "Compute", "Task"]
+
+@dataclass(frozen=True)
+class Task:
+    """A named client-side computation: the client's program runs ``name`` with ``args``
+    (JSON-able) and returns the payload it contributes."""
+
+    name: str
+    args: dict = field(default_factory=dict)
+
 
 # Expected payload of an aggregation: field name -> (shape, dtype).
 Template = dict[str, tuple[tuple[int, ...], np.dtype]]

@@ -23,16 +23,7 @@ from .crypto import verify_signature
 from .message import RELAY_PHASE, Envelope, canonical
 from .parties import Registry
 
-__all__ = ["Request", "Reply", "Incoming", "Receipts", "Refusal", "Task", "late_refusal"]
-
-
-@dataclass(frozen=True)
-class Task:
-    """A named client-side computation: the client's program runs ``name`` with ``args``
-    (JSON-able) and returns the payload it contributes."""
-
-    name: str
-    args: dict = field(default_factory=dict)
+__all__ = ["Request", "Reply", "Incoming", "Receipts", "Refusal", "late_refusal"]
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ event itself.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Protocol
 
@@ -59,11 +59,14 @@ class Transport(Protocol):
     def send(self, envelope: Envelope) -> Delivery:
         """Deliver a signed envelope (see :class:`Delivery`)."""
 
-    def exchange(self, requests: dict[str, Request]) -> dict[str, Delivery]:
+    def exchange(self, requests: dict[str, Request],
+                 endpoints: Mapping[str, Endpoint] | None = None) -> dict[str, Delivery]:
         """One request to each named client, answered on the client's side: client id -> the
-        :class:`Delivery` of its reply to the server (data None when it sent none, was
-        offline, or the server's receipt check refused it). Every message both ways is
-        logged, and the events the clients signed are recorded."""
+        :class:`Delivery` of its reply to the server (absent when the client was offline;
+        data None when it sent nothing or the server's receipt check refused it). Every
+        message both ways is logged, and the events the clients signed are recorded.
+        ``endpoints``: the clients' sides when they live in this process (the in-process
+        engine calls them); an engine whose clients run elsewhere takes None."""
 
     def reject(self, by: Party, round_: int, phase: str, party: str, reason: str,
                refused: int | None = None) -> None:
@@ -82,13 +85,12 @@ class InProcessTransport:
 
     ``registry``: the pinned public keys of the server and the ``clients`` (ids, in federation
     order), written to parties.json before any record. ``phases``: the protocol's phase names in
-    round order, which injected faults refer to. ``endpoints``: each client's side of the
-    boundary (client id -> :data:`Endpoint`), which :meth:`exchange` calls.
+    round order, which injected faults refer to. It holds no client: :meth:`exchange` calls
+    the endpoints the caller hands it.
     """
 
     def __init__(self, registry: Registry, clients: list[str], log: MessageLog,
-                 phases: tuple[str, ...], faults: FaultPlan | None = None,
-                 endpoints: dict[str, Endpoint] | None = None):
+                 phases: tuple[str, ...], faults: FaultPlan | None = None):
         if len(set(clients)) != len(clients) or SERVER in clients:
             raise MessageError(f"client ids must be unique and not {SERVER!r}: {clients}")
         missing = sorted(set(clients) - set(registry.sign))
@@ -100,7 +102,6 @@ class InProcessTransport:
         self.phases = phases
         self.faults = faults or FaultPlan()
         self.faults.check_phases(phases, list(clients))
-        self.endpoints = endpoints or {}
         log.register(registry)
         self._receipts = Receipts(registry)
         self._injected: set[tuple] = set()
@@ -134,11 +135,13 @@ class InProcessTransport:
             refusals = (*refusals, again) if again else refusals
         return Delivery(None if refused else arrived.data, refusals, seq)
 
-    def exchange(self, requests: dict[str, Request]) -> dict[str, Delivery]:
-        """See :meth:`Transport.exchange`: first every request's message is logged (with the
-        injected faults on the server's deliveries), then each client online at the request's
-        phase runs its endpoint (its reply is lost when it goes offline before the reply's
-        phase), then every reply is delivered to the server as :meth:`send` does."""
+    def exchange(self, requests: dict[str, Request],
+                 endpoints: Mapping[str, Endpoint] | None = None) -> dict[str, Delivery]:
+        """See :meth:`Transport.exchange` (``endpoints`` are required here): first every
+        request's message is logged (with the injected faults on the server's deliveries),
+        then each client online at the request's phase runs its endpoint (its reply is lost
+        when it goes offline before the reply's phase), then every reply is delivered to the
+        server as :meth:`send` does."""
         arrived: dict[str, list[Incoming | None]] = {}
         for cid, request in requests.items():
             if request.envelope is None:
@@ -155,7 +158,7 @@ class InProcessTransport:
                 continue
             if request.envelope is not None and not arrived[cid]:
                 continue  # its message was lost: nothing to answer
-            answers = [self.endpoints[cid](request, item) for item in arrived[cid]]
+            answers = [endpoints[cid](request, item) for item in arrived[cid]]
             for answer in answers:
                 for event in answer.events:
                     self.record(event)

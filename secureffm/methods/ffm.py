@@ -21,8 +21,7 @@ import torch
 
 from ..data.pairs import DataPair
 from ..errors import ConfigError, ProtocolError
-from ..federation.channel import Channel
-from ..federation.exchange import Task
+from ..federation.channel import Channel, Task
 from ..federation.parties import Client
 from ..models.mlp import PotentialMLP, VelocityMLP
 from ..models.params import load_flat_params

@@ -24,6 +24,7 @@ from ..federation.transport import Transport
 from ..privacy.settings import DistributedNoise, NoiseGeometry
 from .adversary import play_deviations
 from .aggregation import check_payload, plain_aggregate
+from .endpoint import ClientEndpoint, Program
 from .link import Call, Link
 from .protocol import Protocol
 
@@ -35,11 +36,14 @@ class ProtectedChannel:
 
     ``server``: the server party (its own keys); ``clients``: the clients, in the transport's
     order; ``deviations``: a threat model whose malicious-server deviations the server plays
-    (:mod:`.adversary`).
+    (:mod:`.adversary`); ``endpoints``: each client's side (:class:`.endpoint.ClientEndpoint`)
+    when the clients live in this process, by default made here for ``clients`` running
+    ``program`` (the method's client computations).
     """
 
     def __init__(self, protocol: Protocol, transport: Transport, server: Party,
-                 clients: list[Client], deviations: FaultPlan | None = None):
+                 clients: list[Client], deviations: FaultPlan | None = None,
+                 program: Program | None = None):
         if tuple(c.id for c in clients) != tuple(transport.clients):
             raise MessageError("the channel's clients must be the transport's, in its order")
         protocol.validate_for(len(clients))
@@ -50,10 +54,12 @@ class ProtectedChannel:
         self.parties: dict[str, Party] = {SERVER: server, **{c.id: c for c in clients}}
         self.deviations = deviations or FaultPlan()
         play_deviations(server, self.deviations)
+        self.endpoints = {c.id: ClientEndpoint(c, transport.registry, protocol, program)
+                          for c in clients}
 
     def _link(self, round_: int, kind: str, stages: tuple[str, ...] = ()) -> Link:
         return Link(self.transport, self.parties, self.clients, round_, kind, stages,
-                    self.deviations)
+                    self.deviations, self.endpoints)
 
     def broadcast(self, round_: int, kind: str, payload: Payload) -> None:
         """Server to every client: state the server publishes (global model, potential). Each

@@ -15,7 +15,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import MessageError, ProtocolError
-from ..federation.exchange import Incoming, Receipts, Reply, Request, Task, late_refusal
+from ..federation.channel import Task
+from ..federation.exchange import Incoming, Receipts, Reply, Request, late_refusal
 from ..federation.message import SERVER, Payload, deserialize_payload, serialize_payload
 from ..federation.parties import Client, Registry
 from .link import record_broadcast

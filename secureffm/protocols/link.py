@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from ..federation.exchange import Request
 from ..federation.faults import FaultPlan
 from ..federation.message import SERVER
 from ..federation.parties import Client, Party
-from ..federation.transport import Delivery, Transport
+from ..federation.transport import Delivery, Endpoint, Transport
 
 __all__ = ["Link", "Call", "silence", "record_broadcast", "broadcast_digest",
            "digest_of_broadcasts"]
@@ -76,6 +77,7 @@ class Link:
     kind: str
     stages: tuple[str, ...] = ()
     deviations: FaultPlan = field(default_factory=FaultPlan)
+    endpoints: Mapping[str, Endpoint] | None = None
 
     def send(self, phase: str, sender: str, recipient: str, data: bytes,
              origin: str = "") -> bytes | None:
@@ -104,7 +106,7 @@ class Link:
                                      self.round, phase, self.kind, cid, call.data, self.stages,
                                      call.origin), call.args)
                     for cid, call in calls.items()}
-        deliveries = self.transport.exchange(requests)
+        deliveries = self.transport.exchange(requests, self.endpoints)
         for delivery in deliveries.values():
             for refusal in delivery.refusals:
                 self.reject(reply_phase, refusal.party, refusal.reason, by=refusal.recipient,

@@ -23,7 +23,7 @@ from ..federation.parties import Client, Registry, new_server
 from ..federation.transport import InProcessTransport
 from ..privacy.settings import DPSettings
 from ..protocols.channel import ProtectedChannel
-from ..protocols.endpoint import ClientEndpoint, Program
+from ..protocols.endpoint import Program
 from ..protocols.protocol import Protocol
 
 __all__ = ["RunResult", "run_folder", "prepare_run_folder", "RUN_ARTIFACTS", "load_checkpoint",
@@ -131,13 +131,11 @@ def open_channel(protocol: Protocol, clients: list[Client], log: MessageLog,
                  faults: FaultPlan | None = None, deterministic_seed: int | None = None,
                  program: Program | None = None) -> ProtectedChannel:
     """The run's channel: a server party with keys of its own, the in-process transport
-    (holding only the public keys, pinned in the log's parties.json) that calls each client's
-    own endpoint, and ``protocol`` over it. ``deterministic_seed``: derive the server's secret
+    (holding only the public keys, pinned in the log's parties.json), and ``protocol`` over
+    it, which calls each client's own endpoint. ``deterministic_seed``: derive the server's secret
     streams from it, as the clients' are under ``--insecure-deterministic``; ``program``: what
     runs the method's named client computations on each client."""
     server = new_server(deterministic_seed)
-    registry = Registry.of([server, *clients])
-    endpoints = {c.id: ClientEndpoint(c, registry, protocol, program) for c in clients}
-    transport = InProcessTransport(registry, [c.id for c in clients], log, protocol.phases,
-                                   faults, endpoints)
-    return ProtectedChannel(protocol, transport, server, clients, faults)
+    transport = InProcessTransport(Registry.of([server, *clients]), [c.id for c in clients],
+                                   log, protocol.phases, faults)
+    return ProtectedChannel(protocol, transport, server, clients, faults, program)

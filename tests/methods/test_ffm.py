@@ -74,7 +74,7 @@ def _ffm(tmp_path, method="vanilla", protocol="plaintext", sizes=(SHARD, SHARD),
 
 def _program(ffm) -> FFMClient:
     """The clients' side of ``ffm`` (one program runs every client's tasks in-process)."""
-    return ffm.channel.transport.endpoints["client-1"].program
+    return ffm.channel.endpoints["client-1"].program
 
 
 def _records(ffm) -> list[dict]:
@@ -142,7 +142,8 @@ def test_the_candidate_pool_has_k_rows_keyed_by_round_and_kind_whatever_the_batc
     client = ffm.channel.clients[0]
     pool = _program(ffm).candidate_pool(client, 3, "gradient")
     assert pool.shape == (K, 2)
-    _program(ffm).velocity_losses(client, 3, torch.tensor([0, 5]))  # draws nothing from the pool's key
+    # draws nothing from the pool's key
+    _program(ffm).velocity_losses(client, 3, torch.tensor([0, 5]))
     assert torch.equal(_program(ffm).candidate_pool(client, 3, "gradient"), pool)
     u = client.streams.example_uniforms((3, "gradient", "pool"), np.arange(K),
                                         ffm.pair.source.uniforms)

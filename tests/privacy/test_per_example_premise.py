@@ -54,7 +54,7 @@ def _federation(tmp_path, name: str, data: torch.Tensor, method: str) -> Federat
 
 def _program(ffm: FederatedFlowMatching) -> FFMClient:
     """The client's side of ``ffm``."""
-    return ffm.channel.transport.endpoints["client-1"].program
+    return ffm.channel.endpoints["client-1"].program
 
 
 def _released(ffm: FederatedFlowMatching, kind: str, round_: int, sigma: float) -> np.ndarray:

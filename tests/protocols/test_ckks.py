@@ -223,7 +223,9 @@ def test_a_server_that_alters_a_relayed_key_is_refused_by_its_recipient(tmp_path
     assert result.included == ["client-1", "client-3"]
     assert "holds no key" in result.dropped["client-2"]
     rejected = [r for r in records(tmp_path) if r.get("event") == "rejected"]
-    assert [(r["sender"], r["phase"]) for r in rejected] == [("client-2", "relay")]
+    # it refuses the altered key, then says (signed) why it sends no upload
+    assert [(r["sender"], r["phase"]) for r in rejected] == [("client-2", "relay"),
+                                                             ("client-2", "upload")]
 
 
 # -- what reaches the server ---------------------------------------------------------------------

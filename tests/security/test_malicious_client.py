@@ -358,7 +358,7 @@ def test_a_lost_shares_delivery_drops_its_recipient_before_it_masks(tmp_path, n)
     plan = load_threat_model("lose-shares-delivery")
     outcome = play(tmp_path, {}, n=n, faults=plan.faults, round_=2)
     assert_exact(outcome, [c for c in ids(n) if c != "client-2"])
-    assert "shares never arrived" in outcome.result.dropped["client-2"]
+    assert "shares were lost or refused" in outcome.result.dropped["client-2"]
 
 
 @pytest.mark.parametrize("action, fragment", [("corrupt", "altered in transit"),

@@ -229,13 +229,13 @@ def _substitute_keys(tmp_path, monkeypatch, protocol: str):
     """Play the key-substitution attack on ``protocol``; the federation and the server's
     reconstruction of the victim's input (None when it got none)."""
     contexts: dict[tuple[str, str], bytes] = {}
-    real_context = secagg._Round.context
+    real_context = secagg._context
 
-    def context(self, author, recipient):
-        contexts[author, recipient] = value = real_context(self, author, recipient)
+    def context(round_, kind, author, recipient):
+        contexts[author, recipient] = value = real_context(round_, kind, author, recipient)
         return value
 
-    monkeypatch.setattr(secagg._Round, "context", context)
+    monkeypatch.setattr(secagg, "_context", context)
     fed = federation(tmp_path, protocol=protocol)
     attack = KeySubstitution(fed, VICTIM, contexts)
     fed.aggregate()
