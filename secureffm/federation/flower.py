@@ -403,6 +403,7 @@ class LocalDeployment:
         self.start_timeout, self.pull_interval = start_timeout, pull_interval
         self._own_home = home is None  # a folder made here is removed by close()
         self.home = Path(home or tempfile.mkdtemp(prefix="secureffm-flower-"))
+        self.home.mkdir(parents=True, exist_ok=True)
         self.port = _free_port()
         self.processes: dict[str, subprocess.Popen] = {}
         self._runs = 0
