@@ -21,8 +21,15 @@ the median of the next ``--rounds`` rounds. Every row pulls every ``PULL_S`` sec
 by default, so our rows (added with the protocol) see the same floor. Flower's simulation engine
 itself picks up new messages every 0.1 s (``vce_api.add_messages_to_queue``), so every
 exchange costs up to 0.1 s more whatever the pull interval: SecAgg+ has four exchanges a round,
-a plain FedAvg round one. Progress goes to stderr, the table to stdout and, with ``--out``,
-between the ``<!-- engines:begin -->`` and ``<!-- engines:end -->`` markers of that file.
+a plain FedAvg round one.
+
+A second table times the engine's generic call alone: one ``FlowerCalls.call`` to 3 and to n
+echoing nodes (``echo``), empty and 4 MB both ways, in a second simulation.
+
+Progress goes to stderr, the tables to stdout and, with ``--out``, between the
+``<!-- engines:begin -->`` and ``<!-- engines:end -->`` markers of that file. ``--smoke``: n = 3,
+d = 10^3, one timed round, calls of 0 and 10^3 bytes; it checks the script, its numbers mean
+nothing.
 """
 
 from __future__ import annotations
@@ -173,6 +180,44 @@ def measure_flower(n: int, sizes: tuple[int, ...], rounds: int) -> list[Row]:
     return rows
 
 
+def echo(node_config: dict, run_config: dict, state: bytes | None,
+         request: bytes) -> tuple[bytes, bytes]:
+    """A node that answers each request with itself (the generic call's cost alone)."""
+    return b"", request
+
+
+def measure_calls(n: int, groups: tuple[int, ...], sizes: tuple[int, ...],
+                  repeats: int) -> list[list]:
+    """Seconds of one ``FlowerCalls.call`` (request and reply of each size, to the first k
+    clients for k in ``groups``), median of ``repeats`` after one untimed call, in one
+    simulation of ``n`` nodes: rows [k, size, median s, calls s]."""
+    from secureffm.federation.flower import simulate
+
+    def main(calls, run_config):
+        clients = sorted(calls.hello(120.0, clients=n), key=lambda c: int(c.split("-")[1]))
+        rows = []
+        for k in groups:
+            for size in sizes:
+                requests = {c: os.urandom(size) for c in clients[:k]}
+                seconds = []
+                for _ in range(1 + repeats):
+                    replies = calls.call(requests, 120.0)
+                    assert replies == requests, calls.errors
+                    seconds.append(calls.last.seconds)
+                print(f"  call: {k} clients, {size} bytes: {seconds}", file=sys.stderr)
+                rows.append([k, size, statistics.median(seconds[1:]), seconds[1:]])
+        return rows
+
+    return simulate(main, echo, n, pull_interval=PULL_S)
+
+
+def calls_table(rows: list[list]) -> str:
+    return markdown_table(
+        ["clients called", "request = reply bytes", "call s (median)", "calls s"],
+        [[k, f"{size:,}", f"{median:.3f}", ", ".join(f"{s:.3f}" for s in seconds)]
+         for k, size, median, seconds in rows])
+
+
 def _power(d: int) -> str:
     exponent = round(math.log10(d))
     return f"10^{exponent}" if 10**exponent == d else str(d)
@@ -199,6 +244,8 @@ def main(argv: list[str] | None = None) -> None:
     n, sizes, rounds = (3, (10**3,), 1) if args.smoke else (CLIENTS, SIZES, args.rounds)
     started = time.perf_counter()
     rows = measure_flower(n, sizes, rounds)
+    calls = measure_calls(n, (n,) if args.smoke else (3, n),
+                          (0, 10**3) if args.smoke else (0, 4_000_000), rounds)
     text = "\n".join([
         f"### Round time and bytes per round by engine, n = {n}",
         "",
@@ -208,7 +255,14 @@ def main(argv: list[str] | None = None) -> None:
         f"for every row, median of {rounds} timed round(s) after a warm-up round; "
         f"{time.perf_counter() - started:.0f} s in all.",
         "",
-        table(rows)])
+        table(rows),
+        "",
+        f"### One `FlowerCalls.call` on the simulation engine, {n} nodes",
+        "",
+        "Every node echoes its request (`engines.echo`); pull interval "
+        f"{PULL_S} s; median of {rounds} call(s) after an untimed one.",
+        "",
+        calls_table(calls)])
     print(text)
     if args.out:
         write_block(args.out, "engines", text, title="# Benchmarks")

@@ -194,6 +194,8 @@ def test_engines_benchmark(tmp_path):
                                     "Flower SecAgg+, num_shares = 3, threshold 2"]
     for row in rows:  # every round measured, and bytes counted both ways
         assert float(row[3]) > 0 and float(row[5]) > 0 and float(row[6]) > 0
+    calls = _section(result.stdout, "### One `FlowerCalls.call` on the simulation engine")
+    assert [r[:2] for r in _rows(calls, "3")] == [["3", "0"], ["3", "1,000"]]
     assert _block(out, "engines") == result.stdout.rstrip("\n")
 
 

@@ -33,6 +33,7 @@ envelope of ours is signed with keys pinned in parties.json.
 
 from __future__ import annotations
 
+import copy
 import importlib
 import importlib.util
 import json
@@ -135,8 +136,9 @@ def _size(content: RecordDict) -> int:
 
 def wire_bytes(message: Message) -> int:
     """Bytes of Flower's serialized objects of ``message`` (the message, its records, array
-    chunks): what its HTTP bodies carry in deployment."""
-    total, todo = 0, [message]
+    chunks): what its HTTP bodies carry in deployment. Measured on a copy: serializing caches
+    object ids in the message, which raced with Flower's simulation thread sending it."""
+    total, todo = 0, [copy.deepcopy(message)]
     while todo:
         obj = todo.pop()
         total += len(obj.deflate())
