@@ -188,7 +188,7 @@ def test_engines_benchmark(tmp_path):
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=TIMEOUT_S)
     result = Result(done.returncode, done.stdout, done.stderr).check()
     assert "### Round time and bytes per round by engine, n = 3" in result.stdout
-    rows = _rows(result.stdout, "3")
+    rows = _rows(_section(result.stdout, "### Round time and bytes"), "3")
     assert [r[2] for r in rows] == ["Flower plain FedAvg",
                                     "Flower SecAgg+, num_shares = all (3), threshold 2",
                                     "Flower SecAgg+, num_shares = 3, threshold 2"]
