@@ -114,7 +114,8 @@ def _rows(text: str, first_cell: str) -> list[list[str]]:
 
 
 def test_every_script_has_a_smoke_test():
-    tested = {"benchmarks/audit.py", "benchmarks/dp.py", "benchmarks/fedwad.py",
+    tested = {"benchmarks/audit.py", "benchmarks/dp.py", "benchmarks/engines.py",
+              "benchmarks/fedwad.py",
               "benchmarks/he.py", "benchmarks/main_job.py", "benchmarks/secagg.py",
               "experiments/dcfm_2d.py", "experiments/dcfm_digits.py",
               "experiments/distributed_noise_gain.py", "experiments/fedwad_clustering.py",
@@ -174,6 +175,28 @@ def test_secagg_benchmark(tmp_path):
         ["10", "10^3", "full graph (9 neighbours)"],
         ["10", "10^3", "SecAgg+ k=8 (8 neighbours)"]]
     assert _block(out, "secagg") == result.stdout.rstrip("\n")
+
+
+@pytest.mark.slow
+def test_engines_benchmark(tmp_path):
+    """Issue 17's engine table at its smallest: needs flwr and Ray (about 50 s: Ray's start), so
+    slow; a fresh interpreter, since Ray must not start inside a fork of this process."""
+    pytest.importorskip("flwr")
+    out = tmp_path / "benchmarks.md"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run([sys.executable, "benchmarks/engines.py", "--smoke", "--out", str(out)],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=TIMEOUT_S)
+    result = Result(done.returncode, done.stdout, done.stderr).check()
+    assert "### Round time and bytes per round by engine, n = 3" in result.stdout
+    rows = _rows(_section(result.stdout, "### Round time and bytes"), "3")
+    assert [r[2] for r in rows] == ["Flower plain FedAvg",
+                                    "Flower SecAgg+, num_shares = all (3), threshold 2",
+                                    "Flower SecAgg+, num_shares = 3, threshold 2"]
+    for row in rows:  # every round measured, and bytes counted both ways
+        assert float(row[3]) > 0 and float(row[5]) > 0 and float(row[6]) > 0
+    calls = _section(result.stdout, "### One `FlowerCalls.call` on the simulation engine")
+    assert [r[:2] for r in _rows(calls, "3")] == [["3", "0"], ["3", "1,000"]]
+    assert _block(out, "engines") == result.stdout.rstrip("\n")
 
 
 def test_he_benchmark(run_script, tmp_path):
