@@ -24,6 +24,7 @@ METHODS = ("vanilla", "lot", "got", "icfm", "otcfm")
 DCFM_METHODS = ("dcfm-a", "dcfm-b", "fedflow", "fedflow-l", "ddm", "ddm-l")
 DCFM_DATA = ("modes2d", "colored-digits")
 PARTITIONS = ("disjoint", "iid", "dirichlet")
+ENGINES = ("inprocess", "flower")
 WEIGHTINGS = ("size", "uniform")
 ADAPTIVE_SOLVERS = ("dopri5", "dopri8", "bosh3", "fehlberg2", "adaptive_heun")
 
@@ -73,6 +74,10 @@ class RunConfig:
     # Derive the parties' secret streams from ``seed`` (replayable by anyone: debugging only).
     insecure_deterministic: bool = False
     progress: bool = True
+    # Where the parties run: "inprocess" (every party an object of this process) or "flower"
+    # (each client a Flower node with its own keys, data and state; docs/flower.md).
+    engine: str = "inprocess"
+    phase_timeout: float = 120.0  # seconds a phase waits for remote clients' replies
     threads: int = 1  # torch CPU threads; small models run fastest (and share a busy CPU) on one
     # DCFM and its baselines (methods dcfm-a, dcfm-b, fedflow[-l], ddm[-l]; docs/dcfm.md).
     local_steps: int = 2_000  # stage-I steps per client (DDM's whole training)
@@ -139,6 +144,8 @@ def _validate(c: RunConfig) -> None:
     need(c.adaptive_solver in ADAPTIVE_SOLVERS, "adaptive_solver",
          f"choose one of {', '.join(ADAPTIVE_SOLVERS)} (torchdiffeq's adaptive solvers)")
     need(c.weighting in WEIGHTINGS, "weighting", f"choose one of {', '.join(WEIGHTINGS)}")
+    need(c.engine in ENGINES, "engine", f"choose one of {', '.join(ENGINES)}")
+    need(c.phase_timeout > 0, "phase_timeout", "must be a positive number of seconds")
     for key in ("clients", "shard_size", "rounds", "batch_size", "hidden", "potential_hidden",
                 "potential_every", "candidates", "eval_samples", "trajectories"):
         need(getattr(c, key) >= 1, key, "must be a positive integer")

@@ -16,14 +16,15 @@ CLIENT_COLORS = ["tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple",
 
 
 def plot_trajectories(path: Path, shards: list[torch.Tensor], paths: torch.Tensor,
-                      title: str) -> None:
-    """Left: each client's shard. Right: trajectories ``paths`` [T, N, 2] from source to target."""
+                      title: str, label: str | None = None) -> None:
+    """Left: each client's shard (or one sample named ``label``). Right: trajectories ``paths``
+    [T, N, 2] from source to target."""
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 5), sharex=True, sharey=True)
     for i, shard in enumerate(shards):
         pts = shard[:2000].numpy()
         left.scatter(pts[:, 0], pts[:, 1], s=2, alpha=0.5, color=CLIENT_COLORS[i % 6],
-                     label=f"client-{i + 1}" if len(shards) > 1 else "pooled data")
-    left.set_title("data held by each party")
+                     label=label or (f"client-{i + 1}" if len(shards) > 1 else "pooled data"))
+    left.set_title("data held by each party" if label is None else "data")
     left.legend(markerscale=5, loc="upper right")
     p = paths.numpy()
     right.plot(p[:, :, 0], p[:, :, 1], color="olive", alpha=0.15, linewidth=0.5)

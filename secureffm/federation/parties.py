@@ -28,9 +28,9 @@ from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
 from .crypto import Identity, KeyPair, new_key_pair
 from .message import SERVER, Envelope, Payload, canonical
 
-__all__ = ["Party", "Client", "Registry", "SecretStreams", "new_client", "new_clients",
-           "new_server",
-           "secret_randomness", "keyed_uniforms", "STREAM_PURPOSES", "EMPTY_SHA256"]
+__all__ = ["Party", "Client", "ClientInfo", "Registry", "SecretStreams", "new_client",
+           "new_clients", "new_server", "secret_randomness", "keyed_uniforms",
+           "STREAM_PURPOSES", "EMPTY_SHA256"]
 
 EMPTY_SHA256 = hashlib.sha256(b"").hexdigest()
 
@@ -228,6 +228,15 @@ class Client(Party):
     def minibatch(self, batch_size: int) -> torch.Tensor:
         """Rows of the shard drawn uniformly without replacement, shape [batch_size, d]."""
         return self.data[self.minibatch_rows(batch_size)]
+
+
+@dataclass(frozen=True)
+class ClientInfo:
+    """What a server knows of a client that runs elsewhere: its ``id`` and the ``size`` it
+    is weighted by (the run's nominal shard size: the server never sees the shard)."""
+
+    id: str
+    size: int
 
 
 def new_client(party: str, data: torch.Tensor, deterministic_seed: int | None = None) -> Client:

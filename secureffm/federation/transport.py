@@ -142,6 +142,9 @@ class InProcessTransport:
         then each client online at the request's phase runs its endpoint (its reply is lost
         when it goes offline before the reply's phase), then every reply is delivered to the
         server as :meth:`send` does."""
+        if endpoints is None:
+            raise MessageError("the in-process transport runs the clients' endpoints it is "
+                               "given; none were")
         arrived: dict[str, list[Incoming | None]] = {}
         for cid, request in requests.items():
             if request.envelope is None:

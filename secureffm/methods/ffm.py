@@ -260,6 +260,7 @@ class FFMClient:
         return {"gradient": grad}
 
     def _dual(self, client: Client, round_: int) -> dict[str, np.ndarray]:
+        self._sync(client)
         losses = self.dual_losses(client, round_, self._rows(client))
         grad = client.state["dual_grad"](losses, len(losses))
         client.state["last_dual"] = float(-losses.detach().mean()) if len(losses) else 0.0

@@ -19,7 +19,7 @@ from ..federation.message import (
     deserialize_payload,
     serialize_payload,
 )
-from ..federation.parties import Client, Party
+from ..federation.parties import Client, ClientInfo, Party
 from ..federation.transport import Transport
 from ..privacy.settings import DistributedNoise, NoiseGeometry
 from .adversary import play_deviations
@@ -36,14 +36,17 @@ class ProtectedChannel:
 
     ``server``: the server party (its own keys); ``clients``: the clients, in the transport's
     order; ``deviations``: a threat model whose malicious-server deviations the server plays
-    (:mod:`.adversary`); ``endpoints``: each client's side (:class:`.endpoint.ClientEndpoint`)
-    when the clients live in this process, by default made here for ``clients`` running
-    ``program`` (the method's client computations).
+    (:mod:`.adversary`). In-process, the channel makes each client's side
+    (:class:`.endpoint.ClientEndpoint`, running ``program``, the method's client computations)
+    and hands them to the transport; ``remote``: the clients run in processes of their own,
+    ``clients`` only name them (:class:`~secureffm.federation.parties.ClientInfo`) and the
+    transport reaches them itself.
     """
 
     def __init__(self, protocol: Protocol, transport: Transport, server: Party,
-                 clients: list[Client], deviations: FaultPlan | None = None,
-                 program: Program | None = None):
+                 clients: list[Client] | list[ClientInfo],
+                 deviations: FaultPlan | None = None, program: Program | None = None,
+                 remote: bool = False):
         if tuple(c.id for c in clients) != tuple(transport.clients):
             raise MessageError("the channel's clients must be the transport's, in its order")
         protocol.validate_for(len(clients))
@@ -51,11 +54,14 @@ class ProtectedChannel:
         self.transport = transport
         self.server = server
         self.clients = clients
-        self.parties: dict[str, Party] = {SERVER: server, **{c.id: c for c in clients}}
+        self.parties: dict[str, Party] = {SERVER: server}
+        self.endpoints = None
+        if not remote:
+            self.parties |= {c.id: c for c in clients}
+            self.endpoints = {c.id: ClientEndpoint(c, transport.registry, protocol, program)
+                              for c in clients}
         self.deviations = deviations or FaultPlan()
         play_deviations(server, self.deviations)
-        self.endpoints = {c.id: ClientEndpoint(c, transport.registry, protocol, program)
-                          for c in clients}
 
     def _link(self, round_: int, kind: str, stages: tuple[str, ...] = ()) -> Link:
         return Link(self.transport, self.parties, self.clients, round_, kind, stages,

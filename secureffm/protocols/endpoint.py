@@ -21,7 +21,7 @@ from ..federation.message import SERVER, Payload, deserialize_payload, serialize
 from ..federation.parties import Client, Registry
 from .link import record_broadcast
 
-__all__ = ["ClientEndpoint", "Step", "client_action", "ACTIONS", "Program"]
+__all__ = ["ClientEndpoint", "Step", "client_action", "ACTIONS", "Program", "SESSIONS"]
 
 # What runs a method's named client computation: (the client, the task) -> its payload.
 Program = Callable[[Client, Task], Payload]
@@ -79,6 +79,9 @@ class Step:
         return self.endpoint.sessions[key]
 
 
+# A session's ``tag`` -> how to rebuild it from its ``to_json()`` for an endpoint and a kind.
+SESSIONS: dict[str, Callable[[ClientEndpoint, str, dict], Any]] = {}
+
 # action name -> handler: returns the reply's bytes, or None to send nothing.
 ACTIONS: dict[str, Callable[[Step], bytes | None]] = {}
 
@@ -111,6 +114,22 @@ class ClientEndpoint:
 
     def __post_init__(self) -> None:
         self.receipts = Receipts(self.registry)
+
+    def saved(self) -> dict:
+        """What this endpoint keeps between requests besides its client (JSON values): the
+        copies it accepted (for the duplicate check) and its sessions."""
+        return {"seen": [list(key) for key in self.receipts.seen],
+                "sessions": [[round_, kind, session.tag, session.to_json()]
+                             for (round_, kind), session in self.sessions.items()]}
+
+    def restore(self, saved: dict) -> None:
+        """The inverse of :meth:`saved`."""
+        try:
+            self.receipts.seen = {tuple(key) for key in saved["seen"]}
+            self.sessions = {(int(round_), str(kind)): SESSIONS[tag](self, kind, table)
+                             for round_, kind, tag, table in saved["sessions"]}
+        except (KeyError, TypeError, ValueError) as err:
+            raise MessageError(f"{self.client.id}'s saved sessions do not load: {err}") from None
 
     def __call__(self, request: Request, incoming: Incoming | None) -> Reply:
         """Check the server's message on receipt, run the request's action, sign the reply."""

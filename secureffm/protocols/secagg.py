@@ -85,7 +85,7 @@ from ..privacy.settings import DistributedNoise, NoiseGeometry
 from ..privacy.skellam import grid_sensitivity
 from .adversary import repeated_requests
 from .aggregation import check_payload, flatten, template_json, template_of, unflatten
-from .endpoint import Step, client_action
+from .endpoint import SESSIONS, Step, client_action
 from .link import Call, Link, broadcast_digest, silence
 from .prg import add_masks, word_dtype
 from .quantize import Quantizer
@@ -306,6 +306,37 @@ class _ClientSession:
     graph: bytes = b""  # digest of the neighbour graph it was told (seed and U1)
     signed: tuple[str, ...] | None = None  # the survivor set it signed
     answered: bool = False
+    tag = "secagg"  # its kind among the sessions an endpoint keeps (endpoint.SESSIONS)
+
+    def to_json(self) -> dict:
+        """Everything this session holds, as JSON values (private keys and seeds in hex): what
+        a client's own process keeps between the requests of one aggregation."""
+        return {"round": self.round, "kind": self.kind,
+                "channel": private_bytes(self.channel.private).hex(),
+                "mask": private_bytes(self.mask.private).hex(), "self_seed": self.self_seed.hex(),
+                "peers": {v: [p.channel.hex(), p.pair_seed.hex(), p.first]
+                          for v, p in self.peers.items()},
+                "holdings": {u: [share_to_bytes(s).hex(), share_to_bytes(b).hex()]
+                             for u, (s, b) in self.holdings.items()},
+                "masks_with": list(self.masks_with), "graph": self.graph.hex(),
+                "signed": None if self.signed is None else list(self.signed),
+                "answered": self.answered}
+
+    @classmethod
+    def from_json(cls, party: Client, registry: Registry, stage: SecAggStage,
+                  table: dict) -> _ClientSession:
+        """The inverse of :meth:`to_json` for ``party``, under its own ``stage``."""
+        return cls(party, registry, stage, int(table["round"]), str(table["kind"]),
+                   KeyPair(private_from_bytes(bytes.fromhex(table["channel"]))),
+                   KeyPair(private_from_bytes(bytes.fromhex(table["mask"]))),
+                   bytes.fromhex(table["self_seed"]),
+                   {v: _Peer(bytes.fromhex(c), bytes.fromhex(p), bool(first))
+                    for v, (c, p, first) in table["peers"].items()},
+                   {u: (share_from_bytes(bytes.fromhex(s)), share_from_bytes(bytes.fromhex(b)))
+                    for u, (s, b) in table["holdings"].items()},
+                   tuple(table["masks_with"]), bytes.fromhex(table["graph"]),
+                   None if table["signed"] is None else tuple(table["signed"]),
+                   bool(table["answered"]))
 
     @property
     def id(self) -> str:
@@ -960,9 +991,20 @@ def _client_advertise(step: Step) -> bytes:
     if not isinstance(stage, SecAggStage):
         raise ProtocolError(f"{step.client.id}'s protocol does not aggregate "
                             f"{step.request.kind!r} with secagg")
+    sessions = step.endpoint.sessions
+    for key in [k for k in sessions if k[0] < step.request.round]:
+        del sessions[key]  # an older aggregation's: a request for it is refused from now on
     return step.session(lambda: _ClientSession(step.client, step.endpoint.registry, stage,
                                                step.request.round, step.request.kind)
                         ).advertisement()
+
+
+def _load_session(endpoint, kind: str, table: dict) -> _ClientSession:
+    stage = endpoint.protocol.aggregator(kind)
+    return _ClientSession.from_json(endpoint.client, endpoint.registry, stage, table)
+
+
+SESSIONS[_ClientSession.tag] = _load_session
 
 
 @client_action("secagg.deal")

@@ -17,4 +17,8 @@ def run(config: RunConfig) -> RunResult:
     """Train and evaluate as ``config`` says (DCFM methods on conditional data, else FFM);
     write everything to the run folder."""
     torch.set_num_threads(config.threads)
+    if config.engine == "flower":
+        from .flower_server import run_on_flower  # Flower is an optional extra
+
+        return run_on_flower(config)
     return run_dcfm(config) if config.method in DCFM_METHODS else run_ffm(config)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -18,6 +19,7 @@ from tqdm import tqdm
 from ..config import RunConfig, write_config
 from ..data.pairs import get_pair, make_shards
 from ..errors import ConfigError
+from ..federation.channel import Channel
 from ..federation.faults import load_threat_model
 from ..federation.log import MessageLog
 from ..federation.parties import Registry, new_client, new_clients, secret_randomness
@@ -26,7 +28,7 @@ from ..methods.ffm import FFMClient, FFMSettings
 from ..metrics.evaluate import evaluate_flow, potential_health
 from ..metrics.sampling import trajectories
 from ..plots import plot_trajectories, plot_w2_nfe
-from ..protocols.protocol import load_protocol
+from ..protocols.protocol import Protocol, load_protocol
 from ..protocols.statement import privacy_statement
 from ..runtime import party_generator, resolve_device
 from .scaffold import (
@@ -40,16 +42,19 @@ from .scaffold import (
     run_folder,
 )
 
-__all__ = ["run_ffm", "load_velocity"]
+__all__ = ["run_ffm", "load_velocity", "Connect"]
+
+# The channel to clients that run elsewhere, given the protocol and the server's log.
+Connect = Callable[[Protocol, MessageLog], Channel]
 
 EVALUATOR = 1_000_000  # party index of the evaluator's generator (outside the federation)
 FLOOR = EVALUATOR + 1  # the evaluator's second target sample (the i.i.d. floor of W2)
 
 
-def _build(config: RunConfig, device: torch.device, log: MessageLog):
+def _build(config: RunConfig, device: torch.device, log: MessageLog, connect: Connect | None):
+    """The data pair, the shards the server may plot (None when the clients run elsewhere:
+    then it holds none), and the trainer."""
     pair = get_pair(config.data)
-    shards = make_shards(pair, config.clients, config.shard_size, config.partition, config.seed,
-                         alpha=config.dirichlet_alpha, min_size=config.batch_size)
     protocol = load_protocol(config.protocol)
     if config.method in CENTRALIZED:
         config.require_no_dp_options(protocol.name)
@@ -57,17 +62,25 @@ def _build(config: RunConfig, device: torch.device, log: MessageLog):
             raise ConfigError(f"method = {config.method!r} is a centralized baseline and sends "
                               f"no messages, so protocol {protocol.name!r} protects nothing; "
                               "use protocol = 'plaintext'")
+        if connect is not None:
+            raise ConfigError(f"method = {config.method!r} is a centralized baseline: it has "
+                              "no clients to run on another engine; use --engine inprocess")
+    settings = FFMSettings.of(config)
+    if connect is not None:
+        dp = resolve_dp(config, protocol, settings.sent_kinds)
+        return pair, None, FederatedFlowMatching(settings, dp, pair, connect(protocol, log),
+                                                 device)
+    shards = make_shards(pair, config.clients, config.shard_size, config.partition, config.seed,
+                         alpha=config.dirichlet_alpha, min_size=config.batch_size)
+    if config.method in CENTRALIZED:
         pooled = new_client("central", torch.cat(shards).to(device), config.deterministic_seed)
-        return pair, shards, CentralizedFlowMatching(FFMSettings.of(config), pair, pooled,
-                                                     device)
+        return pair, shards, CentralizedFlowMatching(settings, pair, pooled, device)
     clients = new_clients([shard.to(device) for shard in shards], config.deterministic_seed)
     faults = load_threat_model(config.threat_model) if config.threat_model else None
-    settings = FFMSettings.of(config)
     dp = resolve_dp(config, protocol, settings.sent_kinds)
     channel = open_channel(protocol, clients, log, faults, config.deterministic_seed,
                            FFMClient(settings, dp, pair, device))
     return pair, shards, FederatedFlowMatching(settings, dp, pair, channel, device)
-
 
 
 def _close_log(log: MessageLog, trainer) -> str | None:
@@ -99,8 +112,10 @@ def _privacy(config: RunConfig, trainer, rounds_run: int) -> dict:
                              nominal_records=config.shard_size, accounting=accounting)
 
 
-def run_ffm(config: RunConfig) -> RunResult:
+def run_ffm(config: RunConfig, connect: Connect | None = None) -> RunResult:
     """Train and evaluate an FFM-family ``config``; write everything to the run folder.
+    ``connect``: the channel to clients that run elsewhere (the Flower engine's, see
+    :mod:`.flower_server`); by default every party is built in this process.
 
     metrics.json times the parts in wall seconds: ``setup_seconds`` (data, parties, the DP
     calibration), ``train_seconds``, ``eval_seconds`` (samples, exact W2, the potential's
@@ -115,7 +130,7 @@ def run_ffm(config: RunConfig) -> RunResult:
     log = MessageLog(out / "messages.jsonl", keep_payloads=config.keep_payloads)
     trainer = None
     try:
-        pair, shards, trainer = _build(config, device, log)
+        pair, shards, trainer = _build(config, device, log, connect)
         curves: dict[str, list[list[float]]] = {"loss": [], "dual": []}
         aborted = 0
         every = max(1, config.rounds // 200)
@@ -183,7 +198,10 @@ def run_ffm(config: RunConfig) -> RunResult:
                out / "checkpoint.pt")
     label = (f"{config.method}, {metrics['protocol']} ({config.data}, "
              f"{metrics['clients']} client(s))")
-    plot_trajectories(out / "trajectories.png", shards, paths, f"trajectories: {label}")
+    held = shards if shards is not None else [generated["target"].cpu()]
+    plot_trajectories(out / "trajectories.png", held, paths, f"trajectories: {label}",
+                      None if shards is not None else "target sample (the server holds no "
+                      "client data)")
     plot_w2_nfe(out / "w2_nfe.png", {config.method: report.w2}, f"W2 against NFE: {label}")
     return RunResult(out, metrics, pin)
 

@@ -144,7 +144,8 @@ def test_a_round_with_no_client_left_aborts_cleanly_naming_why(tmp_path):
                                          for i in (1, 2)) + (
         Fault("lose", "client-3", "upload", (1,)),))
     channel = _channel(tmp_path, faults=faults)
-    link = Link(channel.transport, channel.parties, channel.clients, 1, "gradient")
+    link = Link(channel.transport, channel.parties, channel.clients, 1, "gradient",
+                endpoints=channel.endpoints)
     result = plain_aggregate(link, lambda c: {"gradient": np.zeros(2, np.float32)},
                              {f"client-{i}": 1 / 3 for i in (1, 2, 3)}, VECTOR)
     assert result.payload is None and result.included == []

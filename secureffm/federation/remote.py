@@ -1,0 +1,129 @@
+"""A transport whose clients run in processes of their own (Flower's ServerApp side).
+
+:class:`RemoteTransport` implements :meth:`~secureffm.federation.transport.Transport.exchange`
+over a batched call (``calls.call(requests, timeout)``: client id -> request bytes out, reply
+bytes or None back, as :class:`secureffm.federation.flower.FlowerCalls` does): it logs the
+server's messages, sends each client its request (:mod:`.codec`), and checks every reply as the
+server's network stack: a frame that does not parse, an event another party signed or that
+does not verify, and a message failing its receipt check are refused by name; a client that
+answers nothing by the deadline is offline for the rest of the round. It holds no client and
+no client key: only the pinned public keys.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from ..errors import MessageError, ProtocolError
+from .codec import decode_reply, encode_request
+from .crypto import verify_signature
+from .exchange import Incoming, Receipts, Refusal, Request
+from .log import MessageLog
+from .message import SERVER, Envelope, canonical
+from .parties import Party, Registry
+from .transport import Delivery, Endpoint
+
+__all__ = ["RemoteTransport", "Calls"]
+
+
+class Calls(Protocol):
+    """One batched call to remote clients: client id -> request bytes; client id -> reply
+    bytes, or None when it gave none within ``timeout`` seconds."""
+
+    def call(self, requests: dict[str, bytes], timeout: float) -> dict[str, bytes | None]: ...
+
+
+@dataclass
+class RemoteTransport:
+    """``registry``: the pinned public keys (parties.json); ``clients``: ids in federation
+    order; ``calls``: what reaches them; ``timeout``: seconds a phase waits for replies."""
+
+    registry: Registry
+    clients: tuple[str, ...]
+    log: MessageLog
+    calls: Calls
+    timeout: float
+    _receipts: Receipts = field(init=False)
+    _offline: dict[int, set[str]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        missing = sorted(set(self.clients) - set(self.registry.sign))
+        if missing:
+            raise MessageError(f"no public key registered for {missing[0]}")
+        self.clients = tuple(self.clients)
+        self._receipts = Receipts(self.registry)
+        self.log.register(self.registry)
+
+    def alive(self, party: str, round_: int, phase: str) -> bool:
+        """False for a client that missed a deadline earlier in ``round_``."""
+        return party not in self._offline.get(round_, set())
+
+    def send(self, envelope: Envelope) -> Delivery:
+        raise ProtocolError(f"a single {envelope.kind} message from {envelope.sender} to "
+                            f"{envelope.recipient} needs the in-process engine: this step "
+                            "still runs a client's part on the server's side (issue 17 moves "
+                            "it to the client's endpoint)")
+
+    def exchange(self, requests: dict[str, Request],
+                 endpoints: Mapping[str, Endpoint] | None = None) -> dict[str, Delivery]:
+        """See :meth:`Transport.exchange`; ``endpoints`` must be None (the clients are
+        remote)."""
+        if endpoints is not None:
+            raise ProtocolError("a remote transport reaches its clients itself")
+        frames = {}
+        for cid, request in requests.items():
+            incoming = None
+            if request.envelope is not None:
+                seq = self.log.append(request.envelope)["seq"]
+                incoming = Incoming(request.envelope, request.envelope.data, seq)
+            frames[cid] = encode_request(request, incoming)
+        replies = self.calls.call(frames, self.timeout)
+        out = {}
+        for cid, request in requests.items():
+            frame = replies.get(cid)
+            if frame is None:
+                self._offline.setdefault(request.round, set()).add(cid)
+                continue
+            out[cid] = self._reply(cid, request, frame)
+        return out
+
+    def _reply(self, cid: str, request: Request, frame: bytes) -> Delivery:
+        """The server's receipt of ``cid``'s reply frame to ``request``."""
+        try:
+            reply = decode_reply(frame, cid)
+            sent = reply.envelope
+            if sent is not None and (sent.round, sent.kind, sent.phase, sent.recipient) != (
+                    request.round, request.kind, request.reply_phase, SERVER):
+                raise MessageError(f"it answers with a {sent.kind} message of round "
+                                   f"{sent.round}, phase {sent.phase} to {sent.recipient}, not "
+                                   f"{request.kind} of round {request.round}, phase "
+                                   f"{request.reply_phase} to the server")
+            for event in reply.events:
+                if not verify_signature(self.registry.sign[cid],
+                                        bytes.fromhex(str(event.get("sig", ""))),
+                                        canonical(event)):
+                    raise MessageError(f"an event in the reply of {cid} is not signed by {cid}")
+        except (MessageError, ValueError) as err:
+            return Delivery(None, (Refusal(SERVER, cid, f"refused the reply of {cid}: {err}"),))
+        for event in reply.events:
+            self.record(event)
+        if reply.envelope is None:
+            return Delivery(None, events=reply.events)
+        envelope = reply.envelope
+        seq = self.log.append(envelope)["seq"]
+        refused = self._receipts.check(envelope, envelope.data, seq)
+        return Delivery(None if refused else envelope.data, (refused,) if refused else (), seq,
+                        reply.events)
+
+    def reject(self, by: Party, round_: int, phase: str, party: str, reason: str,
+               refused: int | None = None) -> None:
+        fields = None if refused is None else {"refused": refused}
+        self.record(by.event(round_, phase, "rejected", party, reason, fields))
+
+    def record(self, event: dict) -> None:
+        self.log.event(event)
+
+    def close(self, closer: Party) -> str | None:
+        return self.log.close(closer)

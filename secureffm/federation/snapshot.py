@@ -1,0 +1,94 @@
+"""A client's state between two messages, as bytes (an engine that runs each message in a
+fresh process keeps them for the client, on the client's own node, never at the server).
+
+What a client carries over: its secret-stream key, its training generator and protocol stream,
+its memory of the broadcasts it accepted, its inbox, and the plain values and generators of
+its method's state (models are not: a method reloads them from the broadcasts, and its objects
+are rebuilt by the method's program before the values are restored). Encoded as one frame: a
+JSON header and a safetensors blob of the arrays; no pickle.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import torch
+from safetensors.numpy import load as load_arrays
+from safetensors.numpy import save as save_arrays
+
+from ..errors import MessageError, ProtocolError
+from .parties import Client
+
+__all__ = ["client_state", "restore_client", "pack", "unpack"]
+
+_PLAIN = (bool, int, float, str, type(None))
+_MEMORY = ("broadcasts",)  # what of a client's memory crosses (sealed counters and CKKS keys
+# do not yet: their protocols still run a client's part on the server's side)
+
+
+def _generator_state(generator: torch.Generator) -> np.ndarray:
+    return generator.get_state().numpy().copy()
+
+
+def client_state(client: Client) -> tuple[dict, dict[str, np.ndarray]]:
+    """``client``'s carried state: (JSON header, named arrays)."""
+    unknown = sorted(set(client.memory) - set(_MEMORY))
+    if unknown:
+        raise ProtocolError(f"{client.id} keeps {unknown[0]!r} in its memory, which does not "
+                            "leave the in-process engine yet")
+    arrays = {"generator": _generator_state(client.generator)}
+    state = {}
+    for key, value in client.state.items():
+        if isinstance(value, torch.Generator):
+            arrays[f"state/{key}"] = _generator_state(value)
+            state[key] = {"generator": True}
+        elif isinstance(value, _PLAIN):
+            state[key] = {"value": value}
+    for kind, payload in client.inbox.items():
+        for name, array in payload.items():
+            arrays[f"inbox/{kind}/{name}"] = array
+    header = {"streams_key": client.streams.key.hex(),
+              "protocol_rng": client.protocol_rng.bit_generator.state,
+              "broadcasts": {str(r): seen for r, seen in
+                             client.memory.get("broadcasts", {}).items()},
+              "state": state}
+    return header, arrays
+
+
+def restore_client(client: Client, header: dict, arrays: dict[str, np.ndarray]) -> None:
+    """Put :func:`client_state`'s output back into ``client``, whose method objects are
+    already rebuilt (its generators' states and plain values are set in place)."""
+    try:
+        object.__setattr__(client.streams, "key", bytes.fromhex(header["streams_key"]))
+        client.generator.set_state(torch.from_numpy(arrays["generator"]))
+        client.protocol_rng.bit_generator.state = header["protocol_rng"]
+        if header["broadcasts"]:
+            client.memory["broadcasts"] = {int(r): [tuple(p) for p in seen]
+                                           for r, seen in header["broadcasts"].items()}
+        for key, entry in header["state"].items():
+            if "generator" in entry:
+                client.state[key].set_state(torch.from_numpy(arrays[f"state/{key}"]))
+            else:
+                client.state[key] = entry["value"]
+        for name, array in arrays.items():
+            if name.startswith("inbox/"):
+                _, kind, field = name.split("/", 2)
+                client.inbox.setdefault(kind, {})[field] = array
+    except (KeyError, TypeError, ValueError, RuntimeError) as err:
+        raise MessageError(f"{client.id}'s saved state does not fit it: {err}") from None
+
+
+def pack(header: dict, arrays: dict[str, np.ndarray]) -> bytes:
+    """One frame: 4-byte length, JSON header, safetensors blob."""
+    head = json.dumps(header, separators=(",", ":")).encode()
+    return len(head).to_bytes(4, "big") + head + save_arrays(
+        {k: np.ascontiguousarray(v) for k, v in arrays.items()})
+
+
+def unpack(frame: bytes) -> tuple[dict, dict[str, np.ndarray]]:
+    size = int.from_bytes(frame[:4], "big")
+    try:
+        return json.loads(frame[4:4 + size]), dict(load_arrays(frame[4 + size:]))
+    except Exception as err:  # noqa: BLE001 - any decoding failure means the same thing
+        raise MessageError(f"a saved client state does not decode: {err}") from None

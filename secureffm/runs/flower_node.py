@@ -1,0 +1,108 @@
+"""A client's own process on Flower: rebuild the client from its own keys, its own data and its
+saved state, answer one request, save the state again.
+
+:func:`serve` is what the ClientApp calls for every message
+(:func:`secureffm.federation.flower.make_client_app`). Everything a client holds comes from
+its node: the run's public config (the same config.toml the server has), its key file and the
+pinned registry in ``keys`` (see :mod:`secureffm.federation.keyfiles`), and its shard, drawn
+from the public data recipe by its own client index (``client-i`` holds shard i) or read from
+``client-data`` (a ``.pt`` tensor [N, d] loaded with ``weights_only=True``). The server sends
+requests only: no data, no key, no state.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import torch
+
+from ..config import RunConfig, config_from_dict
+from ..data.pairs import get_pair, make_shards
+from ..errors import ConfigError
+from ..federation.codec import decode_request, encode_reply
+from ..federation.keyfiles import load_party_keys, load_registry
+from ..federation.parties import Client, SecretStreams
+from ..federation.snapshot import client_state, pack, restore_client, unpack
+from ..methods.ffm import FFMClient, FFMSettings
+from ..protocols.endpoint import ClientEndpoint
+from ..protocols.protocol import load_protocol
+from ..runtime import resolve_device
+from .scaffold import resolve_dp
+
+__all__ = ["serve", "CONFIG_KEY", "KEYS_KEY", "run_config_of", "config_of"]
+
+CONFIG_KEY, KEYS_KEY = "secureffm-config", "secureffm-keys"
+# (client id, sha256 of the state it left) -> the endpoint that left it: a node handling two
+# messages in a row in one process skips the rebuild; any other state rebuilds from the bytes.
+_LAST: dict[tuple[str, str], ClientEndpoint] = {}
+
+
+def run_config_of(config: RunConfig, keys: str | Path) -> dict[str, str]:
+    """The Flower run config that carries ``config`` and the keys folder to every node."""
+    return {CONFIG_KEY: json.dumps(config.to_dict()), KEYS_KEY: str(Path(keys).resolve())}
+
+
+def config_of(run_config: dict) -> RunConfig:
+    """The secureffm config a Flower run config carries (:func:`run_config_of`)."""
+    try:
+        return config_from_dict(json.loads(run_config[CONFIG_KEY]), RunConfig())
+    except (KeyError, ValueError) as err:
+        raise ConfigError(f"the Flower run config lacks a secureffm config: {err}") from None
+
+
+def _shard(config: RunConfig, cid: str, node_config: dict, device: torch.device) -> torch.Tensor:
+    """The client's own data: ``client-data`` from its node config, else shard i of the public
+    recipe for ``client-i``."""
+    path = node_config.get("client-data")
+    if path:
+        data = torch.load(Path(str(path)), weights_only=True)
+        if not isinstance(data, torch.Tensor) or data.ndim != 2:
+            raise ConfigError(f"client-data {path} must hold one tensor [N, d]")
+        return data.to(device)
+    index = int(cid.rsplit("-", 1)[-1]) - 1
+    if not 0 <= index < config.clients:
+        raise ConfigError(f"{cid} is not one of the run's {config.clients} clients")
+    shards = make_shards(get_pair(config.data), config.clients, config.shard_size,
+                         config.partition, config.seed, alpha=config.dirichlet_alpha,
+                         min_size=config.batch_size)
+    return shards[index].to(device)
+
+
+def _endpoint(node_config: dict, run_config: dict, cid: str) -> ClientEndpoint:
+    """The client rebuilt from its node: keys, registry, shard, protocol, program."""
+    config = config_of(run_config)
+    keys = run_config[KEYS_KEY]
+    device = resolve_device(config.device)
+    identity, sealing = load_party_keys(keys, cid)
+    streams = SecretStreams(cid, config.deterministic_seed)
+    client = Client(cid, _shard(config, cid, node_config, device),
+                    streams.torch("training", device), identity=identity, sealing=sealing,
+                    streams=streams, protocol_rng=streams.numpy("protocol"))
+    protocol = load_protocol(config.protocol)
+    settings = FFMSettings.of(config)
+    dp = resolve_dp(config, protocol, settings.sent_kinds)
+    program = FFMClient(settings, dp, get_pair(config.data), device)
+    program.setup(client)
+    return ClientEndpoint(client, load_registry(keys), protocol, program)
+
+
+def serve(node_config: dict, run_config: dict, state: bytes | None,
+          request: bytes) -> tuple[bytes, bytes]:
+    """Answer one request as this node's client; returns (its new state, the reply)."""
+    from ..federation.flower import client_id
+
+    cid = client_id(node_config)
+    endpoint = _LAST.pop((cid, hashlib.sha256(state or b"").hexdigest()), None)
+    if endpoint is None:
+        endpoint = _endpoint(node_config, run_config, cid)
+        if state:
+            header, arrays = unpack(state)
+            restore_client(endpoint.client, header["client"], arrays)
+            endpoint.restore(header["endpoint"])
+    reply = endpoint(*decode_request(request))
+    header, arrays = client_state(endpoint.client)
+    saved = pack({"client": header, "endpoint": endpoint.saved()}, arrays)
+    _LAST[(cid, hashlib.sha256(saved).hexdigest())] = endpoint
+    return saved, encode_reply(reply)

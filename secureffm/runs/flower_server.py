@@ -1,0 +1,88 @@
+"""The server's process on Flower: the same runner, its channel reaching the clients' own
+processes through Flower.
+
+:func:`main` is what the ServerApp runs (:func:`secureffm.federation.flower.make_server_app`):
+it reads the run's config and the keys folder from the Flower run config, loads only the
+server's own key file and the pinned registry, learns which Flower node is which client
+(``hello``), and runs :func:`secureffm.runs.ffm.run_ffm` over a
+:class:`~secureffm.federation.remote.RemoteTransport`. It holds no client data and no client
+key. :func:`run_on_flower` provisions fresh keys and runs the whole federation on Flower's
+simulation engine from this process (what ``secureffm run --engine flower`` does).
+"""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+from ..config import DCFM_METHODS, RunConfig
+from ..errors import ConfigError
+from ..federation.keyfiles import load_party_keys, load_registry, provision
+from ..federation.log import MessageLog
+from ..federation.message import SERVER
+from ..federation.parties import ClientInfo, Party, SecretStreams
+from ..federation.remote import RemoteTransport
+from ..protocols.channel import ProtectedChannel
+from ..protocols.protocol import Protocol
+from .ffm import run_ffm
+from .flower_node import KEYS_KEY, config_of, run_config_of
+from .scaffold import RunResult
+
+__all__ = ["main", "flower_channel", "run_on_flower", "client_ids"]
+
+
+def client_ids(config: RunConfig) -> list[str]:
+    return [f"client-{i}" for i in range(1, config.clients + 1)]
+
+
+def flower_channel(calls, config: RunConfig, keys: str | Path, protocol: Protocol,
+                   log: MessageLog) -> ProtectedChannel:
+    """The server's channel to the clients behind ``calls`` (a FlowerCalls): the server's own
+    keys from ``keys``, the registry it pins, every expected client answering ``hello``."""
+    expected = client_ids(config)
+    found = calls.hello(config.phase_timeout, len(expected))
+    if sorted(found) != sorted(expected):
+        raise ConfigError(f"the Flower nodes are {sorted(found)}; this run needs exactly "
+                          f"{expected} (give each SuperNode --node-config client-id=...)")
+    if (config.partition == "dirichlet" and config.weighting == "size"
+            and not any(stage.name == "dp" for stage in protocol.stages)):
+        raise ConfigError("on Flower the server weights clients by the run's nominal shard "
+                          "size (it never sees a shard), which a dirichlet partition does not "
+                          "give: use weighting = 'uniform' or another partition")
+    registry = load_registry(keys)
+    identity, sealing = load_party_keys(keys, SERVER)
+    server = Party(SERVER, identity=identity, sealing=sealing,
+                   streams=SecretStreams(SERVER, config.deterministic_seed))
+    transport = RemoteTransport(registry, tuple(expected), log, calls, config.phase_timeout)
+    infos = [ClientInfo(cid, config.shard_size) for cid in expected]
+    return ProtectedChannel(protocol, transport, server, infos, remote=True)
+
+
+def main(calls, run_config: dict) -> dict:
+    """The ServerApp's main: one run of the config in ``run_config``; returns where it wrote
+    its folder, its metrics and its pin."""
+    config = config_of(run_config)
+    if config.method in DCFM_METHODS:
+        raise ConfigError(f"method {config.method!r} does not run on Flower yet (its clients' "
+                          "steps still run on the server's side); use --engine inprocess")
+    result = run_ffm(config, connect=lambda protocol, log: flower_channel(
+        calls, config, run_config[KEYS_KEY], protocol, log))
+    return {"out": str(result.out), "metrics": result.metrics, "pin": result.pin}
+
+
+def run_on_flower(config: RunConfig, keys: str | Path | None = None) -> RunResult:
+    """Run ``config`` on Flower's simulation engine from this process: each client a Flower
+    node with its own key file and saved state (Ray starts first, about 15-20 s here).
+    ``keys``: a provisioned folder (:func:`~secureffm.federation.keyfiles.provision`); by
+    default fresh keys in a temporary folder, removed afterwards."""
+    from ..federation.flower import simulate  # Flower is an optional extra
+
+    with tempfile.TemporaryDirectory(prefix="secureffm-keys-") as fresh:
+        folder = Path(keys) if keys else Path(fresh)
+        if not keys:
+            provision(folder, client_ids(config))
+        done = simulate("secureffm.runs.flower_server:main", "secureffm.runs.flower_node:serve",
+                        config.clients, run_config_of(config, folder))
+    if done is None:
+        raise ConfigError("the Flower run ended without a result; its log above says why")
+    return RunResult(Path(done["out"]), done["metrics"], done["pin"])
