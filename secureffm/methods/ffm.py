@@ -14,6 +14,7 @@ Skellam noise. Every per-example loss below depends on one data example only.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, fields
 
 import numpy as np
@@ -125,10 +126,12 @@ def planned_steps(settings: FFMSettings, rounds: int | None = None) -> dict[str,
     return steps
 
 
+@functools.lru_cache(maxsize=16)
 def local_noise_multiplier(settings: FFMSettings, dp: DPSettings) -> float:
     """sigma of local-noise DP-SGD: the given one, or the smallest that keeps a client within
     the target over the planned rounds. Public (the sample rate is the nominal one), so the
-    server's ledger and each client compute the same value."""
+    server's ledger and each client compute the same value; kept per process, since the search
+    costs seconds and a client's process answers many messages."""
     if dp.noise_multiplier:
         return dp.noise_multiplier
     rate = poisson_rate(settings.batch_size, settings.shard_size)

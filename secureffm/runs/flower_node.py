@@ -4,7 +4,8 @@ saved state, answer one request, save the state again.
 :func:`serve` is what the ClientApp calls for every message
 (:func:`secureffm.federation.flower.make_client_app`). Everything a client holds comes from
 its node: the run's public config (the same config.toml the server has), its key file and the
-pinned registry in ``keys`` (see :mod:`secureffm.federation.keyfiles`), and its shard, drawn
+pinned registry in the folder ``keys`` of its node config (else the run config's
+``secureffm-keys``; see :mod:`secureffm.federation.keyfiles`), and its shard, drawn
 from the public data recipe by its own client index (``client-i`` holds shard i) or read from
 ``client-data`` (a ``.pt`` tensor [N, d] loaded with ``weights_only=True``). The server sends
 requests only: no data, no key, no state.
@@ -73,7 +74,7 @@ def _shard(config: RunConfig, cid: str, node_config: dict, device: torch.device)
 def _endpoint(node_config: dict, run_config: dict, cid: str) -> ClientEndpoint:
     """The client rebuilt from its node: keys, registry, shard, protocol, program."""
     config = config_of(run_config)
-    keys = run_config[KEYS_KEY]
+    keys = node_config.get("keys") or run_config[KEYS_KEY]
     device = resolve_device(config.device)
     identity, sealing = load_party_keys(keys, cid)
     streams = SecretStreams(cid, config.deterministic_seed)

@@ -1,0 +1,63 @@
+"""The same seeded run on the in-process engine and on Flower's simulation engine (each client a
+Flower node with its own key file, shard and saved state; the server process with neither) gives
+the same W2 table and logs the same messages (kinds, phases, parties, sizes, stages, events).
+
+Truths used: the in-process engine's run of the same config (``--insecure-deterministic``
+makes every secret stream a function of the seed, so both engines draw the same batches, noise
+and rounding), and the log each run wrote. Each Flower run starts Ray (15-25 s here): one case
+in the default suite, the others ``slow``.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("flwr")
+
+from secureffm.config import RunConfig  # noqa: E402
+from secureffm.runs import run  # noqa: E402
+
+TINY = dict(method="got", clients=3, partition="iid", shard_size=64, batch_size=16, rounds=5, potential_every=2,
+            hidden=16, potential_hidden=16, candidates=16, eval_samples=200, nfe=(1, 4),
+            trajectories=50, progress=False, device="cpu", insecure_deterministic=True)
+
+
+def _rows(folder: Path) -> list[tuple]:
+    """What each record of the run's log says, without its signature and chain."""
+    rows = []
+    for line in (folder / "messages.jsonl").read_text().splitlines():
+        r = json.loads(line)
+        rows.append((r["round"], r["phase"], r["kind"], r["sender"], r["recipient"], r["bytes"],
+                     tuple(r["stages"]), r.get("event"), r.get("party"), r.get("detail")))
+    return rows
+
+
+def _both(tmp_path, protocol: str) -> tuple[dict, dict, Path, Path]:
+    metrics, folders = [], []
+    for engine in ("inprocess", "flower"):
+        out = tmp_path / engine
+        result = run(RunConfig(**TINY, protocol=protocol, engine=engine, out=str(out)))
+        metrics.append(result.metrics)
+        folders.append(out)
+    return metrics[0], metrics[1], folders[0], folders[1]
+
+
+def _check(tmp_path, protocol: str) -> None:
+    local, flower, local_dir, flower_dir = _both(tmp_path, protocol)
+    for nfe, w2 in local["eval"]["w2"].items():
+        assert flower["eval"]["w2"][nfe] == pytest.approx(w2, rel=1e-6, abs=1e-9)
+    assert flower["messages"] == local["messages"]
+    assert _rows(flower_dir) == _rows(local_dir)
+
+
+def test_got_under_dp_secagg_is_the_same_run_on_flower(tmp_path):
+    _check(tmp_path, "dp-secagg")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("protocol", ["plaintext", "secagg-plus"])
+def test_got_is_the_same_run_on_flower(tmp_path, protocol):
+    _check(tmp_path, protocol)
