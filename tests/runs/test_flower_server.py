@@ -21,8 +21,9 @@ from secureffm.config import RunConfig  # noqa: E402
 from secureffm.runs import run  # noqa: E402
 
 TINY = dict(method="got", clients=3, partition="iid", shard_size=64, batch_size=16, rounds=5,
-            potential_every=2, hidden=16, potential_hidden=16, candidates=16, eval_samples=200, nfe=(1, 4),
-            trajectories=50, progress=False, device="cpu", insecure_deterministic=True)
+            potential_every=2, hidden=16, potential_hidden=16, candidates=16,
+            eval_samples=200, nfe=(1, 4), trajectories=50, progress=False, device="cpu",
+            insecure_deterministic=True)
 
 
 def _rows(folder: Path) -> list[tuple]:
