@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import time
 from pathlib import Path
 
 import torch
@@ -23,6 +24,7 @@ from ..config import RunConfig, config_from_dict
 from ..data.pairs import get_pair, make_shards
 from ..errors import ConfigError
 from ..federation.codec import decode_request, encode_reply
+from ..federation.exchange import Request
 from ..federation.keyfiles import load_party_keys, load_registry
 from ..federation.parties import Client, SecretStreams
 from ..federation.snapshot import client_state, pack, restore_client, unpack
@@ -89,6 +91,17 @@ def _endpoint(node_config: dict, run_config: dict, cid: str) -> ClientEndpoint:
     return ClientEndpoint(client, load_registry(keys), protocol, program)
 
 
+def _hold(node_config: dict, request: Request) -> None:
+    """Fault injection for tests: a node whose config says ``fault-hold = "ROUND:ACTION"``
+    writes the file ``fault-hold-file`` when that request arrives and never answers, as a
+    client whose machine dies in that phase (the deployment test then kills its SuperNode)."""
+    hold = node_config.get("fault-hold")
+    if hold and hold == f"{request.round}:{request.action}":
+        Path(str(node_config["fault-hold-file"])).write_text(hold)
+        while True:
+            time.sleep(1)
+
+
 def serve(node_config: dict, run_config: dict, state: bytes | None,
           request: bytes) -> tuple[bytes, bytes]:
     """Answer one request as this node's client; returns (its new state, the reply)."""
@@ -102,7 +115,9 @@ def serve(node_config: dict, run_config: dict, state: bytes | None,
             header, arrays = unpack(state)
             restore_client(endpoint.client, header["client"], arrays)
             endpoint.restore(header["endpoint"])
-    reply = endpoint(*decode_request(request))
+    request, incoming = decode_request(request)
+    _hold(node_config, request)
+    reply = endpoint(request, incoming)
     header, arrays = client_state(endpoint.client)
     saved = pack({"client": header, "endpoint": endpoint.saved()}, arrays)
     _LAST[(cid, hashlib.sha256(saved).hexdigest())] = endpoint
