@@ -1,12 +1,21 @@
-"""Round time and bytes per round of the engines (issue 17), first part: Flower's own rounds on
-its simulation engine, the rows our protocol on Flower is compared with.
+"""Round time and bytes per round of the engines (issue 17): our protocols on the in-process
+engine and on Flower's simulation engine, against Flower's own rounds (plain FedAvg and its
+SecAgg+ workflow) on the same simulation engine.
 
     .venv/bin/python benchmarks/engines.py                            # n = 10, d in {1e5, 1e6}
     .venv/bin/python benchmarks/engines.py --out docs/benchmarks.md   # also write the table
     .venv/bin/python benchmarks/engines.py --smoke                    # n = 3, d = 10^3: a check
 
-Needs ``secureffm[flower]`` (flwr with Ray). Rows, all in one ``run_simulation`` so Ray starts
-once and every row sees the same pool of actors (one CPU each):
+Needs ``secureffm[flower]`` (flwr with Ray). A round is what Flower's FedAvg does: the model
+(d float32) to every client, every client's update (d float32 ones) aggregated. Rows:
+
+- ``secureffm ..., in-process``: ``plaintext``, ``secagg`` semi-honest and ``secagg`` against a
+  malicious server, every party in this process; bytes: the payload bytes the log records;
+- ``secureffm ..., on Flower``: the same, each client a simulated Flower node with its own keys
+  and saved state (``bench_serve``), one ``run_simulation`` per protocol; bytes: the request and
+  reply frames ``FlowerCalls`` moved;
+
+and, in one more ``run_simulation`` (bytes: Flower's serialized messages):
 
 - ``plain FedAvg``: Flower's default fit workflow (FedAvg, every client each round);
 - ``SecAgg+ ...``: Flower's ``SecAggPlusWorkflow`` with its client ``secaggplus_mod``, with
@@ -40,6 +49,7 @@ import os
 import platform
 import statistics
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -211,6 +221,157 @@ def measure_calls(n: int, groups: tuple[int, ...], sizes: tuple[int, ...],
     return simulate(main, echo, n, pull_interval=PULL_S)
 
 
+# -- our protocol, in-process and on Flower -------------------------------------------------------
+
+_SEMI_HONEST = """name = "secagg-semi-honest"
+description = "secagg without the malicious-server additions (benchmark)"
+[[stages]]
+stage = "secagg"
+protects = ["gradient"]
+threshold = 0.6
+adversary = "semi-honest"
+"""
+
+
+def our_variants(folder: Path) -> list[tuple[str, str]]:
+    """(label, protocol spec) of our rows; the semi-honest spec is written to ``folder``."""
+    semi = folder / "secagg-semi-honest.toml"
+    semi.write_text(_SEMI_HONEST)
+    return [("secureffm plaintext", "plaintext"),
+            ("secureffm secagg, semi-honest", str(semi)),
+            ("secureffm secagg, malicious server", "secagg")]
+
+
+def _ones(client, task):
+    """Every client's update: d float32 ones (the rows of Flower's clients send the same)."""
+    import numpy as np
+
+    return {"x": np.ones(int(task.args["d"]), np.float32)}
+
+
+def _round(channel, round_: int, d: int) -> None:
+    """One round as Flower's FedAvg runs it: the model (d float32) to every client, every
+    client's update (d float32) aggregated."""
+    import numpy as np
+
+    from secureffm.federation.channel import Task
+
+    ids = [c.id for c in channel.clients]
+    channel.broadcast(round_, "global_model", {"theta": np.zeros(d, np.float32)})
+    result = channel.aggregate(round_, "gradient", Task("bench.ones", {"d": d}),
+                               dict.fromkeys(ids, 1 / len(ids)),
+                               {"x": ((d,), np.dtype(np.float32))})
+    assert result.payload is not None and len(result.included) == len(ids), result.reason
+
+
+def _timed(row: Row, channel, rounds: int, traffic) -> None:
+    """1 + ``rounds`` rounds of ``channel``; bytes of the first (warm-up) one by ``traffic()``
+    (a (sent, received) reading taken before and after)."""
+    for round_ in range(1 + rounds):
+        before = traffic()
+        start = time.perf_counter()
+        _round(channel, round_ + 1, row.d)
+        seconds = time.perf_counter() - start
+        if round_ == 0:
+            after = traffic()
+            row.sent, row.received = after[0] - before[0], after[1] - before[1]
+        else:
+            row.seconds.append(seconds)
+        print(f"  {row.variant}, d = {row.d}: {seconds:.3f} s", file=sys.stderr)
+
+
+def measure_inprocess(n: int, sizes: tuple[int, ...], rounds: int, folder: Path) -> list[Row]:
+    """Our rows on the in-process engine; bytes: the payload bytes the log records."""
+    import json
+
+    import torch
+
+    from secureffm.federation.log import MessageLog
+    from secureffm.federation.parties import new_clients
+    from secureffm.protocols import load_protocol
+    from secureffm.runs.scaffold import open_channel
+
+    rows = []
+    for d in sizes:
+        for label, spec in our_variants(folder):
+            row = Row(n, d, f"{label}, in-process")
+            log = MessageLog(folder / f"{len(rows)}" / "messages.jsonl")
+            channel = open_channel(load_protocol(spec), new_clients([torch.zeros(1, 1)] * n),
+                                   log, program=_ones)
+
+            def traffic(log=log) -> tuple[int, int]:
+                log._file.flush()
+                records = [json.loads(line) for line in log.path.read_text().splitlines()]
+                return (sum(r["bytes"] for r in records if r["sender"] == "server"),
+                        sum(r["bytes"] for r in records if r["recipient"] == "server"))
+
+            _timed(row, channel, rounds, traffic)
+            channel.close()
+            rows.append(row)
+    return rows
+
+
+def _node(node_config: dict, run_config: dict, cid: str):
+    """A benchmark client on its Flower node: its provisioned keys, no data, :func:`_ones`."""
+    import torch
+
+    from secureffm.federation.keyfiles import load_party_keys, load_registry
+    from secureffm.federation.parties import Client, SecretStreams
+    from secureffm.protocols import load_protocol
+    from secureffm.protocols.endpoint import ClientEndpoint
+
+    identity, sealing = load_party_keys(run_config["keys"], cid)
+    streams = SecretStreams(cid)
+    client = Client(cid, torch.zeros(1, 1), streams.torch("training"), identity=identity,
+                    sealing=sealing, streams=streams, protocol_rng=streams.numpy("protocol"))
+    return ClientEndpoint(client, load_registry(run_config["keys"]),
+                          load_protocol(run_config["protocol"]), _ones)
+
+
+def bench_serve(node_config: dict, run_config: dict, state: bytes | None,
+                request: bytes) -> tuple[bytes, bytes]:
+    from secureffm.runs.flower_node import answer
+
+    return answer(node_config, run_config, state, request, _node)
+
+
+def measure_ours_on_flower(n: int, sizes: tuple[int, ...], rounds: int,
+                           folder: Path) -> list[Row]:
+    """Our rows on Flower's simulation engine (one simulation per protocol: a node builds its
+    protocol once); bytes: the request and reply frames ``FlowerCalls`` moved."""
+    from secureffm.federation.flower import simulate
+    from secureffm.federation.keyfiles import load_party_keys, load_registry, provision
+    from secureffm.federation.log import MessageLog
+    from secureffm.federation.message import SERVER
+    from secureffm.federation.parties import ClientInfo, Party
+    from secureffm.federation.remote import RemoteTransport
+    from secureffm.protocols import load_protocol
+    from secureffm.protocols.channel import ProtectedChannel
+
+    keys = folder / "keys"
+    ids = [f"client-{i}" for i in range(1, n + 1)]
+    provision(keys, ids)
+    rows: list[Row] = []
+    for label, spec in our_variants(folder):
+        def main(calls, run_config, label=label, spec=spec):
+            calls.hello(300.0, clients=n)
+            identity, sealing = load_party_keys(keys, SERVER)
+            for d in sizes:
+                row = Row(n, d, f"{label}, on Flower")
+                log = MessageLog(folder / f"flower-{len(rows)}" / "messages.jsonl")
+                transport = RemoteTransport(load_registry(keys), tuple(ids), log, calls, 600.0)
+                channel = ProtectedChannel(load_protocol(spec), transport,
+                                           Party(SERVER, identity=identity, sealing=sealing),
+                                           [ClientInfo(c, 1) for c in ids], remote=True)
+                _timed(row, channel, rounds, lambda: (calls.total.sent, calls.total.received))
+                channel.close()
+                rows.append(row)
+
+        simulate(main, bench_serve, n, {"keys": str(keys), "protocol": spec},
+                 pull_interval=PULL_S)
+    return rows
+
+
 def calls_table(rows: list[list]) -> str:
     return markdown_table(
         ["clients called", "request = reply bytes", "call s (median)", "calls s"],
@@ -243,7 +404,10 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     n, sizes, rounds = (3, (10**3,), 1) if args.smoke else (CLIENTS, SIZES, args.rounds)
     started = time.perf_counter()
-    rows = measure_flower(n, sizes, rounds)
+    with tempfile.TemporaryDirectory() as scratch:
+        rows = (measure_inprocess(n, sizes, rounds, Path(scratch))
+                + measure_ours_on_flower(n, sizes, rounds, Path(scratch))
+                + measure_flower(n, sizes, rounds))
     calls = measure_calls(n, (n,) if args.smoke else (3, n),
                           (0, 10**3) if args.smoke else (0, 4_000_000), rounds)
     text = "\n".join([
@@ -251,8 +415,9 @@ def main(argv: list[str] | None = None) -> None:
         "",
         f"`python benchmarks/engines.py{' --smoke' if args.smoke else ''}` on "
         f"{platform.machine()}, {os.cpu_count()} CPUs, load average "
-        f"{os.getloadavg()[0]:.1f} at the end; one `run_simulation`, pull interval {PULL_S} s "
-        f"for every row, median of {rounds} timed round(s) after a warm-up round; "
+        f"{os.getloadavg()[0]:.1f} at the end; one `run_simulation` per protocol of ours and "
+        f"one for Flower's rows, pull interval {PULL_S} s for every row, median of {rounds} "
+        f"timed round(s) after a warm-up round; "
         f"{time.perf_counter() - started:.0f} s in all.",
         "",
         table(rows),

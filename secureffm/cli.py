@@ -44,6 +44,9 @@ _HELP = {
     "shard_size": "points each client draws once (pool = clients x shard_size)",
     "weighting": "lambda_i proportional to shard size or uniform",
     "eval_samples": "generated and held-out target points for exact W2",
+    "engine": "inprocess (every party in this process) | flower (each client a Flower node "
+              "with its own keys and data, on Flower's simulation engine; docs/flower.md)",
+    "phase_timeout": "seconds a phase waits for remote clients' replies (engine flower)",
     "threads": "torch CPU threads (small models run fastest on one, above all on a busy CPU)",
     "local_steps": "DCFM stage-I (and DDM) training steps per client",
     "dcfm_rounds": "DCFM-A rounds R: all-gather of the experts, then --dcfm-steps local steps",
@@ -65,32 +68,74 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="secureffm", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="train and evaluate one method under one protocol")
-    run.add_argument("--config", help="TOML file of run settings; options below override it")
-    for f in config_fields():
-        flag = "--" + f.name.replace("_", "-")
-        default = f.default if f.default is not MISSING else None
-        if isinstance(default, bool):
-            run.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction,
-                             default=None, help=_HELP.get(f.name, f"default {default}"))
-        else:
-            shown = ",".join(map(str, default)) if isinstance(default, tuple) else default
-            run.add_argument(flag, dest=f.name, default=None, metavar=f.name.upper(),
-                             help=f"{_HELP.get(f.name, '')} (default {shown})".strip())
+    _add_config_options(run)
     audit = sub.add_parser("audit", help="verify a run's signed, hash-chained message log "
                            "(against a pin kept apart), or print its pin")
     add_audit_arguments(audit)
     fedwad = sub.add_parser("fedwad", help="FedWAD: W_p between clients' data sets; the server "
                             "sees only interpolating measures (docs/fedwad.md)")
     add_fedwad_arguments(fedwad)
+    keys = sub.add_parser("flower-keys", help="provision each party's key file and the pinned "
+                          "parties.json for a Flower deployment (docs/flower.md)")
+    keys.add_argument("folder", help="an empty folder for server.key, client-i.key, "
+                      "parties.json")
+    keys.add_argument("--clients", type=int, required=True, help="number of clients")
+    app = sub.add_parser("flower-app", help="write a Flower App folder that runs a run config "
+                         "on a Flower deployment: flwr run FOLDER (docs/flower.md)")
+    app.add_argument("folder", help="the app folder to write")
+    app.add_argument("--keys", required=True, help="keys folder (secureffm flower-keys) as the "
+                     "server sees it; each SuperNode may name its own: --node-config keys=PATH")
+    _add_config_options(app)
     return parser
+
+
+def _add_config_options(parser: argparse.ArgumentParser) -> None:
+    """``--config`` and one option per run setting."""
+    parser.add_argument("--config", help="TOML file of run settings; options below override it")
+    for f in config_fields():
+        flag = "--" + f.name.replace("_", "-")
+        default = f.default if f.default is not MISSING else None
+        if isinstance(default, bool):
+            parser.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction,
+                                default=None, help=_HELP.get(f.name, f"default {default}"))
+        else:
+            shown = ",".join(map(str, default)) if isinstance(default, tuple) else default
+            parser.add_argument(flag, dest=f.name, default=None, metavar=f.name.upper(),
+                                help=f"{_HELP.get(f.name, '')} (default {shown})".strip())
+
+
+def _config_of(args: argparse.Namespace):
+    overrides = {k: v for k, v in vars(args).items()
+                 if k not in ("command", "config", "folder", "keys") and v is not None}
+    return load_config(args.config, overrides)
+
+
+def _flower_keys(args: argparse.Namespace) -> None:
+    from .federation.keyfiles import provision
+
+    provision(args.folder, [f"client-{i}" for i in range(1, args.clients + 1)])
+    print(f"keys in {args.folder}: give each party only its own <id>.key, everyone "
+          "parties.json")
+
+
+def _flower_app(args: argparse.Namespace) -> None:
+    from pathlib import Path
+
+    from .federation.flower import write_app
+    from .runs.flower_node import run_config_of
+    from .runs.scaffold import run_folder
+
+    config = _config_of(args)  # the ServerApp runs elsewhere: its run folder, absolute
+    config = replace(config, out=str(run_folder(config).resolve()))
+    write_app(Path(args.folder), "secureffm.runs.flower_server:main",
+              "secureffm.runs.flower_node:serve", run_config_of(config, args.keys))
+    print(f"Flower App in {args.folder}: flwr run {args.folder} <superlink>")
 
 
 def _run(args: argparse.Namespace) -> None:
     from .runs import run
 
-    overrides = {k: v for k, v in vars(args).items()
-                 if k not in ("command", "config") and v is not None}
-    config = load_config(args.config, overrides)
+    config = _config_of(args)
     result = run(config)
     print(f"run folder: {result.out}")
     print(pin_message(result.out, result.pin, config.pin_to))
@@ -214,6 +259,10 @@ def main(argv: list[str] | None = None) -> int:
             return audit_command(args)
         elif args.command == "fedwad":
             fedwad_command(args)
+        elif args.command == "flower-keys":
+            _flower_keys(args)
+        elif args.command == "flower-app":
+            _flower_app(args)
     except SecureFFMError as err:
         print(f"secureffm: error: {err}", file=sys.stderr)
         return 2

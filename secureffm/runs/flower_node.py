@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -34,7 +35,7 @@ from ..protocols.protocol import load_protocol
 from ..runtime import resolve_device
 from .scaffold import resolve_dp
 
-__all__ = ["serve", "CONFIG_KEY", "KEYS_KEY", "run_config_of", "config_of"]
+__all__ = ["serve", "answer", "Build", "CONFIG_KEY", "KEYS_KEY", "run_config_of", "config_of"]
 
 CONFIG_KEY, KEYS_KEY = "secureffm-config", "secureffm-keys"
 # (client id, sha256 of the state it left) -> the endpoint that left it: a node handling two
@@ -105,12 +106,23 @@ def _hold(node_config: dict, request: Request) -> None:
 def serve(node_config: dict, run_config: dict, state: bytes | None,
           request: bytes) -> tuple[bytes, bytes]:
     """Answer one request as this node's client; returns (its new state, the reply)."""
+    return answer(node_config, run_config, state, request, _endpoint)
+
+
+# How a node builds its client's endpoint: (node config, run config, client id) -> endpoint.
+Build = Callable[[dict, dict, str], ClientEndpoint]
+
+
+def answer(node_config: dict, run_config: dict, state: bytes | None, request: bytes,
+           build: Build) -> tuple[bytes, bytes]:
+    """:func:`serve` with the endpoint ``build`` makes (a benchmark's or a test's node reuses
+    the rest: restoring, answering, saving)."""
     from ..federation.flower import client_id
 
     cid = client_id(node_config)
     endpoint = _LAST.pop((cid, hashlib.sha256(state or b"").hexdigest()), None)
     if endpoint is None:
-        endpoint = _endpoint(node_config, run_config, cid)
+        endpoint = build(node_config, run_config, cid)
         if state:
             header, arrays = unpack(state)
             restore_client(endpoint.client, header["client"], arrays)

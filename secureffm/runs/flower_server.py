@@ -62,6 +62,9 @@ def main(calls, run_config: dict) -> dict:
     """The ServerApp's main: one run of the config in ``run_config``; returns where it wrote
     its folder, its metrics and its pin."""
     config = config_of(run_config)
+    if config.threat_model:
+        raise ConfigError("threat models inject faults into the in-process engine; on Flower "
+                          "the faults are real (kill a node, or let it miss --phase-timeout)")
     if config.method in DCFM_METHODS:
         raise ConfigError(f"method {config.method!r} does not run on Flower yet (its clients' "
                           "steps still run on the server's side); use --engine inprocess")
