@@ -66,6 +66,8 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from ..errors import SecureFFMError
+from ..federation.journal import verify_journal
+from ..federation.keyfiles import load_registry
 from ..federation.log import PARTIES_FILE, PAYLOADS_FILE, canonical, genesis
 from ..federation.message import UNSIGNED_FIELDS
 from .pin import PartyKeys, RunPin, is_hex, load_parties, pin_of
@@ -490,12 +492,48 @@ def verify_run(run_dir: str | Path, pin: RunPin | None = None) -> AuditReport:
         finding = AuditFinding(None, None, f"the log's head {walk.head} differs from the pinned "
                                f"head {pin.head}: the log was rebuilt or changed after it was "
                                "pinned")
+    checks = walk.rules.status()
+    if finding is None and (run_dir / JOURNALS_DIR).is_dir():
+        finding, checks[JOURNALS_RULE] = _journals(run_dir / JOURNALS_DIR, log_path)
     pinned = tuple(name for name, value in (("keys", pin.fingerprints), ("head", pin.head))
                    if value is not None)
     return AuditReport(ok=finding is None, records=walk.records, first_bad=finding,
                        events=dict(walk.events), kinds=dict(walk.kinds), payloads=walk.payloads,
                        lines=lines, head=walk.head if finding is None else None, pinned=pinned,
-                       checks=walk.rules.status(), randomness=_randomness(run_dir))
+                       checks=checks, randomness=_randomness(run_dir))
+
+
+JOURNALS_DIR = "journals"
+JOURNALS_RULE = "clients' journals: chained, signed, and every message they received is logged"
+
+
+def _journals(folder: Path, log_path: Path) -> tuple[AuditFinding | None, str]:
+    """Each client's own journal in ``folder`` (secureffm/federation/journal.py) verifies
+    against parties.json, and every server message it says it received is the server log's
+    record at that seq, with the same signature (what the client saw is what the log says)."""
+    registry = load_registry(folder.parent)
+    logged = {}
+    for text in log_path.read_text().splitlines():
+        record = json.loads(text)
+        logged[record["seq"]] = record.get("sig")
+    journals = sorted(folder.glob("*.jsonl"))
+    for path in journals:
+        owner = path.stem
+        if owner not in registry.sign:
+            return AuditFinding(None, None, f"journal {path.name}: {owner} is not a party of "
+                                "parties.json"), "failed"
+        problems = verify_journal(path, owner, registry)
+        if problems:
+            return AuditFinding(None, None, f"journal {path.name}: {problems[0]}"), "failed"
+        for text in path.read_text().splitlines():
+            line = json.loads(text)
+            record = line["record"]
+            if line["direction"] == "received" and logged.get(record.get("seq")) != record["sig"]:
+                return AuditFinding(record.get("seq"), None, (
+                    f"{owner} received a {record['kind']} message of round {record['round']} "
+                    f"that the server's log does not hold at seq {record.get('seq')} (the "
+                    "server showed the client something else than it logged)")), "failed"
+    return None, f"{len(journals)} journal(s) verified against the log"
 
 
 def _randomness(run_dir: Path) -> str:

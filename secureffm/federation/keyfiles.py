@@ -62,7 +62,7 @@ def load_party_keys(folder: str | Path, party: str) -> tuple[Identity, KeyPair]:
             raise ValueError(f"it holds the keys of {table.get('party')!r}")
         identity = Identity(Ed25519PrivateKey.from_private_bytes(bytes.fromhex(table["sign"])))
         sealing = KeyPair(private_from_bytes(bytes.fromhex(table["seal"])))
-    except (OSError, ValueError, KeyError, TypeError) as err:
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
         raise ConfigError(f"cannot load {party}'s keys from {path}: {err}; provision them with "
                           "secureffm.federation.keyfiles.provision") from None
     return identity, sealing

@@ -112,6 +112,13 @@ class RemoteTransport:
         if reply.envelope is None:
             return Delivery(None, events=reply.events)
         envelope = reply.envelope
+        if not verify_signature(self.registry.sign[cid], envelope.sig,
+                                canonical(envelope.header())):
+            # not logged: no key in parties.json verifies it, and the log holds only records
+            # their signers signed
+            return Delivery(None, (Refusal(SERVER, cid, f"the {envelope.kind} message in the "
+                                           f"reply of {cid} is not signed by {cid}"),),
+                            events=reply.events)
         seq = self.log.append(envelope)["seq"]
         refused = self._receipts.check(envelope, envelope.data, seq)
         return Delivery(None if refused else envelope.data, (refused,) if refused else (), seq,

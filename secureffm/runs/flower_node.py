@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import pickle
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -25,7 +26,8 @@ from ..config import RunConfig, config_from_dict
 from ..data.pairs import get_pair, make_shards
 from ..errors import ConfigError
 from ..federation.codec import decode_request, encode_reply
-from ..federation.exchange import Request
+from ..federation.exchange import Incoming, Reply, Request
+from ..federation.journal import Journal
 from ..federation.keyfiles import load_party_keys, load_registry
 from ..federation.parties import Client, SecretStreams
 from ..federation.snapshot import client_state, pack, restore_client, unpack
@@ -35,17 +37,23 @@ from ..protocols.protocol import load_protocol
 from ..runtime import resolve_device
 from .scaffold import resolve_dp
 
-__all__ = ["serve", "answer", "Build", "CONFIG_KEY", "KEYS_KEY", "run_config_of", "config_of"]
+__all__ = ["serve", "answer", "Build", "CONFIG_KEY", "KEYS_KEY", "JOURNALS_KEY", "run_config_of",
+           "config_of"]
 
-CONFIG_KEY, KEYS_KEY = "secureffm-config", "secureffm-keys"
+CONFIG_KEY, KEYS_KEY, JOURNALS_KEY = "secureffm-config", "secureffm-keys", "secureffm-journals"
 # (client id, sha256 of the state it left) -> the endpoint that left it: a node handling two
 # messages in a row in one process skips the rebuild; any other state rebuilds from the bytes.
 _LAST: dict[tuple[str, str], ClientEndpoint] = {}
 
 
-def run_config_of(config: RunConfig, keys: str | Path) -> dict[str, str]:
-    """The Flower run config that carries ``config`` and the keys folder to every node."""
-    return {CONFIG_KEY: json.dumps(config.to_dict()), KEYS_KEY: str(Path(keys).resolve())}
+def run_config_of(config: RunConfig, keys: str | Path,
+                  journals: str | Path | None = None) -> dict[str, str]:
+    """The Flower run config that carries ``config``, the keys folder and (when given) the
+    folder of the clients' journals to every node."""
+    out = {CONFIG_KEY: json.dumps(config.to_dict()), KEYS_KEY: str(Path(keys).resolve())}
+    if journals is not None:
+        out[JOURNALS_KEY] = str(Path(journals).resolve())
+    return out
 
 
 def config_of(run_config: dict) -> RunConfig:
@@ -61,7 +69,14 @@ def _shard(config: RunConfig, cid: str, node_config: dict, device: torch.device)
     recipe for ``client-i``."""
     path = node_config.get("client-data")
     if path:
-        data = torch.load(Path(str(path)), weights_only=True)
+        try:
+            data = torch.load(Path(str(path)), weights_only=True)
+        except FileNotFoundError:
+            raise ConfigError(f"client-data {path} does not exist") from None
+        except pickle.UnpicklingError as err:
+            first = (str(err).strip().splitlines() or ["unsupported object"])[0]
+            raise ConfigError(f"client-data {path} holds something other than tensors, so it "
+                              f"was not loaded (nothing in it ran): {first}") from None
         if not isinstance(data, torch.Tensor) or data.ndim != 2:
             raise ConfigError(f"client-data {path} must hold one tensor [N, d]")
         return data.to(device)
@@ -103,6 +118,25 @@ def _hold(node_config: dict, request: Request) -> None:
             time.sleep(1)
 
 
+def _journal(node_config: dict, run_config: dict, endpoint: ClientEndpoint,
+             incoming: Incoming | None, reply: Reply) -> None:
+    """The client notes what it received and sent in its own journal: ``journal`` of its node
+    config, else ``<secureffm-journals>/<client id>.jsonl`` when the run config names a folder
+    (the simulation engine, where nodes have no config of their own), else nowhere."""
+    path = node_config.get("journal")
+    if not path and run_config.get(JOURNALS_KEY):
+        path = Path(run_config[JOURNALS_KEY]) / f"{endpoint.client.id}.jsonl"
+    if not path:
+        return
+    journal = Journal(path, endpoint.client)
+    if incoming is not None:
+        journal.message("received", incoming.envelope, incoming.seq)
+    if reply.envelope is not None:
+        journal.message("sent", reply.envelope)
+    for event in reply.events:
+        journal.note("event", event)
+
+
 def serve(node_config: dict, run_config: dict, state: bytes | None,
           request: bytes) -> tuple[bytes, bytes]:
     """Answer one request as this node's client; returns (its new state, the reply)."""
@@ -130,6 +164,7 @@ def answer(node_config: dict, run_config: dict, state: bytes | None, request: by
     request, incoming = decode_request(request)
     _hold(node_config, request)
     reply = endpoint(request, incoming)
+    _journal(node_config, run_config, endpoint, incoming, reply)
     header, arrays = client_state(endpoint.client)
     saved = pack({"client": header, "endpoint": endpoint.saved()}, arrays)
     _LAST[(cid, hashlib.sha256(saved).hexdigest())] = endpoint

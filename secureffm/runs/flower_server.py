@@ -26,7 +26,7 @@ from ..protocols.channel import ProtectedChannel
 from ..protocols.protocol import Protocol
 from .ffm import run_ffm
 from .flower_node import KEYS_KEY, config_of, run_config_of
-from .scaffold import RunResult
+from .scaffold import JOURNALS_DIR, RunResult, run_folder
 
 __all__ = ["main", "flower_channel", "run_on_flower", "client_ids"]
 
@@ -77,15 +77,18 @@ def run_on_flower(config: RunConfig, keys: str | Path | None = None) -> RunResul
     """Run ``config`` on Flower's simulation engine from this process: each client a Flower
     node with its own key file and saved state (Ray starts first, about 15-20 s here).
     ``keys``: a provisioned folder (:func:`~secureffm.federation.keyfiles.provision`); by
-    default fresh keys in a temporary folder, removed afterwards."""
+    default fresh keys in a temporary folder, removed afterwards. Each client keeps its own
+    journal (:mod:`~secureffm.federation.journal`) in the run folder's ``journals/`` (one
+    machine; in a deployment each node keeps its own, ``--node-config journal=PATH``)."""
     from ..federation.flower import simulate  # Flower is an optional extra
 
     with tempfile.TemporaryDirectory(prefix="secureffm-keys-") as fresh:
         folder = Path(keys) if keys else Path(fresh)
         if not keys:
             provision(folder, client_ids(config))
+        journals = run_folder(config).resolve() / JOURNALS_DIR
         done = simulate("secureffm.runs.flower_server:main", "secureffm.runs.flower_node:serve",
-                        config.clients, run_config_of(config, folder))
+                        config.clients, run_config_of(config, folder, journals))
     if done is None:
         raise ConfigError("the Flower run ended without a result; its log above says why")
     return RunResult(Path(done["out"]), done["metrics"], done["pin"])

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import pickle
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,8 +27,9 @@ from ..protocols.channel import ProtectedChannel
 from ..protocols.endpoint import Program
 from ..protocols.protocol import Protocol
 
-__all__ = ["RunResult", "run_folder", "prepare_run_folder", "RUN_ARTIFACTS", "load_checkpoint",
-           "check_pin_path", "record_pin", "pin_message", "resolve_dp", "open_channel"]
+__all__ = ["RunResult", "run_folder", "prepare_run_folder", "RUN_ARTIFACTS", "JOURNALS_DIR",
+           "load_checkpoint", "check_pin_path", "record_pin", "pin_message", "resolve_dp",
+           "open_channel"]
 
 
 @dataclass(frozen=True)
@@ -48,7 +50,10 @@ def run_folder(config: RunConfig) -> Path:
     return Path("runs") / f"{config.method}-{protocol}-{config.data}-s{config.seed}"
 
 
-# Files a run writes into its folder; --overwrite removes exactly these before a new run.
+# The clients' own journals, when they run on this machine's Flower simulation engine.
+JOURNALS_DIR = "journals"
+# Files a run writes into its folder; --overwrite removes exactly these (and JOURNALS_DIR)
+# before a new run.
 RUN_ARTIFACTS = ("config.toml", "metrics.json", "result.json", "privacy.json", "messages.jsonl",
                  "parties.json", "payloads.bin", "checkpoint.pt", "trajectories.png",
                  "w2_nfe.png", "samples.png")
@@ -67,6 +72,7 @@ def prepare_run_folder(out: Path, overwrite: bool) -> Path:
                           "the previous run's files, or choose another --out")
     for name in RUN_ARTIFACTS:
         (out / name).unlink(missing_ok=True)
+    shutil.rmtree(out / JOURNALS_DIR, ignore_errors=True)
     out.mkdir(parents=True, exist_ok=True)
     return out
 
