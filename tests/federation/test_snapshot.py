@@ -1,0 +1,135 @@
+"""A client's state between two messages as bytes (secureffm/federation/snapshot.py).
+
+The property that matters: a client rebuilt in a fresh process from the snapshot draws exactly
+what the original would have drawn next, from every stream it carries. Truths used: the
+original client itself (its next draws, taken after the snapshot), torch and numpy generators,
+and the real sealed stage for a memory entry that cannot leave the process.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from secureffm.errors import MessageError, ProtocolError
+from secureffm.federation.message import SERVER, serialize_payload
+from secureffm.federation.parties import Client, Registry, new_client, new_server
+from secureffm.federation.snapshot import client_state, pack, restore_client, unpack
+from secureffm.protocols import load_protocol
+from secureffm.protocols.link import broadcast_digest, record_broadcast
+
+DATA = torch.arange(40, dtype=torch.float32).reshape(20, 2)
+
+
+def used_client() -> Client:
+    """A client (OS-entropy streams) that has trained, rounded and accepted broadcasts for a
+    while: every stream has moved off its start."""
+    client = new_client("client-1", DATA)
+    client.state["noise"] = torch.Generator().manual_seed(int(torch.randint(2**62, (1,))))
+    client.state["steps"] = 7
+    client.state["lr"] = 0.125
+    client.state["name"] = "got"
+    client.state["model"] = torch.nn.Linear(2, 2)  # objects the method rebuilds: not carried
+    for _ in range(3):
+        client.minibatch(5)
+        torch.randn(4, generator=client.state["noise"])
+        client.protocol_rng.random(9)
+    for round_, kind in [(1, "model"), (1, "potential"), (2, "model")]:
+        data = serialize_payload({"w": np.full(3, round_, np.float32)})
+        record_broadcast(client, round_, kind, data)
+    client.inbox["model"] = {"w": np.arange(6, dtype=np.float32).reshape(2, 3),
+                             "b": np.array([1, 2], dtype=np.int64)}
+    client.inbox["potential"] = {"phi": np.ones(4, dtype=np.float64)}
+    return client
+
+
+def rebuilt() -> Client:
+    """The same client as a fresh process builds it (new entropy) with its method's objects
+    already set up, before the snapshot is restored."""
+    client = new_client("client-1", DATA)
+    client.state["noise"] = torch.Generator()
+    client.state["model"] = torch.nn.Linear(2, 2)
+    return client
+
+
+def next_draws(client: Client) -> dict:
+    return {"batch": client.minibatch_rows(10).tolist(),
+            "noise": torch.randn(5, generator=client.state["noise"]).tolist(),
+            "protocol": client.protocol_rng.random(5).tolist(),
+            "examples": client.example_uniforms(("gradient", 3), torch.arange(4), 2).tolist(),
+            "dp": torch.randn(3, generator=client.streams.torch("dp")).tolist()}
+
+
+def test_a_restored_client_draws_exactly_what_the_original_draws_next():
+    original = used_client()
+    frame = pack(*client_state(original))
+    copy = rebuilt()
+    assert next_draws(copy) != next_draws(rebuilt())  # fresh entropy: different streams
+    copy = rebuilt()
+    restore_client(copy, *unpack(frame))
+    assert copy.streams.key == original.streams.key
+    assert next_draws(copy) == next_draws(original)
+    assert next_draws(copy) == next_draws(original)  # and stay in step
+
+
+def test_plain_values_broadcast_memory_and_inbox_come_back():
+    original = used_client()
+    copy = rebuilt()
+    restore_client(copy, *unpack(pack(*client_state(original))))
+    for key in ("steps", "lr", "name"):
+        assert copy.state[key] == original.state[key] and type(copy.state[key]) is type(
+            original.state[key])
+    assert copy.memory["broadcasts"] == original.memory["broadcasts"]
+    for round_ in (1, 2, 3):
+        assert broadcast_digest(copy, round_) == broadcast_digest(original, round_)
+    assert set(copy.inbox) == set(original.inbox)
+    for kind, payload in original.inbox.items():
+        assert set(copy.inbox[kind]) == set(payload)
+        for name, array in payload.items():
+            assert copy.inbox[kind][name].dtype == array.dtype
+            np.testing.assert_array_equal(copy.inbox[kind][name], array)
+
+
+def test_method_objects_are_not_carried():
+    original = used_client()
+    header, arrays = client_state(original)
+    assert "model" not in header["state"] and not any("model" in k for k in arrays
+                                                      if k.startswith("state/"))
+    copy = rebuilt()
+    model = copy.state["model"]
+    restore_client(copy, header, arrays)
+    assert copy.state["model"] is model  # the rebuilt one stays; the method reloads it
+
+
+def test_a_sealed_counter_in_memory_is_refused_by_name():
+    """The sealed stage keeps a per-party message counter (replay protection); a snapshot
+    that silently dropped it would let a restarted client reuse counters."""
+    client, server = used_client(), new_server()
+    registry = Registry.of([server, client])
+    sealer = load_protocol("sealed").sealer("model")
+    sealer.seal(client, registry, {"w": np.zeros(2, np.float32)}, "model", 1, "upload", [SERVER])
+    assert client.memory["sealed"]["next"] == 1
+    with pytest.raises(ProtocolError, match="'sealed'"):
+        client_state(client)
+
+
+@pytest.mark.parametrize("frame", [b"", b"\x00", b"garbage", b"\x00\x00\x00\x02{}",
+                                   b"\x00\x00\x00\x02{}not safetensors",
+                                   b"\xff\xff\xff\xff" + b"x" * 50])
+def test_unpacking_garbage_is_a_message_error(frame):
+    with pytest.raises(MessageError, match="saved client state does not decode"):
+        unpack(frame)
+
+
+def test_a_state_that_does_not_fit_the_client_is_a_message_error():
+    header, arrays = client_state(used_client())
+    bad_generator = dict(arrays, generator=np.zeros(3, np.uint8))
+    with pytest.raises(MessageError, match="client-1's saved state does not fit it"):
+        restore_client(rebuilt(), header, bad_generator)
+    with pytest.raises(MessageError, match="does not fit"):
+        restore_client(rebuilt(), {k: v for k, v in header.items() if k != "streams_key"},
+                       arrays)
+    no_noise = new_client("client-1", DATA)  # its method did not set up "noise"
+    with pytest.raises(MessageError, match="does not fit"):
+        restore_client(no_noise, header, arrays)
