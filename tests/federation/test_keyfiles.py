@@ -99,10 +99,6 @@ def test_a_corrupt_key_file_is_refused_naming_the_file(tmp_path, content):
         load_party_keys(tmp_path, "client-1")
 
 
-@pytest.mark.xfail(strict=True, raises=AttributeError, reason=(
-    "load_party_keys catches OSError, ValueError, KeyError and TypeError but calls table.get "
-    "on whatever JSON the file holds: a key file holding a JSON list, string or number raises "
-    "AttributeError, a bare traceback instead of a ConfigError naming the file"))
 @pytest.mark.parametrize("content", ["[1, 2]", '"client-1"', "3"])
 def test_a_key_file_holding_json_that_is_not_an_object_is_refused_naming_the_file(tmp_path,
                                                                                   content):

@@ -253,11 +253,6 @@ def test_a_client_data_file_holding_a_pickle_is_not_run(tmp_path, keys):
     assert not (tmp_path / "ran").exists()
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "flower_node._shard calls torch.load(weights_only=True) without catching its "
-    "UnpicklingError: a planted pickle is not run, but the node dies with torch's traceback, "
-    "whose message advises re-running torch.load with weights_only=False (which would run "
-    "it), instead of a ConfigError naming the file (as scaffold.load_checkpoint does)"))
 def test_a_client_data_file_holding_a_pickle_is_a_config_error_naming_it(tmp_path, keys):
     torch.save(Planted(tmp_path / "ran"), tmp_path / "planted.pt")
     run_config = flower_node.run_config_of(config(tmp_path / "unused"), keys)
@@ -266,9 +261,6 @@ def test_a_client_data_file_holding_a_pickle_is_a_config_error_naming_it(tmp_pat
         served(node, run_config, broadcast(keys, "client-1"))
 
 
-@pytest.mark.xfail(strict=True, raises=FileNotFoundError, reason=(
-    "flower_node._shard does not catch a missing client-data file: FileNotFoundError, a bare "
-    "traceback, instead of a ConfigError naming the file"))
 def test_a_missing_client_data_file_is_a_config_error_naming_it(tmp_path, keys):
     run_config = flower_node.run_config_of(config(tmp_path / "unused"), keys)
     node = {"client-id": "client-1", "client-data": str(tmp_path / "missing.pt")}
