@@ -35,3 +35,27 @@ def test_audit_needs_verify_or_pin(capsys):
     with pytest.raises(SystemExit) as exit_:
         main(["audit"])
     assert exit_.value.code == 2 and "--verify" in capsys.readouterr().err
+
+
+def test_flower_keys_and_app_write_what_a_deployment_needs(tmp_path, capsys, monkeypatch):
+    """``flower-keys`` provisions one key file per party and parties.json; ``flower-app``
+    writes a Flower App whose run config carries the run (its folder made absolute: the
+    ServerApp runs in another process) and the keys folder, and never a private key."""
+    monkeypatch.chdir(tmp_path)
+    assert main(["flower-keys", str(tmp_path / "keys"), "--clients", "2"]) == 0
+    assert sorted(p.name for p in (tmp_path / "keys").iterdir()) == [
+        "client-1.key", "client-2.key", "parties.json", "server.key"]
+    assert main(["flower-app", str(tmp_path / "app"), "--keys", str(tmp_path / "keys"),
+                 "--clients", "2", "--rounds", "7", "--out", "relative/run"]) == 0
+    text = (tmp_path / "app" / "pyproject.toml").read_text()
+    assert '\\"rounds\\": 7' in text and str(tmp_path / "keys") in text
+    assert str(tmp_path / "relative" / "run") in text
+    for key in (tmp_path / "keys").glob("*.key"):
+        assert key.read_text() not in text
+    assert "flwr run" in capsys.readouterr().out
+
+
+def test_flower_keys_refuses_a_folder_that_holds_keys(tmp_path, capsys):
+    assert main(["flower-keys", str(tmp_path), "--clients", "2"]) == 0
+    assert main(["flower-keys", str(tmp_path), "--clients", "2"]) == 2
+    assert "already holds key files" in capsys.readouterr().err
