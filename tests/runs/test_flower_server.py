@@ -62,3 +62,20 @@ def test_got_under_dp_secagg_is_the_same_run_on_flower(tmp_path):
 @pytest.mark.parametrize("protocol", ["plaintext", "secagg-plus"])
 def test_got_is_the_same_run_on_flower(tmp_path, protocol):
     _check(tmp_path, protocol)
+
+
+@pytest.mark.parametrize("changes, fragment", [
+    (dict(protocol="he"), "CKKS key"),
+    (dict(method="dcfm-a", data="modes2d"), "does not run on Flower yet"),
+    (dict(threat_model="drop-after-sharing"), "faults are real"),
+])
+def test_what_does_not_run_on_flower_is_refused_by_name(tmp_path, changes, fragment):
+    """Before anything runs: the server's main refuses what would still need the in-process
+    engine (a clear error, not a crash inside a round)."""
+    from secureffm.errors import ConfigError
+    from secureffm.runs.flower_node import run_config_of
+    from secureffm.runs.flower_server import main
+
+    config = RunConfig(**{**TINY, **changes, "out": str(tmp_path / "run")})
+    with pytest.raises(ConfigError, match=fragment):
+        main(None, run_config_of(config, tmp_path))
