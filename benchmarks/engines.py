@@ -264,13 +264,14 @@ def _round(channel, round_: int, d: int) -> None:
     assert result.payload is not None and len(result.included) == len(ids), result.reason
 
 
-def _timed(row: Row, channel, rounds: int, traffic) -> None:
-    """1 + ``rounds`` rounds of ``channel``; bytes of the first (warm-up) one by ``traffic()``
-    (a (sent, received) reading taken before and after)."""
+def _timed(row: Row, channel, rounds: int, traffic, first: int = 1) -> None:
+    """1 + ``rounds`` rounds of ``channel``, numbered from ``first`` (a client refuses a
+    round's messages twice: a later row on the same clients goes on numbering); bytes of the
+    first (warm-up) one by ``traffic()`` (a (sent, received) reading before and after)."""
     for round_ in range(1 + rounds):
         before = traffic()
         start = time.perf_counter()
-        _round(channel, round_ + 1, row.d)
+        _round(channel, first + round_, row.d)
         seconds = time.perf_counter() - start
         if round_ == 0:
             after = traffic()
@@ -363,7 +364,8 @@ def measure_ours_on_flower(n: int, sizes: tuple[int, ...], rounds: int,
                 channel = ProtectedChannel(load_protocol(spec), transport,
                                            Party(SERVER, identity=identity, sealing=sealing),
                                            [ClientInfo(c, 1) for c in ids], remote=True)
-                _timed(row, channel, rounds, lambda: (calls.total.sent, calls.total.received))
+                _timed(row, channel, rounds, lambda: (calls.total.sent, calls.total.received),
+                       first=1 + sizes.index(d) * (1 + rounds))
                 channel.close()
                 rows.append(row)
 
