@@ -9,8 +9,10 @@ SecAgg+ workflow) on the same simulation engine.
 Needs ``secureffm[flower]`` (flwr with Ray). A round is what Flower's FedAvg does: the model
 (d float32) to every client, every client's update (d float32 ones) aggregated. Rows:
 
-- ``secureffm ..., in-process``: ``plaintext``, ``secagg`` semi-honest and ``secagg`` against a
-  malicious server, every party in this process; bytes: the payload bytes the log records;
+- ``secureffm ..., in-process``: ``plaintext``, and secure aggregation semi-honest and against
+  a malicious server, with every client masking with every other (Flower's ``num_shares`` =
+  all) and in SecAgg+ groups of 3 (2 neighbours: ``num_shares`` = 3), every party in this
+  process; bytes: the payload bytes the log records;
 - ``secureffm ..., on Flower``: the same, each client a simulated Flower node with its own keys
   and saved state (``bench_serve``), one ``run_simulation`` per protocol; bytes: the request and
   reply frames ``FlowerCalls`` moved;
@@ -223,23 +225,23 @@ def measure_calls(n: int, groups: tuple[int, ...], sizes: tuple[int, ...],
 
 # -- our protocol, in-process and on Flower -------------------------------------------------------
 
-_SEMI_HONEST = """name = "secagg-semi-honest"
-description = "secagg without the malicious-server additions (benchmark)"
-[[stages]]
-stage = "secagg"
-protects = ["gradient"]
-threshold = 0.6
-adversary = "semi-honest"
-"""
+def _spec(name: str, neighbours: int, adversary: str) -> str:
+    return (f'name = "{name}"\ndescription = "benchmark"\n[[stages]]\nstage = "secagg"\n'
+            f'protects = ["gradient"]\nthreshold = 0.6\nneighbours = {neighbours}\n'
+            f'adversary = "{adversary}"\n')
 
 
 def our_variants(folder: Path) -> list[tuple[str, str]]:
-    """(label, protocol spec) of our rows; the semi-honest spec is written to ``folder``."""
-    semi = folder / "secagg-semi-honest.toml"
-    semi.write_text(_SEMI_HONEST)
-    return [("secureffm plaintext", "plaintext"),
-            ("secureffm secagg, semi-honest", str(semi)),
-            ("secureffm secagg, malicious server", "secagg")]
+    """(label, protocol spec) of our rows, their specs written to ``folder``: everyone masks
+    with everyone (Flower's num_shares = all), and SecAgg+ groups of 3 (2 neighbours: Flower's
+    num_shares = 3), each semi-honest and against a malicious server."""
+    rows = [("secureffm plaintext", "plaintext")]
+    for neighbours, what in ((0, "secagg, all"), (2, "secagg+, groups of 3")):
+        for adversary, who in (("semi-honest", "semi-honest"), ("malicious", "malicious server")):
+            path = folder / f"secagg-{neighbours}-{adversary}.toml"
+            path.write_text(_spec(path.stem, neighbours, adversary))
+            rows.append((f"secureffm {what}, {who}", str(path)))
+    return rows
 
 
 def _ones(client, task):
