@@ -63,10 +63,13 @@ class Channel(Protocol):
         """Server to every client: state the server publishes; lands in ``client.inbox``."""
 
     def aggregate(self, round_: int, kind: str, compute: Compute, weights: dict[str, float],
-                  template: Template, noise: DistributedNoise | None = None) -> Aggregate:
+                  template: Template, noise: DistributedNoise | None = None,
+                  broadcast: dict[str, Payload] | None = None) -> Aggregate:
         """Each client computes a payload matching ``template``; the server obtains only the
         ``weights``-weighted mean over the clients that made it through the round.
-        ``noise``: each client's share of distributed DP noise, when the protocol asks for it."""
+        ``noise``: each client's share of distributed DP noise, when the protocol asks for it;
+        ``broadcast``: kind -> payload the server publishes first, as :meth:`broadcast` does,
+        carried by the aggregation's first exchange."""
 
     def send(self, round_: int, phase: str, kind: str, sender: str, recipient: str,
              payload: Payload) -> Payload | None:

@@ -75,35 +75,48 @@ def _args(table: dict) -> dict:
     return {**table, "compute": Task(compute["task"], compute["args"])}
 
 
-def encode_request(request: Request, incoming: Incoming | None) -> bytes:
-    """``request`` and the server's message as it is sent (``incoming``: its log seq)."""
+def encode_request(request: Request, incoming: Incoming | None,
+                   broadcasts: tuple[Incoming, ...] = ()) -> bytes:
+    """``request``, the server's message as it is sent (``incoming``: its log seq) and the
+    broadcasts it carries; their bytes follow the header in that order (broadcasts first)."""
     header = {"round": request.round, "kind": request.kind, "phase": request.phase,
               "reply_phase": request.reply_phase, "action": request.action,
-              "stages": list(request.stages), "args": _args_json(request.args)}
-    data = b""
+              "stages": list(request.stages), "args": _args_json(request.args),
+              "broadcasts": [{**_envelope_json(b.envelope), "seq": b.seq} for b in broadcasts]}
+    data = b"".join(b.data for b in broadcasts)
     if incoming is not None:
         header["envelope"] = _envelope_json(incoming.envelope)
         header["seq"] = incoming.seq
-        data = incoming.data
+        data += incoming.data
     return _frame(header, data)
 
 
-def decode_request(frame: bytes) -> tuple[Request, Incoming | None]:
-    """The inverse of :func:`encode_request`."""
+def decode_request(frame: bytes) -> tuple[Request, Incoming | None, tuple[Incoming, ...]]:
+    """The inverse of :func:`encode_request`: (request, its message, its broadcasts)."""
     header, data = _unframe(frame, "request")
     try:
+        carried, offset = [], 0
+        for table in header["broadcasts"]:
+            size = int(table["bytes"])
+            envelope = _envelope(table, data[offset:offset + size], "request's broadcast")
+            carried.append(Incoming(envelope, envelope.data, _seq(table["seq"])))
+            offset += size
+        data = data[offset:]
         envelope = (_envelope(header["envelope"], data, "request") if "envelope" in header
                     else None)
         request = Request(int(header["round"]), str(header["kind"]), str(header["phase"]),
                           str(header["reply_phase"]), str(header["action"]),
                           tuple(str(s) for s in header["stages"]), envelope,
-                          _args(dict(header["args"])))
-        incoming = (None if envelope is None else
-                    Incoming(envelope, data, None if header["seq"] is None
-                             else int(header["seq"])))
+                          _args(dict(header["args"])),
+                          tuple(item.envelope for item in carried))
+        incoming = None if envelope is None else Incoming(envelope, data, _seq(header["seq"]))
     except (KeyError, TypeError, ValueError) as err:
         raise MessageError(f"the request is malformed: {err}") from None
-    return request, incoming
+    return request, incoming, tuple(carried)
+
+
+def _seq(value) -> int | None:
+    return None if value is None else int(value)
 
 
 def encode_reply(reply: Reply) -> bytes:

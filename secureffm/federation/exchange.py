@@ -32,7 +32,9 @@ class Request:
 
     ``envelope``: the server's signed message of ``phase`` to the client (None when the client
     speaks first); ``action``: the client's handler; ``args``: its public parameters;
-    ``reply_phase`` and ``stages``: what the client's answer is labelled with.
+    ``reply_phase`` and ``stages``: what the client's answer is labelled with; ``broadcasts``:
+    the server's signed broadcasts the client takes first (carried by this exchange instead of
+    one of their own).
     """
 
     round: int
@@ -43,6 +45,7 @@ class Request:
     stages: tuple[str, ...] = ()
     envelope: Envelope | None = None
     args: dict = field(default_factory=dict)
+    broadcasts: tuple[Envelope, ...] = ()
 
 
 @dataclass(frozen=True)

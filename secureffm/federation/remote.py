@@ -72,13 +72,15 @@ class RemoteTransport:
         remote)."""
         if endpoints is not None:
             raise ProtocolError("a remote transport reaches its clients itself")
+        carried: dict[str, list[Incoming]] = {cid: [] for cid in requests}
+        for index in range(max((len(r.broadcasts) for r in requests.values()), default=0)):
+            for cid, request in requests.items():
+                if index < len(request.broadcasts):
+                    carried[cid].append(self._logged(request.broadcasts[index]))
         frames = {}
         for cid, request in requests.items():
-            incoming = None
-            if request.envelope is not None:
-                seq = self.log.append(request.envelope)["seq"]
-                incoming = Incoming(request.envelope, request.envelope.data, seq)
-            frames[cid] = encode_request(request, incoming)
+            incoming = None if request.envelope is None else self._logged(request.envelope)
+            frames[cid] = encode_request(request, incoming, tuple(carried[cid]))
         replies = self.calls.call(frames, self.timeout)
         out = {}
         for cid, request in requests.items():
@@ -88,6 +90,10 @@ class RemoteTransport:
                 continue
             out[cid] = self._reply(cid, request, frame)
         return out
+
+    def _logged(self, envelope: Envelope) -> Incoming:
+        """The server's message, logged, as it is sent."""
+        return Incoming(envelope, envelope.data, self.log.append(envelope)["seq"])
 
     def _reply(self, cid: str, request: Request, frame: bytes) -> Delivery:
         """The server's receipt of ``cid``'s reply frame to ``request``."""

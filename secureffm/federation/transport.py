@@ -28,8 +28,9 @@ from .parties import Party, Registry
 __all__ = ["Transport", "InProcessTransport", "Delivery", "Refusal", "Endpoint"]
 
 # A client's side of the boundary: it answers a request, given the server's message as it
-# arrived (None when the request carries none or it was lost).
-Endpoint = Callable[[Request, Incoming | None], Reply]
+# arrived (None when the request carries none or it was lost) and the broadcasts that arrived
+# with it.
+Endpoint = Callable[[Request, Incoming | None, tuple[Incoming, ...]], Reply]
 
 
 @dataclass(frozen=True)
@@ -137,39 +138,47 @@ class InProcessTransport:
 
     def exchange(self, requests: dict[str, Request],
                  endpoints: Mapping[str, Endpoint] | None = None) -> dict[str, Delivery]:
-        """See :meth:`Transport.exchange` (``endpoints`` are required here): first every
-        request's message is logged (with the injected faults on the server's deliveries),
-        then each client online at the request's phase runs its endpoint (its reply is lost
-        when it goes offline before the reply's phase), then every reply is delivered to the
-        server as :meth:`send` does."""
+        """See :meth:`Transport.exchange` (``endpoints`` are required here): first the
+        requests' broadcasts, then their messages are logged (with the injected faults on the
+        server's deliveries), then each client online at the request's phase runs its endpoint
+        (its reply is lost when it goes offline before the reply's phase), then every reply is
+        delivered to the server as :meth:`send` does."""
         if endpoints is None:
             raise MessageError("the in-process transport runs the clients' endpoints it is "
                                "given; none were")
-        arrived: dict[str, list[Incoming | None]] = {}
-        for cid, request in requests.items():
-            if request.envelope is None:
-                arrived[cid] = [None]
-                continue
-            incoming, _ = self._transmit(request.envelope)
-            arrived[cid] = [incoming] if incoming is not None else []
-            if incoming is not None and self._replayed(request.envelope):
-                arrived[cid].append(Incoming(request.envelope, request.envelope.data,
-                                             incoming.seq))
+        carried: dict[str, list[Incoming]] = {cid: [] for cid in requests}
+        for index in range(max((len(r.broadcasts) for r in requests.values()), default=0)):
+            for cid, request in requests.items():
+                if index < len(request.broadcasts):
+                    carried[cid] += self._arrivals(request.broadcasts[index])
+        arrived = {cid: [None] if request.envelope is None else
+                   self._arrivals(request.envelope) for cid, request in requests.items()}
         replies: dict[str, Reply] = {}
         for cid, request in requests.items():
             if not self.alive(cid, request.round, request.phase):
                 continue
-            if request.envelope is not None and not arrived[cid]:
-                continue  # its message was lost: nothing to answer
-            answers = [endpoints[cid](request, item) for item in arrived[cid]]
+            first = arrived[cid][0] if arrived[cid] else None  # None: lost, or none sent
+            answers = [endpoints[cid](request, first, tuple(carried[cid]))]
+            answers += [endpoints[cid](request, copy, ()) for copy in arrived[cid][1:]]
             for answer in answers:
                 for event in answer.events:
                     self.record(event)
-            if self.alive(cid, request.round, request.reply_phase):
+            lost = request.envelope is not None and first is None  # nothing to answer
+            if not lost and self.alive(cid, request.round, request.reply_phase):
                 replies[cid] = answers[0]
         return {cid: replace(self.send(reply.envelope) if reply.envelope is not None
                              else Delivery(None), events=reply.events)
                 for cid, reply in replies.items()}
+
+    def _arrivals(self, envelope: Envelope) -> list[Incoming]:
+        """Log ``envelope`` and carry it: the copies that arrive (none when lost; two when
+        replayed)."""
+        incoming, _ = self._transmit(envelope)
+        if incoming is None:
+            return []
+        if self._replayed(envelope):
+            return [incoming, Incoming(envelope, envelope.data, incoming.seq)]
+        return [incoming]
 
     def _transmit(self, envelope: Envelope) -> tuple[Incoming | None, int]:
         """Log ``envelope`` and carry it: what arrived (None when an injected fault lost it),

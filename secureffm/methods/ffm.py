@@ -394,11 +394,11 @@ class FederatedFlowMatching:
         """One communication round; returns the clients' mean diagnostics (the in-process
         simulator's view, without DP) and ``aborted`` = 1 for each aggregation that aborted
         (the model then stays put)."""
-        self.channel.broadcast(round_, "global_model", {"theta": self.velocity.flat()})
         update = self.channel.aggregate(round_, "gradient",
                                         Task("ffm.velocity", {"round": round_}),
                                         self.weights, _template(self.velocity),
-                                        self.noise.get("gradient"))
+                                        self.noise.get("gradient"),
+                                        broadcast={"global_model": {"theta": self.velocity.flat()}})
         self._record(update.asked, "gradient", round_)
         report = {"aborted": 0.0}
         if update.payload is not None:

@@ -76,8 +76,12 @@ class ProtectedChannel:
                                           {c.id: Call(data) for c in self.clients})
 
     def aggregate(self, round_: int, kind: str, compute: Compute, weights: dict[str, float],
-                  template: Template, noise: DistributedNoise | None = None) -> Aggregate:
-        """See :meth:`Channel.aggregate`. The server logs each dropped client, then either
+                  template: Template, noise: DistributedNoise | None = None,
+                  broadcast: dict[str, Payload] | None = None) -> Aggregate:
+        """See :meth:`Channel.aggregate`. ``broadcast`` (kind -> payload) travels with the
+        stage's first exchange, each client taking it before it computes (one exchange less
+        than :meth:`broadcast` then :meth:`aggregate`; the same records in the same order).
+        The server logs each dropped client, then either
         ``aborted`` or ``aggregated`` with the counted client ids in ``included`` and the
         aggregated kind in ``of_kind``, so an audit can check that each counted client sent
         its input."""
@@ -87,12 +91,16 @@ class ProtectedChannel:
                                 "exactly when the protocol's dp stage uses distributed noise")
         prior = self.protocol.client_stages(kind)
         stage = self.protocol.aggregator(kind)
+        link = self._link(round_, kind, (*prior, stage.name) if stage else prior)
+        link.carry = {name: serialize_payload(payload)
+                      for name, payload in (broadcast or {}).items()}
         if stage is not None:
-            link = self._link(round_, kind, (*prior, stage.name))
             result = stage.aggregate(link, compute, weights, template, noise)
         else:
-            link = self._link(round_, kind, prior)
             result = plain_aggregate(link, compute, weights, template)
+        if link.carry:  # the stage ended before its first exchange: they travel alone
+            for name, payload in (broadcast or {}).items():
+                self.broadcast(round_, name, payload)
         for client_id, why in result.dropped.items():
             link.event("aggregate", "dropped", client_id, why)
         if result.payload is None:

@@ -115,6 +115,19 @@ class ClientEndpoint:
     def __post_init__(self) -> None:
         self.receipts = Receipts(self.registry)
 
+    def _take_broadcast(self, arrived: Incoming, events: list[dict]) -> None:
+        """A broadcast carried by another exchange, checked on receipt and taken as its own
+        exchange's would be (its events signed with its round)."""
+        envelope = arrived.envelope
+        step = Step(self, Request(envelope.round, envelope.kind, envelope.phase,
+                                  envelope.phase, "accept"), None, None, events)
+        refusal = (late_refusal(arrived) if arrived.late else
+                   self.receipts.check(envelope, arrived.data, arrived.seq))
+        if refusal is not None:
+            step.reject(refusal.party, refusal.reason, refused=refusal.refused)
+            return
+        accept(step, envelope.round, envelope.kind, arrived.data, arrived.seq)
+
     def saved(self) -> dict:
         """What this endpoint keeps between requests besides its client (JSON values): the
         copies it accepted (for the duplicate check) and its sessions."""
@@ -131,11 +144,17 @@ class ClientEndpoint:
         except (KeyError, TypeError, ValueError) as err:
             raise MessageError(f"{self.client.id}'s saved sessions do not load: {err}") from None
 
-    def __call__(self, request: Request, incoming: Incoming | None) -> Reply:
-        """Check the server's message on receipt, run the request's action, sign the reply."""
+    def __call__(self, request: Request, incoming: Incoming | None,
+                 broadcasts: tuple[Incoming, ...] = ()) -> Reply:
+        """Take the broadcasts that came with the request, check the server's message on
+        receipt, run the request's action, sign the reply (none when the message was lost)."""
         if request.action not in ACTIONS:
             raise ProtocolError(f"no client action {request.action!r}")
         step = Step(self, request, None, None)
+        for arrived in broadcasts:
+            self._take_broadcast(arrived, step.events)
+        if request.envelope is not None and incoming is None:
+            return Reply(None, tuple(step.events))  # its message was lost: nothing to answer
         if incoming is not None:
             refusal = (late_refusal(incoming) if incoming.late else
                        self.receipts.check(incoming.envelope, incoming.data, incoming.seq))
@@ -151,16 +170,21 @@ class ClientEndpoint:
 
 @client_action("accept")
 def accept_broadcast(step: Step) -> None:
+    """A broadcast of its own exchange (see :meth:`ClientEndpoint._take_broadcast`)."""
+    accept(step, step.request.round, step.request.kind, step.data, step.seq)
+    return None
+
+
+def accept(step: Step, round_: int, kind: str, data: bytes, seq: int | None) -> None:
     """A broadcast: the client keeps the payload in its inbox and notes its digest (which the
     malicious-server variant of secure aggregation signs, so a server that sends clients
     different models is caught); an unreadable one is refused by name."""
     try:
-        step.client.inbox[step.request.kind] = deserialize_payload(step.data, SERVER)
+        step.client.inbox[kind] = deserialize_payload(data, SERVER)
     except MessageError as err:
-        step.reject(SERVER, f"refused: {err}", refused=step.seq)
-        return None
-    record_broadcast(step.client, step.request.round, step.request.kind, step.data)
-    return None
+        step.reject(SERVER, f"refused: {err}", phase="broadcast", refused=seq)
+        return
+    record_broadcast(step.client, round_, kind, data)
 
 
 @client_action("upload")

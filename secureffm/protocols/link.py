@@ -78,6 +78,7 @@ class Link:
     stages: tuple[str, ...] = ()
     deviations: FaultPlan = field(default_factory=FaultPlan)
     endpoints: Mapping[str, Endpoint] | None = None
+    carry: dict[str, bytes] = field(default_factory=dict)  # broadcasts: kind -> bytes
 
     def send(self, phase: str, sender: str, recipient: str, data: bytes,
              origin: str = "") -> bytes | None:
@@ -99,13 +100,17 @@ class Link:
                  calls: dict[str, Call]) -> dict[str, Delivery]:
         """The server signs each call's message of ``phase`` and asks each client to run its
         handler ``action``; client id -> the delivery of its ``reply_phase`` answer (absent
-        when the client was offline). The server logs its own refusals of the replies."""
+        when the client was offline). The server logs its own refusals of the replies. The
+        broadcasts in ``carry`` travel with this exchange (each client takes them first)."""
         server = self.parties[SERVER]
         requests = {cid: Request(self.round, self.kind, phase, reply_phase, action, self.stages,
                                  None if call.data is None else server.envelope(
                                      self.round, phase, self.kind, cid, call.data, self.stages,
-                                     call.origin), call.args)
+                                     call.origin), call.args,
+                                 tuple(server.envelope(self.round, "broadcast", kind, cid, data)
+                                       for kind, data in self.carry.items()))
                     for cid, call in calls.items()}
+        self.carry = {}  # delivered with this exchange
         deliveries = self.transport.exchange(requests, self.endpoints)
         for delivery in deliveries.values():
             for refusal in delivery.refusals:

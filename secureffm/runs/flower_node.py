@@ -119,7 +119,7 @@ def _hold(node_config: dict, request: Request) -> None:
 
 
 def _journal(node_config: dict, run_config: dict, endpoint: ClientEndpoint,
-             incoming: Incoming | None, reply: Reply) -> None:
+             received: tuple[Incoming, ...], reply: Reply) -> None:
     """The client notes what it received and sent in its own journal: ``journal`` of its node
     config, else ``<secureffm-journals>/<client id>.jsonl`` when the run config names a folder
     (the simulation engine, where nodes have no config of their own), else nowhere."""
@@ -129,8 +129,8 @@ def _journal(node_config: dict, run_config: dict, endpoint: ClientEndpoint,
     if not path:
         return
     journal = Journal(path, endpoint.client)
-    if incoming is not None:
-        journal.message("received", incoming.envelope, incoming.seq)
+    for arrived in received:
+        journal.message("received", arrived.envelope, arrived.seq)
     if reply.envelope is not None:
         journal.message("sent", reply.envelope)
     for event in reply.events:
@@ -161,10 +161,11 @@ def answer(node_config: dict, run_config: dict, state: bytes | None, request: by
             header, arrays = unpack(state)
             restore_client(endpoint.client, header["client"], arrays)
             endpoint.restore(header["endpoint"])
-    request, incoming = decode_request(request)
+    request, incoming, broadcasts = decode_request(request)
     _hold(node_config, request)
-    reply = endpoint(request, incoming)
-    _journal(node_config, run_config, endpoint, incoming, reply)
+    reply = endpoint(request, incoming, broadcasts)
+    _journal(node_config, run_config, endpoint, (*broadcasts, *([incoming] if incoming else [])),
+             reply)
     header, arrays = client_state(endpoint.client)
     saved = pack({"client": header, "endpoint": endpoint.saved()}, arrays)
     _LAST[(cid, hashlib.sha256(saved).hexdigest())] = endpoint

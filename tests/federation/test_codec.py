@@ -8,6 +8,7 @@ Ed25519 signatures made by real parties (``Party.envelope``).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import numpy as np
@@ -54,7 +55,7 @@ def header_of(encoded: bytes) -> dict:
 
 def test_a_request_without_a_server_message_round_trips():
     sent = request(weight=2.5, template=template_json(TEMPLATE))
-    got, incoming = decode_request(encode_request(sent, None))
+    got, incoming, _ = decode_request(encode_request(sent, None))
     assert incoming is None
     assert got == sent
     assert template_of(got.args["template"]) == TEMPLATE
@@ -63,7 +64,7 @@ def test_a_request_without_a_server_message_round_trips():
 def test_a_request_with_the_servers_message_round_trips_with_its_seq_and_signature():
     envelope = server_message(bytes(range(256)) * 3)
     sent = request(envelope, scale=0.5)
-    got, incoming = decode_request(encode_request(sent, Incoming(envelope, envelope.data, 17)))
+    got, incoming, _ = decode_request(encode_request(sent, Incoming(envelope, envelope.data, 17)))
     assert got == sent and got.envelope.sig == envelope.sig
     assert incoming == Incoming(envelope, envelope.data, 17)
     assert incoming.envelope.sha256 == envelope.sha256
@@ -71,7 +72,7 @@ def test_a_request_with_the_servers_message_round_trips_with_its_seq_and_signatu
 
 def test_a_request_carries_the_server_message_with_no_log_seq():
     envelope = server_message()
-    _, incoming = decode_request(encode_request(request(envelope),
+    _, incoming, _ = decode_request(encode_request(request(envelope),
                                                 Incoming(envelope, envelope.data, None)))
     assert incoming.seq is None and incoming.data == envelope.data
 
@@ -81,7 +82,7 @@ def test_a_task_crosses_as_its_name_and_arguments():
     sent = request(compute=task, template=template_json(TEMPLATE))
     encoded = encode_request(sent, None)
     assert header_of(encoded)["args"]["compute"] == {"task": "gradient", "args": task.args}
-    got, _ = decode_request(encoded)
+    got, _, _ = decode_request(encoded)
     assert got.args["compute"] == task and isinstance(got.args["compute"], Task)
 
 
@@ -192,9 +193,25 @@ _text = st.text(max_size=20)
 def test_any_envelope_round_trips_in_a_request_and_a_reply(kind, sender, recipient, round_, phase,
                                                            data, stages, origin, sig, seq):
     envelope = Envelope(kind, sender, recipient, round_, phase, data, tuple(stages), origin, sig)
-    _, incoming = decode_request(encode_request(request(envelope),
+    _, incoming, _ = decode_request(encode_request(request(envelope),
                                                 Incoming(envelope, data, seq)))
     assert incoming == Incoming(envelope, data, seq)
     assert incoming.envelope.sha256 == envelope.sha256
     reply = decode_reply(encode_reply(Reply(envelope)), sender)
     assert reply.envelope == envelope
+
+
+def test_a_request_carries_its_broadcasts_before_its_message():
+    """Broadcasts folded into a request come back in order, each with its own bytes and seq,
+    and the request's message after them."""
+    server = Party(SERVER)
+    carried = tuple(Incoming(server.envelope(3, "broadcast", kind, "client-1", data), data, seq)
+                    for kind, data, seq in (("global_model", b"theta" * 9, 5),
+                                            ("global_potential", b"", 6)))
+    message = server.envelope(3, "keys", "gradient", "client-1", b"keys")
+    sent = dataclasses.replace(request(message),
+                               broadcasts=tuple(b.envelope for b in carried))
+    got, incoming, broadcasts = decode_request(encode_request(sent, Incoming(message, b"keys", 7),
+                                                              carried))
+    assert got.broadcasts == sent.broadcasts and broadcasts == carried
+    assert incoming == Incoming(message, b"keys", 7)

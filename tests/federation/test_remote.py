@@ -78,9 +78,10 @@ class Loopback:
     def call(self, requests: dict[str, bytes], timeout: float) -> dict[str, bytes | None]:
         out: dict[str, bytes | None] = {}
         for cid, frame in requests.items():
-            request, incoming = decode_request(frame)
+            request, incoming, broadcasts = decode_request(frame)
             self.asked.append((cid, request.action))
-            reply: bytes | None = encode_reply(self.endpoints[cid](request, incoming))
+            reply: bytes | None = encode_reply(self.endpoints[cid](request, incoming,
+                                                                   broadcasts))
             if self.tamper is not None and cid == ADVERSARY:
                 reply = self.tamper(request, reply, self.endpoints)
             out[cid] = reply

@@ -154,10 +154,10 @@ def secagg_round(tmp_path, n: int = 4):
     endpoint = channel.endpoints["client-1"]
     seen = []
 
-    def recording(request, incoming):
+    def recording(request, incoming, broadcasts=()):
         if request.action == "secagg.answer":
             seen.append((request, incoming))
-        return endpoint(request, incoming)
+        return endpoint(request, incoming, broadcasts)
 
     channel.endpoints["client-1"] = recording
     result = channel.aggregate(1, KIND, lambda c: {KIND: np.full(6, 0.25, np.float32)},
