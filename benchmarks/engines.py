@@ -253,16 +253,17 @@ def _ones(client, task):
 
 def _round(channel, round_: int, d: int) -> None:
     """One round as Flower's FedAvg runs it: the model (d float32) to every client, every
-    client's update (d float32) aggregated."""
+    client's update (d float32) aggregated; the model travels with the aggregation's first
+    exchange, as FFM sends it."""
     import numpy as np
 
     from secureffm.federation.channel import Task
 
     ids = [c.id for c in channel.clients]
-    channel.broadcast(round_, "global_model", {"theta": np.zeros(d, np.float32)})
     result = channel.aggregate(round_, "gradient", Task("bench.ones", {"d": d}),
                                dict.fromkeys(ids, 1 / len(ids)),
-                               {"x": ((d,), np.dtype(np.float32))})
+                               {"x": ((d,), np.dtype(np.float32))},
+                               broadcast={"global_model": {"theta": np.zeros(d, np.float32)}})
     assert result.payload is not None and len(result.included) == len(ids), result.reason
 
 
