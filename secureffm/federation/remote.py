@@ -63,8 +63,8 @@ class RemoteTransport:
     def send(self, envelope: Envelope) -> Delivery:
         raise ProtocolError(f"a single {envelope.kind} message from {envelope.sender} to "
                             f"{envelope.recipient} needs the in-process engine: this step "
-                            "still runs a client's part on the server's side (issue 17 moves "
-                            "it to the client's endpoint)")
+                            "still runs a client's part on the server's side (sealed messages, "
+                            "all-gathers and CKKS key set-up run only in-process for now)")
 
     def exchange(self, requests: dict[str, Request],
                  endpoints: Mapping[str, Endpoint] | None = None) -> dict[str, Delivery]:

@@ -1,9 +1,11 @@
 """Transports move signed bytes between named parties; they know no protocol and no method.
 
-:class:`Transport` is what every engine implements (this module's in-process one; a Flower
-engine later): it delivers an :class:`~secureffm.federation.message.Envelope` that its sender
-already signed, checks it on the recipient's behalf against the pinned public keys, reports
-liveness, and writes the log. It holds no party's private key.
+:class:`Transport` is what every engine implements (this module's in-process one;
+:class:`~secureffm.federation.remote.RemoteTransport` for clients in processes of their own,
+on Flower): it carries each phase's requests to the clients and their replies back
+(:meth:`Transport.exchange`, see :mod:`.exchange`), checks each message the server receives
+against the pinned public keys, reports liveness, and writes the log. It holds no party's
+private key.
 
 :class:`InProcessTransport` keeps every party in this process. It applies injected faults (the
 server's deliveries included) and checks each message on receipt (known sender, unaltered bytes,
