@@ -22,8 +22,8 @@ from .crypto import verify_signature
 from .exchange import Incoming, Receipts, Refusal, Request
 from .log import MessageLog
 from .message import SERVER, Envelope, canonical
-from .parties import Party, Registry
-from .transport import Delivery, Endpoint
+from .parties import Registry
+from .transport import Delivery, Endpoint, LoggedEvents
 
 __all__ = ["RemoteTransport", "Calls"]
 
@@ -36,7 +36,7 @@ class Calls(Protocol):
 
 
 @dataclass
-class RemoteTransport:
+class RemoteTransport(LoggedEvents):
     """``registry``: the pinned public keys (parties.json); ``clients``: ids in federation
     order; ``calls``: what reaches them; ``timeout``: seconds a phase waits for replies."""
 
@@ -129,14 +129,3 @@ class RemoteTransport:
         refused = self._receipts.check(envelope, envelope.data, seq)
         return Delivery(None if refused else envelope.data, (refused,) if refused else (), seq,
                         reply.events)
-
-    def reject(self, by: Party, round_: int, phase: str, party: str, reason: str,
-               refused: int | None = None) -> None:
-        fields = None if refused is None else {"refused": refused}
-        self.record(by.event(round_, phase, "rejected", party, reason, fields))
-
-    def record(self, event: dict) -> None:
-        self.log.event(event)
-
-    def close(self, closer: Party) -> str | None:
-        return self.log.close(closer)

@@ -27,7 +27,7 @@ from .log import MessageLog
 from .message import SERVER, Envelope
 from .parties import Party, Registry
 
-__all__ = ["Transport", "InProcessTransport", "Delivery", "Refusal", "Endpoint"]
+__all__ = ["Transport", "InProcessTransport", "Delivery", "Refusal", "Endpoint", "LoggedEvents"]
 
 # A client's side of the boundary: it answers a request, given the server's message as it
 # arrived (None when the request carries none or it was lost) and the broadcasts that arrived
@@ -83,7 +83,25 @@ class Transport(Protocol):
         """End the log with ``closer``'s signed closing record; returns the log's head."""
 
 
-class InProcessTransport:
+class LoggedEvents:
+    """What every transport does with events: they go to its ``log`` (a :class:`MessageLog`),
+    signed by the party that raised them."""
+
+    log: MessageLog
+
+    def reject(self, by: Party, round_: int, phase: str, party: str, reason: str,
+               refused: int | None = None) -> None:
+        fields = None if refused is None else {"refused": refused}
+        self.record(by.event(round_, phase, "rejected", party, reason, fields))
+
+    def record(self, event: dict) -> None:
+        self.log.event(event)
+
+    def close(self, closer: Party) -> str | None:
+        return self.log.close(closer)
+
+
+class InProcessTransport(LoggedEvents):
     """Every party is an object of this process; messages cross as bytes, signed and logged.
 
     ``registry``: the pinned public keys of the server and the ``clients`` (ids, in federation
@@ -214,14 +232,3 @@ class InProcessTransport:
                 refusals += self.send(Party(fault.party).envelope(
                     round_, phase, envelope.kind, SERVER, envelope.data)).refusals
         return refusals
-
-    def reject(self, by: Party, round_: int, phase: str, party: str, reason: str,
-               refused: int | None = None) -> None:
-        fields = None if refused is None else {"refused": refused}
-        self.record(by.event(round_, phase, "rejected", party, reason, fields))
-
-    def record(self, event: dict) -> None:
-        self.log.event(event)
-
-    def close(self, closer: Party) -> str | None:
-        return self.log.close(closer)
