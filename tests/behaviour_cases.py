@@ -30,7 +30,8 @@ from pathlib import Path
 from typing import Any
 from unittest import mock
 
-import torch
+import matplotlib.pyplot  # noqa: F401 - imported before Figure is patched: pyplot copies
+import torch  # Figure.savefig's docstring at import (matplotlib >= 3.11)
 from matplotlib.figure import Figure
 
 from secureffm.config import RunConfig

@@ -72,14 +72,16 @@ class Channel(Protocol):
         carried by the aggregation's first exchange."""
 
     def send(self, round_: int, phase: str, kind: str, sender: str, recipient: str,
-             payload: Payload) -> Payload | None:
-        """One message between two parties (client ids or ``server``): the payload as its
-        recipient accepted it, or None (offline, lost or rejected, logged)."""
+             payload: Payload | Compute) -> Payload | None:
+        """One message between the server and a client. Server to client: ``payload`` is the
+        server's, kept by the client in ``client.inbox[kind]``; returns it when the client
+        accepted it. Client to server: ``payload`` is what the client computes (``Compute``);
+        returns it as the server accepted it. None when it was lost or refused (logged)."""
 
-    def all_gather(self, round_: int, kind: str,
-                   compute: Compute) -> dict[str, dict[str, Payload]]:
-        """Each alive client's payload to every other client through the server: recipient id
-        -> {author id -> payload} for every copy that arrived intact."""
+    def all_gather(self, round_: int, kind: str, compute: Compute) -> dict[str, list[str]]:
+        """Each alive client's payload to every other client through the server; each
+        recipient keeps the copies it accepted (``client.peers(round_, kind)``). Returns
+        recipient id -> the authors whose copies it accepted."""
 
     def noise_geometry(self, kind: str, weights: dict[str, float],
                        sensitivity: dict[str, float], size: int) -> NoiseGeometry | None:

@@ -199,6 +199,8 @@ class Client(Party):
     ``data``: the client's finite shard, shape [N, d], on the run's device.
     ``generator``: the client's training stream (mini-batches, source noise, t).
     ``inbox``: the last payload received per message kind.
+    ``gathered``: kind -> (round, author -> payload): the peers' payloads of the latest
+    all-gather of that kind that reached this client.
     ``state``: the method's client-side objects (model replicas), set up by the method.
     ``protocol_rng``: the client's stream for protocol randomness that is not key material
     (stochastic rounding, randomized t), kept apart so a protocol never shifts training.
@@ -207,12 +209,27 @@ class Client(Party):
     data: torch.Tensor
     generator: torch.Generator
     inbox: dict[str, Payload] = field(default_factory=dict)
+    gathered: dict[str, tuple[int, dict[str, Payload]]] = field(default_factory=dict)
     state: dict[str, Any] = field(default_factory=dict)
     protocol_rng: np.random.Generator = field(default_factory=np.random.default_rng)
 
     @property
     def size(self) -> int:
         return int(self.data.shape[0])
+
+    def keep_gathered(self, round_: int, kind: str, author: str, payload: Payload) -> None:
+        """Keep ``author``'s payload of the all-gather of ``kind`` in ``round_`` (the copies of
+        an earlier round of that kind are dropped)."""
+        held_round, held = self.gathered.get(kind, (round_, {}))
+        held = held if held_round == round_ else {}
+        held[author] = payload
+        self.gathered[kind] = (round_, held)
+
+    def peers(self, round_: int, kind: str) -> dict[str, Payload]:
+        """author -> payload: the peers' payloads of the all-gather of ``kind`` in ``round_``
+        that this client accepted (empty when none reached it)."""
+        held_round, held = self.gathered.get(kind, (None, {}))
+        return dict(held) if held_round == round_ else {}
 
     def example_uniforms(self, context: tuple, rows: torch.Tensor, width: int) -> torch.Tensor:
         """:meth:`SecretStreams.example_uniforms` of the shard rows ``rows`` [b]: float64

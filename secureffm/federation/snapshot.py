@@ -2,10 +2,11 @@
 fresh process keeps them for the client, on the client's own node, never at the server).
 
 What a client carries over: its secret-stream key, its training generator and protocol stream,
-its memory of the broadcasts it accepted, its inbox, and the plain values and generators of
-its method's state (models are not: a method reloads them from the broadcasts, and its objects
-are rebuilt by the method's program before the values are restored). Encoded as one frame: a
-JSON header and a safetensors blob of the arrays; no pickle.
+its memory of the broadcasts it accepted and of its sealed-message counters, its inbox, the
+peers' payloads it gathered, and the plain values and generators of its method's state (models
+are not: a method reloads them from the broadcasts, and its objects are rebuilt by the method's
+program before the values are restored). Encoded as one frame: a JSON header and a safetensors
+blob of the arrays; no pickle.
 """
 
 from __future__ import annotations
@@ -23,8 +24,8 @@ from .parties import Client
 __all__ = ["client_state", "restore_client", "pack", "unpack"]
 
 _PLAIN = (bool, int, float, str, type(None))
-_MEMORY = ("broadcasts",)  # what of a client's memory crosses (sealed counters and CKKS keys
-# do not yet: their protocols still run a client's part on the server's side)
+_MEMORY = ("broadcasts", "sealed")  # what of a client's memory crosses (CKKS keys do not yet:
+# their key set-up still runs a client's part on the server's side)
 
 
 def _generator_state(generator: torch.Generator) -> np.ndarray:
@@ -48,10 +49,16 @@ def client_state(client: Client) -> tuple[dict, dict[str, np.ndarray]]:
     for kind, payload in client.inbox.items():
         for name, array in payload.items():
             arrays[f"inbox/{kind}/{name}"] = array
+    for kind, (_, held) in client.gathered.items():
+        for author, payload in held.items():
+            for name, array in payload.items():
+                arrays[f"gathered/{kind}/{author}/{name}"] = array
     header = {"streams_key": client.streams.key.hex(),
               "protocol_rng": client.protocol_rng.bit_generator.state,
               "broadcasts": {str(r): seen for r, seen in
                              client.memory.get("broadcasts", {}).items()},
+              "sealed": client.memory.get("sealed"),
+              "gathered": {kind: round_ for kind, (round_, _) in client.gathered.items()},
               "state": state}
     return header, arrays
 
@@ -66,6 +73,11 @@ def restore_client(client: Client, header: dict, arrays: dict[str, np.ndarray]) 
         if header["broadcasts"]:
             client.memory["broadcasts"] = {int(r): [tuple(p) for p in seen]
                                            for r, seen in header["broadcasts"].items()}
+        if header["sealed"] is not None:
+            sealed = header["sealed"]
+            client.memory["sealed"] = {"next": int(sealed["next"]), "accepted": {
+                str(sender): int(counter) for sender, counter in sealed["accepted"].items()}}
+        client.gathered = {kind: (int(round_), {}) for kind, round_ in header["gathered"].items()}
         for key, entry in header["state"].items():
             if "generator" in entry:
                 client.state[key].set_state(torch.from_numpy(arrays[f"state/{key}"]))
@@ -75,6 +87,9 @@ def restore_client(client: Client, header: dict, arrays: dict[str, np.ndarray]) 
             if name.startswith("inbox/"):
                 _, kind, field = name.split("/", 2)
                 client.inbox.setdefault(kind, {})[field] = array
+            elif name.startswith("gathered/"):
+                _, kind, author, field = name.split("/", 3)
+                client.gathered[kind][1].setdefault(author, {})[field] = array
     except (KeyError, TypeError, ValueError, RuntimeError) as err:
         raise MessageError(f"{client.id}'s saved state does not fit it: {err}") from None
 

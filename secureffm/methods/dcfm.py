@@ -478,12 +478,13 @@ def train_experts(experts: Sequence[LocalExpert], steps: int, round_: int, ci_we
 def gather_models(channel: Channel, round_: int, experts: dict[str, LocalExpert],
                   factory: ModelFactory,
                   device: torch.device) -> dict[str, dict[str, tuple[nn.Module, np.ndarray]]]:
-    """All-gather every expert as a ``model`` message; recipient -> author -> (model, counts)."""
-    gathered = channel.all_gather(
+    """All-gather every expert as a ``model`` message; recipient -> author -> (model, counts)
+    as each recipient kept them."""
+    channel.all_gather(
         round_, "model", lambda c: model_payload(experts[c.id].published, experts[c.id].counts))
-    return {recipient: {author: load_payload_model(p, factory, device)
-                        for author, p in received.items()}
-            for recipient, received in gathered.items()}
+    return {client.id: {author: load_payload_model(p, factory, device)
+                        for author, p in client.peers(round_, "model").items()}
+            for client in channel.clients}
 
 
 def upload_models(channel: Channel, round_: int, experts: dict[str, LocalExpert],

@@ -9,6 +9,8 @@ the transport carries signed bytes and holds no private key.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from ..errors import MessageError, ProtocolError
 from ..federation.channel import Aggregate, Compute, Template
 from ..federation.faults import FaultPlan
@@ -20,8 +22,9 @@ from ..federation.message import (
     serialize_payload,
 )
 from ..federation.parties import Client, ClientInfo, Party
-from ..federation.transport import Transport
+from ..federation.transport import Delivery, Transport
 from ..privacy.settings import DistributedNoise, NoiseGeometry
+from . import individual  # noqa: F401 - registers the clients' handlers
 from .adversary import play_deviations
 from .aggregation import check_payload, plain_aggregate
 from .endpoint import ClientEndpoint, Program
@@ -29,6 +32,17 @@ from .link import Call, Link
 from .protocol import Protocol
 
 __all__ = ["ProtectedChannel"]
+
+
+def _accepted(delivery: Delivery | None, recipient: str) -> bool:
+    """Whether ``recipient`` ran its handler on the server's message and refused nothing."""
+    return delivery is not None and not any(
+        e.get("event") == "rejected" and e.get("sender") == recipient for e in delivery.events)
+
+
+def _fixed(payload: Payload) -> Callable[[Client], Payload]:
+    """A client computation that returns ``payload`` (made in this process)."""
+    return lambda _client: payload
 
 
 class ProtectedChannel:
@@ -123,81 +137,91 @@ class ProtectedChannel:
         return shaped + ((sealer.name,) if sealer else ())
 
     def send(self, round_: int, phase: str, kind: str, sender: str, recipient: str,
-             payload: Payload) -> Payload | None:
-        """One individual message from ``sender`` to ``recipient`` (client ids or SERVER),
-        sealed by the sender for the recipient when a ``sealed`` stage protects ``kind``.
+             payload: Payload | Compute) -> Payload | None:
+        """One individual message between the server and a client, sealed by its author for
+        its recipient when a ``sealed`` stage protects ``kind``.
 
-        Returns the payload as the recipient opened it, or None when the sender is offline or
-        the recipient rejected the message (a logged event names why).
+        Server to client: ``payload`` is the server's; the client opens it and keeps it in
+        its inbox (``client.inbox[kind]``); returns ``payload`` when the client accepted it.
+        Client to server: ``payload`` is what the client computes (a :class:`Task` of its
+        program; in-process also a callable on the client, or a payload made in this
+        process); returns it as the server opened it. None when the message did not arrive
+        or was refused (a logged event names why).
         """
         self.protocol.check_individual(kind)
-        sealer = self.protocol.sealer(kind)
-        link = self._link(round_, kind, self._stages(kind, sender != SERVER))
-        if sealer is not None:
-            data = sealer.seal(self.parties[sender], self.transport.registry, payload, kind,
-                               round_, phase, [recipient])
-        else:
-            data = serialize_payload(payload)
-        received = link.send(phase, sender, recipient, data)
-        if received is None:
+        ids = [c.id for c in self.clients]
+        if sender == SERVER and recipient in ids:
+            link = self._link(round_, kind, self._stages(kind, by_client=False))
+            sealer = self.protocol.sealer(kind)
+            data = (serialize_payload(payload) if sealer is None else sealer.seal(
+                self.server, self.transport.registry, payload, kind, round_, phase, [recipient]))
+            delivery = link.exchange(phase, phase, "take", {recipient: Call(data)}).get(recipient)
+            return payload if _accepted(delivery, recipient) else None
+        if sender not in ids or recipient != SERVER:
+            raise ProtocolError(f"send goes between the server and a client, not {sender} -> "
+                                f"{recipient}; clients reach each other by all_gather")
+        if isinstance(payload, dict):  # made in this process: the in-process engine only
+            payload = _fixed(payload)
+        link = self._link(round_, kind, self._stages(kind, by_client=True))
+        delivery = link.exchange(phase, phase, "send",
+                                 {sender: Call(None, {"compute": payload})}).get(sender)
+        if delivery is None or delivery.data is None:
             return None
-        return self._open(link, phase, sender, recipient, received)
+        return self._open(link, phase, sender, delivery.data)
 
-    def _open(self, link: Link, phase: str, author: str, recipient: str, data: bytes,
-              relayed_by: str | None = None) -> Payload | None:
-        """``recipient`` reads (opens, when sealed) a message of ``author``; a bad one is
-        rejected by the recipient, naming the party that handed it over."""
+    def _open(self, link: Link, phase: str, author: str, data: bytes) -> Payload | None:
+        """The server reads (opens, when sealed) ``author``'s message; a bad one is rejected
+        by the server by name."""
         sealer = self.protocol.sealer(link.kind)
         try:
             if sealer is None:
                 payload = deserialize_payload(data, author)
             else:
-                payload = sealer.open(self.parties[recipient], self.transport.registry, data,
-                                      link.kind, link.round, phase, author)
+                payload = sealer.open(self.server, self.transport.registry, data, link.kind,
+                                      link.round, phase, author)
             check_payload(author, payload, None)
         except (MessageError, ProtocolError) as err:
-            link.reject(phase, relayed_by or author,
-                        f"{recipient} rejected {link.kind} message of {author}: {err}",
-                        by=recipient)
+            link.reject(phase, author, f"{SERVER} rejected {link.kind} message of {author}: "
+                        f"{err}")
             return None
         return payload
 
-    def all_gather(self, round_: int, kind: str,
-                   compute: Compute) -> dict[str, dict[str, Payload]]:
-        """Each alive client computes its payload once and uploads it (phase ``upload``); the
-        server relays it to every other client (phase ``relay``), sealed by its author per
-        recipient when a ``sealed`` stage protects ``kind`` so the relay cannot read it.
+    def all_gather(self, round_: int, kind: str, compute: Compute) -> dict[str, list[str]]:
+        """Each alive client computes its payload once and uploads it (phase ``upload``),
+        sealed by it once for all its peers when a ``sealed`` stage protects ``kind`` so the
+        relay cannot read it; the server relays each upload to every other client (phase
+        ``relay``, one exchange per author), and each recipient keeps the copies it accepted
+        (:meth:`Client.peers`).
 
-        Returns recipient id -> {author id -> payload} for every copy that arrived intact.
+        Returns recipient id -> the authors whose copies it accepted, in federation order.
         """
         self.protocol.check_individual(kind)
         sealer = self.protocol.sealer(kind)
         link = self._link(round_, kind, self._stages(kind, by_client=True))
-        gathered: dict[str, dict[str, Payload]] = {c.id: {} for c in self.clients}
-        for author in [c for c in self.clients if link.alive(c.id, "upload")]:
-            peers = [c.id for c in self.clients if c.id != author.id]
-            payload = compute(author)
-            if sealer is not None:
-                data = sealer.seal(author, self.transport.registry, payload, kind, round_,
-                                   RELAY_PHASE, peers)
-            else:
-                data = serialize_payload(payload)
-            uploaded = link.send("upload", author.id, SERVER, data)
-            if uploaded is None:
+        ids = [c.id for c in self.clients]
+        uploads = link.exchange("upload", "upload", "gather.upload", {
+            author: Call(None, {"compute": compute, "peers": [p for p in ids if p != author]})
+            for author in ids})
+        gathered: dict[str, list[str]] = {cid: [] for cid in ids}
+        for author in ids:
+            uploaded = uploads.get(author)
+            if uploaded is None or uploaded.data is None:
                 continue
-            for peer in peers:
+            copies = {}
+            for peer in (p for p in ids if p != author):
                 try:
-                    copy = sealer.relay(uploaded, peer, author.id) if sealer else uploaded
+                    copies[peer] = (sealer.relay(uploaded.data, peer, author) if sealer
+                                    else uploaded.data)
                 except MessageError as err:
-                    link.reject("upload", author.id, str(err))
+                    link.reject("upload", author, str(err))
                     break
-                delivered = link.send(RELAY_PHASE, SERVER, peer, copy, origin=author.id)
-                if delivered is None:
-                    continue
-                opened = self._open(link, RELAY_PHASE, author.id, peer, delivered,
-                                    relayed_by=SERVER)
-                if opened is not None:
-                    gathered[peer][author.id] = opened
+            else:
+                relayed = link.exchange(RELAY_PHASE, RELAY_PHASE, "gather.take",
+                                        {peer: Call(copy, origin=author)
+                                         for peer, copy in copies.items()})
+                for peer in copies:
+                    if _accepted(relayed.get(peer), peer):
+                        gathered[peer].append(author)
         return gathered
 
     def close(self) -> str | None:

@@ -3,7 +3,7 @@
 The property that matters: a client rebuilt in a fresh process from the snapshot draws exactly
 what the original would have drawn next, from every stream it carries. Truths used: the
 original client itself (its next draws, taken after the snapshot), torch and numpy generators,
-and the real sealed stage for a memory entry that cannot leave the process.
+and the real sealed stage (its counters and a replayed copy after a restore).
 """
 
 from __future__ import annotations
@@ -102,16 +102,26 @@ def test_method_objects_are_not_carried():
     assert copy.state["model"] is model  # the rebuilt one stays; the method reloads it
 
 
-def test_a_sealed_counter_in_memory_is_refused_by_name():
-    """The sealed stage keeps a per-party message counter (replay protection); a snapshot
-    that silently dropped it would let a restarted client reuse counters."""
-    client, server = used_client(), new_server()
-    registry = Registry.of([server, client])
+def test_sealed_counters_and_gathered_copies_come_back_and_replays_stay_refused():
+    """Adversary: a relay that replays a sealed message to a client restarted from its saved
+    state. The sealed stage's counters (the next one to send, the last accepted per sender)
+    must survive, or the restarted client would accept the copy again and reuse counters."""
+    client, peer, server = used_client(), new_client("client-2", torch.zeros(3, 2)), new_server()
+    registry = Registry.of([server, client, peer])
     sealer = load_protocol("sealed").sealer("model")
     sealer.seal(client, registry, {"w": np.zeros(2, np.float32)}, "model", 1, "upload", [SERVER])
-    assert client.memory["sealed"]["next"] == 1
-    with pytest.raises(ProtocolError, match="'sealed'"):
-        client_state(client)
+    sent = sealer.seal(peer, registry, {"w": np.ones(2, np.float32)}, "model", 2, "relay",
+                       ["client-1"])
+    model = sealer.open(client, registry, sent, "model", 2, "relay", "client-2")
+    client.keep_gathered(2, "model", "client-2", model)
+    copy = rebuilt()
+    restore_client(copy, *unpack(pack(*client_state(client))))
+    assert copy.memory["sealed"] == client.memory["sealed"] == {
+        "next": 1, "accepted": {"client-2": 0}}
+    np.testing.assert_array_equal(copy.peers(2, "model")["client-2"]["w"], np.ones(2))
+    assert copy.peers(1, "model") == {}
+    with pytest.raises(ProtocolError, match="replayed or out of order"):
+        sealer.open(copy, registry, sent, "model", 2, "relay", "client-2")
 
 
 @pytest.mark.parametrize("frame", [b"", b"\x00", b"garbage", b"\x00\x00\x00\x02{}",

@@ -24,6 +24,7 @@ from secureffm.privacy.settings import DistributedNoise
 from secureffm.protocols import load_protocol
 from secureffm.protocols.channel import ProtectedChannel
 from secureffm.runs.scaffold import open_channel
+from tests.gathering import gather
 
 VECTOR3 = {"gradient": ((3,), np.dtype(np.float32))}
 
@@ -236,6 +237,7 @@ def test_send_delivers_one_message_each_way_and_none_when_it_cannot(tmp_path):
     np.testing.assert_array_equal(up["weight"], payload["weight"])
     down = channel.send(1, "broadcast", "model", SERVER, "client-2", payload)
     np.testing.assert_array_equal(down["weight"], payload["weight"])
+    np.testing.assert_array_equal(clients[1].inbox["model"]["weight"], payload["weight"])
     assert channel.send(1, "upload", "model", "client-2", SERVER, payload) is None  # altered
     assert channel.send(1, "upload", "model", "client-3", SERVER, payload) is None  # offline
     [rejected] = events(log, "rejected")
@@ -249,10 +251,19 @@ def test_a_message_its_recipient_cannot_read_is_rejected_by_the_recipient(tmp_pa
     clients = make_clients([3, 3, 3])
     channel, log = make_channel(tmp_path, clients)
     bad = {"weight": np.array([np.nan], np.float32)}
-    assert channel.send(1, "upload", "model", "client-1", "client-2", bad) is None
+    assert channel.send(1, "broadcast", "model", SERVER, "client-2", bad) is None
+    assert "model" not in clients[1].inbox
     [rejected] = events(log, "rejected")
-    assert (rejected["sender"], rejected["party"]) == ("client-2", "client-1")
-    assert "client-2 rejected model message of client-1" in rejected["detail"]
+    assert (rejected["sender"], rejected["party"]) == ("client-2", SERVER)
+    assert "client-2 rejected model message of server" in rejected["detail"]
+
+
+def test_send_goes_between_the_server_and_a_client_only(tmp_path):
+    channel, log = make_channel(tmp_path, make_clients([3, 3, 3]))
+    with pytest.raises(ProtocolError, match="all_gather"):
+        channel.send(1, "upload", "model", "client-1", "client-2",
+                     {"weight": np.zeros(2, np.float32)})
+    assert records(log) == []
 
 
 def test_send_refuses_a_kind_the_server_may_only_learn_summed(tmp_path):
@@ -275,9 +286,10 @@ def test_all_gather_gives_every_client_each_alive_peers_payload(tmp_path, protoc
         computed.append(client.id)
         return {"weight": np.full(2, int(client.id[-1]), np.float32)}
 
-    gathered = channel.all_gather(0, "model", compute)
+    gathered = gather(channel, 0, "model", compute)
     assert computed == ["client-1", "client-2", "client-3"]  # once each, offline excluded
-    for client in clients:
+    assert gathered["client-4"] == {}  # offline from upload on: it receives nothing
+    for client in clients[:3]:
         authors = [a for a in ("client-1", "client-2", "client-3") if a != client.id]
         assert sorted(gathered[client.id]) == authors
         for author in authors:

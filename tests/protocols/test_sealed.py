@@ -11,6 +11,7 @@ from secureffm.federation.message import serialize_payload
 from secureffm.protocols import load_protocol
 from secureffm.protocols.sealed import SealHeader, open_payload, seal_payload
 from secureffm.runs.scaffold import open_channel
+from tests.gathering import gather
 
 
 def make_channel(tmp_path, protocol, faults=None, n=3):
@@ -46,7 +47,7 @@ def records(log):
 @pytest.mark.parametrize("protocol", ["plaintext", "sealed"])
 def test_all_gather_delivers_every_peer_model_exactly(tmp_path, protocol):
     channel, log = make_channel(tmp_path, protocol)
-    gathered = channel.all_gather(0, "model", model_of)
+    gathered = gather(channel, 0, "model", model_of)
     for client in channel.clients:
         peers = gathered[client.id]
         assert sorted(peers) == sorted(c.id for c in channel.clients if c is not client)
@@ -93,11 +94,11 @@ def test_a_model_forged_by_the_server_or_replayed_into_another_round_is_rejected
 def test_an_upload_altered_in_transit_is_rejected_and_the_rest_still_arrives(tmp_path):
     faults = FaultPlan(faults=(Fault("corrupt", "client-1", "upload", (0,)),))
     channel, _ = make_channel(tmp_path / "next", "sealed", faults)
-    gathered = channel.all_gather(1, "model", model_of)
+    gathered = gather(channel, 1, "model", model_of)
     assert all(len(peers) == 2 for peers in gathered.values())
     faults = FaultPlan(faults=(Fault("corrupt", "client-1", "upload", (0,)),))
     channel, log = make_channel(tmp_path, "sealed", faults)
-    gathered = channel.all_gather(0, "model", model_of)
+    gathered = gather(channel, 0, "model", model_of)
     assert sorted(gathered["client-1"]) == ["client-2", "client-3"]
     assert sorted(gathered["client-2"]) == ["client-3"]
     channel.close()

@@ -34,6 +34,7 @@ from secureffm.federation.parties import SecretStreams, new_client
 from secureffm.protocols import load_protocol
 from secureffm.protocols.channel import ProtectedChannel
 from secureffm.runs.scaffold import open_channel
+from tests.gathering import gather
 
 SECRET_TYPES = (Ed25519PrivateKey, X25519PrivateKey, Identity, KeyPair, SecretStreams, Party)
 GRADIENT = {"gradient": ((3,), np.dtype(np.float32))}
@@ -132,7 +133,7 @@ def run_sealed(folder: Path) -> ProtectedChannel:
     clients = make_clients()
     channel = open_channel(load_protocol("sealed"), clients,
                            MessageLog(folder / "messages.jsonl", keep_payloads=True))
-    gathered = channel.all_gather(1, "model",
+    gathered = gather(channel, 1, "model",
                                   lambda c: {"weight": np.full(2, int(c.id[-1]), np.float32)})
     assert all(len(peers) == 2 for peers in gathered.values())
     model = {"weight": np.arange(4, dtype=np.float32)}

@@ -14,11 +14,13 @@ import torch
 from secureffm.errors import ProtocolError
 from secureffm.federation import SERVER, Client, MessageLog
 from secureffm.federation.crypto import agree, open_sealed, seal
+from secureffm.federation.exchange import Request
 from secureffm.federation.message import deserialize_payload, serialize_payload
 from secureffm.protocols import load_protocol
 from secureffm.protocols.channel import ProtectedChannel
 from secureffm.protocols.sealed import SealedStage, SealHeader
 from secureffm.runs.scaffold import open_channel
+from tests.gathering import gather
 
 EVIL = {"weight": np.full((2, 3), 666.0, np.float32)}
 
@@ -86,7 +88,7 @@ def test_colluding_recipient_and_relay_cannot_pass_off_a_model_as_the_authors(tm
                                          copy)
 
     sealer.relay = relay
-    gathered = channel.all_gather(7, "model", model_of(7))
+    gathered = gather(channel, 7, "model", model_of(7))
     channel.close()
     assert "client-1" not in gathered["client-3"]
     np.testing.assert_array_equal(gathered["client-3"]["client-2"]["weight"], 72.0)
@@ -128,7 +130,7 @@ def test_relay_cannot_replay_a_round_6_model_in_round_7(tmp_path):
 
     sealer.relay = relay
     channel.all_gather(6, "model", model_of(6))
-    gathered = channel.all_gather(7, "model", model_of(7))
+    gathered = gather(channel, 7, "model", model_of(7))
     assert "client-1" not in gathered["client-3"]
     np.testing.assert_array_equal(gathered["client-2"]["client-1"]["weight"], 71.0)
     [event] = rejections(tmp_path)
@@ -178,7 +180,7 @@ def test_honest_all_gathers_and_sends_arrive_exactly(tmp_path):
     the server (round 8) open to exactly what their author computed, with no rejection logged."""
     channel, _ = make_channel(tmp_path)
     for round_ in (6, 7):
-        gathered = channel.all_gather(round_, "model", model_of(round_))
+        gathered = gather(channel, round_, "model", model_of(round_))
         for recipient in channel.clients:
             authors = [c for c in channel.clients if c is not recipient]
             assert sorted(gathered[recipient.id]) == [c.id for c in authors]
@@ -201,3 +203,26 @@ def test_relay_cannot_replay_a_message_from_an_earlier_run(tmp_path):
     channel, sealer = make_channel(tmp_path)
     with pytest.raises(ProtocolError, match="not signed by client-1"):
         open_as(channel, sealer, "client-2", kept, "relay", "model")
+
+
+def test_a_server_that_names_itself_a_peer_cannot_make_a_client_seal_for_it(tmp_path):
+    """Adversary: the server, asking client-1 in ``gather.upload`` to seal its model for the
+    peers [client-2, server]. Sealed that way (shown first, as the handler would without its
+    check), the server unwraps its own copy and reads the model; the client's handler refuses
+    the peer list in its own signed event and uploads nothing."""
+    channel, sealer = make_channel(tmp_path)
+    author = channel.parties["client-1"]
+    peers = ["client-2", SERVER]
+    leaked = sealer.seal(author, channel.transport.registry, EVIL, "model", 7, "relay", peers)
+    opened = sealer.open(channel.server, channel.transport.registry,
+                         sealer.relay(leaked, SERVER, "client-1"), "model", 7, "relay",
+                         "client-1")
+    np.testing.assert_array_equal(opened["weight"], EVIL["weight"])  # the attack, unchecked
+
+    endpoint = channel.endpoints["client-1"]
+    reply = endpoint(Request(7, "model", "upload", "upload", "gather.upload", ("sealed",), None,
+                             {"compute": lambda c: EVIL, "peers": peers}), None)
+    assert reply.envelope is None
+    [event] = reply.events
+    assert (event["event"], event["sender"], event["party"]) == ("rejected", "client-1", SERVER)
+    assert "peers must be distinct registered clients" in event["detail"]
