@@ -22,22 +22,16 @@ from ..federation.message import (
     serialize_payload,
 )
 from ..federation.parties import Client, ClientInfo, Party
-from ..federation.transport import Delivery, Transport
+from ..federation.transport import Transport
 from ..privacy.settings import DistributedNoise, NoiseGeometry
 from . import individual  # noqa: F401 - registers the clients' handlers
 from .adversary import play_deviations
 from .aggregation import check_payload, plain_aggregate
 from .endpoint import ClientEndpoint, Program
-from .link import Call, Link
+from .link import Call, Link, accepted
 from .protocol import Protocol
 
 __all__ = ["ProtectedChannel"]
-
-
-def _accepted(delivery: Delivery | None, recipient: str) -> bool:
-    """Whether ``recipient`` ran its handler on the server's message and refused nothing."""
-    return delivery is not None and not any(
-        e.get("event") == "rejected" and e.get("sender") == recipient for e in delivery.events)
 
 
 def _fixed(payload: Payload) -> Callable[[Client], Payload]:
@@ -156,7 +150,7 @@ class ProtectedChannel:
             data = (serialize_payload(payload) if sealer is None else sealer.seal(
                 self.server, self.transport.registry, payload, kind, round_, phase, [recipient]))
             delivery = link.exchange(phase, phase, "take", {recipient: Call(data)}).get(recipient)
-            return payload if _accepted(delivery, recipient) else None
+            return payload if accepted(delivery, recipient) else None
         if sender not in ids or recipient != SERVER:
             raise ProtocolError(f"send goes between the server and a client, not {sender} -> "
                                 f"{recipient}; clients reach each other by all_gather")
@@ -220,7 +214,7 @@ class ProtectedChannel:
                                         {peer: Call(copy, origin=author)
                                          for peer, copy in copies.items()})
                 for peer in copies:
-                    if _accepted(relayed.get(peer), peer):
+                    if accepted(relayed.get(peer), peer):
                         gathered[peer].append(author)
         return gathered
 

@@ -59,12 +59,12 @@ import tenseal as ts
 from ..errors import MessageError, ProtocolError
 from ..federation.channel import Aggregate, Compute, Template
 from ..federation.message import RELAY_PHASE, SERVER, deserialize_payload, serialize_payload
-from ..federation.parties import Client, Party
+from ..federation.parties import Party
 from ..privacy.settings import DistributedNoise, NoiseGeometry
 from .aggregation import check_payload, flatten, template_json, template_of, unflatten
 from .ckks_params import CKKSParams
 from .endpoint import Step, client_action
-from .link import Call, Link, silence
+from .link import Call, Link, accepted, silence
 from .registry import check_protects, check_table, register_stage
 from .sealed import SealedStage
 from .secagg import SecAggStage
@@ -197,9 +197,6 @@ class _Round:
     dropped: dict[str, str] = field(default_factory=dict)
     asked: list[str] = field(default_factory=list)  # who was asked to compute
 
-    def client(self, cid: str) -> Client:
-        return self.link.parties[cid]
-
     def key(self, cid: str) -> ts.Context | None:
         """The context a party holds for this epoch (another epoch's is forgotten)."""
         return _held(self.link.parties[cid], self.epoch)
@@ -297,80 +294,53 @@ class CKKSStage:
     # -- phase he_keys --------------------------------------------------------------------------
 
     def _keys(self, r: _Round) -> None:
-        """Set up this epoch's keys, or hand them to online clients that lack them."""
+        """Set up this epoch's keys, or have the key holder hand them to online clients that
+        lack them (as far as the server knows: those that did not accept one)."""
         link, server = r.link, r.link.parties[SERVER]
         online = [c.id for c in link.clients if link.alive(c.id, "he_keys")]
         if r.key(SERVER) is None:
-            if not online:
-                return
-            holder = online[0]
-            context = new_context(self.params)
-            r.hold(r.client(holder), context)
-            self._send_keys(r, holder, online[1:], public_context(context))
+            if online:
+                self._send_keys(r, online[0], online[1:], fresh=True)
             return
         holder = server.memory[_MEMORY]["holder"]
         missing = [c for c in online if c not in server.memory[_MEMORY]["holders"]]
-        if missing and holder in online and r.key(holder) is not None:
-            self._send_keys(r, holder, missing, None)
+        if missing and holder in online:
+            self._send_keys(r, holder, missing, fresh=False)
 
-    def _send_keys(self, r: _Round, holder: str, recipients: list[str],
-                   public: bytes | None) -> None:
-        """``holder`` uploads the public context (at set-up) and its secret context sealed for
-        ``recipients``; the server keeps the first and relays the second."""
+    def _send_keys(self, r: _Round, holder: str, recipients: list[str], fresh: bool) -> None:
+        """``holder`` uploads the public context (at set-up, ``fresh``) and its secret context
+        sealed for ``recipients`` (``ckks.keys``); the server keeps the first and relays the
+        second (``ckks.key``)."""
         link = r.link
-        sealer = SealedStage((link.kind,))
-        fields = {} if public is None else {"public": public}
-        if recipients:
-            fields["sealed"] = sealer.seal(
-                r.client(holder), link.transport.registry,
-                {"context": np.frombuffer(secret_context(r.key(holder)), dtype=np.uint8)},
-                link.kind, link.round, "he_keys", recipients)
-        expected = sorted(fields)
-        data = link.send("he_keys", holder, SERVER, bytes_payload(fields))
-        if data is None:
+        expected = sorted((["public"] if fresh else []) + (["sealed"] if recipients else []))
+        delivery = link.exchange("he_keys", "he_keys", "ckks.keys", {holder: Call(args={
+            "epoch": r.epoch, "fresh": fresh, "recipients": recipients})}).get(holder)
+        if delivery is None or delivery.data is None:
             return
         try:
-            fields = payload_bytes(data, holder)
+            fields = payload_bytes(delivery.data, holder)
             if sorted(fields) != expected:
                 raise MessageError(f"{holder}'s key message has fields {sorted(fields)}, "
                                    f"expected {expected}")
-            if public is not None:
+            if fresh:
                 r.hold(link.parties[SERVER], load_context(fields["public"], self.params, False,
                                                           holder),
                        holder=holder, holders={holder})
         except MessageError as err:
             link.reject("he_keys", holder, str(err))
             return
-        holders = link.parties[SERVER].memory[_MEMORY]["holders"]
-        for v in recipients:
-            if self._relay_key(r, sealer, fields["sealed"], holder, v):
-                holders.add(v)
-
-    def _relay_key(self, r: _Round, sealer: SealedStage, sealed: bytes, holder: str,
-                   v: str) -> bool:
-        """The server relays v its part of the sealed secret context; v opens and keeps it.
-        Whether v now holds the key."""
-        link = r.link
+        if not recipients:
+            return
+        sealer = SealedStage((link.kind,))
         try:
-            part = sealer.relay(sealed, v, holder)
+            parts = {v: sealer.relay(fields["sealed"], v, holder) for v in recipients}
         except MessageError as err:
             link.reject("he_keys", holder, str(err))
-            return False
-        data = link.send(RELAY_PHASE, SERVER, v, part, origin=holder)
-        if data is None:
-            return False
-        try:
-            opened = sealer.open(r.client(v), link.transport.registry, data, link.kind,
-                                 link.round, "he_keys", holder)
-            if sorted(opened) != ["context"] or opened["context"].dtype != np.uint8:
-                raise MessageError(f"{holder}'s sealed key message holds {sorted(opened)}")
-            context = load_context(opened["context"].tobytes(), self.params, True, holder)
-        except (MessageError, ProtocolError) as err:
-            link.reject(RELAY_PHASE, SERVER, f"{v} rejected the key context of {holder}: {err}",
-                        by=v)
-            return False
-        r.hold(r.client(v), context)
-        return True
+            return
+        relayed = link.exchange(RELAY_PHASE, RELAY_PHASE, "ckks.key", {
+            v: Call(part, {"epoch": r.epoch}, origin=holder) for v, part in parts.items()})
+        holders = link.parties[SERVER].memory[_MEMORY]["holders"]
+        holders.update(v for v in recipients if accepted(relayed.get(v), v))
 
     # -- phase upload ---------------------------------------------------------------------------
 
@@ -414,14 +384,23 @@ class CKKSStage:
                    size: int) -> tuple[np.ndarray | None, str]:
         """The decryptors' plaintext sum [d] float64, or None and why not."""
         link = r.link
-        data = write_ciphertexts(total)
+        holders = link.parties[SERVER].memory[_MEMORY]["holders"]
         chosen = [c.id for c in link.clients
-                  if link.alive(c.id, "he_sum") and r.key(c.id) is not None][:self.decryptors]
+                  if link.alive(c.id, "he_sum") and c.id in holders][:self.decryptors]
+        replies = link.exchange("he_sum", "he_decrypted", "ckks.decrypt", {
+            v: Call(write_ciphertexts(total), {"epoch": r.epoch, "size": size}) for v in chosen})
         answers: dict[str, np.ndarray] = {}
         for v in chosen:
-            answer = self._decrypt_as(r, v, data, size)
-            if answer is not None:
-                answers[v] = answer
+            reply = replies.get(v)
+            if reply is None or reply.data is None:
+                continue
+            try:
+                got = deserialize_payload(reply.data, v)
+                check_payload(v, got, {"sum": np.zeros(size, np.float64)})
+            except MessageError as err:
+                link.reject("he_decrypted", v, str(err))
+                continue
+            answers[v] = got["sum"]
         if not answers:
             return None, (f"no decryptor returned the sum (asked: {', '.join(chosen) or 'none'}"
                           " online with the key)")
@@ -433,31 +412,6 @@ class CKKSStage:
             return None, ("the decrypted sum lies outside the range honest inputs reach: an "
                           "upload was encrypted under another key or altered")
         return first, ""
-
-    def _decrypt_as(self, r: _Round, v: str, data: bytes, size: int) -> np.ndarray | None:
-        """Decryptor v receives the summed ciphertexts, decrypts them and returns the sum."""
-        link = r.link
-        received = link.send("he_sum", SERVER, v, data)
-        if received is None:
-            return None
-        context = r.key(v)
-        try:
-            vectors = read_ciphertexts(context, received, self.params.ciphertexts(size),
-                                       self.params, SERVER)
-        except MessageError as err:
-            link.reject("he_sum", SERVER, f"{v} refused the summed ciphertexts: {err}", by=v)
-            return None
-        answer = {"sum": decrypt(context, vectors, size)}
-        reply = link.send("he_decrypted", v, SERVER, serialize_payload(answer))
-        if reply is None:
-            return None
-        try:
-            got = deserialize_payload(reply, v)
-            check_payload(v, got, {"sum": np.zeros(size, np.float64)})
-        except MessageError as err:
-            link.reject("he_decrypted", v, str(err))
-            return None
-        return got["sum"]
 
 
 def _add(total: ts.CKKSVector, vector: ts.CKKSVector, sender: str) -> ts.CKKSVector:
@@ -493,3 +447,83 @@ def _client_upload(step: Step) -> bytes | None:
         step.reject(u, f"withheld its update: {err}")
         return None
     return write_ciphertexts(encrypt(context, x, stage.params))
+
+
+def _peers_or_refuse(step: Step, recipients) -> bool:
+    """Whether ``recipients`` are distinct registered clients other than this one (sealing a
+    key for the server or an unregistered party would hand it the key); refused otherwise."""
+    me, registry = step.client.id, step.endpoint.registry
+    if (isinstance(recipients, list) and len(set(recipients)) == len(recipients)
+            and all(isinstance(v, str) and v not in (SERVER, me) and v in registry.sign
+                    for v in recipients)):
+        return True
+    step.reject(SERVER, f"{me} refused to seal its key context for {recipients!r}: recipients "
+                "must be distinct registered clients other than itself")
+    return False
+
+
+@client_action("ckks.keys")
+def _client_keys(step: Step) -> bytes | None:
+    """The key holder's key message: the public context of a fresh key (``fresh``; the key it
+    already holds for the epoch, if any, is kept) and its secret context sealed end to end for
+    ``recipients``."""
+    u, args, kind = step.client.id, step.args, step.request.kind
+    epoch = int(args["epoch"])
+    if not _peers_or_refuse(step, args["recipients"]):
+        return None
+    stage = step.endpoint.protocol.aggregator(kind)
+    context = _held(step.client, epoch)
+    fields = {}
+    if args["fresh"]:
+        if context is None:
+            context = new_context(stage.params)
+            step.client.memory[_MEMORY] = {"epoch": epoch, "context": context}
+        fields["public"] = public_context(context)
+    elif context is None:
+        step.reject(u, f"holds no key of key epoch {epoch} to hand on")
+        return None
+    if args["recipients"]:
+        fields["sealed"] = SealedStage((kind,)).seal(
+            step.client, step.endpoint.registry,
+            {"context": np.frombuffer(secret_context(context), dtype=np.uint8)},
+            kind, step.request.round, "he_keys", args["recipients"])
+    return bytes_payload(fields)
+
+
+@client_action("ckks.key")
+def _client_key(step: Step) -> None:
+    """A client opens the key holder's sealed secret context the server relays and keeps it."""
+    v, kind = step.client.id, step.request.kind
+    holder = step.request.envelope.origin
+    stage = step.endpoint.protocol.aggregator(kind)
+    try:
+        opened = SealedStage((kind,)).open(step.client, step.endpoint.registry, step.data, kind,
+                                           step.request.round, "he_keys", holder)
+        if sorted(opened) != ["context"] or opened["context"].dtype != np.uint8:
+            raise MessageError(f"{holder}'s sealed key message holds {sorted(opened)}")
+        context = load_context(opened["context"].tobytes(), stage.params, True, holder)
+    except (MessageError, ProtocolError, KeyError) as err:
+        step.reject(SERVER, f"{v} rejected the key context of {holder}: {err}",
+                    refused=step.seq)
+        return None
+    step.client.memory[_MEMORY] = {"epoch": int(step.args["epoch"]), "context": context}
+    return None
+
+
+@client_action("ckks.decrypt")
+def _client_decrypt(step: Step) -> bytes | None:
+    """A decryptor decrypts the summed ciphertexts under the key it holds and returns the
+    plaintext sum [size] float64."""
+    v, args = step.client.id, step.args
+    context = _held(step.client, int(args["epoch"]))
+    if context is None:
+        step.reject(v, f"holds no key of key epoch {args['epoch']}, so it cannot decrypt")
+        return None
+    params = step.endpoint.protocol.aggregator(step.request.kind).params
+    size = int(args["size"])
+    try:
+        vectors = read_ciphertexts(context, step.data, params.ciphertexts(size), params, SERVER)
+    except MessageError as err:
+        step.reject(SERVER, f"{v} refused the summed ciphertexts: {err}", refused=step.seq)
+        return None
+    return serialize_payload({"sum": decrypt(context, vectors, size)})

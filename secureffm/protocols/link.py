@@ -18,7 +18,7 @@ from ..federation.message import SERVER
 from ..federation.parties import Client, Party
 from ..federation.transport import Delivery, Endpoint, Transport
 
-__all__ = ["Link", "Call", "silence", "record_broadcast", "broadcast_digest",
+__all__ = ["Link", "Call", "accepted", "silence", "record_broadcast", "broadcast_digest",
            "digest_of_broadcasts"]
 
 _BROADCASTS = "broadcasts"
@@ -41,6 +41,13 @@ def digest_of_broadcasts(seen: list[tuple[str, str]]) -> bytes:
     recomputes from the broadcast records of one recipient and round)."""
     return hashlib.sha256(json.dumps([list(pair) for pair in seen],
                                      separators=(",", ":")).encode()).digest()
+
+
+def accepted(delivery: Delivery | None, recipient: str) -> bool:
+    """Whether ``recipient`` ran its handler on the server's message and refused nothing (a
+    ``rejected`` event it signed)."""
+    return delivery is not None and not any(
+        e.get("event") == "rejected" and e.get("sender") == recipient for e in delivery.events)
 
 
 def silence(delivery: Delivery, client: str, default: str) -> str:
@@ -101,16 +108,19 @@ class Link:
         """The server signs each call's message of ``phase`` and asks each client to run its
         handler ``action``; client id -> the delivery of its ``reply_phase`` answer (absent
         when the client was offline). The server logs its own refusals of the replies. The
-        broadcasts in ``carry`` travel with this exchange (each client takes them first)."""
+        broadcasts in ``carry`` travel with the first exchange that addresses every client
+        (each client takes them first); one to some clients (a key set-up) leaves them."""
         server = self.parties[SERVER]
+        carry = self.carry if set(calls) == {c.id for c in self.clients} else {}
         requests = {cid: Request(self.round, self.kind, phase, reply_phase, action, self.stages,
                                  None if call.data is None else server.envelope(
                                      self.round, phase, self.kind, cid, call.data, self.stages,
                                      call.origin), call.args,
                                  tuple(server.envelope(self.round, "broadcast", kind, cid, data)
-                                       for kind, data in self.carry.items()))
+                                       for kind, data in carry.items()))
                     for cid, call in calls.items()}
-        self.carry = {}  # delivered with this exchange
+        if carry:
+            self.carry = {}  # delivered with this exchange
         deliveries = self.transport.exchange(requests, self.endpoints)
         for delivery in deliveries.values():
             for refusal in delivery.refusals:

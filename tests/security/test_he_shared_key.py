@@ -194,3 +194,34 @@ def test_a_deviating_server_gets_one_upload_decrypted_in_place_of_the_sum(tmp_pa
     scale = CKKSStage.scales(WEIGHTS)["client-3"]
     victim = xs["client-3"].astype(np.float64)
     assert np.abs(plain / scale - victim).max() <= params.error_bound(1, 2 * scale) / scale
+
+
+def test_a_server_that_names_itself_a_recipient_does_not_get_the_key(tmp_path):
+    """Adversary: a deviating server at key set-up, asking the key holder (``ckks.keys``) to
+    seal its secret context for [client-2, server]. Sealed that way (shown first, as the
+    handler would without its check), the server opens its part and holds the secret key; the
+    holder's handler refuses the recipient list in its own signed event and sends nothing."""
+    from secureffm.federation.exchange import Request
+    from secureffm.protocols.ckks import load_context, secret_context
+    from secureffm.protocols.sealed import SealedStage
+
+    clients = [Client(c, torch.zeros(1, 2), torch.Generator()) for c in WEIGHTS]
+    protocol = load_protocol("he")
+    channel = open_channel(protocol, clients, MessageLog(tmp_path / "messages.jsonl"))
+    stage, holder = protocol.aggregator("gradient"), channel.parties["client-1"]
+    sealer, registry = SealedStage(("gradient",)), channel.transport.registry
+    secret = np.frombuffer(secret_context(new_context(stage.params)), dtype=np.uint8)
+    sealed = sealer.seal(holder, registry, {"context": secret}, "gradient", 1, "he_keys",
+                         ["client-2", SERVER])
+    opened = sealer.open(channel.server, registry, sealer.relay(sealed, SERVER, "client-1"),
+                         "gradient", 1, "he_keys", "client-1")
+    assert load_context(opened["context"].tobytes(), stage.params, True, "client-1") \
+        .has_secret_key()  # the attack, unchecked
+
+    reply = channel.endpoints["client-1"](Request(
+        1, "gradient", "he_keys", "he_keys", "ckks.keys", ("ckks",), None,
+        {"epoch": 0, "fresh": True, "recipients": ["client-2", SERVER]}), None)
+    assert reply.envelope is None
+    [event] = reply.events
+    assert (event["event"], event["sender"], event["party"]) == ("rejected", "client-1", SERVER)
+    assert "recipients must be distinct registered clients" in event["detail"]
