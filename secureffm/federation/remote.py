@@ -61,10 +61,9 @@ class RemoteTransport(LoggedEvents):
         return party not in self._offline.get(round_, set())
 
     def send(self, envelope: Envelope) -> Delivery:
-        raise ProtocolError(f"a single {envelope.kind} message from {envelope.sender} to "
-                            f"{envelope.recipient} needs the in-process engine: this step "
-                            "still runs a client's part on the server's side (sealed messages, "
-                            "all-gathers and CKKS key set-up run only in-process for now)")
+        raise ProtocolError(f"a one-way {envelope.kind} message from {envelope.sender} to "
+                            f"{envelope.recipient}: remote clients are reached only by "
+                            "exchanges (a request and its reply)")
 
     def exchange(self, requests: dict[str, Request],
                  endpoints: Mapping[str, Endpoint] | None = None) -> dict[str, Delivery]:

@@ -2,11 +2,11 @@
 fresh process keeps them for the client, on the client's own node, never at the server).
 
 What a client carries over: its secret-stream key, its training generator and protocol stream,
-its memory of the broadcasts it accepted and of its sealed-message counters, its inbox, the
-peers' payloads it gathered, and the plain values and generators of its method's state (models
-are not: a method reloads them from the broadcasts, and its objects are rebuilt by the method's
-program before the values are restored). Encoded as one frame: a JSON header and a safetensors
-blob of the arrays; no pickle.
+its memory of the broadcasts it accepted, of its sealed-message counters and of its CKKS key
+(the secret context's bytes), its inbox, the peers' payloads it gathered, and the plain values
+and generators of its method's state (models are not: a method reloads them from the
+broadcasts, and its objects are rebuilt by the method's program before the values are
+restored). Encoded as one frame: a JSON header and a safetensors blob of the arrays; no pickle.
 """
 
 from __future__ import annotations
@@ -24,8 +24,7 @@ from .parties import Client
 __all__ = ["client_state", "restore_client", "pack", "unpack"]
 
 _PLAIN = (bool, int, float, str, type(None))
-_MEMORY = ("broadcasts", "sealed")  # what of a client's memory crosses (CKKS keys do not yet:
-# their key set-up still runs a client's part on the server's side)
+_MEMORY = ("broadcasts", "sealed", "ckks")  # what of a client's memory crosses
 
 
 def _generator_state(generator: torch.Generator) -> np.ndarray:
@@ -49,6 +48,8 @@ def client_state(client: Client) -> tuple[dict, dict[str, np.ndarray]]:
     for kind, payload in client.inbox.items():
         for name, array in payload.items():
             arrays[f"inbox/{kind}/{name}"] = array
+    if "ckks" in client.memory:  # its CKKS key: the secret context's bytes
+        arrays["memory/ckks"] = np.frombuffer(client.memory["ckks"]["secret"], dtype=np.uint8)
     for kind, (_, held) in client.gathered.items():
         for author, payload in held.items():
             for name, array in payload.items():
@@ -58,6 +59,7 @@ def client_state(client: Client) -> tuple[dict, dict[str, np.ndarray]]:
               "broadcasts": {str(r): seen for r, seen in
                              client.memory.get("broadcasts", {}).items()},
               "sealed": client.memory.get("sealed"),
+              "ckks_epoch": client.memory["ckks"]["epoch"] if "ckks" in client.memory else None,
               "gathered": {kind: round_ for kind, (round_, _) in client.gathered.items()},
               "state": state}
     return header, arrays
@@ -77,6 +79,9 @@ def restore_client(client: Client, header: dict, arrays: dict[str, np.ndarray]) 
             sealed = header["sealed"]
             client.memory["sealed"] = {"next": int(sealed["next"]), "accepted": {
                 str(sender): int(counter) for sender, counter in sealed["accepted"].items()}}
+        if header["ckks_epoch"] is not None:
+            client.memory["ckks"] = {"epoch": int(header["ckks_epoch"]),
+                                     "secret": arrays["memory/ckks"].tobytes()}
         client.gathered = {kind: (int(round_), {}) for kind, round_ in header["gathered"].items()}
         for key, entry in header["state"].items():
             if "generator" in entry:

@@ -2,9 +2,11 @@
 implemented over any :class:`~secureffm.federation.transport.Transport` by a
 :class:`~secureffm.protocols.protocol.Protocol`.
 
-This process plays every party: each step runs as one party, with that party's own keys (the
-sender signs its envelope, the recipient opens what is sealed to it and signs its rejections);
-the transport carries signed bytes and holds no private key.
+The channel is the server's side: it builds each phase's requests, signs its own messages and
+reads the replies. Every client step (computing, sealing, opening, masking, decrypting) runs in
+the client's own :class:`~secureffm.protocols.endpoint.ClientEndpoint` with its own keys, made
+here for the in-process engine or living in the client's process on Flower; the transport
+carries signed bytes and holds no private key.
 """
 
 from __future__ import annotations

@@ -59,7 +59,7 @@ import tenseal as ts
 from ..errors import MessageError, ProtocolError
 from ..federation.channel import Aggregate, Compute, Template
 from ..federation.message import RELAY_PHASE, SERVER, deserialize_payload, serialize_payload
-from ..federation.parties import Party
+from ..federation.parties import Client, Party
 from ..privacy.settings import DistributedNoise, NoiseGeometry
 from .aggregation import check_payload, flatten, template_json, template_of, unflatten
 from .ckks_params import CKKSParams
@@ -206,13 +206,23 @@ class _Round:
 
 
 def _held(party: Party, epoch: int) -> ts.Context | None:
-    """The context ``party`` holds for key ``epoch`` (another epoch's is forgotten)."""
+    """The context ``party`` holds for key ``epoch`` (another epoch's is forgotten). A client
+    restored from its saved state holds the secret context's bytes (``secret``) until it
+    first uses the key."""
     memory = party.memory
     held = memory.get(_MEMORY)
     if held is not None and held["epoch"] != epoch:
         del memory[_MEMORY]
         return None
+    if held is not None and "context" not in held:
+        held["context"] = ts.context_from(held["secret"])  # its own saved key, not a message
     return None if held is None else held["context"]
+
+
+def _keep_key(client: Client, epoch: int, context: ts.Context, secret: bytes) -> None:
+    """A client keeps its key for ``epoch``: the context, and its secret context's bytes
+    (``secret``, what its saved state carries)."""
+    client.memory[_MEMORY] = {"epoch": epoch, "context": context, "secret": secret}
 
 
 @register_stage
@@ -477,7 +487,7 @@ def _client_keys(step: Step) -> bytes | None:
     if args["fresh"]:
         if context is None:
             context = new_context(stage.params)
-            step.client.memory[_MEMORY] = {"epoch": epoch, "context": context}
+            _keep_key(step.client, epoch, context, secret_context(context))
         fields["public"] = public_context(context)
     elif context is None:
         step.reject(u, f"holds no key of key epoch {epoch} to hand on")
@@ -485,7 +495,7 @@ def _client_keys(step: Step) -> bytes | None:
     if args["recipients"]:
         fields["sealed"] = SealedStage((kind,)).seal(
             step.client, step.endpoint.registry,
-            {"context": np.frombuffer(secret_context(context), dtype=np.uint8)},
+            {"context": np.frombuffer(step.client.memory[_MEMORY]["secret"], dtype=np.uint8)},
             kind, step.request.round, "he_keys", args["recipients"])
     return bytes_payload(fields)
 
@@ -501,12 +511,13 @@ def _client_key(step: Step) -> None:
                                            step.request.round, "he_keys", holder)
         if sorted(opened) != ["context"] or opened["context"].dtype != np.uint8:
             raise MessageError(f"{holder}'s sealed key message holds {sorted(opened)}")
-        context = load_context(opened["context"].tobytes(), stage.params, True, holder)
+        secret = opened["context"].tobytes()
+        context = load_context(secret, stage.params, True, holder)
     except (MessageError, ProtocolError, KeyError) as err:
         step.reject(SERVER, f"{v} rejected the key context of {holder}: {err}",
                     refused=step.seq)
         return None
-    step.client.memory[_MEMORY] = {"epoch": int(step.args["epoch"]), "context": context}
+    _keep_key(step.client, int(step.args["epoch"]), context, secret)
     return None
 
 

@@ -23,7 +23,7 @@ from ..federation.message import SERVER
 from ..federation.parties import ClientInfo, Party, SecretStreams
 from ..federation.remote import RemoteTransport
 from ..protocols.channel import ProtectedChannel
-from ..protocols.protocol import Protocol, load_protocol
+from ..protocols.protocol import Protocol
 from .ffm import run_ffm
 from .flower_node import KEYS_KEY, config_of, run_config_of
 from .scaffold import JOURNALS_DIR, RunResult, run_folder
@@ -68,10 +68,6 @@ def main(calls, run_config: dict) -> dict:
     if config.method in DCFM_METHODS:
         raise ConfigError(f"method {config.method!r} does not run on Flower yet (its clients' "
                           "steps still run on the server's side); use --engine inprocess")
-    if any(stage.name == "ckks" for stage in load_protocol(config.protocol).stages):
-        raise ConfigError(f"protocol {config.protocol!r} sets up its CKKS key with steps that "
-                          "still run a client's part on the server's side; it runs only with "
-                          "--engine inprocess for now")
     result = run_ffm(config, connect=lambda protocol, log: flower_channel(
         calls, config, run_config[KEYS_KEY], protocol, log))
     return {"out": str(result.out), "metrics": result.metrics, "pin": result.pin}

@@ -125,6 +125,14 @@ def dp_secagg(tmp_path_factory, keys):
     return root, rebuilt, run_ffm(config(root / "in-process", "dp-secagg"))
 
 
+@pytest.fixture(scope="module")
+def he(tmp_path_factory, keys):
+    """he (CKKS) with every message served by a rebuilt client, and in-process."""
+    root = tmp_path_factory.mktemp("he")
+    rebuilt = on_nodes(root / "rebuilt", keys, "he", rebuild=True)
+    return root, rebuilt, run_ffm(config(root / "in-process", "he"))
+
+
 def test_rebuilt_clients_answer_byte_for_byte_as_kept_ones(plaintext):
     """Plaintext replies are a function of the client's state alone, so equal payloads show
     the snapshot carried everything the next message needed (streams, replicas' inputs, DP
@@ -158,10 +166,32 @@ def test_the_run_on_rebuilt_nodes_equals_the_in_process_run_under_dp_secagg(dp_s
     assert rebuilt["metrics"]["aborted_aggregations"] == 0
 
 
-def test_the_logs_of_runs_on_nodes_pass_the_audit(plaintext, dp_secagg):
+def test_a_ckks_key_set_up_once_serves_every_round_on_rebuilt_nodes(he):
+    """The key holder makes the key in round 1 and every client's saved state carries it:
+    a client rebuilt for each message still encrypts and decrypts under the same key (one
+    he_keys upload for the run), and the W2 table is the in-process run's within CKKS
+    error (encryption noise is fresh, so the sums differ at about 1e-9). The key messages'
+    sizes vary from run to run (SEAL compresses fresh random keys), so they are compared
+    without them."""
+    root, (rebuilt, _), in_process = he
+
+    def shapes(folder: Path) -> list[tuple]:
+        keyed = ('"he_keys"', '"relay"')
+        return [r[:5] + ("",) + r[6:] if r[1] in keyed else r for r in logged(folder)]
+
+    for nfe, w2 in in_process.metrics["eval"]["w2"].items():
+        assert rebuilt["metrics"]["eval"]["w2"][nfe] == pytest.approx(w2, rel=1e-5)
+    records = logged(root / "rebuilt")
+    assert shapes(root / "rebuilt") == shapes(root / "in-process")
+    phases = [json.loads(r[1]) for r in records]
+    assert phases.count("he_keys") == 1 and phases.count("he_decrypted") >= 3
+    assert rebuilt["metrics"]["aborted_aggregations"] == 0
+
+
+def test_the_logs_of_runs_on_nodes_pass_the_audit(plaintext, dp_secagg, he):
     from secureffm.audit.verify import verify_run
 
-    for folder in (plaintext[0] / "rebuilt", dp_secagg[0] / "rebuilt"):
+    for folder in (plaintext[0] / "rebuilt", dp_secagg[0] / "rebuilt", he[0] / "rebuilt"):
         report = verify_run(folder)
         assert report.ok, report.summary()
 

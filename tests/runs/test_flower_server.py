@@ -65,7 +65,6 @@ def test_got_is_the_same_run_on_flower(tmp_path, protocol):
 
 
 @pytest.mark.parametrize("changes, fragment", [
-    (dict(protocol="he"), "CKKS key"),
     (dict(method="dcfm-a", data="modes2d"), "does not run on Flower yet"),
     (dict(threat_model="drop-after-sharing"), "faults are real"),
 ])
