@@ -236,8 +236,11 @@ class FlowerCalls:
 
         start = time.perf_counter()
         self._group += 1
+        # A request lives as long as its phase waits (Flower's default is 12 h): a node that
+        # comes back later never runs it, so its state cannot move past the server's round.
         messages = {node: Message(content, dst_node_id=node, message_type=kind,
-                                  group_id=str(self._group)) for node, content in contents.items()}
+                                  group_id=str(self._group), ttl=max(timeout, 1.0))
+                    for node, content in contents.items()}
         traffic = Traffic(sent=sum(_size(c) for c in contents.values()))
         if self.count_wire:
             traffic.wire_sent = sum(wire_bytes(m) for m in messages.values())

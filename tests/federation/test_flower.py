@@ -162,6 +162,19 @@ def test_a_timeout_gives_none_without_waiting_for_the_late_node(simulated):
     assert {c: e for c, (_, _, e) in again.items()} == {c: c.encode() for c in CLIENTS}
 
 
+def test_a_request_lives_only_as_long_as_its_phase_waits(simulated, monkeypatch):
+    """Each request carries the phase's timeout as its Flower TTL (Flower's default is 12 h):
+    the SuperLink drops it unread once the phase has given up on the node, so a node that
+    comes back later cannot run a stale request and move its state past the server's round.
+    (Flower's expiry itself is Flower's; this checks what FlowerCalls asks of it.)"""
+    pushed, push = [], simulated.grid.push_messages
+    monkeypatch.setattr(simulated.grid, "push_messages",
+                        lambda messages: pushed.extend(messages) or push(messages))
+    assert all(simulated.call({c: b"ttl" for c in CLIENTS}, 30.0).values())
+    simulated.call({"client-1": b"ttl"}, 0.2)
+    assert [m.metadata.ttl for m in pushed] == [30.0] * 3 + [1.0]  # at least 1 s
+
+
 def test_a_client_hello_did_not_find_is_an_error(simulated):
     with pytest.raises(MessageError, match="client-9"):
         simulated.call({"client-9": b""}, 1.0)
