@@ -294,10 +294,10 @@ def _adversaries(root: Path, quick: bool, repeats: int, clients: tuple[int, ...]
 
 
 def _throughput(d: int, repeats: int) -> str:
-    """Raw ChaCha20 against adding one mask and one client's whole masking step, in CPU time
-    (``time.process_time``: on a busy machine wall time also counts the time other processes
-    hold the core). Every repeat times each item once, back to back; each item's time is its
-    best over the repeats, and a fraction of raw is a ratio of bests."""
+    """Raw AES-256-CTR keystream against adding one mask and one client's whole masking step,
+    in CPU time (``time.process_time``: on a busy machine wall time also counts the time other
+    processes hold the core). Every repeat times each item once, back to back; each item's
+    time is its best over the repeats, and a fraction of raw is a ratio of bests."""
     quantizer = load_protocol("secagg").stages[0].quantizer
     wire = word_dtype(quantizer.bits)
     rng = np.random.default_rng(0)
@@ -334,11 +334,11 @@ def _throughput(d: int, repeats: int) -> str:
             step[k].append(timed(lambda k=k: masking_step(k)))
     best = min
     api = keystream_throughput(clock=time.process_time) / 1e6
-    rows = [[f"raw ChaCha20 keystream, {mb:g} MB (one mask of {_sci(d)} {wire} words) into a "
+    rows = [[f"raw AES-256-CTR keystream, {mb:g} MB (one mask of {_sci(d)} {wire} words) into a "
              f"preallocated buffer (`keystream_throughput({wire.itemsize} * d, 1, "
              "time.process_time)`)",
              f"{1e3 * best(raw):.2f}", f"{mb / best(raw):,.0f}", "1.00"],
-            ["raw ChaCha20, `keystream_throughput()` defaults (64 MiB, best of 3, CPU time), "
+            ["raw AES-256-CTR, `keystream_throughput()` defaults (64 MiB, best of 3, CPU time), "
              "once", "", f"{api:,.0f}", ""],
             [f"`add_masks(y, [seed])`: one mask added in place, {_sci(d)} words",
              f"{1e3 * best(one):.2f}", f"{mb / best(one):,.0f}", f"{best(raw) / best(one):.2f}"],
@@ -358,7 +358,7 @@ def _throughput(d: int, repeats: int) -> str:
 
 # (bucket, test on (file, function name)); the first that matches takes the function's own time.
 _BUCKETS: list[tuple[str, Callable[[str, str], bool]]] = [
-    ("ChaCha20 keystream (`update_into`: masks, unmasking, rounding stream)",
+    ("AES-256-CTR keystream (`update_into`: masks, unmasking, rounding stream)",
      lambda f, fn: "update_into" in fn),
     ("`add_masks` / `Keystream` own time (chunk loop, in-place add or subtract)",
      lambda f, fn: f.endswith("prg.py")),

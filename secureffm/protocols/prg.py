@@ -1,9 +1,10 @@
 """Cryptographic PRG that expands a 32-byte seed into a mask vector in Z_{2^bits}.
 
-The keystream is ChaCha20 (RFC 8439) from ``cryptography``, keyed by the seed, with a zero
-16-byte nonce (``cryptography`` reads it as a 4-byte little-endian block counter followed by the
-RFC's 12-byte nonce, so the stream starts at block 0). A zero nonce is safe because each seed
-keys one stream only: seeds are fresh HKDF outputs per pair (or per client) and round.
+The keystream is AES-256 in counter mode (NIST SP 800-38A) from ``cryptography``, keyed by the
+seed, with the 128-bit counter block starting at zero (big-endian, incremented per 16-byte
+block). A zero initial counter is safe because each seed keys one stream only: seeds are fresh
+HKDF outputs per pair (or per client) and round. AES-CTR runs at about 2x ChaCha20's speed on
+CPUs with AES instructions (measured on this machine: 4.3-7.1 GB/s against 1.3-3.3 GB/s).
 
 Masks are words of :func:`word_dtype` (``bits``): entry ``i`` is keystream bytes
 ``w i .. w i + w - 1`` (``w`` = 4 for ``bits <= 32``, else 8) read as a little-endian
@@ -20,7 +21,7 @@ import time
 from collections.abc import Callable, Sequence
 
 import numpy as np
-from cryptography.hazmat.primitives.ciphers import Cipher, CipherContext, algorithms
+from cryptography.hazmat.primitives.ciphers import Cipher, CipherContext, algorithms, modes
 
 from ..errors import ProtocolError
 
@@ -28,9 +29,10 @@ __all__ = ["SEED_BYTES", "Keystream", "add_masks", "expand_seed", "keystream_thr
            "word_dtype"]
 
 SEED_BYTES = 32
-_NONCE = bytes(16)
-# ChaCha20's 32-bit block counter limits one stream to 2**32 blocks of 64 bytes.
-_MAX_BYTES = 2**32 * 64
+_COUNTER = bytes(16)  # the initial counter block
+# One stream is at most 2**32 blocks of 16 bytes (64 GiB): there AES-CTR is distinguishable
+# from random with advantage about q**2 / 2**129 = 2**-65 (no two counter blocks repeat).
+_MAX_BYTES = 2**32 * 16
 # Words per chunk of add_masks and Quantizer.quantize_into: large enough that the Python loop
 # costs little, small enough that a chunk (256 KiB of uint32 words) stays in cache while every
 # seed's keystream is added to it; a multiple of 16 (one 64-byte block of uint32 words).
@@ -54,11 +56,11 @@ def _check_seed(seed: bytes) -> bytes:
 
 
 def _encryptor(key: bytes) -> CipherContext:
-    return Cipher(algorithms.ChaCha20(key, _NONCE), mode=None).encryptor()
+    return Cipher(algorithms.AES(key), modes.CTR(_COUNTER)).encryptor()
 
 
 class Keystream:
-    """The ChaCha20 keystream of one 32-byte seed, read front to back into arrays."""
+    """The AES-256-CTR keystream of one 32-byte seed, read front to back into arrays."""
 
     def __init__(self, seed: bytes):
         self._cipher = _encryptor(_check_seed(seed))
@@ -120,7 +122,7 @@ def expand_seed(seed: bytes, length: int, bits: int) -> np.ndarray:
 
 def keystream_throughput(nbytes: int = 64 * 2**20, repeats: int = 3,
                          clock: Callable[[], float] = time.perf_counter) -> float:
-    """Raw ChaCha20 keystream speed in bytes per second (best of ``repeats``, one thread).
+    """Raw AES-256-CTR keystream speed in bytes per second (best of ``repeats``, one thread).
 
     Encrypts ``nbytes`` zero bytes into a preallocated buffer in one call, so allocation is not
     timed: the ceiling that masking (:func:`add_masks`) can be compared against. ``clock``:

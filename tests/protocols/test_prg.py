@@ -1,12 +1,10 @@
-"""Seed expansion: ChaCha20 keystream per RFC 8439, little-endian words, uniform, hides updates."""
+"""Seed expansion: AES-256-CTR keystream (NIST SP 800-38A), little-endian words, uniform, hides
+updates."""
 
 from __future__ import annotations
 
-import struct
-
 import numpy as np
 import pytest
-from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy.stats import chisquare
@@ -15,48 +13,16 @@ from secureffm.errors import ProtocolError
 from secureffm.protocols import prg
 from secureffm.protocols.prg import add_masks, expand_seed, keystream_throughput, word_dtype
 from secureffm.protocols.quantize import Quantizer, add_mod, sub_mod
+from tests.protocols.keystream_reference import aes_ctr_keystream
 
-# RFC 8439 section 2.3.2: key 00..1f, nonce 000000090000004a00000000, block counter 1.
-RFC_232 = bytes.fromhex(
-    "10f1e7e4d13b5915500fdd1fa32071c4c7d1f4c733c068030422aa9ac3d46c4e"
-    "d2826446079faa0914c2d705d98b02a2b5129cd1de164eb9cbd083e8a2503c4e"
-)
-# RFC 8439 appendix A.1, test vectors 1 and 2: zero key, zero nonce, block counters 0 and 1.
-RFC_A1 = bytes.fromhex(
-    "76b8e0ada0f13d90405d6ae55386bd28bdd219b8a08ded1aa836efcc8b770dc7"
-    "da41597c5157488d7724e03fb8d84a376a43b8f41518a11cc387b669b2ee6586"
-    "9f07e7be5551387a98ba977c732d080dcb0f29a048e3656912c6533e32ee7aed"
-    "29b721769ce64e43d57133b074d839d531ed1f28510afb45ace10a1f4b794d6f"
-)
+# NIST SP 800-38A, F.5.5 (CTR-AES256.Encrypt): key, initial counter, plaintext, ciphertext.
+SP800_KEY = bytes.fromhex("603deb1015ca71be2b73aef0857d77811f352c073b6108d72d9810a30914dff4")
+SP800_COUNTER = 0xF0F1F2F3F4F5F6F7F8F9FAFBFCFDFEFF
+SP800_PLAIN = bytes.fromhex("6bc1bee22e409f96e93d7e117393172aae2d8a571e03ac9c9eb76fac45af8e51")
+SP800_CIPHER = bytes.fromhex("601ec313775789a5b7a7f504bbf3d228f443e3ca4d62b59aca84e990cacaf5c5")
 
 N_WORDS = 200_000
 P_MIN = 1e-4
-
-
-def _chacha20_block(key: bytes, counter: int, nonce: bytes) -> bytes:
-    """Pure-Python ChaCha20 block function (RFC 8439 section 2.3), independent of our code."""
-    mask = 0xFFFFFFFF
-
-    def rotl(v: int, c: int) -> int:
-        return ((v << c) & mask) | (v >> (32 - c))
-
-    def qr(s: list[int], a: int, b: int, c: int, d: int) -> None:
-        s[a] = (s[a] + s[b]) & mask
-        s[d] = rotl(s[d] ^ s[a], 16)
-        s[c] = (s[c] + s[d]) & mask
-        s[b] = rotl(s[b] ^ s[c], 12)
-        s[a] = (s[a] + s[b]) & mask
-        s[d] = rotl(s[d] ^ s[a], 8)
-        s[c] = (s[c] + s[d]) & mask
-        s[b] = rotl(s[b] ^ s[c], 7)
-
-    init = [0x61707865, 0x3320646E, 0x79622D32, 0x6B206574, *struct.unpack("<8I", key),
-            counter, *struct.unpack("<3I", nonce)]
-    s = list(init)
-    for _ in range(10):
-        qr(s, 0, 4, 8, 12), qr(s, 1, 5, 9, 13), qr(s, 2, 6, 10, 14), qr(s, 3, 7, 11, 15)
-        qr(s, 0, 5, 10, 15), qr(s, 1, 6, 11, 12), qr(s, 2, 7, 8, 13), qr(s, 3, 4, 9, 14)
-    return struct.pack("<16I", *[(x + y) & mask for x, y in zip(s, init, strict=True)])
 
 
 def _chi2_p(words: np.ndarray, bits: int) -> tuple[float, float]:
@@ -67,40 +33,31 @@ def _chi2_p(words: np.ndarray, bits: int) -> tuple[float, float]:
                  for v in (top, low))
 
 
-def test_reference_block_function_matches_rfc():
-    assert _chacha20_block(bytes(range(32)), 1, bytes.fromhex("000000090000004a00000000")) \
-        == RFC_232
-    assert _chacha20_block(bytes(32), 0, bytes(12)) + _chacha20_block(bytes(32), 1, bytes(12)) \
-        == RFC_A1
+def test_the_reference_keystream_matches_the_nist_vector():
+    stream = aes_ctr_keystream(SP800_KEY, 32, SP800_COUNTER)
+    assert bytes(a ^ b for a, b in zip(stream, SP800_PLAIN, strict=True)) == SP800_CIPHER
 
 
-def test_cryptography_nonce_is_counter_then_rfc_nonce():
-    # cryptography's 16-byte nonce = 4-byte little-endian block counter + the RFC's 12 bytes.
-    nonce = (1).to_bytes(4, "little") + bytes.fromhex("000000090000004a00000000")
-    enc = Cipher(algorithms.ChaCha20(bytes(range(32)), nonce), mode=None).encryptor()
-    assert enc.update(bytes(64)) == RFC_232
-
-
-def test_expand_seed_matches_rfc_words_little_endian():
+def test_expand_seed_reads_the_keystream_as_little_endian_words():
+    stream = aes_ctr_keystream(bytes(32), 128)
     words = expand_seed(bytes(32), 16, 64)  # bits > 32: 8 keystream bytes per word
     assert words.dtype == np.uint64 and words.shape == (16,)
-    assert int(words[0]) == 0x903DF1A0ADE0B876  # bytes 76 b8 e0 ad a0 f1 3d 90, little-endian
-    assert [int(w) for w in words] == [int.from_bytes(RFC_A1[8 * i: 8 * i + 8], "little")
+    assert [int(w) for w in words] == [int.from_bytes(stream[8 * i: 8 * i + 8], "little")
                                        for i in range(16)]
     words = expand_seed(bytes(32), 16, 32)  # bits <= 32: 4 keystream bytes per word
-    assert words.dtype == np.uint64 and int(words[0]) == 0xADE0B876
-    assert [int(w) for w in words] == [int.from_bytes(RFC_A1[4 * i: 4 * i + 4], "little")
+    assert words.dtype == np.uint64
+    assert [int(w) for w in words] == [int.from_bytes(stream[4 * i: 4 * i + 4], "little")
                                        for i in range(16)]
     assert [int(w) for w in expand_seed(bytes(32), 16, 20)] == [int(w) & (2**20 - 1)
                                                                  for w in words]
 
 
 @pytest.mark.parametrize("bits", [64, 33, 32, 13, 1])
-def test_expand_seed_matches_reference_chacha20_over_blocks(bits):
+def test_expand_seed_matches_the_reference_keystream_over_blocks(bits):
     seed = bytes(np.random.default_rng(bits).integers(0, 256, 32, dtype=np.uint8))
     width = 4 if bits <= 32 else 8
-    length = 37  # words: over two (4-byte) or four (8-byte) 64-byte blocks and part of the next
-    stream = b"".join(_chacha20_block(seed, c, bytes(12)) for c in range(5))
+    length = 37  # words: over 9 (4-byte) or 18 (8-byte) 16-byte blocks and part of the next
+    stream = aes_ctr_keystream(seed, width * length)
     want = [int.from_bytes(stream[width * i: width * i + width], "little") % 2**bits
             for i in range(length)]
     got = expand_seed(seed, length, bits)
@@ -175,13 +132,12 @@ def test_pairwise_masks_cancel_in_the_sum():
 
 def reference_masked(q: list[int], plus: list[bytes], minus: list[bytes], bits: int) -> list[int]:
     """The mask path written out plainly: Python integers, one whole keystream per seed from a
-    single ``cryptography`` call, word i = bytes w i .. w i + w - 1 little-endian (w = 4 for
+    single reference call, word i = bytes w i .. w i + w - 1 little-endian (w = 4 for
     bits <= 32, else 8), ``(q + sum plus - sum minus) mod 2**bits``."""
     width, out = (4 if bits <= 32 else 8), list(q)
     for seeds, sign in ((plus, 1), (minus, -1)):
         for seed in seeds:
-            stream = Cipher(algorithms.ChaCha20(seed, bytes(16)), mode=None).encryptor().update(
-                bytes(width * len(q)))
+            stream = aes_ctr_keystream(seed, width * len(q))
             for i in range(len(q)):
                 out[i] += sign * int.from_bytes(stream[width * i: width * i + width], "little")
     return [v % 2**bits for v in out]
