@@ -33,7 +33,7 @@ from .toy2d import Distribution, normals
 
 __all__ = ["ImageSet", "ImagePair", "MissingDataError", "IMAGE_DATA", "load_cifar10",
            "load_mnist", "load_colored_mnist", "make_shapes", "load_images", "gaussian_images",
-           "image_pair", "read_idx"]
+           "image_pair", "image_shape", "read_idx", "mnist_intensity", "mnist_arrays"]
 
 IMAGE_DATA = ("cifar10", "mnist", "colored-mnist", "shapes")
 SHAPES_TRAIN, SHAPES_TEST = 20_000, 2_000  # images of the synthetic set per split
@@ -240,10 +240,11 @@ def make_shapes(count: int, size: int = 32, seed: int = 0) -> ImageSet:
 
 
 def load_images(name: str, data_dir: str | Path | None = None, split: str = "train",
-                seed: int = 0, image_size: int = 32) -> ImageSet:
+                seed: int = 0, image_size: int = 32, count: int | None = None) -> ImageSet:
     """The ``split`` ("train" or "test") of image data set ``name`` (one of
-    :data:`IMAGE_DATA`). ``seed`` colors Colored MNIST; ``image_size`` sizes ``shapes`` (whose
-    train and test images come from disjoint seeds derived from ``seed``)."""
+    :data:`IMAGE_DATA`). ``seed`` colors Colored MNIST; ``image_size`` and ``count`` (default
+    :data:`SHAPES_TRAIN` / :data:`SHAPES_TEST`) size ``shapes``, whose train and test images
+    come from different seeds derived from ``seed``."""
     if name == "cifar10":
         return load_cifar10(data_dir, split)
     if name == "mnist":
@@ -254,10 +255,20 @@ def load_images(name: str, data_dir: str | Path | None = None, split: str = "tra
     if name == "shapes":
         if split not in ("train", "test"):
             raise MissingDataError(f"split = {split!r} is unknown; use 'train' or 'test'")
-        count = SHAPES_TRAIN if split == "train" else SHAPES_TEST
+        count = count or (SHAPES_TRAIN if split == "train" else SHAPES_TEST)
         return make_shapes(count, image_size, 2 * seed + (split == "test"))
     raise MissingDataError(f"data = {name!r} is not an image data set; use one of "
                            f"{', '.join(IMAGE_DATA)}")
+
+
+def image_shape(name: str, image_size: int = 32) -> tuple[int, int, int]:
+    """(C, H, W) of image data set ``name`` without reading it (``image_size``: shapes')."""
+    shapes = {"cifar10": (3, 32, 32), "mnist": (1, 28, 28), "colored-mnist": (3, 28, 28),
+              "shapes": (3, image_size, image_size)}
+    if name not in shapes:
+        raise MissingDataError(f"data = {name!r} is not an image data set; use one of "
+                               f"{', '.join(IMAGE_DATA)}")
+    return shapes[name]
 
 
 def gaussian_images(shape: tuple[int, ...]) -> Distribution:
@@ -275,9 +286,11 @@ def gaussian_images(shape: tuple[int, ...]) -> Distribution:
 
 
 def image_pair(name: str, data_dir: str | Path | None = None, seed: int = 0,
-               image_size: int = 32) -> ImagePair:
-    """Source N(0, I) and the train and test images of ``name``."""
-    train = load_images(name, data_dir, "train", seed, image_size)
-    test = load_images(name, data_dir, "test", seed, image_size)
+               image_size: int = 32, train_count: int | None = None,
+               test_count: int | None = None) -> ImagePair:
+    """Source N(0, I) and the train and test images of ``name`` (the counts size ``shapes``
+    only; the files' sets are read whole)."""
+    train = load_images(name, data_dir, "train", seed, image_size, train_count)
+    test = load_images(name, data_dir, "test", seed, image_size, test_count)
     classes = 100 if name == "colored-mnist" else 10
     return ImagePair(name, gaussian_images(train.shape), train, test, classes)
