@@ -89,10 +89,10 @@ def image_features(train: torch.Tensor, labels: torch.Tensor, classes: int,
         except (ImportError, RuntimeError, OSError) as err:  # torchvision's import fails here
             first = str(err).strip().splitlines()[0] if str(err).strip() else ""
             why = f"pytorch-fid could not run ({type(err).__name__}: {first})"
-    model = train_attribute_classifier(train.cpu(), labels.cpu()[:, None], (classes,),
-                                       epochs=epochs, seed=seed, progress=progress)
+    model = train_attribute_classifier(train, labels[:, None], (classes,), epochs=epochs,
+                                       seed=seed, progress=progress, device=device)
     return ImageFeatures("classifier", False, f"{NOT_COMPARABLE}; {why}",
-                         lambda x: classifier_features(model, x.cpu()))
+                         lambda x: classifier_features(model, x.to(device)).cpu())
 
 
 def fid(features: ImageFeatures, generated: torch.Tensor, reference: torch.Tensor) -> float:
