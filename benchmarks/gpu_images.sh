@@ -20,13 +20,15 @@ export PYTHONPATH=$PWD:${PYTHONPATH:-}
 cat "$OUT/bench_log.txt"
 
 SECONDS=0
-timeout 170 python3 benchmarks/images.py --rounds 5 --warmup 2 --out "$OUT/bench.md" \
-  2>> "$OUT/bench_log.txt"
-echo "benchmark: exit $? after ${SECONDS}s"
+if [ -z "${SKIP_BENCH:-}" ]; then
+  timeout 170 python3 benchmarks/images.py --rounds 5 --warmup 2 --out "$OUT/bench.md" \
+    2>> "$OUT/bench_log.txt"
+  echo "benchmark: exit $? after ${SECONDS}s"
+fi
 
 for method in vanilla got; do
   SECONDS=0
-  timeout 100 python3 -m secureffm run --method "$method" --data shapes --clients 3 \
+  timeout "${TRAIN_TIMEOUT:-100}" python3 -m secureffm run --method "$method" --data shapes --clients 3 \
     --partition dirichlet --dirichlet-alpha 1.0 --shard-size 4000 --batch-size 128 \
     --rounds "${ROUNDS:-800}" --unet-width 32 --unet-mult 1,2,2,2 --unet-blocks 2 \
     --unet-attention 16 --lr 2e-4 --ema-decay 0.999 --candidates 128 --potential-every 5 \
