@@ -61,6 +61,19 @@ _HELP = {
     "p_uncond": "label masking: probability of the unconditional label",
     "guidance": "per-attribute guidance weight w_i of Eq. 5 when sampling",
     "coverage": "fraction of attribute combinations observed (colored-digits)",
+    "data_dir": "folder of local image files for --data cifar10 | mnist | colored-mnist "
+                "(never downloaded; docs/images.md)",
+    "image_size": "side of the synthetic --data shapes images",
+    "unet_width": "U-Net base width (paper's CIFAR-10: 128)",
+    "unet_mult": "U-Net width multipliers, one per resolution (paper: 1,2,2,2)",
+    "unet_blocks": "U-Net residual blocks per resolution (paper: 2)",
+    "unet_attention": "resolutions with self-attention, in pixels (paper: 16)",
+    "precision": "auto (bf16 autocast for images on CUDA) | fp32 | bf16",
+    "sample_every": "rounds between sample grids samples/round-N.png (0: only samples.png)",
+    "checkpoint_every": "rounds between checkpoint.pt writes (0: only at the end)",
+    "resume": "an image run's checkpoint.pt to continue (weights_only load; same settings)",
+    "fid_weights": "pytorch-fid Inception weights (.pth) at a local path; else a labelled "
+                   "classifier-feature fallback",
 }
 
 

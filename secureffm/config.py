@@ -14,6 +14,7 @@ from typing import Any
 
 import tomli_w
 
+from .data.images import IMAGE_DATA
 from .data.pairs import PAIRS
 from .errors import ConfigError
 
@@ -27,6 +28,8 @@ PARTITIONS = ("disjoint", "iid", "dirichlet")
 ENGINES = ("inprocess", "flower")
 WEIGHTINGS = ("size", "uniform")
 ADAPTIVE_SOLVERS = ("dopri5", "dopri8", "bosh3", "fehlberg2", "adaptive_heun")
+IMAGE_METHODS = ("vanilla", "lot", "got")  # FFM on images (docs/images.md)
+PRECISIONS = ("auto", "fp32", "bf16")
 
 
 @dataclass(frozen=True)
@@ -93,6 +96,18 @@ class RunConfig:
     p_uncond: float = 0.1
     guidance: float = 1.0  # w_i of Eq. (5), every attribute, when sampling
     coverage: float = 0.5  # fraction of combinations observed (colored-digits)
+    # FFM on images (data cifar10, mnist, colored-mnist from local files; shapes, synthetic).
+    data_dir: str = ""  # where cifar10 / mnist files are; nothing is ever downloaded
+    image_size: int = 32  # side of the synthetic shapes images
+    unet_width: int = 32  # U-Net base width (the paper's CIFAR-10 run: 128)
+    unet_mult: tuple[int, ...] = (1, 2, 2)  # width multiplier per resolution (paper: 1,2,2,2)
+    unet_blocks: int = 1  # residual blocks per resolution (paper: 2)
+    unet_attention: tuple[int, ...] = ()  # resolutions with self-attention (paper: 16)
+    precision: str = "auto"  # auto: bf16 autocast for images on CUDA, else float32
+    sample_every: int = 0  # rounds between sample grids (samples/); 0: only at the end
+    checkpoint_every: int = 0  # rounds between checkpoints (checkpoint.pt); 0: only at the end
+    resume: str = ""  # an image run's checkpoint.pt to continue from (weights_only load)
+    fid_weights: str = ""  # pytorch-fid's Inception weights (.pth) at a local path
 
     def __post_init__(self) -> None:
         _validate(self)
@@ -127,8 +142,12 @@ class RunConfig:
 
     def to_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
-        data["nfe"] = list(self.nfe)
-        return data
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in data.items()}
+
+    @property
+    def images(self) -> bool:
+        """True when the run trains on image data (:data:`~secureffm.data.images.IMAGE_DATA`)."""
+        return self.data in IMAGE_DATA
 
 
 def _validate(c: RunConfig) -> None:
@@ -139,7 +158,7 @@ def _validate(c: RunConfig) -> None:
     need(c.method in METHODS + DCFM_METHODS, "method",
          f"choose one of {', '.join(METHODS + DCFM_METHODS)}")
     need(c.partition in PARTITIONS, "partition", f"choose one of {', '.join(PARTITIONS)}")
-    data = DCFM_DATA if c.method in DCFM_METHODS else PAIRS
+    data = DCFM_DATA if c.method in DCFM_METHODS else PAIRS + IMAGE_DATA
     need(c.data in data, "data", f"method {c.method!r} needs one of {', '.join(data)}")
     need(c.adaptive_solver in ADAPTIVE_SOLVERS, "adaptive_solver",
          f"choose one of {', '.join(ADAPTIVE_SOLVERS)} (torchdiffeq's adaptive solvers)")
@@ -160,6 +179,32 @@ def _validate(c: RunConfig) -> None:
     need(c.batch_size <= c.shard_size, "batch_size", "cannot exceed shard_size")
     need(c.threads >= 1, "threads", "must be a positive number of CPU threads")
     _validate_dcfm(c, need)
+    _validate_images(c, need)
+
+
+def _validate_images(c: RunConfig, need) -> None:
+    need(c.precision in PRECISIONS, "precision", f"choose one of {', '.join(PRECISIONS)}")
+    for key in ("sample_every", "checkpoint_every"):
+        need(getattr(c, key) >= 0, key, "must be >= 0 rounds (0: only at the end)")
+    need(c.unet_width >= 8 and c.unet_width % 8 == 0, "unet_width",
+         "must be a positive multiple of 8 (the U-Net's GroupNorm has 8 groups)")
+    need(c.unet_blocks >= 1, "unet_blocks", "must be a positive integer")
+    need(len(c.unet_mult) >= 1 and all(m >= 1 for m in c.unet_mult), "unet_mult",
+         "list positive width multipliers, one per resolution, e.g. 1,2,2,2")
+    if not c.images:
+        for key in ("resume", "data_dir", "fid_weights"):
+            need(not getattr(c, key), key, f"applies to image data ({', '.join(IMAGE_DATA)}) "
+                 f"only, not {c.data!r}")
+        return
+    need(c.method in IMAGE_METHODS, "method", f"data {c.data!r} is images: use one of "
+         f"{', '.join(IMAGE_METHODS)} (the centralized baselines train the 2D MLP only)")
+    need(c.engine == "inprocess", "engine", "image runs use the in-process engine")
+    factor = 2 ** (len(c.unet_mult) - 1)
+    side = {"cifar10": 32, "mnist": 28, "colored-mnist": 28}.get(c.data, c.image_size)
+    need(side % factor == 0, "unet_mult", f"{len(c.unet_mult)} resolutions halve the "
+         f"{side} x {side} images {len(c.unet_mult) - 1} times: {side} is not divisible by "
+         f"{factor}; use fewer levels")
+    need(c.image_size >= 4, "image_size", "must be at least 4 pixels")
 
 
 def _validate_dcfm(c: RunConfig, need) -> None:

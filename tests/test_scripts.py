@@ -116,7 +116,8 @@ def _rows(text: str, first_cell: str) -> list[list[str]]:
 def test_every_script_has_a_smoke_test():
     tested = {"benchmarks/audit.py", "benchmarks/dp.py", "benchmarks/engines.py",
               "benchmarks/fedwad.py",
-              "benchmarks/he.py", "benchmarks/main_job.py", "benchmarks/secagg.py",
+              "benchmarks/he.py", "benchmarks/images.py", "benchmarks/main_job.py",
+              "benchmarks/secagg.py",
               "experiments/dcfm_2d.py", "experiments/dcfm_digits.py",
               "experiments/distributed_noise_gain.py", "experiments/fedwad_clustering.py",
               "experiments/fedwad_coreset.py", "experiments/ffm_2d.py",
@@ -234,6 +235,23 @@ def test_dp_benchmark(run_script, tmp_path):
         assert heading in result.stdout
     assert "**DP step, sum of medians**" in result.stdout
     assert _block(out, "dp") == result.stdout.rstrip("\n")
+
+
+def test_images_benchmark(run_script, tmp_path):
+    """Issue 21's table at its smallest: every configuration measured, the four ratios."""
+    out = tmp_path / "benchmarks.md"
+    result = run_script("benchmarks/images.py", "--quick", "--threads", "1",
+                        "--out", str(out)).check()
+    assert "Device: CPU" in result.stdout
+    for method, protocol in (("vanilla", "plaintext"), ("got", "plaintext"),
+                             ("vanilla", "dp"), ("got", "dp")):
+        [row] = [r for r in _rows(result.stdout, method) if r[1] == protocol]
+        assert row[2] == "11,411" and float(row[3]) > 0, row  # parameters, median round ms
+    for ratio in ("GOT / vanilla, plain", "GOT / vanilla, dp", "dp / plain, vanilla",
+                  "dp / plain, GOT"):
+        [row] = _rows(result.stdout, ratio)
+        assert float(row[1].rstrip("x")) > 0
+    assert _block(out, "images") == result.stdout.rstrip("\n")
 
 
 def test_fedwad_benchmark(run_script, tmp_path):

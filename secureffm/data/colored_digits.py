@@ -87,7 +87,8 @@ class FederatedDigits:
 
 
 def colorize(intensity: torch.Tensor, colors: torch.Tensor) -> torch.Tensor:
-    """Intensity [N, 8, 8] in [0, 1] and color labels [N] -> RGB images [N, 3, 8, 8] in [-1, 1]."""
+    """Intensity [N, H, W] in [0, 1] and color labels [N] -> RGB images [N, 3, H, W] in [-1, 1]
+    (8 x 8 for scikit-learn's digits, 28 x 28 for MNIST)."""
     rgb = torch.tensor([c for _, c in COLORS], dtype=torch.float32)[colors]
     return 2.0 * intensity[:, None] * rgb[:, :, None, None] - 1.0
 
@@ -134,11 +135,13 @@ def _colored(intensity: torch.Tensor, digits: torch.Tensor, index: np.ndarray,
 
 
 def load_colored_digits(split: str = "train", colors_per_image: int = len(COLORS),
-                        seed: int = 0) -> ColoredDigits:
+                        seed: int = 0,
+                        images: tuple[torch.Tensor, torch.Tensor] | None = None) -> ColoredDigits:
     """Every image of ``split`` in ``colors_per_image`` distinct colors, balanced over colors
     (seeded by ``seed``). With the default (all 10) the set is fully colored: each image appears
-    once in every color."""
-    intensity, digits = digit_images(split)
+    once in every color. ``images``: gray images [N, H, W] in [0, 1] and digits [N] to color
+    instead of scikit-learn's 8 x 8 digits (e.g. MNIST's, :func:`.images.mnist_intensity`)."""
+    intensity, digits = digit_images(split) if images is None else images
     index, colors = _color_choices(np.ones(CARDINALITIES, dtype=bool), digits.numpy(),
                                    colors_per_image, np.random.default_rng(seed))
     return _colored(intensity, digits, index, colors)
@@ -183,12 +186,15 @@ def federated_colored_digits(
     seed: int = 0,
     colors_per_image: int = 1,
     min_size: int = 1,
+    images: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> FederatedDigits:
     """The training images split over ``clients`` with total coverage ``coverage``.
 
     ``scheme`` "iid": the pool is shuffled and cut into equal parts. "dirichlet": for each held
     combination, client shares ~ Dirichlet(alpha); redrawn (up to 100 times) until every client
-    holds at least ``min_size`` images. Deterministic given the arguments.
+    holds at least ``min_size`` images. Deterministic given the arguments. ``images``: gray
+    training images [N, H, W] in [0, 1] and digits [N] instead of scikit-learn's 8 x 8 digits
+    (Colored MNIST: ``images=mnist_intensity(data_dir)`` from :mod:`.images`).
     """
     if clients < 1:
         raise DataError(f"clients = {clients}: need at least one client")
@@ -196,7 +202,7 @@ def federated_colored_digits(
         raise DataError(f"partition = {scheme!r} is unknown; use 'iid' or 'dirichlet'")
     rng = np.random.default_rng(seed)
     mask = held_combinations(coverage, rng)
-    intensity, digits = digit_images("train")
+    intensity, digits = digit_images("train") if images is None else images
     index, colors = _color_choices(mask, digits.numpy(), colors_per_image, rng)
     if len(index) < clients * min_size:
         raise DataError(f"{len(index)} training images cannot give {clients} clients at least "

@@ -14,18 +14,22 @@ Skellam noise. Every per-example loss below depends on one data example only.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from dataclasses import dataclass, fields
 
 import numpy as np
 import torch
 
+from ..data.images import ImagePair
 from ..data.pairs import DataPair
 from ..errors import ConfigError, ProtocolError
 from ..federation.channel import Channel, Task
 from ..federation.parties import Client
+from ..models.dp_layers import dp_unsupported_layers
 from ..models.mlp import PotentialMLP, VelocityMLP
 from ..models.params import load_flat_params
+from ..models.unet import UNet
 from ..ot import c_transform
 from ..privacy.accounting import check_delta, epsilon, smallest_multiplier
 from ..privacy.dpsgd import DPGradient, PlainGradient, poisson_rate, poisson_rows
@@ -38,7 +42,8 @@ from .global_model import GlobalModel
 
 __all__ = ["FederatedFlowMatching", "FFMClient", "FFMSettings", "planned_steps",
            "local_noise_multiplier", "client_weights", "velocity_gradient",
-           "LOT_DP_REFUSAL"]
+           "LOT_DP_REFUSAL", "velocity_network", "image_velocity", "potential_network",
+           "autocast_dtype", "check_dp_layers"]
 
 LOT_DP_REFUSAL = (
     "method 'lot' cannot run under DP-SGD: its mini-batch OT plan couples every example with "
@@ -84,10 +89,13 @@ class FFMSettings:
     ``method``: vanilla | lot | got (federated), icfm | otcfm (centralized). ``rounds``: the
     planned rounds (DP calibrates sigma for them). ``batch_size`` B; ``shard_size``: the public
     nominal shard size (q = B / shard_size under DP). ``weighting``: size | uniform. The
-    velocity MLP: ``hidden``, ``lr``, ``ema_decay``. GOT's potential: ``potential_hidden``,
-    ``potential_lr``, updated every ``potential_every`` rounds, ``candidates`` K, and the
-    c-transform's ``ctransform_steps`` and ``ctransform_lr``. No defaults: the run config holds
-    them, and :meth:`of` reads them from it.
+    velocity MLP: ``hidden``, ``lr``, ``ema_decay``; on images the U-Net: ``unet_width``,
+    ``unet_mult``, ``unet_blocks``, ``unet_attention`` (see :class:`~secureffm.models.UNet`).
+    GOT's potential: ``potential_hidden``, ``potential_lr``, updated every ``potential_every``
+    rounds, ``candidates`` K, and the c-transform's ``ctransform_steps`` and ``ctransform_lr``.
+    ``precision``: auto (bf16 autocast of the velocity's forward for images on CUDA, else
+    float32) | fp32 | bf16. No defaults: the run config holds them, and :meth:`of` reads them
+    from it.
     """
 
     method: str
@@ -104,6 +112,11 @@ class FFMSettings:
     candidates: int
     ctransform_steps: int
     ctransform_lr: float
+    unet_width: int
+    unet_mult: tuple[int, ...]
+    unet_blocks: int
+    unet_attention: tuple[int, ...]
+    precision: str
 
     @classmethod
     def of(cls, values) -> FFMSettings:
@@ -114,6 +127,42 @@ class FFMSettings:
     def sent_kinds(self) -> tuple[str, ...]:
         """The kinds of message clients derive from their data: what DP must cover."""
         return ("gradient", "dual_update") if self.method == "got" else ("gradient",)
+
+
+def velocity_network(settings: FFMSettings, pair: DataPair | ImagePair) -> torch.nn.Module:
+    """v_theta: the U-Net for images (:class:`ImagePair`), else the MLP on R^d."""
+    if isinstance(pair, ImagePair):
+        return image_velocity(settings, pair.shape)
+    return VelocityMLP(pair.dim, settings.hidden)
+
+
+def image_velocity(settings: FFMSettings, shape: tuple[int, int, int]) -> UNet:
+    """The U-Net of ``settings`` for images of ``shape`` (C, H, W)."""
+    channels, size, _ = shape
+    return UNet(channels, settings.unet_width, channel_mult=settings.unet_mult,
+                blocks=settings.unet_blocks, attention=settings.unet_attention, image_size=size)
+
+
+def potential_network(settings: FFMSettings, pair: DataPair | ImagePair) -> torch.nn.Module:
+    """GOT's f_phi on the source: an MLP on the flattened source point (images included)."""
+    return PotentialMLP(pair.dim, settings.potential_hidden)
+
+
+def autocast_dtype(settings: FFMSettings, pair: DataPair | ImagePair,
+                   device: torch.device) -> torch.dtype | None:
+    """The autocast dtype of the velocity's forward pass, or None for float32."""
+    if settings.precision == "bf16" or (settings.precision == "auto" and device.type == "cuda"
+                                        and isinstance(pair, ImagePair)):
+        return torch.bfloat16
+    return None
+
+
+def check_dp_layers(model: torch.nn.Module, what: str) -> None:
+    """Refuse, naming the layer, a ``what`` network that DP-SGD cannot clip per example."""
+    problems = dp_unsupported_layers(model)
+    if problems:
+        raise ConfigError(f"the {what} network cannot be trained with DP-SGD: "
+                          + "; ".join(problems))
 
 
 def planned_steps(settings: FFMSettings, rounds: int | None = None) -> dict[str, int]:
@@ -173,8 +222,8 @@ class FFMClient:
         never shifts anyone else's draws) and its gradient estimators."""
         c = self.settings
         with torch.random.fork_rng(devices=[]):
-            velocity = VelocityMLP(self.pair.dim, c.hidden).to(self.device)
-            potential = (PotentialMLP(self.pair.dim, c.potential_hidden).to(self.device)
+            velocity = velocity_network(c, self.pair).to(self.device)
+            potential = (potential_network(c, self.pair).to(self.device)
                          if c.method == "got" else None)
         client.state["velocity"] = velocity
         if potential is not None:
@@ -185,6 +234,7 @@ class FFMClient:
             if potential is not None:
                 client.state["dual_grad"] = PlainGradient(potential)
             return
+        check_dp_layers(velocity, "velocity")
         client.state["rate"] = poisson_rate(c.batch_size, c.shard_size)  # the nominal size
         # Sampling and noise must be unpredictable: OS entropy, never the published seed.
         secret = client.streams.torch("dp", self.device)
@@ -236,7 +286,10 @@ class FFMClient:
         if self.settings.method == "got":
             x0 = self.candidate_pool(client, round_, "gradient")
         x0, x1 = client.state["coupling"].couple(x0, x1, client.generator)
-        return flow_matching_loss(client.state["velocity_grad"].forward_module, x0, x1, t)
+        dtype = autocast_dtype(self.settings, self.pair, self.device)
+        with (torch.autocast(self.device.type, dtype=dtype) if dtype is not None
+              else contextlib.nullcontext()):  # the loss itself is float32 (type promotion)
+            return flow_matching_loss(client.state["velocity_grad"].forward_module, x0, x1, t)
 
     def dual_losses(self, client: Client, round_: int, rows: torch.Tensor) -> torch.Tensor:
         """Ascent on the semi-dual: per example j, loss_j = -(f(x0_j) + f^c(x1_j)) with x0_j the
@@ -282,13 +335,12 @@ class FederatedFlowMatching:
         self.pair = pair
         self.channel = channel
         self.device = device
-        self.velocity = GlobalModel(VelocityMLP(pair.dim, settings.hidden).to(device),
+        self.velocity = GlobalModel(velocity_network(settings, pair).to(device),
                                     settings.lr, settings.ema_decay)
         self.potential = None
         if settings.method == "got":
-            self.potential = GlobalModel(
-                PotentialMLP(pair.dim, settings.potential_hidden).to(device),
-                settings.potential_lr)
+            self.potential = GlobalModel(potential_network(settings, pair).to(device),
+                                         settings.potential_lr)
         self.dp = dp
         if dp is not None:
             self._check_dp()
@@ -316,6 +368,7 @@ class FederatedFlowMatching:
             raise ConfigError("ctransform_steps > 0 refines f^c by gradient steps through the "
                               "potential, which DP-SGD's per-example hooks cannot run; use "
                               "ctransform_steps = 0 under a dp protocol")
+        check_dp_layers(self.velocity.module, "velocity")
         check_delta(self.dp.delta, self.settings.shard_size)
 
     def planned_steps(self, rounds: int | None = None) -> dict[str, int]:
@@ -439,3 +492,22 @@ class FederatedFlowMatching:
         if self.ledger is not None:
             state["ledger"] = self.ledger.state_dict()
         return state
+
+    def load_state_dict(self, state: dict, round_: int) -> None:
+        """Continue after round ``round_`` from :meth:`state_dict`'s ``state`` (a checkpoint of
+        the same settings): the models, their optimizers and EMA, and the ledger's entries (so
+        the privacy spent before counts). The clients load the broadcast parameters in their
+        next task; the potential is broadcast again here."""
+        pairs = [(self.velocity, state["velocity"])]
+        if self.potential is not None:
+            pairs.append((self.potential, state["potential"]))
+        for model, saved in pairs:
+            model.module.load_state_dict(saved["module"])
+            model.optimizer.load_state_dict(saved["optimizer"])
+            if model.ema is not None:
+                model.ema.load_state_dict(saved["ema"])
+        if self.ledger is not None:
+            for entry in state.get("ledger", {}).get("entries", []):
+                self.ledger.record(LedgerEntry(**entry))
+        if self.potential is not None:
+            self.channel.broadcast(round_, "global_potential", {"phi": self.potential.flat()})

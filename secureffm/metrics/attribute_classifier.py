@@ -46,20 +46,23 @@ class AttributeClassifier(nn.Module):
 def train_attribute_classifier(
     x: torch.Tensor, labels: torch.Tensor, cardinalities: tuple[int, ...], epochs: int = 4,
     batch_size: int = 128, lr: float = 2e-3, seed: int = 0, progress: bool = True,
+    device: torch.device | str = "cpu",
 ) -> AttributeClassifier:
-    """Train on images x [N, C, H, W] with labels [N, k] (sum of per-head cross-entropies, Adam).
-    Seeded; leaves torch's global generator untouched. Returns the model in eval mode."""
+    """Train on images x [N, C, H, W] with labels [N, k] (sum of per-head cross-entropies, Adam)
+    on ``device`` (the model stays there). Seeded; leaves torch's global generator untouched.
+    Returns the model in eval mode."""
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        model = AttributeClassifier(cardinalities, tuple(x.shape[1:]))
+        model = AttributeClassifier(cardinalities, tuple(x.shape[1:])).to(device)
     generator = torch.Generator().manual_seed(seed)
     optimizer = torch.optim.Adam(model.parameters(), lr=lr)
     batches = (len(x) + batch_size - 1) // batch_size
     with tqdm(total=epochs * batches, desc="attribute classifier", disable=not progress) as bar:
         for _ in range(epochs):
             for index in torch.randperm(len(x), generator=generator).split(batch_size):
-                loss = sum(nn.functional.cross_entropy(out, labels[index, j])
-                           for j, out in enumerate(model(x[index])))
+                batch, wanted = x[index].to(device), labels[index].to(device)
+                loss = sum(nn.functional.cross_entropy(out, wanted[:, j])
+                           for j, out in enumerate(model(batch)))
                 optimizer.zero_grad()
                 loss.backward()
                 optimizer.step()

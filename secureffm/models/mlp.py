@@ -31,7 +31,10 @@ class VelocityMLP(nn.Module):
 
 
 class PotentialMLP(nn.Module):
-    """Dual potential f_phi(x0): [B, d] -> [B]; 3 layers, ``hidden`` units, ReLU (FFM App. C.1)."""
+    """Dual potential f_phi(x0): [B, d] -> [B]; 3 layers, ``hidden`` units, ReLU (FFM App. C.1).
+    Inputs [B, ...] with d elements per example are flattened (images [B, C, H, W]: f lives on
+    the source, N(0, I) noise without spatial structure, so an MLP on the pixels suffices, and
+    DP-SGD clips it exactly in ``linear`` mode)."""
 
     def __init__(self, dim: int, hidden: int = 128):
         super().__init__()
@@ -42,4 +45,4 @@ class PotentialMLP(nn.Module):
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.net(x).squeeze(-1)
+        return self.net(x.flatten(1)).squeeze(-1)

@@ -1,4 +1,6 @@
-"""A small time-conditioned U-Net for images, trainable under DP-SGD (Opacus)."""
+"""A time-conditioned U-Net for images, trainable under DP-SGD (Opacus): from a small one for
+tests to the FFM paper's CIFAR-10 shape (App. C.2: base width 128, channel multipliers
+(1, 2, 2, 2), 2 residual blocks per resolution, attention with 4 heads at 16 x 16)."""
 
 from __future__ import annotations
 
@@ -7,7 +9,11 @@ import math
 import torch
 from torch import nn
 
-__all__ = ["UNet", "time_embedding"]
+__all__ = ["UNet", "time_embedding", "PAPER_CIFAR"]
+
+PAPER_CIFAR = {"base_width": 128, "channel_mult": (1, 2, 2, 2), "blocks": 2,
+               "attention": (16,), "heads": 4}
+"""The FFM paper's CIFAR-10 U-Net (App. C.2) in this class's arguments."""
 
 
 def time_embedding(t: torch.Tensor, dim: int) -> torch.Tensor:
@@ -35,42 +41,100 @@ class _Block(nn.Module):
         return self.conv2(self.act(self.norm2(h))) + self.skip(x)
 
 
+class _Attention(nn.Module):
+    """Residual multi-head self-attention over the H*W positions: GroupNorm, q/k/v and output
+    projections as nn.Linear on [B, H*W, C] tokens (so Opacus clips them per example; its
+    MultiheadAttention is not on the ghost-clipping path), scaled dot-product attention."""
+
+    def __init__(self, channels: int, heads: int, groups: int):
+        super().__init__()
+        if channels % heads:
+            raise ValueError(f"attention: {channels} channels do not split into {heads} heads")
+        self.heads = heads
+        self.norm = nn.GroupNorm(groups, channels)
+        self.qkv = nn.Linear(channels, 3 * channels)
+        self.proj = nn.Linear(channels, channels)
+
+    def forward(self, x: torch.Tensor, emb: torch.Tensor) -> torch.Tensor:
+        b, c, h, w = x.shape
+        tokens = self.norm(x).flatten(2).transpose(1, 2)                    # [B, HW, C]
+        q, k, v = self.qkv(tokens).reshape(b, h * w, 3, self.heads, c // self.heads
+                                           ).permute(2, 0, 3, 1, 4)         # [B, heads, HW, c]
+        out = nn.functional.scaled_dot_product_attention(q, k, v)
+        out = self.proj(out.transpose(1, 2).reshape(b, h * w, c))
+        return x + out.transpose(1, 2).reshape(b, c, h, w)
+
+
 class UNet(nn.Module):
     """Velocity v_theta(x, t) for images: x [B, C, H, W], t [B] (or a scalar) -> [B, C, H, W].
 
-    H and W must be divisible by 4 (two stride-2 downsamplings: H -> H/2 -> H/4 and back, with
-    skip connections at H and H/2). Widths ``base_width`` and ``2 * base_width``; every block
-    gets the sinusoidal time embedding through its own linear projection. GroupNorm with
-    ``groups`` groups (which must divide ``base_width``), never BatchNorm, so that per-example
-    gradients exist (Opacus' validator passes) and no parameter is used twice per forward.
+    Levels i = 0 .. L-1 (L = len(channel_mult)) at resolutions H / 2^i with widths
+    ``base_width * channel_mult[i]``. The encoder runs ``blocks`` residual blocks per level and
+    a stride-2 convolution between levels; the last level is the bottleneck. The decoder, for
+    each level L-2 .. 0, upsamples (nearest, then a 3x3 conv to the level's width), concatenates
+    the encoder's output at that level and runs ``blocks`` residual blocks. Self-attention
+    (``heads`` heads) follows every block at a resolution listed in ``attention`` (in pixels,
+    e.g. 16 for 16 x 16). H and W must be divisible by 2^(L-1). Every block gets the sinusoidal
+    time embedding through its own linear projection. GroupNorm with ``groups`` groups (which
+    must divide every width), never BatchNorm, so per-example gradients exist (Opacus'
+    validator passes) and no parameter is used twice per forward.
+
+    The default (``channel_mult`` (1, 2, 2), one block, no attention) is the small U-Net the DP
+    benchmarks use; :data:`PAPER_CIFAR` is the FFM paper's CIFAR-10 shape.
     """
 
-    def __init__(self, channels: int, base_width: int = 32, groups: int = 8):
+    def __init__(self, channels: int, base_width: int = 32, groups: int = 8,
+                 channel_mult: tuple[int, ...] = (1, 2, 2), blocks: int = 1,
+                 attention: tuple[int, ...] = (), heads: int = 4, image_size: int = 32):
         super().__init__()
+        if len(channel_mult) < 1 or blocks < 1:
+            raise ValueError("UNet needs at least one level and one block per level")
         w, emb = base_width, 4 * base_width
+        widths = [w * m for m in channel_mult]
         self.base_width = base_width
+        self.factor = 2 ** (len(widths) - 1)
         self.time = nn.Sequential(nn.Linear(w, emb), nn.SiLU(), nn.Linear(emb, emb))
         self.conv_in = nn.Conv2d(channels, w, 3, padding=1)
-        self.down1, self.pool1 = _Block(w, w, emb, groups), nn.Conv2d(w, w, 3, 2, padding=1)
-        self.down2 = _Block(w, 2 * w, emb, groups)
-        self.pool2 = nn.Conv2d(2 * w, 2 * w, 3, 2, padding=1)
-        self.mid = _Block(2 * w, 2 * w, emb, groups)
-        self.up2 = nn.Sequential(nn.Upsample(scale_factor=2.0),
-                                 nn.Conv2d(2 * w, 2 * w, 3, padding=1))
-        self.dec2 = _Block(4 * w, 2 * w, emb, groups)
-        self.up1 = nn.Sequential(nn.Upsample(scale_factor=2.0), nn.Conv2d(2 * w, w, 3, padding=1))
-        self.dec1 = _Block(2 * w, w, emb, groups)
+
+        def stage(cin: int, cout: int, level: int) -> nn.ModuleList:
+            layers = nn.ModuleList()
+            for j in range(blocks):
+                layers.append(_Block(cin if j == 0 else cout, cout, emb, groups))
+                if image_size >> level in attention:
+                    layers.append(_Attention(cout, heads, groups))
+            return layers
+
+        self.encoder, self.down = nn.ModuleList(), nn.ModuleList()
+        previous = w
+        for level, width in enumerate(widths):
+            self.encoder.append(stage(previous, width, level))
+            if level < len(widths) - 1:
+                self.down.append(nn.Conv2d(width, width, 3, 2, padding=1))
+            previous = width
+        self.up, self.decoder = nn.ModuleList(), nn.ModuleList()
+        for level in range(len(widths) - 2, -1, -1):
+            self.up.append(nn.Sequential(nn.Upsample(scale_factor=2.0),
+                                         nn.Conv2d(widths[level + 1], widths[level], 3,
+                                                   padding=1)))
+            self.decoder.append(stage(2 * widths[level], widths[level], level))
         self.out = nn.Sequential(nn.GroupNorm(groups, w), nn.SiLU(),
                                  nn.Conv2d(w, channels, 3, padding=1))
 
     def forward(self, x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
-        if x.shape[-2] % 4 or x.shape[-1] % 4:
-            raise ValueError(f"UNet needs H and W divisible by 4, got {tuple(x.shape[-2:])}")
+        if x.shape[-2] % self.factor or x.shape[-1] % self.factor:
+            raise ValueError(f"UNet needs H and W divisible by {self.factor}, got "
+                             f"{tuple(x.shape[-2:])}")
         t = t.reshape(-1).expand(x.shape[0]).to(x.dtype)
         emb = self.time(time_embedding(t, self.base_width).to(x.dtype))
-        h1 = self.down1(self.conv_in(x), emb)                      # [B, w, H, W]
-        h2 = self.down2(self.pool1(h1), emb)                       # [B, 2w, H/2, W/2]
-        h = self.mid(self.pool2(h2), emb)                          # [B, 2w, H/4, W/4]
-        h = self.dec2(torch.cat([self.up2(h), h2], dim=1), emb)    # [B, 2w, H/2, W/2]
-        h = self.dec1(torch.cat([self.up1(h), h1], dim=1), emb)    # [B, w, H, W]
+        h, skips = self.conv_in(x), []
+        for level, layers in enumerate(self.encoder):
+            for layer in layers:
+                h = layer(h, emb)
+            if level < len(self.down):
+                skips.append(h)                                    # [B, w_l, H/2^l, W/2^l]
+                h = self.down[level](h)
+        for up, layers in zip(self.up, self.decoder, strict=True):
+            h = torch.cat([up(h), skips.pop()], dim=1)             # [B, 2 w_l, H/2^l, W/2^l]
+            for layer in layers:
+                h = layer(h, emb)
         return self.out(h)

@@ -2,31 +2,40 @@
 training through the channel, evaluation, run folder.
 
 The run folder holds config.toml, metrics.json, messages.jsonl, checkpoint.pt,
-trajectories.png and w2_nfe.png.
+trajectories.png and w2_nfe.png. On images (docs/images.md) the same method, channel and
+protocols train a U-Net; the folder holds samples.png and samples/round-N.png (sample grids)
+instead of the 2D plots, checkpoint.pt is also written every ``checkpoint_every`` rounds and
+``resume`` continues from one, and metrics.json reports FID (or its labelled fallback).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import shutil
 import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
 import torch
 from tqdm import tqdm
 
-from ..config import RunConfig, write_config
+from ..config import RunConfig, config_from_dict, write_config
+from ..data.images import ImagePair, image_pair, image_shape
 from ..data.pairs import get_pair, make_shards
-from ..errors import ConfigError
+from ..data.partition import partition
+from ..errors import ConfigError, DataError
 from ..federation.channel import Channel
 from ..federation.faults import load_threat_model
 from ..federation.log import MessageLog
 from ..federation.parties import Registry, new_client, new_clients, secret_randomness
 from ..methods import CENTRALIZED, CentralizedFlowMatching, FederatedFlowMatching
-from ..methods.ffm import FFMClient, FFMSettings
+from ..methods.ffm import FFMClient, FFMSettings, autocast_dtype, image_velocity
 from ..metrics.evaluate import evaluate_flow, potential_health
-from ..metrics.sampling import trajectories
+from ..metrics.fid import fid, image_features
+from ..metrics.sampling import integrate, trajectories
 from ..plots import plot_trajectories, plot_w2_nfe
 from ..protocols.protocol import Protocol, load_protocol
 from ..protocols.statement import privacy_statement
@@ -51,10 +60,37 @@ EVALUATOR = 1_000_000  # party index of the evaluator's generator (outside the f
 FLOOR = EVALUATOR + 1  # the evaluator's second target sample (the i.i.d. floor of W2)
 
 
+SAMPLES_DIR = "samples"  # the periodic sample grids of an image run
+GRID = 64  # images per sample grid (8 x 8)
+# Keys a resumed run may change; every other key must equal the checkpoint's.
+RESUMABLE = frozenset({"rounds", "out", "overwrite", "resume", "progress", "device", "threads",
+                       "sample_every", "checkpoint_every", "eval_samples", "nfe", "pin_to",
+                       "fid_weights", "precision", "keep_payloads", "adaptive_solver",
+                       "adaptive_tol", "trajectories", "data_dir"})
+
+
+def _image_shards(pair: ImagePair, config: RunConfig) -> list[torch.Tensor]:
+    """The training images split over the clients by class (disjoint, iid, dirichlet), seeded
+    by the public seed: one CPU tensor [N_i, C, H, W] per client."""
+    labels = pair.train.labels.numpy()
+    index = partition(labels, config.clients, config.partition, np.random.default_rng(config.seed),
+                      disjoint_order=tuple(range(pair.classes)), alpha=config.dirichlet_alpha)
+    shards = [pair.train.x[torch.as_tensor(i, dtype=torch.long)] for i in index]
+    for client, shard in enumerate(shards, start=1):
+        if len(shard) < config.batch_size:
+            raise DataError(f"client-{client} holds {len(shard)} images under partition "
+                            f"{config.partition!r}, fewer than the batch size "
+                            f"{config.batch_size}; lower batch_size or clients, or raise "
+                            "dirichlet_alpha")
+    return shards
+
+
 def _build(config: RunConfig, device: torch.device, log: MessageLog, connect: Connect | None):
     """The data pair, the shards the server may plot (None when the clients run elsewhere:
     then it holds none), and the trainer."""
-    pair = get_pair(config.data)
+    pair = (image_pair(config.data, config.data_dir, config.seed, config.image_size,
+                       config.clients * config.shard_size, config.eval_samples)
+            if config.images else get_pair(config.data))
     protocol = load_protocol(config.protocol)
     if config.method in CENTRALIZED:
         config.require_no_dp_options(protocol.name)
@@ -70,8 +106,9 @@ def _build(config: RunConfig, device: torch.device, log: MessageLog, connect: Co
         dp = resolve_dp(config, protocol, settings.sent_kinds)
         return pair, None, FederatedFlowMatching(settings, dp, pair, connect(protocol, log),
                                                  device)
-    shards = make_shards(pair, config.clients, config.shard_size, config.partition, config.seed,
-                         alpha=config.dirichlet_alpha, min_size=config.batch_size)
+    shards = (_image_shards(pair, config) if config.images else
+              make_shards(pair, config.clients, config.shard_size, config.partition, config.seed,
+                          alpha=config.dirichlet_alpha, min_size=config.batch_size))
     if config.method in CENTRALIZED:
         pooled = new_client("central", torch.cat(shards).to(device), config.deterministic_seed)
         return pair, shards, CentralizedFlowMatching(settings, pair, pooled, device)
@@ -119,11 +156,15 @@ def run_ffm(config: RunConfig, connect: Connect | None = None) -> RunResult:
 
     metrics.json times the parts in wall seconds: ``setup_seconds`` (data, parties, the DP
     calibration), ``train_seconds``, ``eval_seconds`` (samples, exact W2, the potential's
-    health, trajectories) and ``privacy_seconds`` (the accounting of privacy.json)."""
+    health, trajectories; on images the samples and FID) and ``privacy_seconds`` (the
+    accounting of privacy.json)."""
     begun = time.perf_counter()
     device = resolve_device(config.device)
     out = run_folder(config)
     check_pin_path(out, config.pin_to)
+    resumed = _resume_point(config, device) if config.resume else None  # before any reset
+    if config.images and config.overwrite:
+        shutil.rmtree(out / SAMPLES_DIR, ignore_errors=True)
     prepare_run_folder(out, config.overwrite)
     write_config(config, out / "config.toml")
     torch.manual_seed(config.seed)  # network initialisation only; parties use their generators
@@ -131,6 +172,11 @@ def run_ffm(config: RunConfig, connect: Connect | None = None) -> RunResult:
     trainer = None
     try:
         pair, shards, trainer = _build(config, device, log, connect)
+        first = 1
+        if resumed is not None:
+            trainer.load_state_dict(resumed["state"], resumed["round"])
+            first = resumed["round"] + 1
+        periodic = _Periodic(config, out, pair, trainer, device) if config.images else None
         curves: dict[str, list[list[float]]] = {"loss": [], "dual": []}
         aborted = 0
         every = max(1, config.rounds // 200)
@@ -141,7 +187,7 @@ def run_ffm(config: RunConfig, connect: Connect | None = None) -> RunResult:
                   "this noise multiplier; training stops there and keeps the model",
                   file=sys.stderr, flush=True)
         start = time.perf_counter()
-        bar = tqdm(range(1, budget + 1), desc=f"{config.method} rounds",
+        bar = tqdm(range(first, budget + 1), desc=f"{config.method} rounds",
                    disable=not config.progress, unit="round", dynamic_ncols=True)
         for round_ in bar:
             report = trainer.train_round(round_)
@@ -149,10 +195,14 @@ def run_ffm(config: RunConfig, connect: Connect | None = None) -> RunResult:
             if round_ % every == 0 or round_ == budget:
                 if "loss" in report:
                     curves["loss"].append([round_, report["loss"]])
-                bar.set_postfix({**{k: f"{v:.3f}" for k, v in report.items()},
-                                 "aborted": aborted})
+                postfix = {**{k: f"{v:.3f}" for k, v in report.items()}, "aborted": aborted}
+                if periodic is not None:
+                    postfix["img/s"] = f"{periodic.images_per_second(round_ - first + 1):.0f}"
+                bar.set_postfix(postfix)
             if "dual" in report:
                 curves["dual"].append([round_, report["dual"]])
+            if periodic is not None:
+                periodic(round_)
         train_seconds = time.perf_counter() - start
     finally:
         head = _close_log(log, trainer)
@@ -162,16 +212,21 @@ def run_ffm(config: RunConfig, connect: Connect | None = None) -> RunResult:
     evaluator = party_generator(config.seed, EVALUATOR, device)
     model = trainer.velocity.averaged
     started = time.perf_counter()
-    report, generated = evaluate_flow(
-        model, pair, config.nfe, config.eval_samples, evaluator, device, config.adaptive_solver,
-        config.adaptive_tol, floor_generator=party_generator(config.seed, FLOOR, device),
-        progress=config.progress)
-    if trainer.potential is not None:
-        report.potential = potential_health(trainer.potential.module, pair,
-                                            generated["target"].to(device), config.candidates,
-                                            evaluator)
-    x0 = pair.source.sample(config.trajectories, evaluator, device)[0]
-    paths = trajectories(model, x0).cpu()
+    if config.images:
+        evaluation = periodic.evaluate(evaluator)
+    else:
+        report, generated = evaluate_flow(
+            model, pair, config.nfe, config.eval_samples, evaluator, device,
+            config.adaptive_solver, config.adaptive_tol,
+            floor_generator=party_generator(config.seed, FLOOR, device),
+            progress=config.progress)
+        if trainer.potential is not None:
+            report.potential = potential_health(trainer.potential.module, pair,
+                                                generated["target"].to(device),
+                                                config.candidates, evaluator)
+        x0 = pair.source.sample(config.trajectories, evaluator, device)[0]
+        paths = trajectories(model, x0).cpu()
+        evaluation = report.to_dict()
     eval_seconds = time.perf_counter() - started
 
     started = time.perf_counter()
@@ -188,22 +243,164 @@ def run_ffm(config: RunConfig, connect: Connect | None = None) -> RunResult:
         "seconds_per_round": train_seconds / max(budget, 1),
         "eval_seconds": eval_seconds,
         "privacy_seconds": privacy_seconds,
-        "eval": report.to_dict(),
+        "eval": evaluation,
         "messages": log.summary(),
         "aborted_aggregations": aborted,
         "curves": curves,
     }
+    if config.images:
+        metrics.update(periodic.summary(budget - first + 1, train_seconds))
+        metrics["seconds_per_round"] = train_seconds / max(budget - first + 1, 1)
+        if resumed is not None:
+            metrics["resumed_from"] = {"checkpoint": config.resume, "round": first - 1}
     (out / "metrics.json").write_text(json.dumps(metrics, indent=2))
-    torch.save({"config": config.to_dict(), "state": trainer.state_dict()},
-               out / "checkpoint.pt")
     label = (f"{config.method}, {metrics['protocol']} ({config.data}, "
              f"{metrics['clients']} client(s))")
+    if config.images:
+        periodic.checkpoint(budget)
+        periodic.grid(out / "samples.png", f"samples: {label}, round {budget}")
+        return RunResult(out, metrics, pin)
+    torch.save({"config": config.to_dict(), "state": trainer.state_dict()},
+               out / "checkpoint.pt")
     held = shards if shards is not None else [generated["target"].cpu()]
     plot_trajectories(out / "trajectories.png", held, paths, f"trajectories: {label}",
                       None if shards is not None else "target sample (the server holds no "
                       "client data)")
     plot_w2_nfe(out / "w2_nfe.png", {config.method: report.w2}, f"W2 against NFE: {label}")
     return RunResult(out, metrics, pin)
+
+
+def _resume_point(config: RunConfig, device: torch.device) -> dict:
+    """The checkpoint ``config.resume`` (loaded with weights_only=True) after checking that it
+    belongs to a run of the same settings: every key but :data:`RESUMABLE` must match."""
+    checkpoint = load_checkpoint(Path(config.resume), device)
+    if "round" not in checkpoint:
+        raise ConfigError(f"{config.resume} has no round: resume continues image runs only")
+    saved = config_from_dict(checkpoint["config"])
+    changed = [key for key, value in config.to_dict().items()
+               if key not in RESUMABLE and saved.to_dict()[key] != value]
+    if changed:
+        key = changed[0]
+        raise ConfigError(f"resume: {key} = {getattr(config, key)!r} but the checkpoint's run "
+                          f"used {getattr(saved, key)!r}; a resumed run keeps every setting "
+                          f"except {', '.join(sorted(RESUMABLE))}")
+    if checkpoint["round"] >= config.rounds:
+        raise ConfigError(f"resume: the checkpoint is at round {checkpoint['round']}, not "
+                          f"before rounds = {config.rounds}; raise --rounds to train further")
+    return checkpoint
+
+
+class _Periodic:
+    """What an image run does between and after rounds: sample grids from the EMA model on fixed
+    noise every ``sample_every`` rounds (samples/round-N.png), checkpoints every
+    ``checkpoint_every`` rounds (checkpoint.pt, replaced atomically), the images-per-second
+    rate, and the final evaluation (FID at each NFE, or its labelled fallback)."""
+
+    def __init__(self, config: RunConfig, out: Path, pair: ImagePair, trainer,
+                 device: torch.device):
+        self.config, self.out, self.pair, self.trainer, self.device = (config, out, pair,
+                                                                       trainer, device)
+        self.dtype = autocast_dtype(FFMSettings.of(config), pair, device)
+        generator = party_generator(config.seed, EVALUATOR + 2, device)
+        self.noise = pair.source.sample(GRID, generator, device)[0]
+        self.started = time.perf_counter()
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
+
+    def images_per_second(self, rounds: int) -> float:
+        """Training images the clients processed per wall second so far (all clients)."""
+        seconds = max(time.perf_counter() - self.started, 1e-9)
+        return rounds * self.config.batch_size * self.config.clients / seconds
+
+    def __call__(self, round_: int) -> None:
+        c = self.config
+        if c.sample_every and round_ % c.sample_every == 0 and round_ < c.rounds:
+            self.grid(self.out / SAMPLES_DIR / f"round-{round_:07d}.png",
+                      f"{c.method}, round {round_}")
+        if c.checkpoint_every and round_ % c.checkpoint_every == 0:
+            self.checkpoint(round_)
+
+    def checkpoint(self, round_: int) -> None:
+        """checkpoint.pt: the config, the server state after ``round_`` and the round."""
+        path = self.out / "checkpoint.pt"
+        partial = path.with_suffix(".pt.partial")
+        torch.save({"config": self.config.to_dict(), "state": self.trainer.state_dict(),
+                    "round": round_}, partial)
+        partial.replace(path)
+
+    def _sample(self, x0: torch.Tensor, nfe: int) -> torch.Tensor:
+        """Euler samples [N, C, H, W] of the EMA model from x0, in chunks, clamped to [-1, 1]."""
+        model = self.trainer.velocity.averaged
+        context = (torch.autocast(self.device.type, dtype=self.dtype) if self.dtype
+                   else contextlib.nullcontext())
+        parts = []
+        with context:
+            for chunk in x0.split(500):
+                parts.append(integrate(model, chunk, nfe)[0].float().clamp(-1, 1).cpu())
+        return torch.cat(parts)
+
+    def grid(self, path: Path, title: str) -> None:
+        """An 8 x 8 PNG grid of samples at the largest evaluated NFE (at most 100)."""
+        nfe = min(max(self.config.nfe), 100)
+        write_grid(path, self._sample(self.noise, nfe), f"{title}, NFE {nfe}")
+
+    def evaluate(self, generator: torch.Generator) -> dict:
+        """FID (or the labelled classifier fallback) at each Euler NFE on ``eval_samples``
+        generated images against as many test images; the floor is the same distance between
+        training and test images (what a perfect generator would score)."""
+        c, pair = self.config, self.pair
+        features = image_features(pair.train.x, pair.train.labels, pair.classes, c.fid_weights,
+                                  self.device, c.seed, progress=c.progress)
+        reference = pair.test.x[:c.eval_samples]
+        x0 = pair.source.sample(len(reference), generator, self.device)[0]
+        by_nfe, seconds = {}, {}
+        for nfe in c.nfe:
+            started = time.perf_counter()
+            generated = self._sample(x0, nfe)
+            seconds[str(nfe)] = time.perf_counter() - started
+            by_nfe[str(nfe)] = fid(features, generated, reference)
+        floor = fid(features, pair.train.x[:len(reference)], reference)
+        return {"fid": by_nfe, "fid_floor": floor, "features": features.describe(),
+                "eval_samples": len(reference), "solver": "euler",
+                "inference_seconds": seconds}
+
+    def summary(self, rounds: int, train_seconds: float) -> dict:
+        """Image-run facts for metrics.json: device, precision, parameters, throughput and
+        (CUDA) peak GPU memory."""
+        def count(module: torch.nn.Module) -> int:
+            return sum(p.numel() for p in module.parameters())
+
+        facts = {"device": (torch.cuda.get_device_name(self.device)
+                            if self.device.type == "cuda" else "cpu"),
+                 "precision": "bf16-autocast" if self.dtype else "fp32",
+                 "parameters": {"velocity": count(self.trainer.velocity.module)},
+                 "images_per_second": rounds * self.config.batch_size * self.config.clients
+                 / max(train_seconds, 1e-9)}
+        if self.trainer.potential is not None:
+            facts["parameters"]["potential"] = count(self.trainer.potential.module)
+        if self.device.type == "cuda":
+            facts["peak_gpu_memory_gb"] = torch.cuda.max_memory_allocated(self.device) / 2**30
+        return facts
+
+
+def write_grid(path: Path, images: torch.Tensor, title: str = "") -> None:
+    """Images [N, C, H, W] in [-1, 1] as a PNG grid of ceil(sqrt(N)) columns (1 px gaps);
+    ``title`` goes into the PNG's metadata."""
+    import matplotlib.pyplot as plt
+
+    n, channels, h, w = images.shape
+    cols = int(np.ceil(np.sqrt(n)))
+    rows = -(-n // cols)
+    canvas = np.ones((rows * (h + 1) + 1, cols * (w + 1) + 1, 3), dtype=np.float32)
+    pixels = ((images.float().clamp(-1, 1) + 1) / 2).permute(0, 2, 3, 1).numpy()
+    if channels == 1:
+        pixels = np.repeat(pixels, 3, axis=3)
+    for i in range(n):
+        r, k = divmod(i, cols)
+        canvas[1 + r * (h + 1):1 + r * (h + 1) + h, 1 + k * (w + 1):1 + k * (w + 1) + w] = \
+            pixels[i]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    plt.imsave(path, canvas, metadata={"Title": title} if title else None)
 
 
 def load_velocity(run_dir: str | Path, device: str = "cpu") -> torch.nn.Module:
@@ -213,7 +410,11 @@ def load_velocity(run_dir: str | Path, device: str = "cpu") -> torch.nn.Module:
     run_dir = Path(run_dir)
     checkpoint = load_checkpoint(run_dir / "checkpoint.pt", device)
     config = checkpoint["config"]
-    model = VelocityMLP(get_pair(config["data"]).dim, config["hidden"])
+    if "round" in checkpoint:  # an image run
+        saved = config_from_dict(config)
+        model = image_velocity(FFMSettings.of(saved), image_shape(saved.data, saved.image_size))
+    else:
+        model = VelocityMLP(get_pair(config["data"]).dim, config["hidden"])
     saved = checkpoint["state"]["velocity"]
     if saved["ema"] is not None:
         prefix = "module."
