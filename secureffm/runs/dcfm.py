@@ -303,7 +303,8 @@ def _plot_samples(path: Path, facts: DataFacts,
         right.set_title(title, fontsize=9)
         for ax in (left, right):
             ax.set_aspect("equal")
-            ax.legend(markerscale=5, fontsize=7, loc="upper left")
+            if ax.get_legend_handles_labels()[0]:
+                ax.legend(markerscale=5, fontsize=7, loc="upper left")
     else:
         combos = list(samples)
         cols = min(4, len(next(iter(samples.values()))))
