@@ -674,10 +674,9 @@ class ExpertLedger:
     clip: float
 
     def charge(self, clients: Sequence[str], kind: str, round_: int, steps: int) -> None:
-        for cid in clients:
-            if steps:
-                self.ledger.record(LedgerEntry(cid, kind, round_, self.rate, self.sigma,
-                                               self.clip, steps=steps))
+        for cid in clients if steps else ():
+            self.ledger.record(LedgerEntry(cid, kind, round_, self.rate, self.sigma, self.clip,
+                                           steps=steps))
 
 
 class DCFMServer:
@@ -695,10 +694,9 @@ class DCFMServer:
         ``rounds``, then publish; each is charged the stages it was not asked for before."""
         s = self.settings
         for cid in clients:
-            for stage in range(self.asked[cid] + 1, rounds + 1):
-                if self.ledger is not None:
-                    self.ledger.charge([cid], s.kind, stage,
-                                       s.local_steps if stage == 0 else s.dcfm_steps)
+            for stage in range(self.asked[cid] + 1, rounds + 1) if self.ledger else ():
+                self.ledger.charge([cid], s.kind, stage,
+                                   s.local_steps if stage == 0 else s.dcfm_steps)
             self.asked[cid] = max(self.asked[cid], rounds)
         return Task("dcfm.publish", {"rounds": rounds})
 

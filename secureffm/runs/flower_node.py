@@ -98,10 +98,13 @@ def _shard(config: RunConfig, cid: str, node_config: dict, device: torch.device)
     return shards[_index(config, cid)].to(device)
 
 
-def _client(node_config: dict, run_config: dict, cid: str, data: torch.Tensor) -> Client:
-    """The client holding ``data`` with its own keys from its node's key file."""
+def _client(node_config: dict, run_config: dict, cid: str,
+            shard: Callable[[], torch.Tensor]) -> Client:
+    """The client with its own keys from its node's key file, holding the data ``shard()``
+    gives (asked for once the keys loaded: a node without a key file is refused first)."""
     config = config_of(run_config)
     identity, sealing = load_party_keys(_keys(node_config, run_config), cid)
+    data = shard()
     streams = SecretStreams(cid, config.deterministic_seed)
     return Client(cid, data, streams.torch("training", data.device), identity=identity,
                   sealing=sealing, streams=streams, protocol_rng=streams.numpy("protocol"))
@@ -117,7 +120,8 @@ def _endpoint(node_config: dict, run_config: dict, cid: str) -> ClientEndpoint:
     if config.method in DCFM_METHODS:
         return _dcfm_endpoint(node_config, run_config, cid)
     device = resolve_device(config.device)
-    client = _client(node_config, run_config, cid, _shard(config, cid, node_config, device))
+    client = _client(node_config, run_config, cid,
+                     lambda: _shard(config, cid, node_config, device))
     protocol = load_protocol(config.protocol)
     settings = FFMSettings.of(config)
     dp = resolve_dp(config, protocol, settings.sent_kinds)
@@ -140,9 +144,9 @@ def _dcfm_endpoint(node_config: dict, run_config: dict, cid: str) -> ClientEndpo
                           "public recipe: leave client-data out")
     device = resolve_device(config.device)
     data = conditional_data(config)
-    x, labels = data.shards[_index(config, cid)]
-    client = _client(node_config, run_config, cid, x.to(device))
-    client.state["labels"] = labels.to(device)
+    client = _client(node_config, run_config, cid,
+                     lambda: data.shards[_index(config, cid)][0].to(device))
+    client.state["labels"] = data.shards[_index(config, cid)][1].to(device)
     protocol = load_protocol(config.protocol)
     settings, dp = dcfm_settings(config, data.facts, protocol)
     program = DCFMClient(settings, dp, client_ids(config), device)

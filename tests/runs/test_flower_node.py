@@ -7,8 +7,8 @@ of the bytes).
 The proof that a client's snapshot holds everything that matters: serving every message from
 a client rebuilt from its key file, its shard and its saved bytes (the in-process cache
 ``flower_node._LAST`` cleared before each message) gives the same replies and the same run as
-serving from the live objects, and as the in-process engine (``run_ffm``) on the same seeded
-config. Truths used: the in-process engine, the public data recipe (make_shards), the
+serving from the live objects, and as the in-process engine (``run_ffm``, ``run_dcfm``) on the
+same seeded config. Truths used: the in-process engine, the public data recipe (make_shards), the
 provisioned key files, and the run folders' messages.jsonl.
 """
 
@@ -212,6 +212,19 @@ def test_dcfm_on_rebuilt_nodes_is_the_in_process_run(tmp_path, keys, method, pro
                    if json.loads(row[2]) == "model")
     assert json.loads((tmp_path / "nodes" / "privacy.json").read_text()) == json.loads(
         (tmp_path / "local" / "privacy.json").read_text())
+
+
+def test_a_dcfm_node_holds_its_labelled_shard_of_the_public_recipe(tmp_path, keys):
+    from secureffm.runs.dcfm import conditional_data
+
+    cfg = dcfm_config(tmp_path / "unused", "dcfm-a", "sealed")
+    run_config = flower_node.run_config_of(cfg, keys)
+    shards = conditional_data(cfg).shards
+    for index, cid in enumerate(CLIENTS):
+        _, _, endpoint = served({"partition-id": index}, run_config, broadcast(keys, cid))
+        torch.testing.assert_close(endpoint.client.data, shards[index][0], rtol=0, atol=0)
+        assert torch.equal(endpoint.client.state["labels"], shards[index][1])
+        assert set(endpoint.client.kept) == {"expert"}
 
 
 def test_a_dcfm_node_refuses_client_data_it_cannot_label(tmp_path, keys):
