@@ -7,8 +7,9 @@ its node: the run's public config (the same config.toml the server has), its key
 pinned registry in the folder ``keys`` of its node config (else the run config's
 ``secureffm-keys``; see :mod:`secureffm.federation.keyfiles`), and its shard, drawn
 from the public data recipe by its own client index (``client-i`` holds shard i) or read from
-``client-data`` (a ``.pt`` tensor [N, d] loaded with ``weights_only=True``). The server sends
-requests only: no data, no key, no state.
+``client-data`` (a ``.pt`` tensor [N, d] loaded with ``weights_only=True``; FFM only: a DCFM
+client draws its labelled shard i). The server sends requests only: no data, no key, no
+state.
 """
 
 from __future__ import annotations
