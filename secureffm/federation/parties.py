@@ -204,6 +204,10 @@ class Client(Party):
     ``state``: the method's client-side objects (model replicas), set up by the method.
     ``protocol_rng``: the client's stream for protocol randomness that is not key material
     (stochastic rounding, randomized t), kept apart so a protocol never shifts training.
+    ``kept``: the method's stateful objects whose state must outlive a message as it is (its own
+    trained model, optimizer, EMA: anything with ``state_dict()`` and ``load_state_dict()``);
+    the method makes them, a snapshot carries their state (``state`` holds what the method
+    rebuilds or reloads from broadcasts).
     """
 
     data: torch.Tensor
@@ -212,6 +216,7 @@ class Client(Party):
     gathered: dict[str, tuple[int, dict[str, Payload]]] = field(default_factory=dict)
     state: dict[str, Any] = field(default_factory=dict)
     protocol_rng: np.random.Generator = field(default_factory=np.random.default_rng)
+    kept: dict[str, Any] = field(default_factory=dict)
 
     @property
     def size(self) -> int:

@@ -3,10 +3,12 @@ fresh process keeps them for the client, on the client's own node, never at the 
 
 What a client carries over: its secret-stream key, its training generator and protocol stream,
 its memory of the broadcasts it accepted, of its sealed-message counters and of its CKKS key
-(the secret context's bytes), its inbox, the peers' payloads it gathered, and the plain values
-and generators of its method's state (models are not: a method reloads them from the
-broadcasts, and its objects are rebuilt by the method's program before the values are
-restored). Encoded as one frame: a JSON header and a safetensors blob of the arrays; no pickle.
+(the secret context's bytes), its inbox, the peers' payloads it gathered, the plain values and
+generators of its method's state (objects in ``client.state`` are not: the method's program
+rebuilds them, or reloads them from the broadcasts, before the values are restored), and the
+state dicts of the objects in ``client.kept`` (a client's own trained model, optimizer, EMA),
+loaded in place into the objects the rebuilt program made. Encoded as one frame: a JSON header
+and a safetensors blob of the arrays; no pickle.
 """
 
 from __future__ import annotations
@@ -31,6 +33,40 @@ def _generator_state(generator: torch.Generator) -> np.ndarray:
     return generator.get_state().numpy().copy()
 
 
+def _encode(value, name: str, arrays: dict[str, np.ndarray]):
+    """A state dict (nested dicts, lists and tuples of tensors and plain values) as JSON, its
+    tensors moved to ``arrays`` under ``name``/path. Dict keys keep their type (an optimizer's
+    state is keyed by parameter index), so a dict is a list of [key, value] pairs."""
+    if isinstance(value, torch.Tensor):
+        arrays[name] = value.detach().cpu().numpy().copy()
+        return {"tensor": name}
+    if isinstance(value, dict):
+        if any(not isinstance(k, (str, int)) for k in value):
+            raise ProtocolError(f"{name}: a kept object's state dict has a key that is neither "
+                                "a string nor an integer")
+        return {"dict": [[k, _encode(v, f"{name}/{k}", arrays)] for k, v in value.items()]}
+    if isinstance(value, (list, tuple)):
+        items = [_encode(v, f"{name}/{i}", arrays) for i, v in enumerate(value)]
+        return {"tuple" if isinstance(value, tuple) else "list": items}
+    if isinstance(value, _PLAIN):
+        return {"value": value}
+    raise ProtocolError(f"{name}: a kept object's state dict holds a {type(value).__name__}, "
+                        "which a snapshot does not carry (tensors and plain values only)")
+
+
+def _decode(table: dict, arrays: dict[str, np.ndarray]):
+    """The inverse of :func:`_encode`."""
+    if "tensor" in table:
+        return torch.from_numpy(arrays[table["tensor"]].copy())
+    if "dict" in table:
+        return {key: _decode(item, arrays) for key, item in table["dict"]}
+    if "tuple" in table:
+        return tuple(_decode(item, arrays) for item in table["tuple"])
+    if "list" in table:
+        return [_decode(item, arrays) for item in table["list"]]
+    return table["value"]
+
+
 def client_state(client: Client) -> tuple[dict, dict[str, np.ndarray]]:
     """``client``'s carried state: (JSON header, named arrays)."""
     unknown = sorted(set(client.memory) - set(_MEMORY))
@@ -45,6 +81,8 @@ def client_state(client: Client) -> tuple[dict, dict[str, np.ndarray]]:
             state[key] = {"generator": True}
         elif isinstance(value, _PLAIN):
             state[key] = {"value": value}
+    kept = {key: _encode(value.state_dict(), f"kept/{key}", arrays)
+            for key, value in client.kept.items()}
     for kind, payload in client.inbox.items():
         for name, array in payload.items():
             arrays[f"inbox/{kind}/{name}"] = array
@@ -61,13 +99,14 @@ def client_state(client: Client) -> tuple[dict, dict[str, np.ndarray]]:
               "sealed": client.memory.get("sealed"),
               "ckks_epoch": client.memory["ckks"]["epoch"] if "ckks" in client.memory else None,
               "gathered": {kind: round_ for kind, (round_, _) in client.gathered.items()},
-              "state": state}
+              "state": state, "kept": kept}
     return header, arrays
 
 
 def restore_client(client: Client, header: dict, arrays: dict[str, np.ndarray]) -> None:
     """Put :func:`client_state`'s output back into ``client``, whose method objects are
-    already rebuilt (its generators' states and plain values are set in place)."""
+    already rebuilt (its generators' states, plain values and kept objects' state dicts are
+    set in place)."""
     try:
         object.__setattr__(client.streams, "key", bytes.fromhex(header["streams_key"]))
         client.generator.set_state(torch.from_numpy(arrays["generator"]))
@@ -88,6 +127,11 @@ def restore_client(client: Client, header: dict, arrays: dict[str, np.ndarray]) 
                 client.state[key].set_state(torch.from_numpy(arrays[f"state/{key}"]))
             else:
                 client.state[key] = entry["value"]
+        if set(header["kept"]) != set(client.kept):
+            raise ValueError(f"it keeps {sorted(header['kept'])}, the rebuilt client "
+                             f"{sorted(client.kept)}")
+        for key, table in header["kept"].items():
+            client.kept[key].load_state_dict(_decode(table, arrays))
         for name, array in arrays.items():
             if name.startswith("inbox/"):
                 _, kind, field = name.split("/", 2)

@@ -18,6 +18,10 @@ row, the expert answering the unconditional slot (column 0) and each attribute's
   it (full label), an unobserved one the experts composed with Eq. (5) under a route.
 - Sampling a combination composes per-attribute guidance (Eq. 5).
 
+The server (:class:`DCFMServer`, :class:`DCFMB`) never touches a client: each client's own
+program (:class:`DCFMClient`, built from public settings, its shard and its labels) trains its
+expert when a named task asks it to publish, and keeps the expert between messages.
+
 Every per-example random quantity of a client's loss (x0, t, the label mask of Eq. 8, the
 route of Eq. 12-13) is read from uniforms keyed by the client's secret key, the (round, local
 step, message kind) and the example's index in the shard (``SecretStreams.example_uniforms``):
@@ -25,14 +29,15 @@ example r's draws depend on r alone, never on which or how many other examples a
 
 Under a protocol whose ``dp`` stage protects ``model``, experts train with DP-SGD (Poisson
 sampling at q = batch / nominal shard size, per-example clipping, Gaussian noise; Opacus hooks,
-since each example's loss evaluates the expert several times) and every step is recorded in the
-ledger. One example therefore moves a step's clipped sum by at most C
-(tests/privacy/test_dcfm_per_example_premise.py). The student of DCFM-B is post-processing of
-DP experts. Label counts travel in the clear (docs/dcfm.md).
+since each example's loss evaluates the expert several times) and the server's ledger charges
+every step it asked each client to run (:class:`ExpertLedger`). One example therefore moves a
+step's clipped sum by at most C (tests/privacy/test_dcfm_per_example_premise.py). The student
+of DCFM-B is post-processing of DP experts. Label counts travel in the clear (docs/dcfm.md).
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -43,22 +48,25 @@ from torch import nn
 from tqdm import tqdm
 
 from ..data.toy2d import normals
-from ..errors import ConfigError, DataError
-from ..federation.channel import Channel
+from ..errors import ConfigError, DataError, ProtocolError
+from ..federation.channel import Channel, Task
 from ..federation.message import SERVER, Payload
 from ..federation.parties import Client
-from ..models.conditional import null_labels
+from ..models.conditional import ConditionalVelocityMLP, null_labels
+from ..models.params import flat_params, load_flat_params
+from ..privacy.accounting import calibrate_noise, epsilon
 from ..privacy.dpsgd import DPGradient, PlainGradient, poisson_rate, poisson_rows
 from ..privacy.ledger import LedgerEntry, PrivacyLedger
+from ..privacy.settings import DPSettings
 from .flow_matching import sample_path
 from .global_model import GlobalModel
 
 __all__ = ["Masking", "mask_labels", "attribute_only", "compose", "slot_velocities",
            "combination_index", "all_combinations", "attribute_holders", "random_route",
-           "ExampleDraws", "example_width", "split_uniforms",
-           "expert_losses", "student_losses", "ComposedField", "LocalExpert", "model_payload",
-           "load_payload_model", "gather_models", "upload_models", "train_experts", "DCFMA",
-           "DCFMB", "label_counts"]
+           "ExampleDraws", "example_width", "split_uniforms", "expert_losses", "student_losses",
+           "ComposedField", "DCFMSettings", "initial_model", "expert_noise_multiplier",
+           "model_payload", "load_payload_model", "LocalExpert", "DCFMClient", "ExpertLedger",
+           "DCFMServer", "DCFMB", "label_counts"]
 
 ModelFactory = Callable[[], nn.Module]
 
@@ -352,6 +360,100 @@ def teacher_paths(experts: Sequence[nn.Module], counts: torch.Tensor,
     return torch.cat(points), t, y.repeat(steps, 1), torch.cat(velocities)
 
 
+# -- public settings ------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class DCFMSettings:
+    """What DCFM's clients and the server's ledger need, all public (the run config and the
+    data recipe; the runner builds it).
+
+    ``method``: dcfm-a | dcfm-b | ddm[-l] | fedflow[-l]. The data: example ``shape``, the
+    attributes' ``cardinalities`` and ``nominal_size``, the public nominal shard size (q =
+    ``batch_size`` / nominal_size under DP). The expert: a conditional MLP of width ``hidden``
+    trained with Adam at ``lr`` (EMA ``ema_decay`` except for FedFlow), labels masked as
+    ``masking``, CI weight ``ci_weight``. The schedule: ``local_steps`` of stage I, then
+    ``dcfm_rounds`` rounds of ``dcfm_steps`` (DCFM-A), or ``fedflow_rounds`` of
+    ``fedflow_local_steps`` (FedFlow). ``seed``: the run's published seed, which draws the public
+    initial weights (:func:`initial_model`).
+    """
+
+    method: str
+    shape: tuple[int, ...]
+    cardinalities: tuple[int, ...]
+    nominal_size: float
+    hidden: int
+    lr: float
+    ema_decay: float
+    batch_size: int
+    masking: Masking
+    ci_weight: float
+    local_steps: int
+    dcfm_rounds: int
+    dcfm_steps: int
+    fedflow_rounds: int
+    fedflow_local_steps: int
+    seed: int
+
+    @property
+    def fedflow(self) -> bool:
+        return self.method.startswith("fedflow")
+
+    @property
+    def kind(self) -> str:
+        """The kind clients derive from their data: FedFlow's ``update``, else ``model``."""
+        return "update" if self.fedflow else "model"
+
+    @property
+    def local_ci(self) -> float:
+        """The CI weight of stage I and of FedFlow's local steps (0 for the plain baselines)."""
+        return 0.0 if self.method in ("ddm", "fedflow") else self.ci_weight
+
+    def factory(self) -> nn.Module:
+        """A fresh expert (its weights from the global torch generator)."""
+        return ConditionalVelocityMLP(self.shape, self.cardinalities, self.hidden)
+
+    def planned_steps(self) -> int:
+        """DP-SGD steps per client over the whole run (what sigma is calibrated for)."""
+        if self.fedflow:
+            return self.fedflow_rounds * self.fedflow_local_steps
+        extra = self.dcfm_rounds * self.dcfm_steps if self.method == "dcfm-a" else 0
+        return self.local_steps + extra
+
+
+def initial_model(settings: DCFMSettings, index: int) -> nn.Module:
+    """Model ``index`` of the run's public initialisation: the (index + 1)-th expert drawn
+    after ``torch.manual_seed(settings.seed)``, under a forked generator (no one else's draws
+    move). Public (the seed is in config.toml), so a client's own process makes the same one.
+    Client i of n (federation order, 0-based) starts from model i; FedFlow's global model is
+    model n; DCFM-B's student model 2n (as it has been drawn: after the n experts and the n
+    uploads the server loaded)."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(settings.seed)
+        for _ in range(index):
+            settings.factory()
+        return settings.factory()
+
+
+@functools.lru_cache(maxsize=16)
+def expert_noise_multiplier(settings: DCFMSettings, dp: DPSettings) -> float:
+    """sigma of the experts' DP-SGD: calibrated to the target over the planned steps, or the
+    given one (which must then fit the target). Public (q is the nominal one), so the server's
+    ledger and each client compute the same value; kept per process, since the search costs
+    seconds and a client's process answers many messages."""
+    rate = poisson_rate(settings.batch_size, settings.nominal_size)
+    steps = settings.planned_steps()
+    if dp.noise_multiplier is None:
+        return calibrate_noise(dp.target_epsilon, dp.delta, [(rate, steps)], dp.accountant)
+    if dp.target_epsilon is not None:
+        spent = epsilon([(dp.noise_multiplier, rate, steps)], dp.delta, dp.accountant)
+        if spent > dp.target_epsilon:
+            raise ProtocolError(
+                f"noise_multiplier = {dp.noise_multiplier} over {steps} planned steps spends "
+                f"epsilon {spent:.2f} > target {dp.target_epsilon}; raise the noise multiplier "
+                "or lower the step counts")
+    return dp.noise_multiplier
+
+
 # -- models as messages ---------------------------------------------------------------------
 
 def model_payload(module: nn.Module, counts: np.ndarray | None = None) -> Payload:
@@ -367,13 +469,19 @@ def model_payload(module: nn.Module, counts: np.ndarray | None = None) -> Payloa
 def load_payload_model(payload: Payload, factory: ModelFactory,
                        device: torch.device) -> tuple[nn.Module, np.ndarray | None]:
     """Inverse of :func:`model_payload`: a fresh frozen model (eval mode) and the counts
-    (None when the message has none)."""
-    model = factory().to(device)
+    (None when the message has none). Made under a forked generator: loading a model never
+    moves anyone's draws."""
+    with torch.random.fork_rng(devices=[]):
+        model = factory().to(device)
     state = {name[len("param/"):]: torch.as_tensor(value) for name, value in payload.items()
              if name.startswith("param/")}
     model.load_state_dict(state)
     model.requires_grad_(False)
     return model.eval(), payload.get("counts")
+
+
+def _stack(counts: Sequence[np.ndarray], device: torch.device) -> torch.Tensor:
+    return torch.as_tensor(np.stack(counts), device=device)
 
 
 # -- local training -------------------------------------------------------------------------
@@ -383,24 +491,26 @@ class LocalExpert:
     :func:`expert_losses` over its labelled shard (labels in ``client.state["labels"]``).
 
     ``dp``: resolved DP settings and ``sigma`` the noise multiplier, or None; ``kind`` names
-    the message kind the ledger charges and keys the per-example draws. ``nominal_size``: the
-    public nominal shard size (required under DP): q = :func:`poisson_rate` and the divisor
-    E[b] = q * nominal_size, so neither depends on the client's true size.
+    the message kind the steps are charged to (by the server's ledger) and keys the per-example
+    draws. ``nominal_size``: the public nominal shard size (required under DP): q =
+    :func:`poisson_rate` and the divisor E[b] = q * nominal_size, so neither depends on the
+    client's true size.
     """
 
     def __init__(self, client: Client, model: nn.Module, lr: float, ema_decay: float,
                  batch_size: int, cardinalities: Sequence[int], masking: Masking,
-                 dp=None, sigma: float = 0.0, ledger: PrivacyLedger | None = None,
-                 kind: str = "model", nominal_size: float | None = None):
+                 dp=None, sigma: float = 0.0, kind: str = "model",
+                 nominal_size: float | None = None):
         self.client = client
         self.model = model
         self.trainer = GlobalModel(model, lr, ema_decay)
         self.batch_size = batch_size
         self.cardinalities = tuple(cardinalities)
         self.masking = masking
-        self.dp, self.sigma, self.ledger, self.kind = dp, sigma, ledger, kind
+        self.dp, self.sigma, self.kind = dp, sigma, kind
         self.counts = label_counts(client.state["labels"], cardinalities)
         self.width = example_width(client.data.shape[1:], len(cardinalities))
+        self.secret = None
         if dp is None:
             self.estimator = PlainGradient(model)
             return
@@ -445,10 +555,17 @@ class LocalExpert:
         loss (not privatized)."""
         losses = self.losses(round_, step, self.rows(), ci_weight, peers, own, holders)
         self.trainer.apply(self.estimator(losses, len(losses)))
-        if self.ledger is not None:
-            self.ledger.record(LedgerEntry(self.client.id, self.kind, round_, self.rate,
-                                           self.sigma, self.dp.clip))
         return float(losses.detach().mean()) if len(losses) else 0.0
+
+    def train(self, steps: int, round_: int, ci_weight: float, desc: str, progress: bool,
+              peers: Sequence[nn.Module] | None = None,
+              holders: Sequence[torch.Tensor] | None = None) -> float:
+        """Local steps 0..``steps`` - 1 of ``round_`` (``peers``: DCFM-A's experts, this one's
+        first, and their ``holders``); returns the mean loss over the last 10% of steps."""
+        bar = tqdm(range(steps), desc=f"{desc} {self.client.id}", disable=not progress,
+                   unit="step", dynamic_ncols=True, leave=False)
+        history = [self.step(round_, step, ci_weight, peers, 0, holders) for step in bar]
+        return float(np.mean(history[-max(1, steps // 10):])) if history else 0.0
 
     @property
     def published(self) -> nn.Module:
@@ -456,127 +573,206 @@ class LocalExpert:
         return self.trainer.averaged
 
 
-def train_experts(experts: Sequence[LocalExpert], steps: int, round_: int, ci_weight: float,
-                  desc: str, progress: bool,
-                  peer_args: Callable[[int], tuple] | None = None) -> list[float]:
-    """``steps`` steps of every expert; ``peer_args(i)`` gives (peers, own, holders) for
-    expert i in DCFM-A. Returns each expert's mean loss over the last 10% of steps."""
-    losses = []
-    for i, expert in enumerate(experts):
-        peers, own, holders = peer_args(i) if peer_args else (None, 0, None)
-        history = []
-        bar = tqdm(range(steps), desc=f"{desc} {expert.client.id}", disable=not progress,
-                   unit="step", dynamic_ncols=True, leave=False)
-        for step in bar:
-            history.append(expert.step(round_, step, ci_weight, peers, own, holders))
-        losses.append(float(np.mean(history[-max(1, steps // 10):])) if history else 0.0)
-    return losses
+class DCFMClient:
+    """DCFM's client side, from public settings only, so a client's own process builds the
+    same program. Tasks (:class:`~secureffm.federation.channel.Task`):
+
+    - ``dcfm.publish``, args ``{"rounds": r}``: first the training not done yet up to stage I
+      (r = 0) or DCFM-A round r (Eq. 14 against the peers this client gathered in that round,
+      ``client.peers(round, "model")``), then the expert as a ``model`` payload with its label
+      counts;
+    - ``fedflow.update``, args ``{"round": r}``: ``fedflow_local_steps`` steps from the
+      broadcast theta (``client.inbox["global_model"]``); returns ``{"update": theta_i -
+      theta}``.
+
+    The client's expert (model, Adam, EMA) is in ``client.kept``, its DP stream and what it
+    trained (``trained``: -1 nothing, 0 stage I, r DCFM-A round r) and its losses
+    (``stage_one_loss``, ``dcfm_a_loss``, ``last_loss``: not privatized, never sent) in
+    ``client.state``. ``clients``: the federation's client ids in order (client i starts from
+    :func:`initial_model` i - 1); labels in ``client.state["labels"]``.
+    """
+
+    TASKS = ("dcfm.publish", "fedflow.update")
+
+    def __init__(self, settings: DCFMSettings, dp: DPSettings | None, clients: Sequence[str],
+                 device: torch.device, progress: bool = False):
+        self.settings, self.dp, self.clients = settings, dp, tuple(clients)
+        self.device, self.progress = device, progress
+        self.sigma = expert_noise_multiplier(settings, dp) if dp is not None else 0.0
+
+    def __call__(self, client: Client, task: Task) -> Payload:
+        if task.name not in self.TASKS:
+            raise ProtocolError(f"DCFM clients run {', '.join(self.TASKS)}, not {task.name!r}")
+        if "expert" not in client.state:
+            self.setup(client)
+        if task.name == "fedflow.update":
+            return self._update(client, int(task.args["round"]))
+        self._train_through(client, int(task.args["rounds"]))
+        expert = client.state["expert"]
+        return model_payload(expert.published, expert.counts)
+
+    def setup(self, client: Client) -> None:
+        """The client's expert from its public initial weights, kept in ``client.kept``."""
+        s = self.settings
+        if client.id not in self.clients:
+            raise ConfigError(f"{client.id} is not one of the run's clients {self.clients}")
+        model = initial_model(s, self.clients.index(client.id)).to(self.device)
+        expert = LocalExpert(client, model, s.lr, 0.0 if s.fedflow else s.ema_decay,
+                             s.batch_size, s.cardinalities, s.masking, self.dp, self.sigma,
+                             s.kind, s.nominal_size)
+        client.state["expert"] = expert
+        client.state["trained"] = -1
+        client.kept["expert"] = expert.trainer
+        if expert.secret is not None:
+            client.state["dp_rng"] = expert.secret
+
+    def _train_through(self, client: Client, rounds: int) -> None:
+        """Stage I, then DCFM-A rounds 1..``rounds``, each unless done already."""
+        s, expert = self.settings, client.state["expert"]
+        if client.state["trained"] < 0:
+            client.state["stage_one_loss"] = expert.train(s.local_steps, 0, s.local_ci,
+                                                          "stage I", self.progress)
+            client.state["trained"] = 0
+        for round_ in range(client.state["trained"] + 1, rounds + 1):
+            peers, holders = self._peers(client, round_)
+            client.state["dcfm_a_loss"] = expert.train(
+                s.dcfm_steps, round_, s.ci_weight, f"DCFM-A round {round_}", self.progress,
+                peers, holders)
+            client.state["trained"] = round_
+
+    def _peers(self, client: Client, round_: int) -> tuple[list[nn.Module], list[torch.Tensor]]:
+        """The experts of DCFM-A round ``round_`` (this client's first, then the peers' copies
+        it gathered, in federation order) and their attribute holders."""
+        expert, held = client.state["expert"], client.peers(round_, "model")
+        loaded = [load_payload_model(held[cid], self.settings.factory, self.device)
+                  for cid in self.clients if cid in held]
+        counts = [expert.counts] + [c for _, c in loaded]
+        holders = attribute_holders(_stack(counts, self.device), self.settings.cardinalities)
+        return [expert.model] + [m for m, _ in loaded], holders
+
+    def _update(self, client: Client, round_: int) -> Payload:
+        s, expert = self.settings, client.state["expert"]
+        theta = client.inbox["global_model"]["theta"]
+        load_flat_params(expert.model, theta)
+        losses = [expert.step(round_, step, s.local_ci) for step in range(s.fedflow_local_steps)]
+        client.state["last_loss"] = float(np.mean(losses))
+        return {"update": flat_params(expert.model) - theta}
 
 
-# -- exchanges through the channel ---------------------------------------------------------
+# -- the server -----------------------------------------------------------------------------
 
-def gather_models(channel: Channel, round_: int, experts: dict[str, LocalExpert],
-                  factory: ModelFactory,
-                  device: torch.device) -> dict[str, dict[str, tuple[nn.Module, np.ndarray]]]:
-    """All-gather every expert as a ``model`` message; recipient -> author -> (model, counts)
-    as each recipient kept them."""
-    channel.all_gather(
-        round_, "model", lambda c: model_payload(experts[c.id].published, experts[c.id].counts))
-    return {client.id: {author: load_payload_model(p, factory, device)
-                        for author, p in client.peers(round_, "model").items()}
-            for client in channel.clients}
+@dataclass
+class ExpertLedger:
+    """The server's DP ledger of the clients' local training, charged from the public schedule:
+    each client asked to train is charged every step it was asked for, at rate ``rate`` (q),
+    noise multiplier ``sigma`` and clip ``clip``. A client that dropped is charged too, which
+    only overstates; a client is never charged less than it ran."""
 
+    ledger: PrivacyLedger
+    rate: float
+    sigma: float
+    clip: float
 
-def upload_models(channel: Channel, round_: int, experts: dict[str, LocalExpert],
-                  factory: ModelFactory,
-                  device: torch.device) -> dict[str, tuple[nn.Module, np.ndarray]]:
-    """Each client sends its expert to the server once (``model``); author -> (model, counts)
-    for every one that arrived."""
-    received = {}
-    for cid, expert in experts.items():
-        payload = channel.send(round_, "upload", "model", cid, SERVER,
-                               model_payload(expert.published, expert.counts))
-        if payload is not None:
-            received[cid] = load_payload_model(payload, factory, device)
-    if not received:
-        raise DataError("no expert reached the server (every upload was dropped or rejected); "
-                        "check the threat model's faults")
-    return received
+    def charge(self, clients: Sequence[str], kind: str, round_: int, steps: int) -> None:
+        for cid in clients if steps else ():
+            self.ledger.record(LedgerEntry(cid, kind, round_, self.rate, self.sigma, self.clip,
+                                           steps=steps))
 
 
-def _stack(counts: Sequence[np.ndarray], device: torch.device) -> torch.Tensor:
-    return torch.as_tensor(np.stack(counts), device=device)
+class DCFMServer:
+    """DCFM's server for stage I, DCFM-A and the uploads of DCFM-B and DDM: it asks the
+    channel's clients to run :class:`DCFMClient`'s ``dcfm.publish`` and charges ``ledger``
+    (None without DP) for the training each request asks for; it never touches a client."""
 
+    def __init__(self, channel: Channel, settings: DCFMSettings, device: torch.device,
+                 ledger: ExpertLedger | None = None):
+        self.channel, self.settings, self.device, self.ledger = channel, settings, device, ledger
+        self.asked = {c.id: -1 for c in channel.clients}  # the training asked of each so far
 
-class DCFMA:
-    """DCFM-A after stage I: ``rounds`` rounds of all-gather then ``steps`` local steps of
-    Eq. (14) per client; finally each client uploads its expert to the server for sampling.
-    Returns the server's experts and their label counts [n, prod |Y_j|]."""
+    def publish(self, clients: Sequence[str], rounds: int) -> Task:
+        """The task asking ``clients`` to train through stage I (0) or DCFM-A round
+        ``rounds``, then publish; each is charged the stages it was not asked for before."""
+        s = self.settings
+        for cid in clients:
+            for stage in range(self.asked[cid] + 1, rounds + 1) if self.ledger else ():
+                self.ledger.charge([cid], s.kind, stage,
+                                   s.local_steps if stage == 0 else s.dcfm_steps)
+            self.asked[cid] = max(self.asked[cid], rounds)
+        return Task("dcfm.publish", {"rounds": rounds})
 
-    def __init__(self, channel: Channel, experts: dict[str, LocalExpert], factory: ModelFactory,
-                 device: torch.device, ci_weight: float, progress: bool = True):
-        self.channel, self.experts, self.factory = channel, experts, factory
-        self.device = device
-        self.ci_weight, self.progress = ci_weight, progress
+    def gather(self, round_: int) -> dict[str, list[str]]:
+        """DCFM-A round ``round_``'s all-gather: each client publishes its expert after the
+        previous round (stage I for round 1) to every other client."""
+        ids = [c.id for c in self.channel.clients]
+        return self.channel.all_gather(round_, "model", self.publish(ids, round_ - 1))
 
-    def run(self, rounds: int, steps: int) -> tuple[list[nn.Module], torch.Tensor, list[float]]:
-        losses: list[float] = []
+    def upload(self, round_: int, rounds: int) -> dict[str, tuple[nn.Module, np.ndarray]]:
+        """Each client trains through ``rounds`` and sends its expert to the server once
+        (``model``, phase upload, round ``round_``); author -> (model, counts) of every one
+        that arrived."""
+        received = {}
+        for client in self.channel.clients:
+            payload = self.channel.send(round_, "upload", "model", client.id, SERVER,
+                                        self.publish([client.id], rounds))
+            if payload is not None:
+                received[client.id] = load_payload_model(payload, self.settings.factory,
+                                                         self.device)
+        if not received:
+            raise DataError("no expert reached the server (every upload was dropped or "
+                            "rejected); check the threat model's faults")
+        return received
+
+    def run_a(self) -> tuple[list[nn.Module], torch.Tensor]:
+        """DCFM-A: ``dcfm_rounds`` all-gathers, each client training one round against the
+        copies it gathered before the next, then the final upload. Returns the server's
+        experts and their label counts [n, prod |Y_j|]."""
+        rounds = self.settings.dcfm_rounds
         for round_ in range(1, rounds + 1):
-            gathered = gather_models(self.channel, round_, self.experts, self.factory,
-                                     self.device)
-            order = list(self.experts)
-
-            def peer_args(i: int, order=order, gathered=gathered):
-                cid = order[i]
-                peers = [self.experts[cid].model] + [m for m, _ in gathered[cid].values()]
-                counts = [self.experts[cid].counts] + [c for _, c in gathered[cid].values()]
-                holders = attribute_holders(_stack(counts, self.device),
-                                            self.experts[cid].cardinalities)
-                return peers, 0, holders
-
-            losses = train_experts(list(self.experts.values()), steps, round_, self.ci_weight,
-                                   f"DCFM-A round {round_}", self.progress, peer_args)
-        final = upload_models(self.channel, rounds + 1, self.experts, self.factory, self.device)
-        models = [m for m, _ in final.values()]
-        return models, _stack([c for _, c in final.values()], self.device), losses
+            self.gather(round_)
+        final = self.upload(rounds + 1, rounds)
+        return [m for m, _ in final.values()], _stack([c for _, c in final.values()],
+                                                      self.device)
 
 
 class DCFMB:
     """DCFM-B's server: distill one student from uploaded experts (Eq. 17) with Adam, then
     send it to every client as a ``model`` message."""
 
-    def __init__(self, factory: ModelFactory, cardinalities: Sequence[int],
-                 shape: tuple[int, ...], masking: Masking, lr: float, ema_decay: float,
-                 device: torch.device, generator: torch.Generator):
-        self.factory, self.cardinalities, self.shape = factory, tuple(cardinalities), shape
-        self.masking, self.device, self.generator = masking, device, generator
-        self.student = GlobalModel(factory().to(device), lr, ema_decay)
+    def __init__(self, settings: DCFMSettings, clients: int, device: torch.device,
+                 generator: torch.Generator):
+        """``clients``: n, which places the student in the public initialisation
+        (:func:`initial_model` 2n)."""
+        self.settings, self.device, self.generator = settings, device, generator
+        self.student = GlobalModel(initial_model(settings, 2 * clients).to(device), settings.lr,
+                                   settings.ema_decay)
 
     def distill(self, teachers: Sequence[nn.Module], counts: torch.Tensor, steps: int,
-                batch: int, teacher_steps: int, ci_weight: float, progress: bool,
-                bank_paths: int = 1024, refresh: int = 50) -> float:
+                batch: int, teacher_steps: int, progress: bool, bank_paths: int = 1024,
+                refresh: int = 50) -> float:
         """``steps`` student steps of ``batch`` points drawn from a bank of ``bank_paths``
         teacher paths (every grid point), redrawn every ``refresh`` steps; returns the mean
         loss over the last 10% of steps."""
+        s = self.settings
         estimator = PlainGradient(self.student.module)
         history = []
         for step in tqdm(range(steps), desc="DCFM-B distillation", disable=not progress,
                          unit="step", dynamic_ncols=True, leave=False):
             if step % refresh == 0:
-                bank = teacher_paths(teachers, counts, self.cardinalities, self.shape,
-                                     bank_paths, teacher_steps, self.generator, self.device)
+                bank = teacher_paths(teachers, counts, s.cardinalities, s.shape, bank_paths,
+                                     teacher_steps, self.generator, self.device)
             pick = torch.randint(len(bank[0]), (batch,), generator=self.generator,
                                  device=self.device)
             x_t, t, y, target = (part[pick] for part in bank)
             mask = torch.rand(batch, 2, generator=self.generator, device=self.device)
-            losses = student_losses(self.student.module, x_t, t, y, target, self.cardinalities,
-                                    self.masking, mask, ci_weight)
+            losses = student_losses(self.student.module, x_t, t, y, target, s.cardinalities,
+                                    s.masking, mask, s.ci_weight)
             self.student.apply(estimator(losses, len(losses)))
             history.append(float(losses.detach().mean()))
         return float(np.mean(history[-max(1, steps // 10):])) if history else 0.0
 
     def send_student(self, channel: Channel, round_: int) -> int:
-        """The student to every client (``model``, phase broadcast); returns deliveries."""
+        """The student to every client (``model``, phase broadcast; each keeps it in
+        ``client.inbox["model"]``); returns deliveries."""
         payload = model_payload(self.student.averaged)
         delivered = 0
         for client in channel.clients:

@@ -1,11 +1,13 @@
 """DCFM's baselines: FedFlow (FedAvg of one conditional flow) and DDM (independent experts with
 a router built from marginal label statistics), each optionally with the local CI penalty (+L).
 
-- FedFlow (Tun et al. 2023): each round the server broadcasts theta (``global_model``); every
-  client runs ``local_steps`` steps of :func:`~secureffm.methods.dcfm.expert_losses` from theta
-  and returns theta_i - theta as an ``update``, which the channel aggregates through the
-  protocol (weighted mean); the server adds it to theta. Local step s of round r draws each
-  example's x0, t and mask keyed by (r, s, ``update``) and its shard index, as every
+- FedFlow (Tun et al. 2023): each round the server publishes theta (``global_model``, carried
+  by the aggregation's first exchange); every client runs ``fedflow_local_steps`` steps of
+  :func:`~secureffm.methods.dcfm.expert_losses` from theta (task ``fedflow.update`` of
+  :class:`~secureffm.methods.dcfm.DCFMClient`) and returns theta_i - theta as an ``update``,
+  which the channel aggregates through the protocol (weighted mean); the server adds it to
+  theta. Local step s of round r draws each example's x0, t and mask keyed by (r, s,
+  ``update``) and its shard index, as every
   :class:`~secureffm.methods.dcfm.LocalExpert` step does.
 - DDM (McAllister et al. 2025, without its data clustering step, which would break locality):
   stage-I experts uploaded once as ``model`` messages; a combination y is sampled from the
@@ -23,42 +25,36 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
-from ..federation.channel import Channel
+from ..federation.channel import Channel, Task
 from ..models.params import flat_params, load_flat_params
-from .dcfm import LocalExpert
+from .dcfm import ExpertLedger
 
 __all__ = ["FedFlow", "router_weights", "RouterField"]
 
 
 class FedFlow:
-    """The server's theta and the FedAvg loop over ``experts`` (the clients' local trainers,
-    each starting every round from the broadcast theta)."""
+    """The server's theta (``model``) and the FedAvg loop over the channel's clients, each
+    starting every round from the broadcast theta; ``ledger`` (None without DP) is charged
+    ``local_steps`` ``update`` steps per asked client and round."""
 
-    def __init__(self, channel: Channel, model: nn.Module,
-                 experts: dict[str, LocalExpert], weights: dict[str, float]):
-        self.channel, self.model, self.experts, self.weights = channel, model, experts, weights
+    def __init__(self, channel: Channel, model: nn.Module, weights: dict[str, float],
+                 local_steps: int, ledger: ExpertLedger | None = None):
+        self.channel, self.model, self.weights = channel, model, weights
+        self.local_steps, self.ledger = local_steps, ledger
         self.template = {"update": ((sum(p.numel() for p in model.parameters()),),
                                     np.dtype(np.float32))}
 
-    def _client_update(self, client, round_: int, local_steps: int, ci_weight: float) -> dict:
-        expert = self.experts[client.id]
-        theta = client.inbox["global_model"]["theta"]
-        load_flat_params(expert.model, theta)
-        losses = [expert.step(round_, step, ci_weight) for step in range(local_steps)]
-        client.state["last_loss"] = float(np.mean(losses))
-        return {"update": flat_params(expert.model) - theta}
-
-    def run(self, rounds: int, local_steps: int, ci_weight: float, progress: bool) -> int:
+    def run(self, rounds: int, progress: bool) -> int:
         """``rounds`` FedAvg rounds; returns how many aborted (theta then stays put)."""
         aborted = 0
         bar = tqdm(range(1, rounds + 1), desc="FedFlow rounds", disable=not progress,
                    unit="round", dynamic_ncols=True)
         for round_ in bar:
-            self.channel.broadcast(round_, "global_model", {"theta": flat_params(self.model)})
             result = self.channel.aggregate(
-                round_, "update",
-                lambda c, r=round_: self._client_update(c, r, local_steps, ci_weight),
-                self.weights, self.template)
+                round_, "update", Task("fedflow.update", {"round": round_}), self.weights,
+                self.template, broadcast={"global_model": {"theta": flat_params(self.model)}})
+            if self.ledger is not None:
+                self.ledger.charge(result.asked, "update", round_, self.local_steps)
             if result.payload is None:
                 aborted += 1
                 continue

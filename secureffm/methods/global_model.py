@@ -48,3 +48,12 @@ class GlobalModel:
             "optimizer": self.optimizer.state_dict(),
             "ema": self.ema.state_dict() if self.ema is not None else None,
         }
+
+    def load_state_dict(self, state: dict) -> None:
+        """The inverse of :meth:`state_dict`, in place (the EMA only when one is kept)."""
+        self.module.load_state_dict(state["module"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        if (self.ema is None) != (state["ema"] is None):
+            raise ValueError("the saved state and this model disagree on keeping an EMA")
+        if self.ema is not None:
+            self.ema.load_state_dict(state["ema"])

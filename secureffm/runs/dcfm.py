@@ -4,6 +4,9 @@ conditional data: parties, training through the channel, sampling, the run folde
 The run folder holds config.toml, metrics.json (per-combination in-mode fractions on modes2d,
 communication per client from the log), messages.jsonl, samples.png, checkpoint.pt and, under
 DP, privacy.json. :func:`load_dcfm` turns a run folder back into a sampler of any combination.
+
+The clients run :class:`~secureffm.methods.dcfm.DCFMClient` (in this process, or each in its own
+on Flower: ``connect``); the server holds only what they send and the data's public facts.
 """
 
 from __future__ import annotations
@@ -24,34 +27,37 @@ import torch  # noqa: E402
 from torch import nn  # noqa: E402
 
 from ..config import RunConfig, write_config  # noqa: E402
-from ..errors import ProtocolError  # noqa: E402
+from ..errors import ConfigError  # noqa: E402
 from ..federation.channel import Channel  # noqa: E402
 from ..federation.faults import load_threat_model  # noqa: E402
 from ..federation.log import MessageLog  # noqa: E402
 from ..federation.parties import Client, new_clients, secret_randomness  # noqa: E402
 from ..methods.dcfm import (  # noqa: E402
-    DCFMA,
     DCFMB,
     ComposedField,
-    LocalExpert,
+    DCFMClient,
+    DCFMServer,
+    DCFMSettings,
+    ExpertLedger,
     Masking,
     all_combinations,
     attribute_holders,
+    expert_noise_multiplier,
+    initial_model,
     random_route,
-    train_experts,
-    upload_models,
 )
 from ..methods.dcfm_baselines import FedFlow, RouterField  # noqa: E402
 from ..methods.ffm import client_weights  # noqa: E402
 from ..metrics.sampling import integrate  # noqa: E402
 from ..models.conditional import ConditionalVelocityMLP  # noqa: E402
-from ..privacy.accounting import calibrate_noise, check_delta, epsilon  # noqa: E402
+from ..privacy.accounting import check_delta  # noqa: E402
 from ..privacy.dpsgd import poisson_rate  # noqa: E402
 from ..privacy.ledger import PrivacyLedger  # noqa: E402
 from ..privacy.settings import DPSettings  # noqa: E402
-from ..protocols.protocol import load_protocol  # noqa: E402
+from ..protocols.protocol import Protocol, load_protocol  # noqa: E402
 from ..protocols.statement import privacy_statement  # noqa: E402
 from ..runtime import party_generator, resolve_device  # noqa: E402
+from .ffm import Connect  # noqa: E402
 from .scaffold import (  # noqa: E402
     RunResult,
     check_pin_path,
@@ -63,10 +69,23 @@ from .scaffold import (  # noqa: E402
     run_folder,
 )
 
-__all__ = ["ConditionalData", "conditional_data", "nominal_shard_size", "local_experts",
-           "run_dcfm", "DCFMSampler", "load_dcfm", "communication"]
+__all__ = ["ConditionalData", "DataFacts", "conditional_data", "public_facts",
+           "nominal_shard_size", "dcfm_settings", "run_dcfm", "DCFMSampler", "load_dcfm",
+           "communication"]
 
 EVALUATOR = 1_000_000  # party index of the evaluator's generator (outside the federation)
+
+
+@dataclass(frozen=True)
+class DataFacts:
+    """What the server knows of a conditional data set without holding it: the attributes'
+    ``cardinalities``, the example ``shape``, the combinations no client holds (``novel``
+    [m, k]) and the public nominal shard size (:func:`nominal_shard_size`)."""
+
+    cardinalities: tuple[int, ...]
+    shape: tuple[int, ...]
+    novel: torch.Tensor
+    nominal_size: float
 
 
 @dataclass(frozen=True)
@@ -82,17 +101,27 @@ class ConditionalData:
     def shape(self) -> tuple[int, ...]:
         return tuple(self.shards[0][0].shape[1:])
 
+    @property
+    def facts(self) -> DataFacts:
+        return DataFacts(self.cardinalities, self.shape, self.novel, nominal_shard_size(self))
+
+
+def _per_mode(config: RunConfig) -> int:
+    """modes2d: points per observed mode (clients x shard_size over the three modes)."""
+    from ..data.modes2d import OBSERVED
+
+    return max(1, config.clients * config.shard_size // len(OBSERVED))
+
 
 def conditional_data(config: RunConfig) -> ConditionalData:
     """``modes2d``: clients x shard_size points over the three observed modes; partition
     ``disjoint`` is the paper's non-IID split. ``colored-digits``: the bundled digits at total
     coverage ``coverage``, partition ``iid`` or ``dirichlet``."""
     if config.data == "modes2d":
-        from ..data.modes2d import CARDINALITIES, MISSING, OBSERVED, modes2d_shards
+        from ..data.modes2d import CARDINALITIES, MISSING, modes2d_shards
 
-        per_mode = max(1, config.clients * config.shard_size // len(OBSERVED))
-        shards = modes2d_shards(per_mode, config.clients, config.partition, config.seed,
-                                config.dirichlet_alpha)
+        shards = modes2d_shards(_per_mode(config), config.clients, config.partition,
+                                config.seed, config.dirichlet_alpha)
         return ConditionalData(shards, CARDINALITIES, torch.tensor([MISSING]))
     from ..data.colored_digits import federated_colored_digits
 
@@ -103,15 +132,17 @@ def conditional_data(config: RunConfig) -> ConditionalData:
                            split.novel)
 
 
-def _factory(config: RunConfig, data: ConditionalData):
-    return lambda: ConditionalVelocityMLP(data.shape, data.cardinalities, config.hidden)
+def public_facts(config: RunConfig) -> DataFacts:
+    """The facts of ``config``'s data set from its public recipe alone, for a server that holds
+    no data (on Flower): modes2d only, whose modes and dealing are public constants."""
+    if config.data != "modes2d":
+        raise ConfigError(f"data = {config.data!r}: a server that holds no data (--engine "
+                          "flower) knows the novel combinations and the nominal shard size of "
+                          "data = 'modes2d' only; use modes2d or --engine inprocess")
+    from ..data.modes2d import CARDINALITIES, MISSING, OBSERVED
 
-
-def _planned_steps(config: RunConfig) -> int:
-    if config.method.startswith("fedflow"):
-        return config.fedflow_rounds * config.fedflow_local_steps
-    extra = config.dcfm_rounds * config.dcfm_steps if config.method == "dcfm-a" else 0
-    return config.local_steps + extra
+    return DataFacts(CARDINALITIES, (2,), torch.tensor([MISSING]),
+                     len(OBSERVED) * _per_mode(config) / config.clients)
 
 
 def nominal_shard_size(data: ConditionalData) -> float:
@@ -121,36 +152,20 @@ def nominal_shard_size(data: ConditionalData) -> float:
     return sum(len(x) for x, _ in data.shards) / len(data.shards)
 
 
-def local_experts(config: RunConfig, data: ConditionalData, clients: list[Client],
-                  dp: DPSettings | None, ledger: PrivacyLedger | None, kind: str,
-                  device: torch.device) -> tuple[dict[str, LocalExpert], dict[str, float]]:
-    """Each client's :class:`LocalExpert` (client id -> expert) and noise multiplier; under DP
-    q = batch_size / :func:`nominal_shard_size` for every client, so sigma is one value."""
-    nominal = nominal_shard_size(data)
-    sigma = _noise(config, dp, poisson_rate(config.batch_size, nominal)) if dp else 0.0
-    masking = Masking(config.p_full, config.p_marginal, config.p_uncond)
-    ema = 0.0 if config.method.startswith("fedflow") else config.ema_decay
-    experts = {c.id: LocalExpert(c, _factory(config, data)().to(device), config.lr, ema,
-                                 config.batch_size, data.cardinalities, masking, dp, sigma,
-                                 ledger, kind, nominal)
-               for c in clients}
-    return experts, {c.id: sigma for c in clients}
-
-
-def _noise(config: RunConfig, dp, rate: float) -> float:
-    """sigma calibrated to the target over the planned steps, or the given one (which must
-    then fit the target)."""
-    steps = _planned_steps(config)
-    if dp.noise_multiplier is None:
-        return calibrate_noise(dp.target_epsilon, dp.delta, [(rate, steps)], dp.accountant)
-    if dp.target_epsilon is not None:
-        spent = epsilon([(dp.noise_multiplier, rate, steps)], dp.delta, dp.accountant)
-        if spent > dp.target_epsilon:
-            raise ProtocolError(
-                f"noise_multiplier = {dp.noise_multiplier} over {steps} planned steps spends "
-                f"epsilon {spent:.2f} > target {dp.target_epsilon}; raise the noise multiplier "
-                "or lower the step counts")
-    return dp.noise_multiplier
+def dcfm_settings(config: RunConfig, facts: DataFacts,
+                  protocol: Protocol) -> tuple[DCFMSettings, DPSettings | None]:
+    """The run's public DCFM settings and its DP settings (None without DP), as the server and
+    every client's own process derive them."""
+    c = config
+    settings = DCFMSettings(
+        c.method, facts.shape, facts.cardinalities, facts.nominal_size, c.hidden, c.lr,
+        c.ema_decay, c.batch_size, Masking(c.p_full, c.p_marginal, c.p_uncond), c.ci_weight,
+        c.local_steps, c.dcfm_rounds, c.dcfm_steps, c.fedflow_rounds, c.fedflow_local_steps,
+        c.seed)
+    dp = resolve_dp(config, protocol, (settings.kind,))
+    if dp is not None:
+        check_delta(dp.delta, facts.nominal_size)
+    return settings, dp
 
 
 class DCFMSampler:
@@ -205,55 +220,58 @@ def communication(log_path: Path, parties: list[str]) -> dict[str, dict[str, int
     return {p: dict(v) for p, v in out.items()}
 
 
-def _train(config: RunConfig, data: ConditionalData, channel: Channel,
-           experts: dict[str, LocalExpert], device: torch.device) -> tuple[DCFMSampler, dict]:
+def _client_losses(channel: Channel, keys: tuple[str, ...]) -> dict:
+    """Each client's training losses ``keys`` (a list per key, federation order) as it kept
+    them in its state: only where this process holds the clients (the in-process engine; the
+    losses are not privatized and never sent). On Flower they stay on the clients, and the
+    report says so."""
+    if not all(isinstance(c, Client) for c in channel.clients):
+        return {"client_losses": f"absent: {', '.join(keys)} stay in each client's own state "
+                                 "(the clients run elsewhere and never send them)"}
+    return {key: [c.state.get(key) for c in channel.clients] for key in keys}
+
+
+def _train(config: RunConfig, settings: DCFMSettings, channel: Channel,
+           ledger: ExpertLedger | None, device: torch.device) -> tuple[DCFMSampler, dict]:
     """The method's training; returns its sampler and training diagnostics."""
-    c, factory = config, _factory(config, data)
-    ci_local = 0.0 if config.method in ("ddm", "fedflow") else c.ci_weight
-    sampler_args = (data.cardinalities, data.shape, c.guidance)
-    if c.method.startswith("fedflow"):
-        model = factory().to(device)
-        private = next(iter(experts.values())).dp is not None
-        fed = FedFlow(channel, model, experts,
-                      client_weights(channel.clients, c.weighting, private=private))
-        aborted = fed.run(c.fedflow_rounds, c.fedflow_local_steps, ci_local, c.progress)
-        return (DCFMSampler("monolithic", [model.eval()], _counts(experts, device),
-                            *sampler_args), {"aborted_rounds": aborted})
-    stage_one = train_experts(list(experts.values()), c.local_steps, 0, ci_local, "stage I",
-                              c.progress)
-    report = {"stage_one_loss": stage_one}
+    c = config
+    sampler_args = (settings.cardinalities, settings.shape, c.guidance)
+    if settings.fedflow:
+        model = initial_model(settings, len(channel.clients)).to(device)
+        weights = client_weights(channel.clients, c.weighting, private=ledger is not None)
+        aborted = FedFlow(channel, model, weights, c.fedflow_local_steps,
+                          ledger).run(c.fedflow_rounds, c.progress)
+        none = torch.zeros(0, math.prod(settings.cardinalities), dtype=torch.long)
+        return (DCFMSampler("monolithic", [model.eval()], none.to(device), *sampler_args),
+                {"aborted_rounds": aborted})
+    server = DCFMServer(channel, settings, device, ledger)
     if c.method == "dcfm-a":
-        models, counts, losses = DCFMA(channel, experts, factory, device, c.ci_weight,
-                                       c.progress).run(c.dcfm_rounds, c.dcfm_steps)
-        return DCFMSampler("composed", models, counts, *sampler_args), {**report,
-                                                                        "dcfm_a_loss": losses}
-    received = upload_models(channel, 1, experts, factory, device)
+        models, counts = server.run_a()
+        return (DCFMSampler("composed", models, counts, *sampler_args),
+                _client_losses(channel, ("stage_one_loss", "dcfm_a_loss")))
+    received = server.upload(1, 0)
     models = [m for m, _ in received.values()]
     counts = torch.as_tensor(np.stack([n for _, n in received.values()]), device=device)
+    report = _client_losses(channel, ("stage_one_loss",))
     if c.method == "dcfm-b":
-        server = DCFMB(factory, data.cardinalities, data.shape,
-                       Masking(c.p_full, c.p_marginal, c.p_uncond), c.lr, c.ema_decay, device,
-                       party_generator(c.seed, 0, device))
-        report["student_loss"] = server.distill(models, counts, c.distill_steps, c.batch_size,
-                                                c.teacher_steps, c.ci_weight, c.progress)
-        server.send_student(channel, 2)
-        return (DCFMSampler("monolithic", [server.student.averaged.eval()], counts,
+        student = DCFMB(settings, len(channel.clients), device,
+                        party_generator(c.seed, 0, device))
+        report["student_loss"] = student.distill(models, counts, c.distill_steps, c.batch_size,
+                                                 c.teacher_steps, c.progress)
+        student.send_student(channel, 2)
+        return (DCFMSampler("monolithic", [student.student.averaged.eval()], counts,
                             *sampler_args), report)
     return DCFMSampler("router", models, counts, *sampler_args), report
 
 
-def _counts(experts: dict[str, LocalExpert], device: torch.device) -> torch.Tensor:
-    return torch.as_tensor(np.stack([e.counts for e in experts.values()]), device=device)
-
-
-def _evaluate(config: RunConfig, data: ConditionalData, sampler: DCFMSampler,
+def _evaluate(config: RunConfig, facts: DataFacts, sampler: DCFMSampler,
               device: torch.device) -> tuple[dict, dict]:
     """Samples of every combination (``eval_samples`` each on modes2d, 8 on images) and, on
     modes2d, the fraction of each combination's samples within 3 std of its mode."""
     generator = party_generator(config.seed, EVALUATOR, device)
     n = config.eval_samples if config.data == "modes2d" else 8
     samples = {tuple(y.tolist()): sampler.sample(y, n, generator, max(config.nfe)).cpu()
-               for y in all_combinations(data.cardinalities)}
+               for y in all_combinations(facts.cardinalities)}
     report: dict = {"nfe": max(config.nfe), "samples_per_combination": n}
     if config.data == "modes2d":
         from ..data.modes2d import MISSING, OBSERVED, in_mode_fraction
@@ -266,22 +284,27 @@ def _evaluate(config: RunConfig, data: ConditionalData, sampler: DCFMSampler,
     return report, samples
 
 
-def _plot_samples(path: Path, data: ConditionalData, samples: dict, title: str) -> None:
-    """2D: the clients' data and the generated samples per combination; images: a grid with
-    one row per combination (novel ones titled in red)."""
-    novel = {tuple(y.tolist()) for y in data.novel}
-    if len(data.shape) == 1:
+def _plot_samples(path: Path, facts: DataFacts,
+                  shards: list[tuple[torch.Tensor, torch.Tensor]] | None, samples: dict,
+                  title: str) -> None:
+    """2D: the clients' data (``shards``; None when the clients run elsewhere: the server holds
+    none) and the generated samples per combination; images: a grid with one row per
+    combination (novel ones titled in red)."""
+    novel = {tuple(y.tolist()) for y in facts.novel}
+    if len(facts.shape) == 1:
         fig, (left, right) = plt.subplots(1, 2, figsize=(10, 5), sharex=True, sharey=True)
-        for i, (x, _) in enumerate(data.shards):
+        for i, (x, _) in enumerate(shards or []):
             left.scatter(x[:2000, 0], x[:2000, 1], s=2, alpha=0.5, label=f"client-{i + 1}")
         for combo, x in samples.items():
             right.scatter(x[:, 0], x[:, 1], s=2, alpha=0.5,
                           label=f"y={combo}" + (" (novel)" if combo in novel else ""))
-        left.set_title("data held by each client")
+        left.set_title("data held by each client" if shards is not None
+                       else "the server holds no client data")
         right.set_title(title, fontsize=9)
         for ax in (left, right):
             ax.set_aspect("equal")
-            ax.legend(markerscale=5, fontsize=7, loc="upper left")
+            if ax.get_legend_handles_labels()[0]:
+                ax.legend(markerscale=5, fontsize=7, loc="upper left")
     else:
         combos = list(samples)
         cols = min(4, len(next(iter(samples.values()))))
@@ -300,62 +323,74 @@ def _plot_samples(path: Path, data: ConditionalData, samples: dict, title: str) 
     plt.close(fig)
 
 
-def run_dcfm(config: RunConfig):
-    """Train and evaluate a DCFM-family ``config``; write the run folder."""
+def run_dcfm(config: RunConfig, connect: Connect | None = None) -> RunResult:
+    """Train and evaluate a DCFM-family ``config``; write the run folder. ``connect``: the
+    channel to clients that run elsewhere (the Flower engine's, see :mod:`.flower_server`; the
+    server then knows only the data's public facts, :func:`public_facts`); by default every
+    party is built in this process."""
     device = resolve_device(config.device)
     out = run_folder(config)
     check_pin_path(out, config.pin_to)
     prepare_run_folder(out, config.overwrite)
     write_config(config, out / "config.toml")
-    torch.manual_seed(config.seed)  # network initialisation only; parties use their generators
-    data = conditional_data(config)
+    data = conditional_data(config) if connect is None else None
+    facts = public_facts(config) if data is None else data.facts
     protocol = load_protocol(config.protocol)
-    kind = "update" if config.method.startswith("fedflow") else "model"
-    dp = resolve_dp(config, protocol, (kind,))
-    if dp is not None:
-        check_delta(dp.delta, nominal_shard_size(data))
+    settings, dp = dcfm_settings(config, facts, protocol)
     log = MessageLog(out / "messages.jsonl", keep_payloads=config.keep_payloads)
-    clients = new_clients([x.to(device) for x, _ in data.shards], config.deterministic_seed)
-    for client, (_, labels) in zip(clients, data.shards, strict=True):
-        client.state["labels"] = labels.to(device)
-    faults = load_threat_model(config.threat_model) if config.threat_model else None
-    channel = open_channel(protocol, clients, log, faults, config.deterministic_seed)
-    ledger = PrivacyLedger(dp.delta) if dp else None
-    experts, sigmas = local_experts(config, data, clients, dp, ledger, kind, device)
+    if connect is None:
+        clients = new_clients([x.to(device) for x, _ in data.shards], config.deterministic_seed)
+        for client, (_, labels) in zip(clients, data.shards, strict=True):
+            client.state["labels"] = labels.to(device)
+        faults = load_threat_model(config.threat_model) if config.threat_model else None
+        program = DCFMClient(settings, dp, [c.id for c in clients], device, config.progress)
+        channel = open_channel(protocol, clients, log, faults, config.deterministic_seed,
+                               program)
+    else:
+        channel = connect(protocol, log)
+    ledger, sigmas = None, {}
+    if dp is not None:
+        sigma = expert_noise_multiplier(settings, dp)
+        ledger = ExpertLedger(PrivacyLedger(dp.delta),
+                              poisson_rate(settings.batch_size, settings.nominal_size), sigma,
+                              dp.clip)
+        sigmas = {c.id: sigma for c in channel.clients}
     start = time.perf_counter()
     try:
-        sampler, training = _train(config, data, channel, experts, device)
+        sampler, training = _train(config, settings, channel, ledger, device)
     finally:
         head = channel.close()
     pin = record_pin(out, head, config.pin_to)
     train_seconds = time.perf_counter() - start
-    report, samples = _evaluate(config, data, sampler, device)
+    report, samples = _evaluate(config, facts, sampler, device)
     metrics = {
         "method": config.method, "protocol": protocol.name, "data": config.data,
         "partition": config.partition, "clients": config.clients,
         "train_seconds": train_seconds, "training": training, "eval": report,
-        "novel_combinations": data.novel.tolist(),
-        "communication": communication(out / "messages.jsonl", [c.id for c in clients]),
+        "novel_combinations": facts.novel.tolist(),
+        "communication": communication(out / "messages.jsonl",
+                                       [c.id for c in channel.clients]),
         "messages": log.summary(),
     }
     accounting = None
     if ledger is not None:
-        accounting = ledger.report(dp.target_epsilon, dp.accountant)
+        accounting = ledger.ledger.report(dp.target_epsilon, dp.accountant)
         accounting.update(noise_multiplier=sigmas, clip=dp.clip)
-    exclusions = () if kind == "update" else (
+    exclusions = () if settings.fedflow else (
         "label counts per combination travel in model messages without DP (docs/dcfm.md)",)
-    privacy = privacy_statement(protocol, (kind,), accounting=accounting, exclusions=exclusions,
-                                nominal_records=None if dp is None else
-                                round(nominal_shard_size(data)),
+    privacy = privacy_statement(protocol, (settings.kind,), accounting=accounting,
+                                exclusions=exclusions, nominal_records=None if dp is None else
+                                round(facts.nominal_size),
                                 secret_randomness=secret_randomness(config.insecure_deterministic))
     (out / "privacy.json").write_text(json.dumps(privacy, indent=2))
     (out / "metrics.json").write_text(json.dumps(metrics, indent=2))
     torch.save({"config": config.to_dict(), "kind": sampler.kind,
                 "models": [m.state_dict() for m in sampler.models],
-                "counts": sampler.counts.cpu(), "cardinalities": data.cardinalities,
-                "shape": data.shape}, out / "checkpoint.pt")
+                "counts": sampler.counts.cpu(), "cardinalities": facts.cardinalities,
+                "shape": facts.shape}, out / "checkpoint.pt")
     label = f"{config.method}, {protocol.name}, {config.partition} ({config.data})"
-    _plot_samples(out / "samples.png", data, samples, f"samples: {label}")
+    _plot_samples(out / "samples.png", facts, None if data is None else data.shards, samples,
+                  f"samples: {label}")
     return RunResult(out, metrics, pin)
 
 

@@ -7,8 +7,9 @@ its node: the run's public config (the same config.toml the server has), its key
 pinned registry in the folder ``keys`` of its node config (else the run config's
 ``secureffm-keys``; see :mod:`secureffm.federation.keyfiles`), and its shard, drawn
 from the public data recipe by its own client index (``client-i`` holds shard i) or read from
-``client-data`` (a ``.pt`` tensor [N, d] loaded with ``weights_only=True``). The server sends
-requests only: no data, no key, no state.
+``client-data`` (a ``.pt`` tensor [N, d] loaded with ``weights_only=True``; FFM only: a DCFM
+client draws its labelled shard i). The server sends requests only: no data, no key, no
+state.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from ..config import RunConfig, config_from_dict
+from ..config import DCFM_METHODS, RunConfig, config_from_dict
 from ..data.pairs import get_pair, make_shards
 from ..errors import ConfigError
 from ..federation.codec import decode_request, encode_reply
@@ -38,7 +39,7 @@ from ..runtime import resolve_device
 from .scaffold import resolve_dp
 
 __all__ = ["serve", "answer", "Build", "CONFIG_KEY", "KEYS_KEY", "JOURNALS_KEY", "run_config_of",
-           "config_of"]
+           "config_of", "client_ids"]
 
 CONFIG_KEY, KEYS_KEY, JOURNALS_KEY = "secureffm-config", "secureffm-keys", "secureffm-journals"
 # (client id, sha256 of the state it left) -> the endpoint that left it: a node handling two
@@ -64,6 +65,18 @@ def config_of(run_config: dict) -> RunConfig:
         raise ConfigError(f"the Flower run config lacks a secureffm config: {err}") from None
 
 
+def client_ids(config: RunConfig) -> list[str]:
+    """The run's client ids in federation order (``client-1`` holds shard 1)."""
+    return [f"client-{i}" for i in range(1, config.clients + 1)]
+
+
+def _index(config: RunConfig, cid: str) -> int:
+    """The 0-based shard index of ``client-i``."""
+    if cid not in client_ids(config):
+        raise ConfigError(f"{cid} is not one of the run's {config.clients} clients")
+    return client_ids(config).index(cid)
+
+
 def _shard(config: RunConfig, cid: str, node_config: dict, device: torch.device) -> torch.Tensor:
     """The client's own data: ``client-data`` from its node config, else shard i of the public
     recipe for ``client-i``."""
@@ -80,31 +93,67 @@ def _shard(config: RunConfig, cid: str, node_config: dict, device: torch.device)
         if not isinstance(data, torch.Tensor) or data.ndim != 2:
             raise ConfigError(f"client-data {path} must hold one tensor [N, d]")
         return data.to(device)
-    index = int(cid.rsplit("-", 1)[-1]) - 1
-    if not 0 <= index < config.clients:
-        raise ConfigError(f"{cid} is not one of the run's {config.clients} clients")
     shards = make_shards(get_pair(config.data), config.clients, config.shard_size,
                          config.partition, config.seed, alpha=config.dirichlet_alpha,
                          min_size=config.batch_size)
-    return shards[index].to(device)
+    return shards[_index(config, cid)].to(device)
+
+
+def _client(node_config: dict, run_config: dict, cid: str,
+            shard: Callable[[], torch.Tensor]) -> Client:
+    """The client with its own keys from its node's key file, holding the data ``shard()``
+    gives (asked for once the keys loaded: a node without a key file is refused first)."""
+    config = config_of(run_config)
+    identity, sealing = load_party_keys(_keys(node_config, run_config), cid)
+    data = shard()
+    streams = SecretStreams(cid, config.deterministic_seed)
+    return Client(cid, data, streams.torch("training", data.device), identity=identity,
+                  sealing=sealing, streams=streams, protocol_rng=streams.numpy("protocol"))
+
+
+def _keys(node_config: dict, run_config: dict) -> str:
+    return node_config.get("keys") or run_config[KEYS_KEY]
 
 
 def _endpoint(node_config: dict, run_config: dict, cid: str) -> ClientEndpoint:
     """The client rebuilt from its node: keys, registry, shard, protocol, program."""
     config = config_of(run_config)
-    keys = node_config.get("keys") or run_config[KEYS_KEY]
+    if config.method in DCFM_METHODS:
+        return _dcfm_endpoint(node_config, run_config, cid)
     device = resolve_device(config.device)
-    identity, sealing = load_party_keys(keys, cid)
-    streams = SecretStreams(cid, config.deterministic_seed)
-    client = Client(cid, _shard(config, cid, node_config, device),
-                    streams.torch("training", device), identity=identity, sealing=sealing,
-                    streams=streams, protocol_rng=streams.numpy("protocol"))
+    client = _client(node_config, run_config, cid,
+                     lambda: _shard(config, cid, node_config, device))
     protocol = load_protocol(config.protocol)
     settings = FFMSettings.of(config)
     dp = resolve_dp(config, protocol, settings.sent_kinds)
     program = FFMClient(settings, dp, get_pair(config.data), device)
     program.setup(client)
-    return ClientEndpoint(client, load_registry(keys), protocol, program)
+    return ClientEndpoint(client, load_registry(_keys(node_config, run_config)), protocol,
+                          program)
+
+
+def _dcfm_endpoint(node_config: dict, run_config: dict, cid: str) -> ClientEndpoint:
+    """A DCFM client rebuilt from its node: its shard and labels are shard i of the public
+    recipe for ``client-i``, its program :class:`~secureffm.methods.dcfm.DCFMClient`."""
+    from ..methods.dcfm import DCFMClient
+    from .dcfm import conditional_data, dcfm_settings  # the DCFM runner, only where needed
+
+    config = config_of(run_config)
+    if node_config.get("client-data"):
+        raise ConfigError("client-data gives a DCFM client no labels (a .pt file holds one "
+                          "tensor [N, d]); DCFM clients draw their labelled shard from the "
+                          "public recipe: leave client-data out")
+    device = resolve_device(config.device)
+    data = conditional_data(config)
+    client = _client(node_config, run_config, cid,
+                     lambda: data.shards[_index(config, cid)][0].to(device))
+    client.state["labels"] = data.shards[_index(config, cid)][1].to(device)
+    protocol = load_protocol(config.protocol)
+    settings, dp = dcfm_settings(config, data.facts, protocol)
+    program = DCFMClient(settings, dp, client_ids(config), device)
+    program.setup(client)
+    return ClientEndpoint(client, load_registry(_keys(node_config, run_config)), protocol,
+                          program)
 
 
 def _hold(node_config: dict, request: Request) -> None:

@@ -4,7 +4,8 @@ processes through Flower.
 :func:`main` is what the ServerApp runs (:func:`secureffm.federation.flower.make_server_app`):
 it reads the run's config and the keys folder from the Flower run config, loads only the
 server's own key file and the pinned registry, learns which Flower node is which client
-(``hello``), and runs :func:`secureffm.runs.ffm.run_ffm` over a
+(``hello``), and runs :func:`secureffm.runs.ffm.run_ffm` (or, for a DCFM method,
+:func:`secureffm.runs.dcfm.run_dcfm`) over a
 :class:`~secureffm.federation.remote.RemoteTransport`. It holds no client data and no client
 key. :func:`run_on_flower` provisions fresh keys and runs the whole federation on Flower's
 simulation engine from this process (what ``secureffm run --engine flower`` does).
@@ -24,15 +25,12 @@ from ..federation.parties import ClientInfo, Party, SecretStreams
 from ..federation.remote import RemoteTransport
 from ..protocols.channel import ProtectedChannel
 from ..protocols.protocol import Protocol
+from .dcfm import run_dcfm
 from .ffm import run_ffm
-from .flower_node import KEYS_KEY, config_of, run_config_of
+from .flower_node import KEYS_KEY, client_ids, config_of, run_config_of
 from .scaffold import JOURNALS_DIR, RunResult, run_folder
 
 __all__ = ["main", "flower_channel", "run_on_flower", "client_ids"]
-
-
-def client_ids(config: RunConfig) -> list[str]:
-    return [f"client-{i}" for i in range(1, config.clients + 1)]
 
 
 def flower_channel(calls, config: RunConfig, keys: str | Path, protocol: Protocol,
@@ -65,11 +63,12 @@ def main(calls, run_config: dict) -> dict:
     if config.threat_model:
         raise ConfigError("threat models inject faults into the in-process engine; on Flower "
                           "the faults are real (kill a node, or let it miss --phase-timeout)")
-    if config.method in DCFM_METHODS:
-        raise ConfigError(f"method {config.method!r} does not run on Flower yet (its clients' "
-                          "steps still run on the server's side); use --engine inprocess")
-    result = run_ffm(config, connect=lambda protocol, log: flower_channel(
-        calls, config, run_config[KEYS_KEY], protocol, log))
+
+    def connect(protocol: Protocol, log: MessageLog) -> ProtectedChannel:
+        return flower_channel(calls, config, run_config[KEYS_KEY], protocol, log)
+
+    runner = run_dcfm if config.method in DCFM_METHODS else run_ffm
+    result = runner(config, connect=connect)
     return {"out": str(result.out), "metrics": result.metrics, "pin": result.pin}
 
 

@@ -143,3 +143,114 @@ def test_a_state_that_does_not_fit_the_client_is_a_message_error():
     no_noise = new_client("client-1", DATA)  # its method did not set up "noise"
     with pytest.raises(MessageError, match="does not fit"):
         restore_client(no_noise, header, arrays)
+
+
+# -- kept objects: a client's own trained model, optimizer and EMA --------------------------
+
+def _trained_linear() -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    torch.manual_seed(0)
+    model = torch.nn.Linear(3, 2)
+    return model, torch.optim.Adam(model.parameters(), lr=0.01, betas=(0.8, 0.95))
+
+
+def _adam_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, i: int) -> None:
+    x = torch.linspace(-1, 1, 12).reshape(4, 3) * (i + 1)
+    optimizer.zero_grad()
+    model(x).pow(2).sum().backward()
+    optimizer.step()
+
+
+def test_kept_module_and_optimizer_continue_bitwise_after_a_restore():
+    """A model and its Adam state (moments, step counts, hyper-parameters) restored in place
+    into freshly made objects take the same next steps, bit for bit."""
+    model, optimizer = _trained_linear()
+    for i in range(3):
+        _adam_step(model, optimizer, i)
+    original = new_client("client-1", DATA)
+    original.kept.update(model=model, optimizer=optimizer)
+    frame = pack(*client_state(original))
+    fresh = torch.nn.Linear(3, 2)
+    fresh_optimizer = torch.optim.Adam(fresh.parameters(), lr=0.5)  # every value differs
+    copy = rebuilt()
+    copy.kept.update(model=fresh, optimizer=fresh_optimizer)
+    restore_client(copy, *unpack(frame))
+    assert copy.kept["model"] is fresh and copy.kept["optimizer"] is fresh_optimizer
+    for i in range(3, 6):
+        _adam_step(model, optimizer, i)
+        _adam_step(fresh, fresh_optimizer, i)
+    for name, value in model.state_dict().items():
+        assert torch.equal(fresh.state_dict()[name], value)
+    assert fresh_optimizer.param_groups[0]["betas"] == (0.8, 0.95)
+
+
+def _dcfm_client(program, labels: torch.Tensor, data: torch.Tensor):
+    client = new_client("client-1", data)
+    client.state["labels"] = labels
+    program.setup(client)
+    return client
+
+
+def test_a_restored_dcfm_client_trains_on_exactly_as_the_original():
+    """A DP-trained DCFM expert with an EMA (its weights, EMA, Adam state, and its secret DP
+    stream, which must continue and never restart) restored into a client rebuilt with fresh
+    entropy publishes after another round exactly what the original publishes."""
+    from secureffm.federation.channel import Task
+    from secureffm.methods.dcfm import DCFMClient, DCFMSettings, Masking
+    from secureffm.privacy.settings import DPSettings
+
+    g = torch.Generator().manual_seed(5)
+    data = torch.randn(60, 2, generator=g)
+    labels = torch.randint(2, (60, 2), generator=g)
+    settings = DCFMSettings("dcfm-a", (2,), (2, 2), 60.0, 16, 1e-2, 0.9, 16, Masking(), 1.0,
+                            local_steps=3, dcfm_rounds=2, dcfm_steps=3, fedflow_rounds=0,
+                            fedflow_local_steps=0, seed=0)
+    dp = DPSettings(clip=1.0, delta=1e-5, target_epsilon=None, noise_multiplier=1.0,
+                    accountant="rdp")
+    program = DCFMClient(settings, dp, ["client-1"], torch.device("cpu"))
+    original = _dcfm_client(program, labels, data)
+    program(original, Task("dcfm.publish", {"rounds": 0}))
+    frame = pack(*client_state(original))
+    copy = _dcfm_client(program, labels, data)
+    restore_client(copy, *unpack(frame))
+    after = [program(c, Task("dcfm.publish", {"rounds": 2})) for c in (original, copy)]
+    assert set(after[0]) == set(after[1])
+    for name, array in after[0].items():
+        assert np.array_equal(after[1][name], array), name
+    assert copy.state["dcfm_a_loss"] == original.state["dcfm_a_loss"]
+    assert torch.equal(copy.state["dp_rng"].get_state(), original.state["dp_rng"].get_state())
+    # and the DP stream carried matters: restarted, it draws other noise and another batch
+    fresh = _dcfm_client(program, labels, data)
+    header, arrays = unpack(frame)
+    restore_client(fresh, header, arrays)
+    fresh.state["dp_rng"].manual_seed(0)
+    other = program(fresh, Task("dcfm.publish", {"rounds": 2}))
+    assert not np.array_equal(other["param/net.0.weight"], after[0]["param/net.0.weight"])
+
+
+def test_kept_objects_that_do_not_match_the_rebuilt_client_are_a_message_error():
+    model, optimizer = _trained_linear()
+    original = new_client("client-1", DATA)
+    original.kept.update(model=model, optimizer=optimizer)
+    header, arrays = client_state(original)
+    copy = rebuilt()
+    copy.kept["model"] = torch.nn.Linear(3, 2)  # its program made no optimizer
+    with pytest.raises(MessageError, match="keeps"):
+        restore_client(copy, header, arrays)
+    copy = rebuilt()
+    copy.kept.update(model=torch.nn.Linear(5, 2), optimizer=optimizer)  # another shape
+    with pytest.raises(MessageError, match="does not fit"):
+        restore_client(copy, header, arrays)
+
+
+def test_a_kept_object_whose_state_holds_something_else_is_refused():
+    class Odd:
+        def state_dict(self):
+            return {"callback": print}
+
+        def load_state_dict(self, state):
+            pass
+
+    client = new_client("client-1", DATA)
+    client.kept["odd"] = Odd()
+    with pytest.raises(ProtocolError, match="kept/odd/callback"):
+        client_state(client)

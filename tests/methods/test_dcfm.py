@@ -9,9 +9,14 @@ import torch
 from secureffm.audit import verify_run
 from secureffm.config import RunConfig
 from secureffm.errors import ConfigError, ProtocolError
-from secureffm.federation.parties import Client
+from secureffm.federation.channel import Task
+from secureffm.federation.log import MessageLog
+from secureffm.federation.parties import Client, new_clients
 from secureffm.methods.dcfm import (
     ComposedField,
+    DCFMClient,
+    DCFMServer,
+    ExpertLedger,
     LocalExpert,
     Masking,
     attribute_holders,
@@ -26,8 +31,10 @@ from secureffm.methods.dcfm import (
 from secureffm.models.conditional import ConditionalVelocityMLP
 from secureffm.privacy.ledger import PrivacyLedger
 from secureffm.privacy.settings import DPSettings
+from secureffm.protocols.protocol import load_protocol
 from secureffm.runs import run
-from secureffm.runs.dcfm import conditional_data, load_dcfm, local_experts, nominal_shard_size
+from secureffm.runs.dcfm import conditional_data, dcfm_settings, load_dcfm, nominal_shard_size
+from secureffm.runs.scaffold import open_channel
 
 CARDS = (3, 2)
 
@@ -247,19 +254,18 @@ def test_dcfm_a_under_dp_trains_every_step_with_dp_sgd(tmp_path):
     assert all(r["stages"] == ["dp", "sealed"] for r in models)
 
 
-def test_dp_expert_clips_each_example_and_records_each_step():
+def test_dp_expert_clips_each_example():
     clip, sigma = 1e-3, 1e-9  # noise negligible: the clipped sum is bounded by b * C
     settings = DPSettings(clip=clip, delta=1e-5, target_epsilon=None, noise_multiplier=sigma,
                           accountant="rdp")
-    ledger = PrivacyLedger(1e-5)
     client = _client(n=200)
     expert = LocalExpert(client, _model(0), 1e-2, 0.0, 50, CARDS, Masking(), settings, sigma,
-                         ledger, nominal_size=200)
+                         nominal_size=200)
     peer = _model(1)
     holders = [torch.ones(2, c, dtype=torch.bool) for c in CARDS]
     for round_ in range(3):
         expert.step(round_, 0, 1.0, [expert.model, peer], 0, holders)
-    assert [(e.kind, e.sample_rate, e.clip) for e in ledger.entries] == [("model", 0.25, clip)] * 3
+    assert expert.rate == 0.25
     rows = torch.arange(50)
     x1, y = client.data[rows], client.state["labels"][rows]
     u = expert.uniforms(3, 0, rows)  # the same noise, times, masks and routes for both
@@ -282,15 +288,18 @@ def test_run_experts_take_q_and_the_divisor_from_the_nominal_shard_size(tmp_path
     data = conditional_data(config)
     sizes = [len(x) for x, _ in data.shards]
     assert len(set(sizes)) == 3 and nominal_shard_size(data) == 100
-    clients = [Client(f"client-{i}", x, torch.Generator()) for i, (x, _) in enumerate(data.shards)]
+    clients = [Client(f"client-{i}", x, torch.Generator())
+               for i, (x, _) in enumerate(data.shards, start=1)]
     for client, (_, labels) in zip(clients, data.shards, strict=True):
         client.state["labels"] = labels
-    settings = DPSettings(clip=1.0, delta=1e-5, target_epsilon=None, noise_multiplier=1.5,
-                          accountant="rdp")
-    experts, sigmas = local_experts(config, data, clients, settings, None, "model",
-                                    torch.device("cpu"))
-    assert [(e.rate, e.estimator.expected_batch) for e in experts.values()] == [(0.2, 20)] * 3
-    assert set(sigmas.values()) == {1.5}
+    settings, _ = dcfm_settings(config, data.facts, load_protocol("plaintext"))
+    dp = DPSettings(clip=1.0, delta=1e-5, target_epsilon=None, noise_multiplier=1.5,
+                    accountant="rdp")
+    program = DCFMClient(settings, dp, [c.id for c in clients], torch.device("cpu"))
+    for client in clients:
+        program.setup(client)
+    experts = [c.state["expert"] for c in clients]
+    assert [(e.rate, e.estimator.expected_batch, e.sigma) for e in experts] == [(0.2, 20, 1.5)] * 3
 
 
 def test_a_dp_expert_without_a_nominal_size_is_refused():
@@ -308,3 +317,49 @@ def test_a_protocol_that_leaves_models_unprotected_is_refused(tmp_path):
 def test_dcfm_methods_need_conditional_data():
     with pytest.raises(ConfigError, match="modes2d"):
         RunConfig(method="dcfm-a", data="8gaussians-moons")
+
+
+def _adam_steps(client: Client) -> set[int]:
+    """The optimizer steps the client's own expert took (Adam's step count, per parameter)."""
+    return {int(state["step"]) for state in client.kept["expert"].optimizer.state.values()}
+
+
+def _federation(config, data, dp):
+    protocol = load_protocol(config.protocol)
+    settings, _ = dcfm_settings(config, data.facts, protocol)
+    clients = new_clients([x for x, _ in data.shards], deterministic_seed=1)
+    for client, (_, labels) in zip(clients, data.shards, strict=True):
+        client.state["labels"] = labels
+    program = DCFMClient(settings, dp, [c.id for c in clients], torch.device("cpu"))
+    return settings, clients, program, protocol
+
+
+def test_a_client_asked_to_publish_trains_what_it_has_not_trained_yet(tmp_path):
+    """Asked to publish after DCFM-A round 2 first, a client runs stage I and both rounds;
+    asked again for an earlier point, it trains nothing more."""
+    config = _config(tmp_path, "dcfm-a", dcfm_rounds=2)
+    _, clients, program, _ = _federation(config, conditional_data(config), None)
+    client = clients[0]
+    program(client, Task("dcfm.publish", {"rounds": 2}))
+    assert _adam_steps(client) == {6 + 2 * 4} and client.state["trained"] == 2
+    program(client, Task("dcfm.publish", {"rounds": 1}))
+    assert _adam_steps(client) == {6 + 2 * 4}
+
+
+def test_the_server_charges_each_client_every_step_it_ran(tmp_path):
+    """DCFM-A under DP: the server's ledger, charged from the public schedule only, holds for
+    each client exactly as many steps as the client's own optimizer took."""
+    config = _config(tmp_path, "dcfm-a", protocol="dp-sealed", noise_multiplier=4.0,
+                     dcfm_rounds=2)
+    data = conditional_data(config)
+    dp = DPSettings(clip=1.0, delta=1e-5, target_epsilon=None, noise_multiplier=4.0,
+                    accountant="rdp")
+    settings, clients, program, protocol = _federation(config, data, dp)
+    channel = open_channel(protocol, clients, MessageLog(tmp_path / "messages.jsonl"),
+                           program=program)
+    ledger = ExpertLedger(PrivacyLedger(dp.delta), 32 / 150, 4.0, dp.clip)
+    DCFMServer(channel, settings, torch.device("cpu"), ledger).run_a()
+    for client in clients:
+        ran = _adam_steps(client)
+        assert ran == {6 + 2 * 4}
+        assert ledger.ledger.schedule(client.id) == [(4.0, 32 / 150, 6 + 2 * 4)]

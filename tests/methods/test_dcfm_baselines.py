@@ -8,7 +8,7 @@ from secureffm.audit import verify_run
 from secureffm.config import RunConfig
 from secureffm.federation.log import MessageLog
 from secureffm.federation.parties import Client
-from secureffm.methods.dcfm import LocalExpert, Masking
+from secureffm.methods.dcfm import DCFMClient, DCFMSettings, Masking, initial_model
 from secureffm.methods.dcfm_baselines import FedFlow, RouterField, router_weights
 from secureffm.methods.ffm import client_weights
 from secureffm.models.conditional import ConditionalVelocityMLP
@@ -56,16 +56,19 @@ def test_a_fedflow_round_is_the_size_weighted_mean_of_the_local_models(tmp_path)
         client = Client(f"client-{i}", torch.randn(n, 2, generator=g), g)
         client.state["labels"] = torch.randint(2, (n, 2), generator=g)
         clients.append(client)
+    settings = DCFMSettings("fedflow-l", (2,), CARDS, 80.0, 16, 1e-2, 0.0, 16, Masking(), 1.0,
+                            local_steps=0, dcfm_rounds=0, dcfm_steps=0, fedflow_rounds=1,
+                            fedflow_local_steps=3, seed=0)
+    program = DCFMClient(settings, None, [c.id for c in clients], torch.device("cpu"))
     channel = open_channel(load_protocol("plaintext"), clients,
-                           MessageLog(tmp_path / "messages.jsonl"))
-    experts = {c.id: LocalExpert(c, ConditionalVelocityMLP((2,), CARDS, 16), 1e-2, 0.0, 16,
-                                 CARDS, Masking()) for c in clients}
-    model = ConditionalVelocityMLP((2,), CARDS, 16)
+                           MessageLog(tmp_path / "messages.jsonl"), program=program)
+    model = initial_model(settings, len(clients))
     weights = client_weights(clients, "size")
-    assert FedFlow(channel, model, experts, weights).run(1, 3, 1.0, progress=False) == 0
-    expected = sum(weights[cid] * flat_params(e.model) for cid, e in experts.items())
+    assert FedFlow(channel, model, weights, 3).run(1, progress=False) == 0
+    local = {c.id: flat_params(c.state["expert"].model) for c in clients}
+    expected = sum(weights[cid] * theta for cid, theta in local.items())
     np.testing.assert_allclose(flat_params(model), expected, atol=1e-6)
-    assert all(not np.allclose(flat_params(e.model), expected) for e in experts.values())
+    assert all(not np.allclose(theta, expected) for theta in local.values())
 
 
 def _config(tmp_path, method, **changes):

@@ -74,7 +74,7 @@ def _released(expert: LocalExpert, case: Case, step: int, sigma: float) -> np.nd
     estimator.noise_multiplier, estimator.generator = sigma, noise
     estimator.optimizer.noise_multiplier, estimator.optimizer.generator = sigma, noise
     peers, holders = None, None
-    if case.peer:  # as DCFMA: holders from the client's own label counts and a peer's
+    if case.peer:  # as DCFM-A: holders from the client's own label counts and a peer's
         peers = [expert.model, _model(1).requires_grad_(False)]
         counts = np.stack([expert.counts, np.ones_like(expert.counts)])
         holders = attribute_holders(torch.as_tensor(counts), CARDS)

@@ -7,8 +7,8 @@ of the bytes).
 The proof that a client's snapshot holds everything that matters: serving every message from
 a client rebuilt from its key file, its shard and its saved bytes (the in-process cache
 ``flower_node._LAST`` cleared before each message) gives the same replies and the same run as
-serving from the live objects, and as the in-process engine (``run_ffm``) on the same seeded
-config. Truths used: the in-process engine, the public data recipe (make_shards), the
+serving from the live objects, and as the in-process engine (``run_ffm``, ``run_dcfm``) on the
+same seeded config. Truths used: the in-process engine, the public data recipe (make_shards), the
 provisioned key files, and the run folders' messages.jsonl.
 """
 
@@ -32,6 +32,7 @@ from secureffm.federation.keyfiles import load_party_keys, load_registry, provis
 from secureffm.federation.message import SERVER, serialize_payload
 from secureffm.federation.parties import Party
 from secureffm.runs import flower_node, flower_server
+from secureffm.runs.dcfm import run_dcfm
 from secureffm.runs.ffm import run_ffm
 
 CLIENTS = ["client-1", "client-2"]
@@ -76,9 +77,9 @@ class Nodes:
         return out
 
 
-def on_nodes(folder: Path, keys: Path, protocol: str, rebuild: bool) -> tuple[dict, Nodes]:
+def on_nodes(run: RunConfig, keys: Path, rebuild: bool) -> tuple[dict, Nodes]:
     flower_node._LAST.clear()
-    nodes = Nodes(flower_node.run_config_of(config(folder, protocol), keys), rebuild)
+    nodes = Nodes(flower_node.run_config_of(run, keys), rebuild)
     done = flower_server.main(nodes, nodes.run_config)
     flower_node._LAST.clear()
     return done, nodes
@@ -112,8 +113,8 @@ def plaintext(tmp_path_factory, keys):
     """The plaintext run three ways: nodes with the cache kept, nodes rebuilt for every
     message, and the in-process engine."""
     root = tmp_path_factory.mktemp("plaintext")
-    kept = on_nodes(root / "kept", keys, "plaintext", rebuild=False)
-    rebuilt = on_nodes(root / "rebuilt", keys, "plaintext", rebuild=True)
+    kept = on_nodes(config(root / "kept"), keys, rebuild=False)
+    rebuilt = on_nodes(config(root / "rebuilt"), keys, rebuild=True)
     return root, kept, rebuilt, run_ffm(config(root / "in-process"))
 
 
@@ -121,7 +122,7 @@ def plaintext(tmp_path_factory, keys):
 def dp_secagg(tmp_path_factory, keys):
     """dp-secagg with every message served by a rebuilt client, and in-process."""
     root = tmp_path_factory.mktemp("dp-secagg")
-    rebuilt = on_nodes(root / "rebuilt", keys, "dp-secagg", rebuild=True)
+    rebuilt = on_nodes(config(root / "rebuilt", "dp-secagg"), keys, rebuild=True)
     return root, rebuilt, run_ffm(config(root / "in-process", "dp-secagg"))
 
 
@@ -194,6 +195,75 @@ def test_the_logs_of_runs_on_nodes_pass_the_audit(plaintext, dp_secagg, he):
     for folder in (plaintext[0] / "rebuilt", dp_secagg[0] / "rebuilt", he[0] / "rebuilt"):
         report = verify_run(folder)
         assert report.ok, report.summary()
+
+
+# -- DCFM on nodes -----------------------------------------------------------------------------
+
+
+def dcfm_config(out: Path, method: str, protocol: str) -> RunConfig:
+    """A tiny seeded DCFM-family run on modes2d (tests/behaviour_cases.py's sizes; under DP a
+    given noise multiplier, which skips the calibration search)."""
+    dp = {"noise_multiplier": 4.0} if protocol.startswith("dp") else {}
+    return RunConfig(method=method, protocol=protocol, data="modes2d", partition="disjoint",
+                     clients=len(CLIENTS), shard_size=150, batch_size=32, hidden=16,
+                     local_steps=6, dcfm_rounds=2, dcfm_steps=4, distill_steps=4,
+                     teacher_steps=4, fedflow_rounds=2, fedflow_local_steps=2, eval_samples=50,
+                     nfe=(4,), progress=False, device="cpu", insecure_deterministic=True,
+                     out=str(out), **dp)
+
+
+def _same_dcfm_run(on_nodes_metrics: dict, in_process: dict) -> None:
+    """Every metric equal, save wall time and the clients' own training losses, which only
+    the in-process engine reads (on nodes the report says they are absent)."""
+    def public(metrics: dict) -> dict:
+        return {k: v for k, v in metrics.items() if k not in ("train_seconds", "training")}
+
+    assert public(on_nodes_metrics) == public(in_process)
+    clients = ("stage_one_loss", "dcfm_a_loss")
+    training = dict(on_nodes_metrics["training"])
+    if any(k in clients for k in in_process["training"]):
+        assert training.pop("client_losses").startswith("absent")
+    assert training == {k: v for k, v in in_process["training"].items() if k not in clients}
+
+
+@pytest.mark.parametrize("method, protocol", [("dcfm-a", "sealed"), ("dcfm-b", "dp-sealed"),
+                                              ("ddm", "plaintext"), ("fedflow", "plaintext")])
+def test_dcfm_on_rebuilt_nodes_is_the_in_process_run(tmp_path, keys, method, protocol):
+    """Each client rebuilt from its key file, its labelled shard of the public recipe and its
+    saved bytes (its expert, Adam state, EMA, DP and training streams, gathered peers) for
+    every message: the same log records and the same metrics as the in-process run. Only named
+    tasks cross (the codec refuses callables), so no step of a client runs server-side."""
+    done, _ = on_nodes(dcfm_config(tmp_path / "nodes", method, protocol), keys, rebuild=True)
+    local = run_dcfm(dcfm_config(tmp_path / "local", method, protocol))
+    _same_dcfm_run(done["metrics"], local.metrics)
+    assert logged(tmp_path / "nodes") == logged(tmp_path / "local")
+    if protocol != "plaintext":
+        assert all("sealed" in json.loads(row[6]) for row in logged(tmp_path / "nodes")
+                   if json.loads(row[2]) == "model")
+    assert json.loads((tmp_path / "nodes" / "privacy.json").read_text()) == json.loads(
+        (tmp_path / "local" / "privacy.json").read_text())
+
+
+def test_a_dcfm_node_holds_its_labelled_shard_of_the_public_recipe(tmp_path, keys):
+    from secureffm.runs.dcfm import conditional_data
+
+    cfg = dcfm_config(tmp_path / "unused", "dcfm-a", "sealed")
+    run_config = flower_node.run_config_of(cfg, keys)
+    shards = conditional_data(cfg).shards
+    for index, cid in enumerate(CLIENTS):
+        _, _, endpoint = served({"partition-id": index}, run_config, broadcast(keys, cid))
+        torch.testing.assert_close(endpoint.client.data, shards[index][0], rtol=0, atol=0)
+        assert torch.equal(endpoint.client.state["labels"], shards[index][1])
+        assert set(endpoint.client.kept) == {"expert"}
+
+
+def test_a_dcfm_node_refuses_client_data_it_cannot_label(tmp_path, keys):
+    run_config = flower_node.run_config_of(dcfm_config(tmp_path / "unused", "dcfm-a",
+                                                       "sealed"), keys)
+    torch.save(torch.zeros(5, 2), tmp_path / "x.pt")
+    with pytest.raises(ConfigError, match="no labels"):
+        flower_node.serve({"partition-id": 0, "client-data": str(tmp_path / "x.pt")},
+                          run_config, None, broadcast(keys, "client-1"))
 
 
 # -- what a node rebuilds its client from ------------------------------------------------------
