@@ -21,10 +21,16 @@ from ..federation.message import SERVER, Payload, deserialize_payload, serialize
 from ..federation.parties import Client, Registry
 from .link import record_broadcast
 
-__all__ = ["ClientEndpoint", "Step", "client_action", "ACTIONS", "Program", "SESSIONS"]
+__all__ = ["ClientEndpoint", "Step", "client_action", "ACTIONS", "Program", "SESSIONS",
+           "TaskRefused"]
 
 # What runs a method's named client computation: (the client, the task) -> its payload.
 Program = Callable[[Client, Task], Payload]
+
+
+class TaskRefused(ProtocolError):
+    """A client's program will not run what the server asked (a task its own settings forbid);
+    the endpoint answers nothing and signs a ``rejected`` event with this message."""
 
 
 @dataclass
@@ -162,7 +168,11 @@ class ClientEndpoint:
                 step.reject(refusal.party, refusal.reason, refused=refusal.refused)
                 return Reply(None, tuple(step.events))
             step.data, step.seq = incoming.data, incoming.seq
-        data = ACTIONS[request.action](step)
+        try:
+            data = ACTIONS[request.action](step)
+        except TaskRefused as refused:
+            step.reject(SERVER, str(refused), refused=step.seq)
+            data = None
         envelope = None if data is None else self.client.envelope(
             request.round, request.reply_phase, request.kind, SERVER, data, request.stages)
         return Reply(envelope, tuple(step.events))

@@ -21,7 +21,7 @@ from ..errors import ConfigError, DataError
 from ..federation.log import MessageLog
 from ..federation.parties import new_clients, secret_randomness
 from ..methods.fedwad import FedWADConfig, check_samples, ground_cost
-from ..methods.fedwad_federated import federated_distance, pairwise_distances
+from ..methods.fedwad_federated import FedWADClient, federated_distance, pairwise_distances
 from ..ot import emd_cost
 from ..protocols.protocol import load_protocol
 from ..protocols.statement import privacy_statement
@@ -146,7 +146,8 @@ def run_fedwad(run: FedWADRun) -> FedWADRunResult:
     channel = None
     geodesic = protocol.geodesic_privacy("measure")
     try:
-        channel = open_channel(protocol, clients, log, deterministic_seed=seed)
+        channel = open_channel(protocol, clients, log, deterministic_seed=seed,
+                               program=FedWADClient(run.fedwad, geodesic))
         start = time.perf_counter()
         result: dict = {"protocol": protocol.name, "clients": [c.id for c in clients],
                         "samples": [len(x) for x in data], "dim": int(data[0].shape[1]),

@@ -17,7 +17,11 @@ from secureffm.federation.log import PAYLOADS_FILE, MessageLog
 from secureffm.federation.message import SERVER, deserialize_payload
 from secureffm.federation.parties import Client
 from secureffm.methods.fedwad import FedWADConfig, Measure, interpolate, wasserstein
-from secureffm.methods.fedwad_federated import federated_distance, pairwise_distances
+from secureffm.methods.fedwad_federated import (
+    FedWADClient,
+    federated_distance,
+    pairwise_distances,
+)
 from secureffm.protocols.protocol import load_protocol
 from secureffm.runs.scaffold import open_channel
 
@@ -29,16 +33,18 @@ def pot_w2(x, y):
     return ot.emd2(ot.unif(len(x)), ot.unif(len(y)), cost, numItermax=10_000_000) ** 0.5
 
 
-def federation(tmp_path, arrays, protocol="plaintext", faults=None):
-    """A channel over clients holding ``arrays`` (seeded protocol streams), and the
-    protocol's randomized-t protections (None without that stage)."""
+def federation(tmp_path, arrays, protocol="plaintext", faults=None, config=CONFIG):
+    """A channel over clients holding ``arrays`` (seeded protocol streams) that run FedWAD's
+    client program with ``config``, and the protocol's randomized-t protections (None without
+    that stage)."""
     clients = [Client(f"client-{i}", torch.as_tensor(x), torch.Generator().manual_seed(i),
                       protocol_rng=np.random.default_rng([3, i]))
                for i, x in enumerate(arrays, start=1)]
     spec = load_protocol(protocol)
     log = MessageLog(tmp_path / "messages.jsonl", keep_payloads=True)
-    channel = open_channel(spec, clients, log, faults)
-    return channel, spec.geodesic_privacy()
+    privacy = spec.geodesic_privacy()
+    channel = open_channel(spec, clients, log, faults, program=FedWADClient(config, privacy))
+    return channel, privacy
 
 
 def records(tmp_path):
@@ -172,10 +178,10 @@ def test_cli_writes_a_run_folder_that_audits(tmp_path, data, capsys):
 def test_plaintext_distances_let_the_server_recover_each_t(tmp_path, data):
     """Why fedwad-private withholds distances (docs/fedwad.md): from xi^(0), the client's
     measure and W(data, xi^(0)), the server gets t = 1 - W(xi_mu, xi^(0)) / W(data, xi^(0))."""
-    channel, privacy = federation(tmp_path, data)
+    exact = FedWADConfig(iterations=1, support_size=100, exact=True, prune_tol=1e-6)
+    channel, privacy = federation(tmp_path, data, config=exact)
     replay = copy.deepcopy(channel.clients[0].protocol_rng)
-    federated_distance(channel, privacy, "client-1", "client-2",
-                       FedWADConfig(iterations=1, support_size=100, exact=True, prune_tol=1e-6))
+    federated_distance(channel, privacy, "client-1", "client-2", exact)
     channel.close()
     true_t = replay.uniform(*CONFIG.t_range)
     log = records(tmp_path)
