@@ -224,6 +224,9 @@ def add_fedwad_arguments(parser: argparse.ArgumentParser) -> None:
     add("--insecure-deterministic", action="store_true",
         help="INSECURE, debugging only: derive the clients' secret t and noise from --seed, "
              "which config.toml publishes (recorded in config.toml and result.json)")
+    add("--engine", default="inprocess", help=_HELP["engine"])
+    add("--phase-timeout", type=float, default=FedWADRun.phase_timeout,
+        help=_HELP["phase_timeout"])
 
 
 def fedwad_command(args: argparse.Namespace) -> None:
@@ -231,12 +234,17 @@ def fedwad_command(args: argparse.Namespace) -> None:
     config = FedWADConfig(p=args.p, iterations=args.iterations, support_size=args.support,
                           exact=args.exact, t_range=tuple(args.t_range),
                           noise_std=args.noise_std, seed=args.seed)
-    done = run_fedwad(FedWADRun(config, args.data, args.clients, args.samples, args.dim,
-                                tuple(args.client_files), args.protocol, args.seed, args.out,
-                                args.check_exact, args.keep_payloads,
-                                overwrite=args.overwrite,
-                                insecure_deterministic=args.insecure_deterministic,
-                                pin_to=args.pin_to))
+    run = FedWADRun(config, args.data, args.clients, args.samples, args.dim,
+                    tuple(args.client_files), args.protocol, args.seed, args.out,
+                    args.check_exact, args.keep_payloads, overwrite=args.overwrite,
+                    insecure_deterministic=args.insecure_deterministic, pin_to=args.pin_to,
+                    engine=args.engine, phase_timeout=args.phase_timeout)
+    if run.engine == "flower":
+        from .runs.flower_server import run_on_flower  # Flower is an optional extra
+
+        done = run_on_flower(run)
+    else:
+        done = run_fedwad(run)
     print(f"run folder: {done.out}")
     print(pin_message(done.out, done.pin, args.pin_to))
     if "distance" in done.result:
