@@ -90,3 +90,28 @@ def test_the_server_of_a_remote_fedwad_run_refuses_to_pool_data(tmp_path, keys):
     run = fedwad_run(tmp_path / "run", "plaintext", check_exact=True)
     with pytest.raises(ConfigError, match="drop --check-exact"):
         flower_server.main(None, flower_node.run_config_of(run, keys))
+
+
+def test_fedwad_under_fedwad_private_is_the_same_run_on_flower(tmp_path):
+    """Flower's simulation engine (Ray; each client a node with its own key file, recipe data
+    and saved state, the server with neither): the distance within float noise and the same
+    logged records as in-process."""
+    pytest.importorskip("flwr")
+    remote = flower_server.run_on_flower(fedwad_run(tmp_path / "flower", "fedwad-private",
+                                                    engine="flower"))
+    local = run_fedwad(fedwad_run(tmp_path / "in-process", "fedwad-private"))
+    assert remote.result["distance"] == pytest.approx(local.result["distance"], rel=1e-9)
+    assert remote.result["messages"] == local.result["messages"]
+    assert rows(remote.out) == rows(local.out)
+    report = verify_run(remote.out)
+    assert report.ok, report.summary()
+
+
+def test_the_fedwad_command_takes_an_engine_and_refuses_an_unknown_one(tmp_path, capsys):
+    from secureffm.cli import main
+
+    with pytest.raises(SystemExit):
+        main(["fedwad", "--help"])
+    assert "--engine" in capsys.readouterr().out
+    assert main(["fedwad", "--engine", "warp", "--out", str(tmp_path / "run")]) == 2
+    assert "engine = 'warp'; choose one of inprocess, flower" in capsys.readouterr().err
