@@ -18,7 +18,10 @@ from secureffm.federation.message import SERVER, deserialize_payload
 from secureffm.federation.parties import Client
 from secureffm.methods.fedwad import FedWADConfig, Measure, interpolate, wasserstein
 from secureffm.methods.fedwad_federated import (
+    LABELS,
+    ClientRows,
     FedWADClient,
+    Rows,
     federated_distance,
     pairwise_distances,
 )
@@ -191,3 +194,33 @@ def test_plaintext_distances_let_the_server_recover_each_t(tmp_path, data):
     xi0, xi_mu = Measure(**payload(tmp_path, sent)), Measure(**payload(tmp_path, back))
     t = 1 - wasserstein(xi_mu, xi0, 2) / payload(tmp_path, distance)["distance"][0]
     assert t == pytest.approx(true_t, abs=1e-6)
+
+
+def test_a_client_selects_one_class_of_its_rows_itself(tmp_path, data):
+    """Rows(client, label): the client picks the rows of a class from its own labels; the
+    distance and the log equal those of the same rows made on the server's side
+    (ClientRows, in-process only), and a class it does not hold is refused by the client."""
+    labels = [np.arange(len(x)) % 2 for x in data]
+    results, logs = [], []
+    for folder, named in ((tmp_path / "named", True), (tmp_path / "made", False)):
+        channel, privacy = federation(folder, data, "fedwad-private")
+        for client, y in zip(channel.clients, labels, strict=True):
+            client.state[LABELS] = y
+        sides = ([Rows("client-1", 0), Rows("client-2", 1)] if named else
+                 [ClientRows(c, x[y == cls]) for c, x, y, cls
+                  in zip(channel.clients, data, labels, (0, 1), strict=True)])
+        results.append(federated_distance(channel, privacy, *sides, CONFIG).distance)
+        channel.close()
+        logs.append([(r["round"], r["kind"], r["sender"], r["recipient"], r["bytes"])
+                     for r in records(folder)])
+    assert results[0] == results[1]
+    assert logs[0] == logs[1]
+    assert results[0] == pytest.approx(pot_w2(data[0][labels[0] == 0], data[1][labels[1] == 1]),
+                                       rel=0.03)
+    channel, privacy = federation(tmp_path / "absent", data, "fedwad-private")
+    for client, y in zip(channel.clients, labels, strict=True):
+        client.state[LABELS] = y
+    with pytest.raises(ProtocolError, match="did not arrive"):
+        federated_distance(channel, privacy, Rows("client-1", 7), "client-2", CONFIG)
+    assert any(r.get("event") == "rejected" and "no rows of class 7" in r["detail"]
+               for r in records(tmp_path / "absent"))
