@@ -115,3 +115,26 @@ def test_the_fedwad_command_takes_an_engine_and_refuses_an_unknown_one(tmp_path,
     assert "--engine" in capsys.readouterr().out
     assert main(["fedwad", "--engine", "warp", "--out", str(tmp_path / "run")]) == 2
     assert "engine = 'warp'; choose one of inprocess, flower" in capsys.readouterr().err
+
+
+def test_the_fedwad_command_writes_a_flower_app_carrying_its_run(tmp_path, capsys, monkeypatch,
+                                                                 keys):
+    """A deployment's app: its run config is the FedWAD run (family named, folder made
+    absolute for the ServerApp's process) and the keys folder, never a private key."""
+    import tomllib
+
+    from secureffm.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    assert main(["fedwad", "--flower-app", "app", "--keys", str(keys), "--protocol",
+                 "fedwad-private", "--iterations", "4", "--out", "relative/run"]) == 0
+    assert "flwr run app" in capsys.readouterr().out
+    text = (tmp_path / "app" / "pyproject.toml").read_text()
+    carried = tomllib.loads(text)["tool"]["flwr"]["app"]["config"]
+    run = flower_node.config_of(carried)
+    assert isinstance(run, FedWADRun) and run.fedwad.iterations == 4
+    assert run.out == str(tmp_path / "relative" / "run") and run.protocol == "fedwad-private"
+    for key in keys.glob("*.key"):
+        assert key.read_text() not in text
+    assert main(["fedwad", "--flower-app", "app2"]) == 2
+    assert "needs --keys" in capsys.readouterr().err
