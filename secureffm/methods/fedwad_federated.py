@@ -27,11 +27,10 @@ import numpy as np
 from tqdm import tqdm
 
 from ..errors import ConfigError, DataError, MessageError, ProtocolError
-from ..federation.channel import Channel, Compute, Task
+from ..federation.channel import Channel, Compute, Task, TaskRefused
 from ..federation.message import SERVER, Payload
 from ..federation.parties import Client
 from ..privacy.settings import GeodesicPrivacy
-from ..protocols.endpoint import TaskRefused
 from .fedwad import (
     FedWADConfig,
     FedWADResult,

@@ -15,22 +15,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import MessageError, ProtocolError
-from ..federation.channel import Task
+from ..federation.channel import Task, TaskRefused
 from ..federation.exchange import Incoming, Receipts, Reply, Request, late_refusal
 from ..federation.message import SERVER, Payload, deserialize_payload, serialize_payload
 from ..federation.parties import Client, Registry
 from .link import record_broadcast
 
-__all__ = ["ClientEndpoint", "Step", "client_action", "ACTIONS", "Program", "SESSIONS",
-           "TaskRefused"]
+__all__ = ["ClientEndpoint", "Step", "client_action", "ACTIONS", "Program", "SESSIONS"]
 
 # What runs a method's named client computation: (the client, the task) -> its payload.
 Program = Callable[[Client, Task], Payload]
-
-
-class TaskRefused(ProtocolError):
-    """A client's program will not run what the server asked (a task its own settings forbid);
-    the endpoint answers nothing and signs a ``rejected`` event with this message."""
 
 
 @dataclass

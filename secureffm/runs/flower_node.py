@@ -71,11 +71,11 @@ def config_of(run_config: dict) -> RunConfig | FedWADRun:
                           f"runs {FEDWAD!r} or, without the key, the methods of secureffm run")
     try:
         values = json.loads(run_config[CONFIG_KEY])
+        if family == FEDWAD:
+            return FedWADRun.from_dict(values)
+        return config_from_dict(values, RunConfig())
     except (KeyError, ValueError) as err:
         raise ConfigError(f"the Flower run config lacks a secureffm config: {err}") from None
-    if family == FEDWAD:
-        return FedWADRun.from_dict(values)
-    return config_from_dict(values, RunConfig())
 
 
 def _data_file(path: str, device: torch.device) -> torch.Tensor:
