@@ -237,6 +237,30 @@ def add_fedwad_arguments(parser: argparse.ArgumentParser) -> None:
     add("--insecure-deterministic", action="store_true",
         help="INSECURE, debugging only: derive the clients' secret t and noise from --seed, "
              "which config.toml publishes (recorded in config.toml and result.json)")
+    add("--engine", default="inprocess", help=_HELP["engine"])
+    add("--phase-timeout", type=float, default=FedWADRun.phase_timeout,
+        help=_HELP["phase_timeout"])
+    add("--flower-app", default="", metavar="FOLDER",
+        help="instead of running: write a Flower App folder that runs this FedWAD run on a "
+             "Flower deployment (flwr run FOLDER; needs --keys; docs/flower.md)")
+    add("--keys", default="", metavar="DIR",
+        help="with --flower-app: the keys folder (secureffm flower-keys)")
+
+
+def _fedwad_app(run: FedWADRun, folder: str, keys: str) -> None:
+    """A Flower App folder for ``run`` (the ServerApp runs elsewhere: its folder, absolute)."""
+    from pathlib import Path
+
+    from .federation.flower import write_app
+    from .runs.fedwad import fedwad_folder
+    from .runs.flower_node import run_config_of
+
+    if not keys:
+        raise SecureFFMError("--flower-app needs --keys: the folder secureffm flower-keys wrote")
+    run = replace(run, out=str(fedwad_folder(run).resolve()))
+    write_app(Path(folder), "secureffm.runs.flower_server:main",
+              "secureffm.runs.flower_node:serve", run_config_of(run, keys))
+    print(f"Flower App in {folder}: flwr run {folder} <superlink>")
 
 
 def fedwad_command(args: argparse.Namespace) -> None:
@@ -244,12 +268,20 @@ def fedwad_command(args: argparse.Namespace) -> None:
     config = FedWADConfig(p=args.p, iterations=args.iterations, support_size=args.support,
                           exact=args.exact, t_range=tuple(args.t_range),
                           noise_std=args.noise_std, seed=args.seed)
-    done = run_fedwad(FedWADRun(config, args.data, args.clients, args.samples, args.dim,
-                                tuple(args.client_files), args.protocol, args.seed, args.out,
-                                args.check_exact, args.keep_payloads,
-                                overwrite=args.overwrite,
-                                insecure_deterministic=args.insecure_deterministic,
-                                pin_to=args.pin_to))
+    run = FedWADRun(config, args.data, args.clients, args.samples, args.dim,
+                    tuple(args.client_files), args.protocol, args.seed, args.out,
+                    args.check_exact, args.keep_payloads, overwrite=args.overwrite,
+                    insecure_deterministic=args.insecure_deterministic, pin_to=args.pin_to,
+                    engine=args.engine, phase_timeout=args.phase_timeout)
+    if args.flower_app:
+        _fedwad_app(run, args.flower_app, args.keys)
+        return
+    if run.engine == "flower":
+        from .runs.flower_server import run_on_flower  # Flower is an optional extra
+
+        done = run_on_flower(run)
+    else:
+        done = run_fedwad(run)
     print(f"run folder: {done.out}")
     print(pin_message(done.out, done.pin, args.pin_to))
     if "distance" in done.result:

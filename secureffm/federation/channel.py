@@ -15,11 +15,12 @@ from typing import Protocol
 
 import numpy as np
 
+from ..errors import ProtocolError
 from ..privacy.settings import DistributedNoise, NoiseGeometry
 from .message import Payload
 from .parties import Client
 
-__all__ = ["Channel", "Aggregate", "Template", "Compute", "Task"]
+__all__ = ["Channel", "Aggregate", "Template", "Compute", "Task", "TaskRefused"]
 
 @dataclass(frozen=True)
 class Task:
@@ -28,6 +29,11 @@ class Task:
 
     name: str
     args: dict = field(default_factory=dict)
+
+
+class TaskRefused(ProtocolError):
+    """A client's program will not run what the server asked (a task its own settings forbid);
+    the client's endpoint answers nothing and signs a ``rejected`` event with this message."""
 
 
 # Expected payload of an aggregation: field name -> (shape, dtype).

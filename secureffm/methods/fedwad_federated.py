@@ -1,16 +1,20 @@
 """FedWAD across parties: Algorithm 1 through the channel, one message per measure.
 
 Iteration k (round ``round_ + k - 1``): the server sends xi^(k-1) to both clients
-(``measure``, phase ``broadcast``); each client interpolates between its own data (t = 0) and
-xi^(k-1) (t = 1) at a t it draws and keeps, and returns that measure (``measure``, phase
-``upload``); the server interpolates between the two at its own t to get xi^(k). A last round
-sends xi^(K) and each client returns W_p(its data, xi^(K)) (``scalar``). Under a protocol
-without the ``randomized-t`` stage, clients also return W_p(data, xi^(k-1)) every iteration and
-the server keeps the smallest bound; under it (``privacy``, resolved by the runner from the
-protocol), t's range and the noise on support points come from the stage and only the last
-distances are sent. Samples never leave a client: the server
-sees measures and scalars, and the sample dimension d (public, as the task is).
+(``measure``, phase ``broadcast``), which keep it in their inbox; each asked client runs
+``fedwad.interpolate``: it interpolates between its own rows (t = 0) and xi^(k-1) (t = 1) at a t
+it draws and keeps, and returns that measure (``measure``, phase ``upload``); the server
+interpolates between the two at its own t to get xi^(k). A last round sends xi^(K) and each
+client returns W_p(its rows, xi^(K)) (``fedwad.final``, ``scalar``). Under a protocol without the
+``randomized-t`` stage, clients also return W_p(rows, xi^(k-1)) every iteration
+(``fedwad.distance``) and the server keeps the smallest bound; under it (``privacy``, resolved by
+the runner from the protocol), t's range and the noise on support points come from the stage
+and only the last distances are sent. Samples never leave a client: the server sees measures
+and scalars, and the sample dimension d (public, as the task is).
 
+The client's side is :class:`FedWADClient`, a program of named tasks built from the client's
+own run config and protocol: its t range, its noise and when it gives a distance never come
+from the server's request (a task asking otherwise is refused in the client's signed event).
 Either side may also be a measure the server holds itself (a coreset): the server then
 interpolates and measures that side on its own, with no message.
 """
@@ -23,7 +27,7 @@ import numpy as np
 from tqdm import tqdm
 
 from ..errors import ConfigError, DataError, MessageError, ProtocolError
-from ..federation.channel import Channel
+from ..federation.channel import Channel, Compute, Task, TaskRefused
 from ..federation.message import SERVER, Payload
 from ..federation.parties import Client
 from ..privacy.settings import GeodesicPrivacy
@@ -40,21 +44,33 @@ from .fedwad import (
 )
 
 __all__ = ["federated_distance", "pairwise_distances", "client_samples", "measure_payload",
-           "payload_measure", "rounds_per_distance", "ClientRows", "Side"]
+           "payload_measure", "rounds_per_distance", "ClientRows", "Rows", "Side",
+           "FedWADClient", "LABELS", "client_labels"]
+
+LABELS = "labels"
+
+
+@dataclass(frozen=True)
+class Rows:
+    """Rows a client selects from its own data by name: its whole shard, or (``label``) the
+    rows of one class of its labels (``client.state["labels"]``)."""
+
+    client: str
+    label: int | None = None
 
 
 @dataclass(frozen=True)
 class ClientRows:
-    """Rows [N, d] (float64) a client holds and never sends: its data, a subset (one class),
-    or its data with appended features."""
+    """Rows [N, d] (float64) a client holds and never sends, made in the server's process
+    (its data with appended features, a subsample): the in-process engine only."""
 
     client: Client
     rows: np.ndarray
 
 
-# One side of a federated distance: a client id (its whole shard), rows a client holds, or a
-# measure the server holds.
-Side = str | ClientRows | Measure
+# One side of a federated distance: a client id (its whole shard), rows a client names or holds,
+# or a measure the server holds.
+Side = str | Rows | ClientRows | Measure
 
 
 def rounds_per_distance(config: FedWADConfig) -> int:
@@ -65,6 +81,19 @@ def rounds_per_distance(config: FedWADConfig) -> int:
 def client_samples(client: Client) -> np.ndarray:
     """The client's data as float64 numpy [N, d] (the torch-to-POT boundary), validated."""
     return check_samples(client.data.detach().cpu().numpy(), f"client {client.id}'s data")
+
+
+def client_labels(client: Client) -> np.ndarray:
+    """The client's labels [N] as int64; a missing or mismatched label array is a DataError."""
+    labels = client.state.get(LABELS)
+    if labels is None:
+        raise DataError(f"{client.id} holds no labels; put one integer label per row of its "
+                        f"data in client.state[{LABELS!r}] (see otdd.labelled_clients)")
+    labels = np.asarray(labels)
+    if labels.shape != (client.size,) or not np.issubdtype(labels.dtype, np.integer):
+        raise DataError(f"{client.id} has labels of shape {labels.shape} and dtype "
+                        f"{labels.dtype}; need integers of shape ({client.size},)")
+    return labels.astype(np.int64)
 
 
 def measure_payload(measure: Measure) -> Payload:
@@ -87,14 +116,6 @@ def payload_measure(payload: Payload, sender: str, dim: int) -> Measure:
         raise MessageError(f"measure from {sender} is not a valid measure: {err}") from None
 
 
-def _client(channel: Channel, client_id: str) -> Client:
-    for client in channel.clients:
-        if client.id == client_id:
-            return client
-    known = ", ".join(c.id for c in channel.clients)
-    raise ConfigError(f"no client {client_id!r} in this federation; clients are {known}")
-
-
 def _protections(privacy: GeodesicPrivacy | None,
                  config: FedWADConfig) -> tuple[tuple[float, float], float, bool]:
     """(t range, noise std, distances only at the end) under ``privacy``."""
@@ -103,8 +124,107 @@ def _protections(privacy: GeodesicPrivacy | None,
     return (privacy.t_low, privacy.t_high), privacy.noise_std, True
 
 
+# What a client keeps in ``client.state`` between tasks (plain values, so a snapshot carries them).
+_KEPT = "fedwad.kept"  # W_p(rows, xi) of its last interpolation, until the server takes it
+_MOVES = "fedwad.moves"  # interpolations since its last final distance
+
+
+class FedWADClient:
+    """FedWAD's client side: the tasks ``fedwad.interpolate`` (a moved measure [S, d]),
+    ``fedwad.distance`` (W_p(rows, xi) of that interpolation, ``{"distance": [1]}``) and
+    ``fedwad.final`` (W_p(rows, xi) for the measure in its inbox), each with the optional arg
+    ``label`` (one class of its rows, :class:`Rows`), on the measure the server left in
+    ``client.inbox["measure"]``.
+
+    ``config`` and ``privacy`` are the client's own (its run config, its copy of the
+    protocol's randomized-t stage): t ~ U(its range) and the noise come from its own
+    ``protocol_rng``; under randomized-t it refuses a per-iteration distance and gives at most
+    one final distance per ``config.iterations`` interpolations, so a server cannot hold
+    W_p(rows, xi) for a measure whose interpolation it holds (which gives t). A task with any
+    other argument (a t, a range, a noise) is refused: the server sets none of them.
+    """
+
+    TASKS = ("fedwad.interpolate", "fedwad.distance", "fedwad.final")
+
+    def __init__(self, config: FedWADConfig, privacy: GeodesicPrivacy | None):
+        self.config = config
+        self.t_range, self.noise_std, self.private = _protections(privacy, config)
+
+    def __call__(self, client: Client, task: Task) -> Payload:
+        if task.name not in self.TASKS:
+            raise TaskRefused(f"{client.id} runs {', '.join(self.TASKS)}, not {task.name!r}")
+        extra = sorted(set(task.args) - {"label"})
+        if extra:
+            raise TaskRefused(f"{client.id} refused {task.name} with {extra}: it takes only "
+                              "'label'; its t range, its noise and when it sends a distance "
+                              "come from its own protocol and run config, not the server")
+        if task.name == "fedwad.distance":
+            return self.distance(client)
+        rows = self.rows(client, task.args.get("label"))
+        if task.name == "fedwad.interpolate":
+            return self.interpolate(client, rows)
+        return self.final(client, rows)
+
+    @staticmethod
+    def rows(client: Client, label) -> np.ndarray:
+        """The client's rows [N, d] float64: all of them, or those of class ``label``."""
+        data = client_samples(client)
+        if label is None:
+            return data
+        if isinstance(label, bool) or not isinstance(label, int):
+            raise TaskRefused(f"{client.id} refused label {label!r}: name a class by its integer")
+        chosen = data[client_labels(client) == label]
+        if not len(chosen):
+            raise TaskRefused(f"{client.id} holds no rows of class {label}")
+        return chosen
+
+    def _received(self, client: Client, rows: np.ndarray) -> Measure:
+        """xi: the measure the server left in the inbox, in the rows' dimension."""
+        if "measure" not in client.inbox:
+            raise TaskRefused(f"{client.id} holds no measure from the server to work on")
+        try:
+            return payload_measure(client.inbox["measure"], SERVER, rows.shape[1])
+        except MessageError as err:
+            raise TaskRefused(f"{client.id} refused the server's measure: {err}") from None
+
+    def interpolate(self, client: Client, rows: np.ndarray) -> Payload:
+        """The measure at the client's own t between ``rows`` (t = 0) and xi (t = 1), with its
+        own noise; keeps W_p(rows, xi) for :meth:`distance`."""
+        xi = self._received(client, rows)
+        c = self.config
+        t = float(client.protocol_rng.uniform(*self.t_range))
+        moved, distance = interpolate_with_distance(Measure.uniform(rows), xi, t, c.p, c.exact,
+                                                    c.prune_tol)
+        client.state[_KEPT] = distance
+        client.state[_MOVES] = client.state.get(_MOVES, 0) + 1
+        return measure_payload(add_noise(moved, self.noise_std, client.protocol_rng))
+
+    def distance(self, client: Client) -> Payload:
+        """W_p(rows, xi) of the last interpolation, once; refused under randomized-t."""
+        if self.private:
+            raise TaskRefused(f"{client.id} refused a distance per iteration: under "
+                              "randomized-t it sends W_p only at the last iteration (with the "
+                              "measure it moved, a distance gives away its t)")
+        if _KEPT not in client.state:
+            raise TaskRefused(f"{client.id} has no interpolation whose distance it did not send")
+        return {"distance": np.array([client.state.pop(_KEPT)])}
+
+    def final(self, client: Client, rows: np.ndarray) -> Payload:
+        """W_p(rows, xi) for the measure in the inbox; under randomized-t only after
+        ``config.iterations`` interpolations since the last one."""
+        moves = client.state.get(_MOVES, 0)
+        if self.private and moves < self.config.iterations:
+            raise TaskRefused(f"{client.id} refused a final distance after {moves} "
+                              f"interpolation(s): under randomized-t it sends one per "
+                              f"{self.config.iterations} (its run's iterations)")
+        xi = self._received(client, rows)
+        client.state[_MOVES] = 0
+        client.state.pop(_KEPT, None)
+        return {"distance": np.array([wasserstein(Measure.uniform(rows), xi, self.config.p)])}
+
+
 def _deliver(channel: Channel, round_: int, phase: str, kind: str, sender: str, recipient: str,
-             payload: Payload) -> Payload:
+             payload: Payload | Compute) -> Payload:
     received = channel.send(round_, phase, kind, sender, recipient, payload)
     if received is None:
         party = recipient if sender == SERVER else sender
@@ -122,52 +242,82 @@ def _scalar(payload: Payload, sender: str) -> float:
     return float(value[0])
 
 
-def _resolve(channel: Channel, side: Side) -> ClientRows | Measure:
-    if isinstance(side, str):
-        client = _client(channel, side)
-        return ClientRows(client, client_samples(client))
+@dataclass(frozen=True)
+class _Asked:
+    """A client side as the server drives it: the client, the dimension of its rows, and the
+    computations it asks of it (named tasks, or in-process closures over rows made here)."""
+
+    client: str
+    dim: int
+    interpolate: Compute
+    distance: Compute
+    final: Compute
+
+
+def _client(channel: Channel, client_id: str):
+    for client in channel.clients:
+        if client.id == client_id:
+            return client
+    known = ", ".join(c.id for c in channel.clients)
+    raise ConfigError(f"no client {client_id!r} in this federation; clients are {known}")
+
+
+def _resolve(channel: Channel, side: Side, program: FedWADClient,
+             dim: int | None) -> _Asked | Measure:
+    if isinstance(side, Measure):
+        return side
     if isinstance(side, ClientRows):
-        return ClientRows(side.client, check_samples(side.rows, f"{side.client.id}'s rows"))
-    return side
+        rows = check_samples(side.rows, f"{side.client.id}'s rows")
+        return _Asked(side.client.id, rows.shape[1],
+                      lambda client: program.interpolate(client, rows), program.distance,
+                      lambda client: program.final(client, rows))
+    named = Rows(side) if isinstance(side, str) else side
+    client = _client(channel, named.client)
+    if dim is None:  # in-process, the server may read the shape of a client's data
+        if not isinstance(client, Client):
+            raise ConfigError(f"{client.id} runs elsewhere: give the samples' dimension (dim)")
+        dim = int(client.data.shape[1])
+    args = {} if named.label is None else {"label": named.label}
+    return _Asked(client.id, dim, Task("fedwad.interpolate", args), Task("fedwad.distance"),
+                  Task("fedwad.final", args))
 
 
-def _name(side: ClientRows | Measure) -> str:
-    return side.client.id if isinstance(side, ClientRows) else SERVER
-
-
-def _dim(side: ClientRows | Measure) -> int:
-    return side.rows.shape[1] if isinstance(side, ClientRows) else side.dim
+def _name(side: _Asked | Measure) -> str:
+    return side.client if isinstance(side, _Asked) else SERVER
 
 
 def federated_distance(channel: Channel, privacy: GeodesicPrivacy | None, a: Side, b: Side,
-                       config: FedWADConfig, round_: int = 1,
-                       init: Measure | None = None) -> FedWADResult:
+                       config: FedWADConfig, round_: int = 1, init: Measure | None = None,
+                       dim: int | None = None) -> FedWADResult:
     """W_p between two sides by Algorithm 1 through ``channel``: each side a client id (its
-    data), :class:`ClientRows` (rows a client holds) or a :class:`Measure` the server holds.
-    ``privacy``: the randomized-t protections of measure messages, or None.
+    data), :class:`Rows` (rows a client selects itself), :class:`ClientRows` (rows made in this
+    process, in-process only) or a :class:`Measure` the server holds. ``privacy``: the
+    randomized-t protections of measure messages, or None. ``dim``: the samples' dimension d
+    (public), needed when the clients run elsewhere.
 
     Uses rounds ``round_`` .. ``round_ + K``. The server's generator (xi^(0), its t, and
     the t of a side it holds) is seeded by (config.seed, round_); each client draws its t and
-    noise from its own ``protocol_rng``. ``init``: xi^(0) instead of a Gaussian draw. Returns
-    the bounds the server learned (every iterate, or only xi^(K) under ``randomized-t``) and
-    the best of them. A message that does not arrive raises ProtocolError (the log says why).
+    noise from its own ``protocol_rng`` (:class:`FedWADClient`). ``init``: xi^(0) instead of a
+    Gaussian draw. Returns the bounds the server learned (every iterate, or only xi^(K) under
+    ``randomized-t``) and the best of them. A message that does not arrive, or that a client
+    refuses, raises ProtocolError (the log says why).
     """
-    sides = [_resolve(channel, a), _resolve(channel, b)]
+    program = FedWADClient(config, privacy)  # what ClientRows' in-process closures run
+    sides = [_resolve(channel, side, program, dim) for side in (a, b)]
     names = [_name(s) for s in sides]
     if (isinstance(a, str) and a == b) or names == [SERVER, SERVER]:
         raise ConfigError(f"FedWAD compares data of two parties, at least one a client; got "
                           f"{names[0]!r} and {names[1]!r}")
-    dim = _dim(sides[0])
-    if _dim(sides[1]) != dim:
+    dim = sides[0].dim
+    if sides[1].dim != dim:
         raise DataError(f"{names[0]} holds {dim}-dimensional samples and {names[1]} "
-                        f"{_dim(sides[1])}-dimensional ones; FedWAD compares one space")
-    t_range, noise_std, private = _protections(privacy, config)
+                        f"{sides[1].dim}-dimensional ones; FedWAD compares one space")
+    low, high = program.t_range
     server_rng = np.random.default_rng([config.seed, round_])
     xi = initial_measure(config, dim, server_rng) if init is None else init
     if xi.dim != dim:
         raise DataError(f"the initial measure has dimension {xi.dim}, the data {dim}")
     p, exact, tol = config.p, config.exact, config.prune_tol
-    low, high = t_range
     measures, bounds, evaluated = [xi], [], []
     for k in range(1, config.iterations + 1):
         r = round_ + k - 1
@@ -179,22 +329,16 @@ def federated_distance(channel: Channel, privacy: GeodesicPrivacy | None, a: Sid
                 returned.append(moved)
                 distances.append(distance)
                 continue
-            client = side.client
-            got = _deliver(channel, r, "broadcast", "measure", SERVER, client.id,
-                           measure_payload(xi))
-            local = payload_measure(got, SERVER, dim)
-            t = float(client.protocol_rng.uniform(low, high))
-            moved, distance = interpolate_with_distance(Measure.uniform(side.rows), local, t, p,
-                                                        exact, tol)
-            moved = add_noise(moved, noise_std, client.protocol_rng)
-            got = _deliver(channel, r, "upload", "measure", client.id, SERVER,
-                           measure_payload(moved))
-            returned.append(payload_measure(got, client.id, dim))
-            if not private:
-                got = _deliver(channel, r, "upload", "scalar", client.id, SERVER,
-                               {"distance": np.array([distance])})
-                distances.append(_scalar(got, client.id))
-        if not private:
+            _deliver(channel, r, "broadcast", "measure", SERVER, side.client,
+                     measure_payload(xi))
+            got = _deliver(channel, r, "upload", "measure", side.client, SERVER,
+                           side.interpolate)
+            returned.append(payload_measure(got, side.client, dim))
+            if not program.private:
+                got = _deliver(channel, r, "upload", "scalar", side.client, SERVER,
+                               side.distance)
+                distances.append(_scalar(got, side.client))
+        if not program.private:
             bounds.append(sum(distances))
             evaluated.append(k - 1)
         xi = interpolate(returned[0], returned[1], float(server_rng.uniform(low, high)), p,
@@ -206,14 +350,10 @@ def federated_distance(channel: Channel, privacy: GeodesicPrivacy | None, a: Sid
         if isinstance(side, Measure):
             total += wasserstein(side, xi, p)
             continue
-        client = side.client
-        got = _deliver(channel, final, "broadcast", "measure", SERVER, client.id,
-                       measure_payload(xi))
-        local = payload_measure(got, SERVER, dim)
-        distance = wasserstein(Measure.uniform(side.rows), local, p)
-        got = _deliver(channel, final, "upload", "scalar", client.id, SERVER,
-                       {"distance": np.array([distance])})
-        total += _scalar(got, client.id)
+        _deliver(channel, final, "broadcast", "measure", SERVER, side.client,
+                 measure_payload(xi))
+        got = _deliver(channel, final, "upload", "scalar", side.client, SERVER, side.final)
+        total += _scalar(got, side.client)
     bounds.append(total)
     evaluated.append(config.iterations)
     best = int(np.argmin(bounds))
@@ -222,13 +362,13 @@ def federated_distance(channel: Channel, privacy: GeodesicPrivacy | None, a: Sid
 
 
 def pairwise_distances(channel: Channel, privacy: GeodesicPrivacy | None,
-                       config: FedWADConfig, round_: int = 1,
-                       progress: bool = False) -> np.ndarray:
+                       config: FedWADConfig, round_: int = 1, progress: bool = False,
+                       dim: int | None = None) -> np.ndarray:
     """FedWAD between every pair of the channel's clients, orchestrated by the server.
 
     Pairs run one after another in consecutive blocks of :func:`rounds_per_distance` rounds
-    from ``round_``. Returns [n, n] in the order of ``channel.clients``: symmetric, zero
-    diagonal.
+    from ``round_``; ``dim`` as in :func:`federated_distance`. Returns [n, n] in the order of
+    ``channel.clients``: symmetric, zero diagonal.
     """
     ids = [c.id for c in channel.clients]
     if len(ids) < 2:
@@ -239,6 +379,6 @@ def pairwise_distances(channel: Channel, privacy: GeodesicPrivacy | None,
     for n, (i, j) in enumerate(tqdm(pairs, desc="FedWAD pairs", unit="pair",
                                     disable=not progress, dynamic_ncols=True)):
         result = federated_distance(channel, privacy, ids[i], ids[j], config,
-                                    round_ + n * rounds_per_distance(config))
+                                    round_ + n * rounds_per_distance(config), dim=dim)
         matrix[i, j] = matrix[j, i] = result.distance
     return matrix

@@ -39,12 +39,16 @@ from ..federation.parties import Client, new_clients
 from ..ot import emd_cost, squared_distances
 from ..privacy.settings import GeodesicPrivacy
 from .fedwad import FedWADConfig
-from .fedwad_federated import ClientRows, federated_distance, rounds_per_distance
+from .fedwad_federated import (
+    LABELS,
+    ClientRows,
+    client_labels,
+    federated_distance,
+    rounds_per_distance,
+)
 
 __all__ = ["LABELS", "labelled_clients", "client_labels", "class_distances", "otdd_exact",
            "label_embedding", "augment", "OTDDResult", "federated_otdd"]
-
-LABELS = "labels"
 
 
 def labelled_clients(features: list[np.ndarray], labels: list[np.ndarray], *,
@@ -63,19 +67,6 @@ def labelled_clients(features: list[np.ndarray], labels: list[np.ndarray], *,
         client.state[LABELS] = np.asarray(y)
         client_labels(client)
     return clients
-
-
-def client_labels(client: Client) -> np.ndarray:
-    """The client's labels [N] as int64; a missing or mismatched label array is a DataError."""
-    labels = client.state.get(LABELS)
-    if labels is None:
-        raise DataError(f"{client.id} holds no labels; put one integer label per row of its "
-                        f"data in client.state[{LABELS!r}] (see labelled_clients)")
-    labels = np.asarray(labels)
-    if labels.shape != (client.size,) or not np.issubdtype(labels.dtype, np.integer):
-        raise DataError(f"{client.id} has labels of shape {labels.shape} and dtype "
-                        f"{labels.dtype}; need integers of shape ({client.size},)")
-    return labels.astype(np.int64)
 
 
 def _exact_w2(x: np.ndarray, y: np.ndarray) -> float:

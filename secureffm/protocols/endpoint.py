@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import MessageError, ProtocolError
-from ..federation.channel import Task
+from ..federation.channel import Task, TaskRefused
 from ..federation.exchange import Incoming, Receipts, Reply, Request, late_refusal
 from ..federation.message import SERVER, Payload, deserialize_payload, serialize_payload
 from ..federation.parties import Client, Registry
@@ -162,7 +162,11 @@ class ClientEndpoint:
                 step.reject(refusal.party, refusal.reason, refused=refusal.refused)
                 return Reply(None, tuple(step.events))
             step.data, step.seq = incoming.data, incoming.seq
-        data = ACTIONS[request.action](step)
+        try:
+            data = ACTIONS[request.action](step)
+        except TaskRefused as refused:
+            step.reject(SERVER, str(refused), refused=step.seq)
+            data = None
         envelope = None if data is None else self.client.envelope(
             request.round, request.reply_phase, request.kind, SERVER, data, request.stages)
         return Reply(envelope, tuple(step.events))

@@ -1,7 +1,12 @@
 """One FedWAD run, end to end: client data, parties, Algorithm 1 through the channel, run folder.
 
 The run folder holds config.toml, result.json, privacy.json, messages.jsonl and parties.json.
-Two clients give one distance; more give the matrix of distances between every pair.
+Two clients give one distance; more give the matrix of distances between every pair. The
+clients run in this process, or (``connect``, the Flower engine's channel; see
+:mod:`.flower_server`) each in its own, where it builds its data from this public recipe by
+its client index (:func:`client_data`) and runs its own
+:class:`~secureffm.methods.fedwad_federated.FedWADClient` from its copy of the run config and
+protocol.
 """
 
 from __future__ import annotations
@@ -9,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -16,21 +22,28 @@ import numpy as np
 import tomli_w
 import torch
 
+from ..config import ENGINES
 from ..data.digits import load_digit_arrays
 from ..errors import ConfigError, DataError
+from ..federation.channel import Channel
 from ..federation.log import MessageLog
 from ..federation.parties import new_clients, secret_randomness
 from ..methods.fedwad import FedWADConfig, check_samples, ground_cost
-from ..methods.fedwad_federated import federated_distance, pairwise_distances
+from ..methods.fedwad_federated import FedWADClient, federated_distance, pairwise_distances
 from ..ot import emd_cost
-from ..protocols.protocol import load_protocol
+from ..protocols.protocol import Protocol, load_protocol
 from ..protocols.statement import privacy_statement
 from .scaffold import check_pin_path, open_channel, prepare_run_folder, record_pin
 
-__all__ = ["FedWADRun", "FedWADRunResult", "run_fedwad", "client_data", "DATA"]
+__all__ = ["FedWADRun", "FedWADRunResult", "run_fedwad", "client_data", "fedwad_folder", "DATA",
+           "Connect"]
 
 DATA = ("gaussians", "digits")
 SHIFT = 2.0  # client i of ``gaussians`` holds N(i * SHIFT * e_1, I_d)
+DIGIT_PIXELS = 64  # scikit-learn's digits: 8 x 8 images
+
+# The channel to clients that run elsewhere, given the protocol and the server's log.
+Connect = Callable[[Protocol, MessageLog], Channel]
 
 
 @dataclass(frozen=True)
@@ -42,7 +55,9 @@ class FedWADRun:
     (client i holds scikit-learn's digits of class i, 64 pixels in [0, 1], at most ``samples``)
     unless ``client_files`` (.npy arrays [N, d], one per client) are given. ``fedwad``:
     Algorithm 1's settings. ``check_exact``: also compute exact W_p with POT on pooled data
-    (outside the federation, for comparison only).
+    (outside the federation, for comparison only). ``engine``: ``inprocess`` (every party in
+    this process) or ``flower`` (each client a Flower node; ``phase_timeout`` seconds a phase
+    waits for their replies; docs/flower.md).
     """
 
     fedwad: FedWADConfig = dataclasses.field(default_factory=FedWADConfig)
@@ -60,8 +75,15 @@ class FedWADRun:
     overwrite: bool = False
     insecure_deterministic: bool = False
     pin_to: str = ""
+    engine: str = "inprocess"
+    phase_timeout: float = 120.0
 
     def __post_init__(self) -> None:
+        if self.engine not in ENGINES:
+            raise ConfigError(f"engine = {self.engine!r}; choose one of {', '.join(ENGINES)}")
+        if not self.phase_timeout > 0:
+            raise ConfigError(f"phase_timeout = {self.phase_timeout!r}; give a positive number "
+                              "of seconds")
         if not self.client_files:
             if self.data not in DATA:
                 raise ConfigError(f"data = {self.data!r}; use one of {', '.join(DATA)} or give "
@@ -80,6 +102,35 @@ class FedWADRun:
         values["fedwad"]["t_range"] = list(self.fedwad.t_range)
         values["client_files"] = list(self.client_files)
         return values
+
+    @classmethod
+    def from_dict(cls, values: dict) -> FedWADRun:
+        """The inverse of :meth:`to_dict`; an unknown key is a ConfigError naming it."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ConfigError(f"unknown FedWAD run key {unknown[0]!r}; known keys: "
+                              f"{', '.join(sorted(known))}")
+        algorithm = dict(values.get("fedwad", {}))
+        try:
+            if "t_range" in algorithm:
+                algorithm["t_range"] = tuple(algorithm["t_range"])
+            return cls(**{**values, "fedwad": FedWADConfig(**algorithm),
+                          "client_files": tuple(values.get("client_files", ()))})
+        except TypeError as err:
+            raise ConfigError(f"a FedWAD run config does not load: {err}") from None
+
+    @property
+    def deterministic_seed(self) -> int | None:
+        """The seed of the parties' secret streams: None (OS entropy) unless
+        ``insecure_deterministic``."""
+        return self.seed if self.insecure_deterministic else None
+
+    @property
+    def sample_dim(self) -> int:
+        """The samples' dimension d by the public recipe (what a server that holds no data
+        uses)."""
+        return DIGIT_PIXELS if self.data == "digits" else self.dim
 
 
 @dataclass(frozen=True)
@@ -115,7 +166,8 @@ def client_data(run: FedWADRun) -> list[np.ndarray]:
     return [x[y == i][: run.samples].astype(np.float64) for i in range(run.clients)]
 
 
-def _folder(run: FedWADRun) -> Path:
+def fedwad_folder(run: FedWADRun) -> Path:
+    """``run.out`` if set, else runs/fedwad-<protocol>-<data>-s<seed>."""
     if run.out:
         return Path(run.out)
     data = "files" if run.client_files else run.data
@@ -131,36 +183,47 @@ def _exact(data: list[np.ndarray], p: int) -> np.ndarray:
     return matrix
 
 
-def run_fedwad(run: FedWADRun) -> FedWADRunResult:
-    """Run FedWAD as ``run`` says and write the run folder."""
-    data = client_data(run)
+def run_fedwad(run: FedWADRun, connect: Connect | None = None) -> FedWADRunResult:
+    """Run FedWAD as ``run`` says and write the run folder. ``connect``: the channel to
+    clients that run elsewhere (the Flower engine's); then this process holds no client data,
+    takes d from the public recipe (:attr:`FedWADRun.sample_dim`) and result.json names no
+    sample counts."""
+    if connect is not None and run.check_exact:
+        raise ConfigError("check_exact pools every client's data in this process; with clients "
+                          "that run elsewhere the server holds none: drop --check-exact")
+    data = client_data(run) if connect is None else None
     protocol = load_protocol(run.protocol)
     protocol.check_protects_any(("measure", "scalar"), "FedWAD")
-    out = _folder(run)
+    out = fedwad_folder(run)
     check_pin_path(out, run.pin_to)
     prepare_run_folder(out, run.overwrite)
     (out / "config.toml").write_text(tomli_w.dumps(run.to_dict()))
-    seed = run.seed if run.insecure_deterministic else None
-    clients = new_clients([torch.from_numpy(x) for x in data], seed)
     log = MessageLog(out / "messages.jsonl", keep_payloads=run.keep_payloads)
     channel = None
     geodesic = protocol.geodesic_privacy("measure")
     try:
-        channel = open_channel(protocol, clients, log, deterministic_seed=seed)
+        if connect is None:
+            clients = new_clients([torch.from_numpy(x) for x in data], run.deterministic_seed)
+            channel = open_channel(protocol, clients, log,
+                                   deterministic_seed=run.deterministic_seed,
+                                   program=FedWADClient(run.fedwad, geodesic))
+            shape: dict = {"samples": [len(x) for x in data], "dim": int(data[0].shape[1])}
+        else:
+            channel = connect(protocol, log)
+            shape = {"dim": run.sample_dim}
+        ids = [c.id for c in channel.clients]
+        dim = None if connect is None else run.sample_dim
         start = time.perf_counter()
-        result: dict = {"protocol": protocol.name, "clients": [c.id for c in clients],
-                        "samples": [len(x) for x in data], "dim": int(data[0].shape[1]),
-                        "p": run.fedwad.p,
+        result: dict = {"protocol": protocol.name, "clients": ids, **shape, "p": run.fedwad.p,
                         "secret_randomness": secret_randomness(run.insecure_deterministic)}
-        if len(clients) == 2:
-            found = federated_distance(channel, geodesic, clients[0].id, clients[1].id,
-                                       run.fedwad)
+        if len(ids) == 2:
+            found = federated_distance(channel, geodesic, ids[0], ids[1], run.fedwad, dim=dim)
             result.update(distance=found.distance, iterates=list(found.iterates),
                           evaluated=list(found.evaluated), best=found.best,
                           support=found.measure.size)
         else:
-            matrix = pairwise_distances(channel, geodesic, run.fedwad,
-                                        progress=run.progress)
+            matrix = pairwise_distances(channel, geodesic, run.fedwad, progress=run.progress,
+                                        dim=dim)
             result["matrix"] = matrix.tolist()
         result["seconds"] = time.perf_counter() - start
     finally:
@@ -169,9 +232,9 @@ def run_fedwad(run: FedWADRun) -> FedWADRunResult:
     result["messages"] = log.summary()
     if run.check_exact:
         exact = _exact(data, run.fedwad.p)
-        result["exact"] = exact[0, 1] if len(clients) == 2 else exact.tolist()
+        result["exact"] = exact[0, 1] if len(data) == 2 else exact.tolist()
         estimate = np.array(result.get("matrix", [[0.0, result.get("distance", 0.0)]]))
-        reference = exact if len(clients) > 2 else exact[:1, :2]
+        reference = exact if len(data) > 2 else exact[:1, :2]
         mask = reference > 0
         result["max_relative_error"] = float(np.max(np.abs(estimate[mask] / reference[mask] - 1)))
     (out / "result.json").write_text(json.dumps(result, indent=2))

@@ -7,9 +7,11 @@ its node: the run's public config (the same config.toml the server has), its key
 pinned registry in the folder ``keys`` of its node config (else the run config's
 ``secureffm-keys``; see :mod:`secureffm.federation.keyfiles`), and its shard, drawn
 from the public data recipe by its own client index (``client-i`` holds shard i) or read from
-``client-data`` (a ``.pt`` tensor [N, d] loaded with ``weights_only=True``; FFM only: a DCFM
-client draws its labelled shard i). The server sends requests only: no data, no key, no
-state.
+``client-data`` (a ``.pt`` tensor [N, d] loaded with ``weights_only=True``; not for DCFM,
+whose client draws its labelled shard i). The run config
+carries an FFM-family :class:`~secureffm.config.RunConfig` or a
+:class:`~secureffm.runs.fedwad.FedWADRun` (``secureffm fedwad``), and the node builds that
+family's client program. The server sends requests only: no data, no key, no state.
 """
 
 from __future__ import annotations
@@ -32,128 +34,157 @@ from ..federation.journal import Journal
 from ..federation.keyfiles import load_party_keys, load_registry
 from ..federation.parties import Client, SecretStreams
 from ..federation.snapshot import client_state, pack, restore_client, unpack
+from ..methods.fedwad_federated import FedWADClient
 from ..methods.ffm import FFMClient, FFMSettings
 from ..protocols.endpoint import ClientEndpoint
 from ..protocols.protocol import load_protocol
 from ..runtime import resolve_device
+from .fedwad import FedWADRun, client_data
 from .scaffold import resolve_dp
 
-__all__ = ["serve", "answer", "Build", "CONFIG_KEY", "KEYS_KEY", "JOURNALS_KEY", "run_config_of",
-           "config_of", "client_ids"]
+__all__ = ["serve", "answer", "Build", "CONFIG_KEY", "KEYS_KEY", "JOURNALS_KEY", "FAMILY_KEY",
+           "run_config_of", "config_of", "client_ids"]
 
 CONFIG_KEY, KEYS_KEY, JOURNALS_KEY = "secureffm-config", "secureffm-keys", "secureffm-journals"
+FAMILY_KEY, FEDWAD = "secureffm-family", "fedwad"  # no family: an FFM-family RunConfig
 # (client id, sha256 of the state it left) -> the endpoint that left it: a node handling two
 # messages in a row in one process skips the rebuild; any other state rebuilds from the bytes.
 _LAST: dict[tuple[str, str], ClientEndpoint] = {}
 
 
-def run_config_of(config: RunConfig, keys: str | Path,
+def run_config_of(config: RunConfig | FedWADRun, keys: str | Path,
                   journals: str | Path | None = None) -> dict[str, str]:
-    """The Flower run config that carries ``config``, the keys folder and (when given) the
-    folder of the clients' journals to every node."""
+    """The Flower run config that carries ``config`` (and, for a FedWAD run, its family), the
+    keys folder and (when given) the folder of the clients' journals to every node."""
     out = {CONFIG_KEY: json.dumps(config.to_dict()), KEYS_KEY: str(Path(keys).resolve())}
+    if isinstance(config, FedWADRun):
+        out[FAMILY_KEY] = FEDWAD
     if journals is not None:
         out[JOURNALS_KEY] = str(Path(journals).resolve())
     return out
 
 
-def config_of(run_config: dict) -> RunConfig:
+def config_of(run_config: dict) -> RunConfig | FedWADRun:
     """The secureffm config a Flower run config carries (:func:`run_config_of`)."""
+    family = run_config.get(FAMILY_KEY)
+    if family not in (None, FEDWAD):
+        raise ConfigError(f"the Flower run config names family {family!r}; this secureffm "
+                          f"runs {FEDWAD!r} or, without the key, the methods of secureffm run")
     try:
-        return config_from_dict(json.loads(run_config[CONFIG_KEY]), RunConfig())
+        values = json.loads(run_config[CONFIG_KEY])
+        if family == FEDWAD:
+            return FedWADRun.from_dict(values)
+        return config_from_dict(values, RunConfig())
     except (KeyError, ValueError) as err:
         raise ConfigError(f"the Flower run config lacks a secureffm config: {err}") from None
 
 
-def client_ids(config: RunConfig) -> list[str]:
+def _data_file(path: str, device: torch.device) -> torch.Tensor:
+    """``client-data``: one tensor [N, d] in a ``.pt`` file, loaded without running pickles."""
+    try:
+        data = torch.load(Path(str(path)), weights_only=True)
+    except FileNotFoundError:
+        raise ConfigError(f"client-data {path} does not exist") from None
+    except pickle.UnpicklingError as err:
+        first = (str(err).strip().splitlines() or ["unsupported object"])[0]
+        raise ConfigError(f"client-data {path} holds something other than tensors, so it "
+                          f"was not loaded (nothing in it ran): {first}") from None
+    if not isinstance(data, torch.Tensor) or data.ndim != 2:
+        raise ConfigError(f"client-data {path} must hold one tensor [N, d]")
+    return data.to(device)
+
+
+def client_ids(clients: int) -> list[str]:
     """The run's client ids in federation order (``client-1`` holds shard 1)."""
-    return [f"client-{i}" for i in range(1, config.clients + 1)]
+    return [f"client-{i}" for i in range(1, clients + 1)]
 
 
-def _index(config: RunConfig, cid: str) -> int:
-    """The 0-based shard index of ``client-i``."""
-    if cid not in client_ids(config):
-        raise ConfigError(f"{cid} is not one of the run's {config.clients} clients")
-    return client_ids(config).index(cid)
+def _index(cid: str, clients: int) -> int:
+    """i - 1 for ``client-i``, one of the run's ``clients``."""
+    index = int(cid.rsplit("-", 1)[-1]) - 1
+    if not 0 <= index < clients:
+        raise ConfigError(f"{cid} is not one of the run's {clients} clients")
+    return index
 
 
 def _shard(config: RunConfig, cid: str, node_config: dict, device: torch.device) -> torch.Tensor:
     """The client's own data: ``client-data`` from its node config, else shard i of the public
     recipe for ``client-i``."""
-    path = node_config.get("client-data")
-    if path:
-        try:
-            data = torch.load(Path(str(path)), weights_only=True)
-        except FileNotFoundError:
-            raise ConfigError(f"client-data {path} does not exist") from None
-        except pickle.UnpicklingError as err:
-            first = (str(err).strip().splitlines() or ["unsupported object"])[0]
-            raise ConfigError(f"client-data {path} holds something other than tensors, so it "
-                              f"was not loaded (nothing in it ran): {first}") from None
-        if not isinstance(data, torch.Tensor) or data.ndim != 2:
-            raise ConfigError(f"client-data {path} must hold one tensor [N, d]")
-        return data.to(device)
+    if node_config.get("client-data"):
+        return _data_file(str(node_config["client-data"]), device)
+    index = _index(cid, config.clients)
     shards = make_shards(get_pair(config.data), config.clients, config.shard_size,
                          config.partition, config.seed, alpha=config.dirichlet_alpha,
                          min_size=config.batch_size)
-    return shards[_index(config, cid)].to(device)
+    return shards[index].to(device)
 
 
-def _client(node_config: dict, run_config: dict, cid: str,
-            shard: Callable[[], torch.Tensor]) -> Client:
-    """The client with its own keys from its node's key file, holding the data ``shard()``
-    gives (asked for once the keys loaded: a node without a key file is refused first)."""
-    config = config_of(run_config)
-    identity, sealing = load_party_keys(_keys(node_config, run_config), cid)
-    data = shard()
-    streams = SecretStreams(cid, config.deterministic_seed)
-    return Client(cid, data, streams.torch("training", data.device), identity=identity,
+def _client(keys: str, cid: str, deterministic_seed: int | None,
+            data: Callable[[], torch.Tensor]) -> Client:
+    """``cid`` with its own key pair (read first: a node without one stops there), its
+    ``data()`` and its secret streams."""
+    identity, sealing = load_party_keys(keys, cid)
+    shard = data()
+    streams = SecretStreams(cid, deterministic_seed)
+    return Client(cid, shard, streams.torch("training", shard.device), identity=identity,
                   sealing=sealing, streams=streams, protocol_rng=streams.numpy("protocol"))
-
-
-def _keys(node_config: dict, run_config: dict) -> str:
-    return node_config.get("keys") or run_config[KEYS_KEY]
 
 
 def _endpoint(node_config: dict, run_config: dict, cid: str) -> ClientEndpoint:
     """The client rebuilt from its node: keys, registry, shard, protocol, program."""
     config = config_of(run_config)
+    keys = node_config.get("keys") or run_config[KEYS_KEY]
+    if isinstance(config, FedWADRun):
+        return _fedwad_endpoint(node_config, keys, cid, config)
     if config.method in DCFM_METHODS:
-        return _dcfm_endpoint(node_config, run_config, cid)
+        return _dcfm_endpoint(node_config, keys, cid, config)
     device = resolve_device(config.device)
-    client = _client(node_config, run_config, cid,
+    client = _client(keys, cid, config.deterministic_seed,
                      lambda: _shard(config, cid, node_config, device))
     protocol = load_protocol(config.protocol)
     settings = FFMSettings.of(config)
     dp = resolve_dp(config, protocol, settings.sent_kinds)
     program = FFMClient(settings, dp, get_pair(config.data), device)
     program.setup(client)
-    return ClientEndpoint(client, load_registry(_keys(node_config, run_config)), protocol,
-                          program)
+    return ClientEndpoint(client, load_registry(keys), protocol, program)
 
 
-def _dcfm_endpoint(node_config: dict, run_config: dict, cid: str) -> ClientEndpoint:
+def _dcfm_endpoint(node_config: dict, keys: str, cid: str, config: RunConfig) -> ClientEndpoint:
     """A DCFM client rebuilt from its node: its shard and labels are shard i of the public
     recipe for ``client-i``, its program :class:`~secureffm.methods.dcfm.DCFMClient`."""
     from ..methods.dcfm import DCFMClient
     from .dcfm import conditional_data, dcfm_settings  # the DCFM runner, only where needed
 
-    config = config_of(run_config)
     if node_config.get("client-data"):
         raise ConfigError("client-data gives a DCFM client no labels (a .pt file holds one "
                           "tensor [N, d]); DCFM clients draw their labelled shard from the "
                           "public recipe: leave client-data out")
     device = resolve_device(config.device)
     data = conditional_data(config)
-    client = _client(node_config, run_config, cid,
-                     lambda: data.shards[_index(config, cid)][0].to(device))
-    client.state["labels"] = data.shards[_index(config, cid)][1].to(device)
+    x, labels = data.shards[_index(cid, config.clients)]
+    client = _client(keys, cid, config.deterministic_seed, lambda: x.to(device))
+    client.state["labels"] = labels.to(device)
     protocol = load_protocol(config.protocol)
     settings, dp = dcfm_settings(config, data.facts, protocol)
-    program = DCFMClient(settings, dp, client_ids(config), device)
+    program = DCFMClient(settings, dp, client_ids(config.clients), device)
     program.setup(client)
-    return ClientEndpoint(client, load_registry(_keys(node_config, run_config)), protocol,
-                          program)
+    return ClientEndpoint(client, load_registry(keys), protocol, program)
+
+
+def _fedwad_endpoint(node_config: dict, keys: str, cid: str, run: FedWADRun) -> ClientEndpoint:
+    """A FedWAD client: its samples (``client-data``, else client i's of the public recipe,
+    :func:`~secureffm.runs.fedwad.client_data`) and the FedWAD program of its own run config
+    and protocol (its t range, noise and when it gives distances)."""
+    def data() -> torch.Tensor:
+        path = node_config.get("client-data")
+        if path:
+            return _data_file(str(path), torch.device("cpu"))
+        return torch.from_numpy(client_data(run)[_index(cid, run.clients)])
+
+    client = _client(keys, cid, run.deterministic_seed, data)
+    protocol = load_protocol(run.protocol)
+    program = FedWADClient(run.fedwad, protocol.geodesic_privacy("measure"))
+    return ClientEndpoint(client, load_registry(keys), protocol, program)
 
 
 def _hold(node_config: dict, request: Request) -> None:

@@ -4,9 +4,9 @@ processes through Flower.
 :func:`main` is what the ServerApp runs (:func:`secureffm.federation.flower.make_server_app`):
 it reads the run's config and the keys folder from the Flower run config, loads only the
 server's own key file and the pinned registry, learns which Flower node is which client
-(``hello``), and runs :func:`secureffm.runs.ffm.run_ffm` (or, for a DCFM method,
-:func:`secureffm.runs.dcfm.run_dcfm`) over a
-:class:`~secureffm.federation.remote.RemoteTransport`. It holds no client data and no client
+(``hello``), and runs :func:`secureffm.runs.ffm.run_ffm` (for a DCFM method
+:func:`secureffm.runs.dcfm.run_dcfm`, for a FedWAD run :func:`secureffm.runs.fedwad.run_fedwad`)
+over a :class:`~secureffm.federation.remote.RemoteTransport`. It holds no client data and no client
 key. :func:`run_on_flower` provisions fresh keys and runs the whole federation on Flower's
 simulation engine from this process (what ``secureffm run --engine flower`` does).
 """
@@ -26,40 +26,51 @@ from ..federation.remote import RemoteTransport
 from ..protocols.channel import ProtectedChannel
 from ..protocols.protocol import Protocol
 from .dcfm import run_dcfm
+from .fedwad import FedWADRun, FedWADRunResult, fedwad_folder, run_fedwad
 from .ffm import run_ffm
 from .flower_node import KEYS_KEY, client_ids, config_of, run_config_of
 from .scaffold import JOURNALS_DIR, RunResult, run_folder
 
-__all__ = ["main", "flower_channel", "run_on_flower", "client_ids"]
+__all__ = ["main", "flower_channel", "remote_channel", "run_on_flower", "client_ids"]
 
 
-def flower_channel(calls, config: RunConfig, keys: str | Path, protocol: Protocol,
-                   log: MessageLog) -> ProtectedChannel:
+def remote_channel(calls, config: RunConfig | FedWADRun, keys: str | Path, protocol: Protocol,
+                   log: MessageLog, size: int) -> ProtectedChannel:
     """The server's channel to the clients behind ``calls`` (a FlowerCalls): the server's own
-    keys from ``keys``, the registry it pins, every expected client answering ``hello``."""
-    expected = client_ids(config)
+    keys from ``keys``, the registry it pins, every expected client answering ``hello``;
+    ``size``: the nominal shard size the server knows each client by."""
+    expected = client_ids(config.clients)
     found = calls.hello(config.phase_timeout, len(expected))
     if sorted(found) != sorted(expected):
         raise ConfigError(f"the Flower nodes are {sorted(found)}; this run needs exactly "
                           f"{expected} (give each SuperNode --node-config client-id=...)")
-    if (config.partition == "dirichlet" and config.weighting == "size"
-            and not any(stage.name == "dp" for stage in protocol.stages)):
-        raise ConfigError("on Flower the server weights clients by the run's nominal shard "
-                          "size (it never sees a shard), which a dirichlet partition does not "
-                          "give: use weighting = 'uniform' or another partition")
     registry = load_registry(keys)
     identity, sealing = load_party_keys(keys, SERVER)
     server = Party(SERVER, identity=identity, sealing=sealing,
                    streams=SecretStreams(SERVER, config.deterministic_seed))
     transport = RemoteTransport(registry, tuple(expected), log, calls, config.phase_timeout)
-    infos = [ClientInfo(cid, config.shard_size) for cid in expected]
+    infos = [ClientInfo(cid, size) for cid in expected]
     return ProtectedChannel(protocol, transport, server, infos, remote=True)
+
+
+def flower_channel(calls, config: RunConfig, keys: str | Path, protocol: Protocol,
+                   log: MessageLog) -> ProtectedChannel:
+    """:func:`remote_channel` for an FFM-family run, whose clients the server weights by the
+    run's nominal shard size."""
+    if (config.partition == "dirichlet" and config.weighting == "size"
+            and not any(stage.name == "dp" for stage in protocol.stages)):
+        raise ConfigError("on Flower the server weights clients by the run's nominal shard "
+                          "size (it never sees a shard), which a dirichlet partition does not "
+                          "give: use weighting = 'uniform' or another partition")
+    return remote_channel(calls, config, keys, protocol, log, config.shard_size)
 
 
 def main(calls, run_config: dict) -> dict:
     """The ServerApp's main: one run of the config in ``run_config``; returns where it wrote
     its folder, its metrics and its pin."""
     config = config_of(run_config)
+    if isinstance(config, FedWADRun):
+        return _fedwad_main(calls, run_config, config)
     if config.threat_model:
         raise ConfigError("threat models inject faults into the in-process engine; on Flower "
                           "the faults are real (kill a node, or let it miss --phase-timeout)")
@@ -72,7 +83,15 @@ def main(calls, run_config: dict) -> dict:
     return {"out": str(result.out), "metrics": result.metrics, "pin": result.pin}
 
 
-def run_on_flower(config: RunConfig, keys: str | Path | None = None) -> RunResult:
+def _fedwad_main(calls, run_config: dict, run: FedWADRun) -> dict:
+    """:func:`main` for a FedWAD run: its folder, result.json's contents and its pin."""
+    result = run_fedwad(run, connect=lambda protocol, log: remote_channel(
+        calls, run, run_config[KEYS_KEY], protocol, log, run.samples))
+    return {"out": str(result.out), "result": result.result, "pin": result.pin}
+
+
+def run_on_flower(config: RunConfig | FedWADRun,
+                  keys: str | Path | None = None) -> RunResult | FedWADRunResult:
     """Run ``config`` on Flower's simulation engine from this process: each client a Flower
     node with its own key file and saved state (Ray starts first, about 15-20 s here).
     ``keys``: a provisioned folder (:func:`~secureffm.federation.keyfiles.provision`); by
@@ -84,10 +103,13 @@ def run_on_flower(config: RunConfig, keys: str | Path | None = None) -> RunResul
     with tempfile.TemporaryDirectory(prefix="secureffm-keys-") as fresh:
         folder = Path(keys) if keys else Path(fresh)
         if not keys:
-            provision(folder, client_ids(config))
-        journals = run_folder(config).resolve() / JOURNALS_DIR
+            provision(folder, client_ids(config.clients))
+        out = fedwad_folder(config) if isinstance(config, FedWADRun) else run_folder(config)
+        journals = out.resolve() / JOURNALS_DIR
         done = simulate("secureffm.runs.flower_server:main", "secureffm.runs.flower_node:serve",
                         config.clients, run_config_of(config, folder, journals))
     if done is None:
         raise ConfigError("the Flower run ended without a result; its log above says why")
+    if isinstance(config, FedWADRun):
+        return FedWADRunResult(Path(done["out"]), done["result"], done["pin"])
     return RunResult(Path(done["out"]), done["metrics"], done["pin"])

@@ -15,7 +15,7 @@ from secureffm.methods.client_clustering import (
     fedavg,
 )
 from secureffm.methods.fedwad import FedWADConfig
-from secureffm.methods.fedwad_federated import pairwise_distances
+from secureffm.methods.fedwad_federated import FedWADClient, pairwise_distances
 from secureffm.methods.otdd import federated_otdd, labelled_clients
 from secureffm.protocols.protocol import load_protocol
 from secureffm.runs.scaffold import open_channel
@@ -68,9 +68,11 @@ def test_spectral_clustering_recovers_planted_groups_from_the_fedwad_matrix(tmp_
     groups = np.repeat(np.arange(3), 3)
     data = [centres[g] + 0.7 * rng.standard_normal((30, 2)) for g in groups]
     clients = labelled_clients(data, [np.zeros(30, dtype=np.int64)] * 9)
-    channel = _channel("plaintext", clients, tmp_path)
-    distances = pairwise_distances(channel, channel.protocol.geodesic_privacy(),
-                                   FedWADConfig(iterations=3, support_size=10))
+    config = FedWADConfig(iterations=3, support_size=10)
+    channel = open_channel(load_protocol("plaintext"), clients,
+                           MessageLog(tmp_path / "messages.jsonl"),
+                           program=FedWADClient(config, None))
+    distances = pairwise_distances(channel, None, config)
     channel.close()
     for affinity in ("rbf", "knn"):
         found = cluster_clients(distances, 3, affinity=affinity, neighbours=2)

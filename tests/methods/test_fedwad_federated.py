@@ -17,7 +17,14 @@ from secureffm.federation.log import PAYLOADS_FILE, MessageLog
 from secureffm.federation.message import SERVER, deserialize_payload
 from secureffm.federation.parties import Client
 from secureffm.methods.fedwad import FedWADConfig, Measure, interpolate, wasserstein
-from secureffm.methods.fedwad_federated import federated_distance, pairwise_distances
+from secureffm.methods.fedwad_federated import (
+    LABELS,
+    ClientRows,
+    FedWADClient,
+    Rows,
+    federated_distance,
+    pairwise_distances,
+)
 from secureffm.protocols.protocol import load_protocol
 from secureffm.runs.scaffold import open_channel
 
@@ -29,16 +36,18 @@ def pot_w2(x, y):
     return ot.emd2(ot.unif(len(x)), ot.unif(len(y)), cost, numItermax=10_000_000) ** 0.5
 
 
-def federation(tmp_path, arrays, protocol="plaintext", faults=None):
-    """A channel over clients holding ``arrays`` (seeded protocol streams), and the
-    protocol's randomized-t protections (None without that stage)."""
+def federation(tmp_path, arrays, protocol="plaintext", faults=None, config=CONFIG):
+    """A channel over clients holding ``arrays`` (seeded protocol streams) that run FedWAD's
+    client program with ``config``, and the protocol's randomized-t protections (None without
+    that stage)."""
     clients = [Client(f"client-{i}", torch.as_tensor(x), torch.Generator().manual_seed(i),
                       protocol_rng=np.random.default_rng([3, i]))
                for i, x in enumerate(arrays, start=1)]
     spec = load_protocol(protocol)
     log = MessageLog(tmp_path / "messages.jsonl", keep_payloads=True)
-    channel = open_channel(spec, clients, log, faults)
-    return channel, spec.geodesic_privacy()
+    privacy = spec.geodesic_privacy()
+    channel = open_channel(spec, clients, log, faults, program=FedWADClient(config, privacy))
+    return channel, privacy
 
 
 def records(tmp_path):
@@ -172,10 +181,10 @@ def test_cli_writes_a_run_folder_that_audits(tmp_path, data, capsys):
 def test_plaintext_distances_let_the_server_recover_each_t(tmp_path, data):
     """Why fedwad-private withholds distances (docs/fedwad.md): from xi^(0), the client's
     measure and W(data, xi^(0)), the server gets t = 1 - W(xi_mu, xi^(0)) / W(data, xi^(0))."""
-    channel, privacy = federation(tmp_path, data)
+    exact = FedWADConfig(iterations=1, support_size=100, exact=True, prune_tol=1e-6)
+    channel, privacy = federation(tmp_path, data, config=exact)
     replay = copy.deepcopy(channel.clients[0].protocol_rng)
-    federated_distance(channel, privacy, "client-1", "client-2",
-                       FedWADConfig(iterations=1, support_size=100, exact=True, prune_tol=1e-6))
+    federated_distance(channel, privacy, "client-1", "client-2", exact)
     channel.close()
     true_t = replay.uniform(*CONFIG.t_range)
     log = records(tmp_path)
@@ -185,3 +194,33 @@ def test_plaintext_distances_let_the_server_recover_each_t(tmp_path, data):
     xi0, xi_mu = Measure(**payload(tmp_path, sent)), Measure(**payload(tmp_path, back))
     t = 1 - wasserstein(xi_mu, xi0, 2) / payload(tmp_path, distance)["distance"][0]
     assert t == pytest.approx(true_t, abs=1e-6)
+
+
+def test_a_client_selects_one_class_of_its_rows_itself(tmp_path, data):
+    """Rows(client, label): the client picks the rows of a class from its own labels; the
+    distance and the log equal those of the same rows made on the server's side
+    (ClientRows, in-process only), and a class it does not hold is refused by the client."""
+    labels = [np.arange(len(x)) % 2 for x in data]
+    results, logs = [], []
+    for folder, named in ((tmp_path / "named", True), (tmp_path / "made", False)):
+        channel, privacy = federation(folder, data, "fedwad-private")
+        for client, y in zip(channel.clients, labels, strict=True):
+            client.state[LABELS] = y
+        sides = ([Rows("client-1", 0), Rows("client-2", 1)] if named else
+                 [ClientRows(c, x[y == cls]) for c, x, y, cls
+                  in zip(channel.clients, data, labels, (0, 1), strict=True)])
+        results.append(federated_distance(channel, privacy, *sides, CONFIG).distance)
+        channel.close()
+        logs.append([(r["round"], r["kind"], r["sender"], r["recipient"], r["bytes"])
+                     for r in records(folder)])
+    assert results[0] == results[1]
+    assert logs[0] == logs[1]
+    assert results[0] == pytest.approx(pot_w2(data[0][labels[0] == 0], data[1][labels[1] == 1]),
+                                       rel=0.03)
+    channel, privacy = federation(tmp_path / "absent", data, "fedwad-private")
+    for client, y in zip(channel.clients, labels, strict=True):
+        client.state[LABELS] = y
+    with pytest.raises(ProtocolError, match="did not arrive"):
+        federated_distance(channel, privacy, Rows("client-1", 7), "client-2", CONFIG)
+    assert any(r.get("event") == "rejected" and "no rows of class 7" in r["detail"]
+               for r in records(tmp_path / "absent"))

@@ -11,7 +11,7 @@ from secureffm.errors import ProtocolError
 from secureffm.federation.log import MessageLog
 from secureffm.federation.parties import Client
 from secureffm.methods.fedwad import FedWADConfig
-from secureffm.methods.fedwad_federated import federated_distance
+from secureffm.methods.fedwad_federated import FedWADClient, federated_distance
 from secureffm.protocols.protocol import load_protocol
 from secureffm.protocols.randomized_t import RandomizedTStage
 from secureffm.runs.scaffold import open_channel
@@ -60,11 +60,12 @@ def test_stage_values_drive_the_clients_and_combine_with_sealing(tmp_path):
     data = [rng.normal(size=(60, 2)), rng.normal(size=(60, 2)) + 2.0]
     clients = [Client(f"client-{i}", torch.as_tensor(x), torch.Generator().manual_seed(i),
                       protocol_rng=np.random.default_rng(i)) for i, x in enumerate(data, 1)]
-    channel = open_channel(protocol, clients, MessageLog(tmp_path / "run" / "messages.jsonl"))
     privacy = protocol.geodesic_privacy()
     assert (privacy.t_low, privacy.t_high, privacy.noise_std) == (0.3, 0.7, 0.05)
-    result = federated_distance(channel, privacy, "client-1", "client-2",
-                                FedWADConfig(iterations=4, support_size=60))
+    config = FedWADConfig(iterations=4, support_size=60)
+    channel = open_channel(protocol, clients, MessageLog(tmp_path / "run" / "messages.jsonl"),
+                           program=FedWADClient(config, privacy))
+    result = federated_distance(channel, privacy, "client-1", "client-2", config)
     channel.close()
     assert result.evaluated == (4,)
     assert 2.0 < result.distance < 4.0
