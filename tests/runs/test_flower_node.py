@@ -130,7 +130,7 @@ def dp_secagg(tmp_path_factory, keys):
 def he(tmp_path_factory, keys):
     """he (CKKS) with every message served by a rebuilt client, and in-process."""
     root = tmp_path_factory.mktemp("he")
-    rebuilt = on_nodes(root / "rebuilt", keys, "he", rebuild=True)
+    rebuilt = on_nodes(config(root / "rebuilt", "he"), keys, rebuild=True)
     return root, rebuilt, run_ffm(config(root / "in-process", "he"))
 
 
