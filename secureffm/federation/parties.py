@@ -147,9 +147,14 @@ class Party:
         return self.identity.sign(data)
 
     def envelope(self, round_: int, phase: str, kind: str, recipient: str, data: bytes,
-                 stages: tuple[str, ...] = (), origin: str = "") -> Envelope:
-        """A delivery from this party, signed by it (over :meth:`Envelope.header`)."""
+                 stages: tuple[str, ...] = (), origin: str = "",
+                 digest: str | None = None) -> Envelope:
+        """A delivery from this party, signed by it (over :meth:`Envelope.header`).
+        ``digest``: the hex SHA-256 of ``data`` when the party already computed it (the same
+        bytes sent to several recipients are hashed once)."""
         unsigned = Envelope(kind, self.id, recipient, round_, phase, data, stages, origin)
+        if digest is not None:
+            unsigned.__dict__["sha256"] = digest  # what Envelope.sha256 caches
         return unsigned.signed(self.sign(canonical(unsigned.header())))
 
     def event(self, round_: int, phase: str, event: str, about: str, detail: str,

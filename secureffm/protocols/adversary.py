@@ -96,11 +96,14 @@ def play_deviations(server: Party, faults: FaultPlan) -> None:
     honest = server.envelope
 
     def envelope(round_: int, phase: str, kind: str, recipient: str, data: bytes,
-                 stages: tuple[str, ...] = (), origin: str = "") -> Envelope:
+                 stages: tuple[str, ...] = (), origin: str = "",
+                 digest: str | None = None) -> Envelope:
+        sent = data
         for fault in deviations:
             if (fault.phase == phase and fault.hits(round_)
                     and fault.recipient in ("", recipient)):
-                data = DEVIATIONS[fault.action](data, recipient)
-        return honest(round_, phase, kind, recipient, data, stages, origin)
+                sent = DEVIATIONS[fault.action](sent, recipient)
+        return honest(round_, phase, kind, recipient, sent, stages, origin,
+                      digest if sent is data else None)
 
     server.envelope = envelope

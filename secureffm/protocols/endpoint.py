@@ -126,7 +126,7 @@ class ClientEndpoint:
         if refusal is not None:
             step.reject(refusal.party, refusal.reason, refused=refusal.refused)
             return
-        accept(step, envelope.round, envelope.kind, arrived.data, arrived.seq)
+        accept(step, envelope.round, envelope.kind, arrived.data, arrived.seq, envelope.sha256)
 
     def saved(self) -> dict:
         """What this endpoint keeps between requests besides its client (JSON values): the
@@ -175,11 +175,13 @@ class ClientEndpoint:
 @client_action("accept")
 def accept_broadcast(step: Step) -> None:
     """A broadcast of its own exchange (see :meth:`ClientEndpoint._take_broadcast`)."""
-    accept(step, step.request.round, step.request.kind, step.data, step.seq)
+    accept(step, step.request.round, step.request.kind, step.data, step.seq,
+           step.request.envelope.sha256)
     return None
 
 
-def accept(step: Step, round_: int, kind: str, data: bytes, seq: int | None) -> None:
+def accept(step: Step, round_: int, kind: str, data: bytes, seq: int | None,
+           digest: str) -> None:
     """A broadcast: the client keeps the payload in its inbox and notes its digest (which the
     malicious-server variant of secure aggregation signs, so a server that sends clients
     different models is caught); an unreadable one is refused by name."""
@@ -188,7 +190,7 @@ def accept(step: Step, round_: int, kind: str, data: bytes, seq: int | None) -> 
     except MessageError as err:
         step.reject(SERVER, f"refused: {err}", phase="broadcast", refused=seq)
         return
-    record_broadcast(step.client, round_, kind, data)
+    record_broadcast(step.client, round_, kind, digest)
 
 
 @client_action("upload")

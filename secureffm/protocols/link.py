@@ -24,10 +24,11 @@ __all__ = ["Link", "Call", "accepted", "silence", "record_broadcast", "broadcast
 _BROADCASTS = "broadcasts"
 
 
-def record_broadcast(party: Party, round_: int, kind: str, data: bytes) -> None:
-    """``party`` notes a broadcast it accepted in ``round_`` (kept in its own memory)."""
+def record_broadcast(party: Party, round_: int, kind: str, digest: str) -> None:
+    """``party`` notes a broadcast it accepted in ``round_``: its kind and the hex SHA-256
+    ``digest`` of its bytes (kept in its own memory)."""
     seen = party.memory.setdefault(_BROADCASTS, {}).setdefault(round_, [])
-    seen.append((kind, hashlib.sha256(data).hexdigest()))
+    seen.append((kind, digest))
 
 
 def broadcast_digest(party: Party, round_: int) -> bytes:
@@ -112,11 +113,19 @@ class Link:
         (each client takes them first); one to some clients (a key set-up) leaves them."""
         server = self.parties[SERVER]
         carry = self.carry if set(calls) == {c.id for c in self.clients} else {}
+        digests: dict[int, str] = {}  # id of bytes sent to several clients -> their SHA-256
+
+        def digest(data: bytes) -> str:
+            if id(data) not in digests:
+                digests[id(data)] = hashlib.sha256(data).hexdigest()
+            return digests[id(data)]
+
         requests = {cid: Request(self.round, self.kind, phase, reply_phase, action, self.stages,
                                  None if call.data is None else server.envelope(
                                      self.round, phase, self.kind, cid, call.data, self.stages,
-                                     call.origin), call.args,
-                                 tuple(server.envelope(self.round, "broadcast", kind, cid, data)
+                                     call.origin, digest=digest(call.data)), call.args,
+                                 tuple(server.envelope(self.round, "broadcast", kind, cid, data,
+                                                       digest=digest(data))
                                        for kind, data in carry.items()))
                     for cid, call in calls.items()}
         if carry:

@@ -8,6 +8,8 @@ and the real sealed stage (its counters and a replayed copy after a restore).
 
 from __future__ import annotations
 
+import hashlib
+
 import numpy as np
 import pytest
 import torch
@@ -37,7 +39,7 @@ def used_client() -> Client:
         client.protocol_rng.random(9)
     for round_, kind in [(1, "model"), (1, "potential"), (2, "model")]:
         data = serialize_payload({"w": np.full(3, round_, np.float32)})
-        record_broadcast(client, round_, kind, data)
+        record_broadcast(client, round_, kind, hashlib.sha256(data).hexdigest())
     client.inbox["model"] = {"w": np.arange(6, dtype=np.float32).reshape(2, 3),
                              "b": np.array([1, 2], dtype=np.int64)}
     client.inbox["potential"] = {"phi": np.ones(4, dtype=np.float64)}

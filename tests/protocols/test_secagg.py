@@ -659,7 +659,8 @@ def test_a_client_refuses_parameters_other_than_its_own_spec(tmp_path):
     (stage,) = load_protocol(str(tmp_path / "spec.toml")).stages
     lowered = SecAggStage(stage.protects, 0.51, stage.neighbours, stage.quantizer).parameters()
 
-    def envelope(round_, phase, kind, recipient, data, stages=(), origin=""):
+    def envelope(round_, phase, kind, recipient, data, stages=(), origin="",
+                 digest=None):  # digest dropped: the honest envelope hashes what is sent
         if phase == "keys" and recipient == "client-2":
             data = bytes_payload(payload_bytes(data, "server") | {"params": lowered})
         return honest(round_, phase, kind, recipient, data, stages, origin)

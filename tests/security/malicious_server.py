@@ -140,7 +140,8 @@ class MaliciousServer:
         server, transport = channel.server, channel.transport
         honest_envelope, honest_send = server.envelope, transport.send
 
-        def envelope(round_, phase, kind, recipient, data, stages=(), origin=""):
+        def envelope(round_, phase, kind, recipient, data, stages=(), origin="",
+                 digest=None):  # digest dropped: the honest envelope hashes what is sent
             change = None if self._extra else self.tamper.get(phase)
             if change is not None:
                 data = change(data, recipient)

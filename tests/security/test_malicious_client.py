@@ -59,7 +59,8 @@ def corrupt(party: Party, tamper: dict) -> None:
     public keys, sees that party's genuine message); every other message is untouched."""
     honest = party.envelope
 
-    def envelope(round_, phase, kind, recipient, data, stages=(), origin=""):
+    def envelope(round_, phase, kind, recipient, data, stages=(), origin="",
+                 digest=None):  # digest dropped: the honest envelope hashes what is sent
         change = tamper.get(phase)
         if getattr(change, "signs", False):  # the adversary signs its own lie
             data = change(data, recipient, party, round_, kind)

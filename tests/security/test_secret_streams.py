@@ -134,6 +134,7 @@ _ALLOWED = {
     "data/pairs.py": "public synthetic data and partition",
     "data/modes2d.py": "public synthetic data and partition",
     "data/colored_digits.py": "public data generation and partition",
+    "data/images.py": "public synthetic data (the shapes set)",
     "data/digits.py": "public class-pair split",
     "runs/fedwad.py": "public synthetic gaussians",
     "methods/fedwad.py": "the one-process reference (all parties in one process, no messages)",
