@@ -245,9 +245,11 @@ def our_variants(folder: Path) -> list[tuple[str, str]]:
 
 
 def _ones(client, task):
-    """Every client's update: d float32 ones (the rows of Flower's clients send the same)."""
+    """Every client's update: d float32 ones (the rows of Flower's clients send the same). It
+    forgets the model it was sent once it has computed, as FFM's clients do."""
     import numpy as np
 
+    client.inbox.pop("global_model", None)
     return {"x": np.ones(int(task.args["d"]), np.float32)}
 
 

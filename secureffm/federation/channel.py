@@ -74,8 +74,8 @@ class Channel(Protocol):
         """Each client computes a payload matching ``template``; the server obtains only the
         ``weights``-weighted mean over the clients that made it through the round.
         ``noise``: each client's share of distributed DP noise, when the protocol asks for it;
-        ``broadcast``: kind -> payload the server publishes first, as :meth:`broadcast` does,
-        carried by the aggregation's first exchange."""
+        ``broadcast``: kind -> payload the server publishes to the clients asked to compute,
+        as :meth:`broadcast` does, carried by the request that asks them."""
 
     def send(self, round_: int, phase: str, kind: str, sender: str, recipient: str,
              payload: Payload | Compute) -> Payload | None:

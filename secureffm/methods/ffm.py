@@ -123,6 +123,10 @@ class FFMSettings:
         """The settings of ``values`` (any object with these attributes, e.g. a run config)."""
         return cls(**{f.name: getattr(values, f.name) for f in fields(cls)})
 
+    def dual_round(self, round_: int) -> bool:
+        """Whether GOT's potential takes a step in ``round_`` (every ``potential_every``)."""
+        return self.method == "got" and round_ % self.potential_every == 0
+
     @property
     def sent_kinds(self) -> tuple[str, ...]:
         """The kinds of message clients derive from their data: what DP must cover."""
@@ -313,13 +317,23 @@ class FFMClient:
         losses = self.velocity_losses(client, round_, self._rows(client))
         grad = client.state["velocity_grad"](losses, len(losses))
         client.state["last_loss"] = float(losses.detach().mean()) if len(losses) else 0.0
+        if not self.settings.dual_round(round_):
+            self._done_with_model(client)
         return {"gradient": grad}
+
+    @staticmethod
+    def _done_with_model(client: Client) -> None:
+        """Forget the round's theta once its last task used it: every round's first task
+        comes with a fresh one, so the client's saved state need not carry it (d float32 per
+        message on Flower)."""
+        client.inbox.pop("global_model", None)
 
     def _dual(self, client: Client, round_: int) -> dict[str, np.ndarray]:
         self._sync(client)
         losses = self.dual_losses(client, round_, self._rows(client))
         grad = client.state["dual_grad"](losses, len(losses))
         client.state["last_dual"] = float(-losses.detach().mean()) if len(losses) else 0.0
+        self._done_with_model(client)
         return {"gradient": grad}
 
 class FederatedFlowMatching:
@@ -459,7 +473,7 @@ class FederatedFlowMatching:
             self._diagnose(report, "loss", "last_loss", update.included)
         else:
             report["aborted"] += 1
-        if self.potential is not None and round_ % self.settings.potential_every == 0:
+        if self.potential is not None and self.settings.dual_round(round_):
             dual = self.channel.aggregate(round_, "dual_update",
                                           Task("ffm.dual", {"round": round_}),
                                           self.weights, _template(self.potential),

@@ -89,9 +89,9 @@ class ProtectedChannel:
                   template: Template, noise: DistributedNoise | None = None,
                   broadcast: dict[str, Payload] | None = None) -> Aggregate:
         """See :meth:`Channel.aggregate`. ``broadcast`` (kind -> payload) travels with the
-        stage's first exchange, each client taking it before it computes (one exchange less
-        than :meth:`broadcast` then :meth:`aggregate`; the same records in the same order).
-        The server logs each dropped client, then either
+        stage's exchange that asks the clients to compute, each client taking it first (one
+        exchange less than :meth:`broadcast` then :meth:`aggregate`, and the payload arrives
+        with the request that uses it). The server logs each dropped client, then either
         ``aborted`` or ``aggregated`` with the counted client ids in ``included`` and the
         aggregated kind in ``of_kind``, so an audit can check that each counted client sent
         its input."""

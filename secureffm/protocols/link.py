@@ -109,10 +109,12 @@ class Link:
         """The server signs each call's message of ``phase`` and asks each client to run its
         handler ``action``; client id -> the delivery of its ``reply_phase`` answer (absent
         when the client was offline). The server logs its own refusals of the replies. The
-        broadcasts in ``carry`` travel with the first exchange that addresses every client
-        (each client takes them first); one to some clients (a key set-up) leaves them."""
+        broadcasts in ``carry`` travel with the first exchange that asks the clients to compute
+        (a call with a ``compute`` argument), each client taking them first: the model arrives
+        with the request that uses it, and a client need not keep it in its saved state over
+        the phases before (a client offline by then gets none: it computes nothing)."""
         server = self.parties[SERVER]
-        carry = self.carry if set(calls) == {c.id for c in self.clients} else {}
+        carry = self.carry if any("compute" in call.args for call in calls.values()) else {}
         digests: dict[int, str] = {}  # id of bytes sent to several clients -> their SHA-256
 
         def digest(data: bytes) -> str:
