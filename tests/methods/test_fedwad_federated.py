@@ -19,7 +19,6 @@ from secureffm.federation.parties import Client
 from secureffm.methods.fedwad import FedWADConfig, Measure, interpolate, wasserstein
 from secureffm.methods.fedwad_federated import (
     LABELS,
-    ClientRows,
     FedWADClient,
     Rows,
     federated_distance,
@@ -198,17 +197,17 @@ def test_plaintext_distances_let_the_server_recover_each_t(tmp_path, data):
 
 def test_a_client_selects_one_class_of_its_rows_itself(tmp_path, data):
     """Rows(client, label): the client picks the rows of a class from its own labels; the
-    distance and the log equal those of the same rows made on the server's side
-    (ClientRows, in-process only), and a class it does not hold is refused by the client."""
+    distance and the log equal those of clients that hold only those rows, and a class it does
+    not hold is refused by the client."""
     labels = [np.arange(len(x)) % 2 for x in data]
+    chosen = [x[y == cls] for x, y, cls in zip(data, labels, (0, 1), strict=True)]
     results, logs = [], []
-    for folder, named in ((tmp_path / "named", True), (tmp_path / "made", False)):
-        channel, privacy = federation(folder, data, "fedwad-private")
+    for folder, named in ((tmp_path / "named", True), (tmp_path / "held", False)):
+        channel, privacy = federation(folder, data if named else chosen, "fedwad-private")
         for client, y in zip(channel.clients, labels, strict=True):
             client.state[LABELS] = y
         sides = ([Rows("client-1", 0), Rows("client-2", 1)] if named else
-                 [ClientRows(c, x[y == cls]) for c, x, y, cls
-                  in zip(channel.clients, data, labels, (0, 1), strict=True)])
+                 ["client-1", "client-2"])
         results.append(federated_distance(channel, privacy, *sides, CONFIG).distance)
         channel.close()
         logs.append([(r["round"], r["kind"], r["sender"], r["recipient"], r["bytes"])
