@@ -223,3 +223,36 @@ def test_a_client_selects_one_class_of_its_rows_itself(tmp_path, data):
         federated_distance(channel, privacy, Rows("client-1", 7), "client-2", CONFIG)
     assert any(r.get("event") == "rejected" and "no rows of class 7" in r["detail"]
                for r in records(tmp_path / "absent"))
+
+
+def test_a_server_naming_a_tiny_subsample_is_refused_and_would_get_a_row(tmp_path, data):
+    """Attack: the server asks for an interpolation of a 1-row subsample. Every atom is then
+    (1 - t) x + t xi_j (exact interpolation), so the measure's mean and spread give t and the
+    row x exactly. With
+    the check removed (the client's own allowance set to the server's count) the row leaks;
+    with it (its own config allows no subsample) the client refuses in its signed event."""
+    from secureffm.federation.channel import Task
+    from secureffm.federation.message import SERVER
+    from secureffm.methods.fedwad_federated import measure_payload
+
+    xi = Measure.uniform(np.random.default_rng(9).normal(size=(6, 2)))
+    for removed in (True, False):
+        folder = tmp_path / ("removed" if removed else "checked")
+        channel, _ = federation(folder, data, config=FedWADConfig(exact=True))
+        if removed:
+            channel.endpoints["client-1"].program.samples = 1
+        channel.send(1, "broadcast", "measure", SERVER, "client-1", measure_payload(xi))
+        got = channel.send(1, "upload", "measure", "client-1", SERVER,
+                           Task("fedwad.interpolate", {"sample": 1}))
+        channel.close()
+        if not removed:
+            assert got is None
+            assert any(r.get("event") == "rejected" and "its own config allows none"
+                       in r["detail"] for r in records(folder))
+            continue
+        atoms, w = got["support"], got["weights"]
+        mean = w @ atoms
+        t = np.sqrt(w @ ((atoms - mean) ** 2).sum(1) / (xi.weights @ ((
+            xi.support - xi.weights @ xi.support) ** 2).sum(1)))
+        row = (mean - t * (xi.weights @ xi.support)) / (1 - t)
+        assert np.min(np.linalg.norm(data[0] - row, axis=1)) < 1e-9  # a client's row, leaked
