@@ -37,7 +37,7 @@ from secureffm.methods.client_clustering import (  # noqa: E402
     clustered_fedavg,
 )
 from secureffm.methods.fedwad import FedWADConfig  # noqa: E402
-from secureffm.methods.otdd import federated_otdd, labelled_clients  # noqa: E402
+from secureffm.methods.otdd import OTDDClient, federated_otdd, labelled_clients  # noqa: E402
 from secureffm.protocols.protocol import load_protocol  # noqa: E402
 from secureffm.reporting import mean_std, write_block  # noqa: E402
 from secureffm.runs.scaffold import open_channel  # noqa: E402
@@ -58,17 +58,20 @@ def one_run(structure: str, seed: int, args, out: Path) -> dict:
     protocol = load_protocol(args.protocol)
     clients = labelled_clients([s.x_train for s in shards], [s.y_train for s in shards],
                                deterministic_seed=seed)
-    channel = open_channel(protocol, clients, MessageLog(out / "otdd" / "messages.jsonl"))
+    fedwad = FedWADConfig(iterations=args.iterations, support_size=args.support, seed=seed)
+    privacy = protocol.geodesic_privacy()
+    channel = open_channel(protocol, clients, MessageLog(out / "otdd" / "messages.jsonl"),
+                           program=OTDDClient(fedwad, privacy))
     try:
-        otdd = federated_otdd(channel, protocol.geodesic_privacy(), FedWADConfig(
-            iterations=args.iterations, support_size=args.support, seed=seed))
+        otdd = federated_otdd(channel, privacy, fedwad)
     finally:
         channel.close()
     config = FedAvgConfig(rounds=args.rounds, local_epochs=args.local_epochs)
     dp = protocol.dp_settings(("update",), "FedAvg")  # FedAvg refuses any: plain local SGD
 
-    def cluster_channel(members, folder: Path):
-        return open_channel(protocol, members, MessageLog(folder / "messages.jsonl"))
+    def cluster_channel(members, folder: Path, program):
+        return open_channel(protocol, members, MessageLog(folder / "messages.jsonl"),
+                            program=program)
 
     result = {"classes": [list(s.classes) for s in shards], "distances": otdd.distances.tolist(),
               "accuracy": {}, "ari": {}, "clusters": {}}

@@ -28,7 +28,11 @@ import torch  # noqa: E402
 from secureffm.data.digits import class_pair_split  # noqa: E402
 from secureffm.federation.log import MessageLog  # noqa: E402
 from secureffm.methods.fedwad import FedWADConfig, Measure, wasserstein  # noqa: E402
-from secureffm.methods.fedwad_coreset import CoresetConfig, learn_coreset  # noqa: E402
+from secureffm.methods.fedwad_coreset import (  # noqa: E402
+    CoresetConfig,
+    coreset_client,
+    learn_coreset,
+)
 from secureffm.methods.otdd import labelled_clients  # noqa: E402
 from secureffm.protocols.protocol import load_protocol  # noqa: E402
 from secureffm.reporting import write_block  # noqa: E402
@@ -76,10 +80,11 @@ def main() -> None:
         for name, exact in (("exact W", True), ("FedWAD", False)):
             clients = labelled_clients(xs, ys)
             with tempfile.TemporaryDirectory() as folder:
-                channel = open_channel(protocol, clients, MessageLog(Path(folder) / "m.jsonl"))
+                privacy = protocol.geodesic_privacy()
+                channel = open_channel(protocol, clients, MessageLog(Path(folder) / "m.jsonl"),
+                                       program=coreset_client(config, privacy))
                 start = time.perf_counter()
-                result = learn_coreset(channel, protocol.geodesic_privacy(), initial, config,
-                                       exact=exact)
+                result = learn_coreset(channel, privacy, initial, config, exact=exact)
                 seconds = time.perf_counter() - start
                 channel.close()
             distance = wasserstein(Measure.uniform(result.points), pooled, 2)

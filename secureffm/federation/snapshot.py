@@ -3,9 +3,10 @@ fresh process keeps them for the client, on the client's own node, never at the 
 
 What a client carries over: its secret-stream key, its training generator and protocol stream,
 its memory of the broadcasts it accepted, of its sealed-message counters and of its CKKS key
-(the secret context's bytes), its inbox, the peers' payloads it gathered, the plain values and
-generators of its method's state (objects in ``client.state`` are not: the method's program
-rebuilds them, or reloads them from the broadcasts, before the values are restored), and the
+(the secret context's bytes), its inbox, the peers' payloads it gathered, the plain values
+(and lists of them) and generators of its method's state (objects in ``client.state`` are
+not: the method's program rebuilds them, or reloads them from the broadcasts, before the values
+are restored), and the
 state dicts of the objects in ``client.kept`` (a client's own trained model, optimizer, EMA),
 loaded in place into the objects the rebuilt program made. Encoded as one frame: a JSON header
 and a safetensors blob of the arrays; no pickle.
@@ -79,7 +80,8 @@ def client_state(client: Client) -> tuple[dict, dict[str, np.ndarray]]:
         if isinstance(value, torch.Generator):
             arrays[f"state/{key}"] = _generator_state(value)
             state[key] = {"generator": True}
-        elif isinstance(value, _PLAIN):
+        elif isinstance(value, _PLAIN) or (isinstance(value, list)
+                                           and all(isinstance(v, _PLAIN) for v in value)):
             state[key] = {"value": value}
     kept = {key: _encode(value.state_dict(), f"kept/{key}", arrays)
             for key, value in client.kept.items()}

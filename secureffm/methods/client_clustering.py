@@ -5,6 +5,7 @@ their pairwise distance matrix (federated OTDD or FedWAD, :mod:`.otdd`), then ru
 per cluster, each cluster a sub-federation with its own channel and log. Global FedAvg is the
 one-cluster case. FedAvg rounds go through the channel's ``aggregate`` (kind ``update``, weights
 by client size), so a protocol that protects ``update`` (secure aggregation) applies unchanged.
+Each client trains with :class:`FedAvgClient` (its own program, on any engine).
 """
 
 from __future__ import annotations
@@ -20,14 +21,15 @@ from torch import nn
 from tqdm import tqdm
 
 from ..errors import ConfigError, DataError, ProtocolError
-from ..federation.channel import Channel
+from ..federation.channel import Channel, Task, TaskRefused
+from ..federation.message import Payload
 from ..federation.parties import Client
 from ..models.params import flat_params, load_flat_params
 from ..privacy.settings import DPSettings
-from .otdd import client_labels
+from .fedwad_federated import client_labels, sample_dim
 
 __all__ = ["AFFINITIES", "cluster_clients", "Classifier", "FedAvgConfig", "fedavg",
-           "clustered_fedavg", "accuracy", "ChannelFactory"]
+           "clustered_fedavg", "accuracy", "ChannelFactory", "FedAvgClient"]
 
 AFFINITIES = ("rbf", "knn")
 
@@ -103,46 +105,68 @@ class FedAvgConfig:
             raise ConfigError(f"FedAvgConfig.lr = {self.lr}: must be > 0")
 
 
-def _local_update(client: Client, config: FedAvgConfig) -> dict[str, np.ndarray]:
-    """Train the client's replica from the broadcast parameters; return the change [P]."""
-    theta = client.inbox["global_model"]["theta"]
-    model = client.state["classifier"]
-    load_flat_params(model, theta)
-    labels = torch.as_tensor(client_labels(client), device=client.data.device)
-    optimizer = torch.optim.SGD(model.parameters(), lr=config.lr)
-    for _ in range(config.local_epochs):
-        order = torch.randperm(client.size, generator=client.generator, device=client.data.device)
-        for batch in order.split(config.batch_size):
-            optimizer.zero_grad(set_to_none=True)
-            loss = nn.functional.cross_entropy(model(client.data[batch]), labels[batch])
-            loss.backward()
-            optimizer.step()
-    return {"update": flat_params(model) - theta}
+class FedAvgClient:
+    """FedAvg's client side: the task ``fedavg.update`` (no arguments) trains a replica from the
+    broadcast parameters ``global_model`` ``theta`` [P] on its own rows and labels, with the
+    epochs, batch size, learning rate and architecture of its own copy of ``config``, and
+    returns the change ``{"update": [P]}`` (float32)."""
+
+    TASKS = ("fedavg.update",)
+
+    def __init__(self, config: FedAvgConfig):
+        self.config = config
+
+    def __call__(self, client: Client, task: Task) -> Payload:
+        if task.name not in self.TASKS or task.args:
+            raise TaskRefused(f"{client.id} runs {self.TASKS[0]} with no arguments (its "
+                              f"training settings are its own), not {task.name!r} "
+                              f"{sorted(task.args)}")
+        config = self.config
+        theta = client.inbox.get("global_model", {}).get("theta")
+        labels = torch.as_tensor(client_labels(client), device=client.data.device)
+        with torch.random.fork_rng(devices=[]):  # weights come from theta, not the torch RNG
+            model = Classifier(client.data.shape[1], config.classes, config.hidden)
+        if theta is None or theta.shape != flat_params(model).shape:
+            raise TaskRefused(f"{client.id} holds no global model of its classifier's "
+                              f"{flat_params(model).size} parameters to train")
+        load_flat_params(model, theta)
+        optimizer = torch.optim.SGD(model.parameters(), lr=config.lr)
+        for _ in range(config.local_epochs):
+            order = torch.randperm(client.size, generator=client.generator,
+                                   device=client.data.device)
+            for batch in order.split(config.batch_size):
+                optimizer.zero_grad(set_to_none=True)
+                loss = nn.functional.cross_entropy(model(client.data[batch]), labels[batch])
+                loss.backward()
+                optimizer.step()
+        return {"update": flat_params(model) - theta}
 
 
-# Opens a sub-federation's channel over ``members``, logging under ``folder``.
-ChannelFactory = Callable[[list[Client], Path], Channel]
+# Opens a sub-federation's channel over ``members`` (clients, or what a server knows of clients
+# that run elsewhere), logging under ``folder``, whose clients run ``program`` (in-process; on
+# Flower each node runs its own).
+ChannelFactory = Callable[[list[Client], Path, Callable[[Client, Task], Payload]], Channel]
 
 
 def fedavg(channel: Channel, config: FedAvgConfig, *, dp: DPSettings | None, seed: int = 0,
-           progress: Callable[[], None] | None = None) -> Classifier:
-    """Train one classifier over ``channel``'s clients (each with ``state["labels"]``).
+           progress: Callable[[], None] | None = None, dim: int | None = None) -> Classifier:
+    """Train one classifier over ``channel``'s clients (each running :class:`FedAvgClient` on
+    its rows and ``state["labels"]``), weighted by ``client.size`` (on Flower, the nominal
+    shard size the server knows them by).
 
     Rounds whose aggregation aborted leave the model unchanged. ``progress`` is called once per
     round. ``dp``: the DP settings the protocol asks of ``update`` messages; local training is
-    plain SGD, so any is refused rather than claimed.
+    plain SGD, so any is refused rather than claimed. ``dim``: the features' dimension d by the
+    public data recipe, needed when the clients run elsewhere.
     """
     if dp is not None:
         raise ProtocolError("the protocol asks for DP on 'update', but FedAvg's local training "
                             "here is plain SGD, so no DP guarantee would hold; use 'plaintext', "
                             "'secagg' or 'secagg-plus'")
-    dim = int(channel.clients[0].data.shape[1])
+    dim = sample_dim(channel.clients[0], dim)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = Classifier(dim, config.classes, config.hidden)
-    for client in channel.clients:
-        client_labels(client)
-        client.state["classifier"] = Classifier(dim, config.classes, config.hidden)
     total = sum(c.size for c in channel.clients)
     weights = {c.id: c.size / total for c in channel.clients}
     count = sum(p.numel() for p in model.parameters())
@@ -150,8 +174,8 @@ def fedavg(channel: Channel, config: FedAvgConfig, *, dp: DPSettings | None, see
     for round_ in range(1, config.rounds + 1):
         theta = flat_params(model)
         channel.broadcast(round_, "global_model", {"theta": theta})
-        result = channel.aggregate(round_, "update", lambda c: _local_update(c, config),
-                                   weights, template)
+        result = channel.aggregate(round_, "update", Task("fedavg.update"), weights,
+                                   template)
         if result.payload is not None:
             load_flat_params(model, theta + result.payload["update"])
         if progress is not None:
@@ -161,12 +185,12 @@ def fedavg(channel: Channel, config: FedAvgConfig, *, dp: DPSettings | None, see
 
 def clustered_fedavg(clients: list[Client], assignment: np.ndarray,
                      open_channel: ChannelFactory, log_dir: Path, config: FedAvgConfig, *,
-                     dp: DPSettings | None, seed: int = 0,
-                     show_progress: bool = True) -> dict[str, Classifier]:
+                     dp: DPSettings | None, seed: int = 0, show_progress: bool = True,
+                     dim: int | None = None) -> dict[str, Classifier]:
     """One FedAvg per cluster of ``assignment`` (cluster index per client, shape [n]), each
     over its own channel from ``open_channel`` logging in ``log_dir/cluster-<k>/`` (one folder
-    per sub-federation: a log keeps its parties' keys beside it). ``dp``: as for
-    :func:`fedavg`.
+    per sub-federation: a log keeps its parties' keys beside it), its clients running
+    :class:`FedAvgClient` of ``config``. ``dp``, ``dim``: as for :func:`fedavg`.
 
     Returns client id -> the model of its cluster.
     """
@@ -180,9 +204,9 @@ def clustered_fedavg(clients: list[Client], assignment: np.ndarray,
     models: dict[str, Classifier] = {}
     for k in clusters:
         members = [c for c, a in zip(clients, assignment, strict=True) if a == k]
-        channel = open_channel(members, Path(log_dir) / f"cluster-{k}")
+        channel = open_channel(members, Path(log_dir) / f"cluster-{k}", FedAvgClient(config))
         try:
-            model = fedavg(channel, config, dp=dp, seed=seed, progress=bar.update)
+            model = fedavg(channel, config, dp=dp, seed=seed, progress=bar.update, dim=dim)
         finally:
             channel.close()
         models.update({c.id: model for c in members})

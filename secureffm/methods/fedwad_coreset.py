@@ -13,7 +13,11 @@ Gradient: with xi on the geodesic from C to mu_i, W_p(C, xi) = t W_p(C, mu_i) an
 plans agree, so d W_p(C, xi) / dC at fixed xi equals d W_p(C, mu_i) / dC (envelope theorem: the
 plan is held fixed). The server takes it through POT's plan and torch, and steps C with Adam.
 ``exact = True`` is the non-federated reference of the paper's Fig. 4: the server reads each
-sampled client's (sub)sample and uses W_p(C, mu_i) directly.
+sampled client's (sub)sample and uses W_p(C, mu_i) directly (in-process only).
+
+Each client runs :func:`coreset_client` (its own program, on any engine): it draws its own
+subsample (:class:`~.fedwad_federated.Rows` ``sample``) and refuses a count other than its own
+config's.
 """
 
 from __future__ import annotations
@@ -30,9 +34,16 @@ from ..federation.parties import Client
 from ..ot import emd_plan
 from ..privacy.settings import GeodesicPrivacy
 from .fedwad import FedWADConfig, Measure, ground_cost
-from .fedwad_federated import ClientRows, federated_distance, rounds_per_distance
+from .fedwad_federated import (
+    FedWADClient,
+    Rows,
+    federated_distance,
+    rounds_per_distance,
+    sample_dim,
+)
 
-__all__ = ["CoresetConfig", "CoresetResult", "coreset_distance", "learn_coreset"]
+__all__ = ["CoresetConfig", "CoresetResult", "coreset_distance", "learn_coreset",
+           "coreset_client"]
 
 
 @dataclass(frozen=True)
@@ -87,19 +98,31 @@ def coreset_distance(points: torch.Tensor, target: Measure, p: int) -> torch.Ten
     return (plan * ground).sum().clamp_min(1e-12).pow(1.0 / p)
 
 
+def coreset_client(config: CoresetConfig, privacy: GeodesicPrivacy | None) -> FedWADClient:
+    """A client's program for :func:`learn_coreset`, from its own copy of ``config`` and of the
+    protocol's randomized-t protections (``privacy``)."""
+    return FedWADClient(config.fedwad, privacy, samples=config.samples_per_client)
+
+
 def _sample(client: Client, count: int) -> np.ndarray:
+    """The exact reference's rows: the server draws them from a client in its process."""
+    if not isinstance(client, Client):
+        raise ConfigError(f"{client.id} runs elsewhere: the exact reference reads clients' "
+                          "rows, so it runs in-process only; drop exact")
     rows = client.minibatch(count) if 0 < count < client.size else client.data
     return rows.detach().cpu().double().numpy()
 
 
 def learn_coreset(channel: Channel, privacy: GeodesicPrivacy | None, initial: np.ndarray,
-                  config: CoresetConfig, exact: bool = False,
-                  show_progress: bool = True) -> CoresetResult:
+                  config: CoresetConfig, exact: bool = False, show_progress: bool = True,
+                  dim: int | None = None) -> CoresetResult:
     """Learn ``config.size`` points from ``initial`` [K, d] over ``channel``'s clients (module
-    docstring); ``privacy``: the randomized-t protections of measure messages, or None;
-    ``exact``: the non-federated reference (the server reads the clients' rows)."""
+    docstring), each running :func:`coreset_client`; ``privacy``: the randomized-t protections
+    of measure messages, or None; ``exact``: the non-federated reference (the server reads the
+    clients' rows, in-process only); ``dim``: d by the public data recipe, needed when the
+    clients run elsewhere (on Flower)."""
     initial = np.asarray(initial, dtype=np.float64)
-    dim = int(channel.clients[0].data.shape[1])
+    dim = sample_dim(channel.clients[0], dim)
     if initial.shape != (config.size, dim):
         raise DataError(f"initial coreset has shape {initial.shape}; need ({config.size}, "
                         f"{dim}) for size = {config.size} in the clients' dimension")
@@ -118,15 +141,15 @@ def learn_coreset(channel: Channel, privacy: GeodesicPrivacy | None, initial: np
         terms, values = [], []
         for index in chosen:
             client = channel.clients[int(index)]
-            data = _sample(client, config.samples_per_client)
             if exact:
-                target = Measure.uniform(data)
+                target = Measure.uniform(_sample(client, config.samples_per_client))
                 terms.append(coreset_distance(points, target, p))
                 values.append(float(terms[-1].detach()))
                 continue
+            side = Rows(client.id, sample=config.samples_per_client)
             try:
-                result = federated_distance(channel, privacy, held, ClientRows(client, data),
-                                            config.fedwad, round_)
+                result = federated_distance(channel, privacy, held, side, config.fedwad, round_,
+                                            dim=dim)
             except ProtocolError:  # a lost message (logged): this client sits the epoch out
                 continue
             finally:

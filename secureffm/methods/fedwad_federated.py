@@ -15,8 +15,11 @@ and scalars, and the sample dimension d (public, as the task is).
 The client's side is :class:`FedWADClient`, a program of named tasks built from the client's
 own run config and protocol: its t range, its noise and when it gives a distance never come
 from the server's request (a task asking otherwise is refused in the client's signed event).
-Either side may also be a measure the server holds itself (a coreset): the server then
-interpolates and measures that side on its own, with no message.
+A client side names its rows (:class:`Rows`): its whole shard, one class, its rows with its
+classes' label vectors appended (OTDD), or a subsample its own program draws (coresets); the
+client selects them itself, so no server code reads its data. Either side may also be a measure
+the server holds itself (a coreset): the server then interpolates and measures that side on its
+own, with no message.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+import torch
 from tqdm import tqdm
 
 from ..errors import ConfigError, DataError, MessageError, ProtocolError
@@ -44,33 +48,36 @@ from .fedwad import (
 )
 
 __all__ = ["federated_distance", "pairwise_distances", "client_samples", "measure_payload",
-           "payload_measure", "rounds_per_distance", "ClientRows", "Rows", "Side",
-           "FedWADClient", "LABELS", "client_labels"]
+           "payload_measure", "rounds_per_distance", "Rows", "Side", "FedWADClient", "LABELS",
+           "EMBEDDING", "client_labels", "augment", "sample_dim"]
 
 LABELS = "labels"
+EMBEDDING = "label_embedding"  # the kind of the server's message of label vectors (OTDD)
 
 
 @dataclass(frozen=True)
 class Rows:
-    """Rows a client selects from its own data by name: its whole shard, or (``label``) the
-    rows of one class of its labels (``client.state["labels"]``)."""
+    """Rows a client selects from its own data by name, in this order: its shard, with
+    (``augment``) its classes' label vectors appended ([x, e_y], from the server's
+    ``label_embedding`` message), of (``label``) one class of its labels
+    (``client.state["labels"]``), subsampled (``sample`` > 0) to that many rows its own
+    generator draws once per distance (only the count its own program allows)."""
 
     client: str
     label: int | None = None
+    augment: bool = False
+    sample: int = 0
+
+    def args(self) -> dict:
+        """The task's args: the fields that differ from the whole shard."""
+        out = {"label": self.label, "augment": self.augment or None,
+               "sample": self.sample or None}
+        return {k: v for k, v in out.items() if v is not None}
 
 
-@dataclass(frozen=True)
-class ClientRows:
-    """Rows [N, d] (float64) a client holds and never sends, made in the server's process
-    (its data with appended features, a subsample): the in-process engine only."""
-
-    client: Client
-    rows: np.ndarray
-
-
-# One side of a federated distance: a client id (its whole shard), rows a client names or holds,
-# or a measure the server holds.
-Side = str | Rows | ClientRows | Measure
+# One side of a federated distance: a client id (its whole shard), rows a client names, or a
+# measure the server holds.
+Side = str | Rows | Measure
 
 
 def rounds_per_distance(config: FedWADConfig) -> int:
@@ -94,6 +101,27 @@ def client_labels(client: Client) -> np.ndarray:
         raise DataError(f"{client.id} has labels of shape {labels.shape} and dtype "
                         f"{labels.dtype}; need integers of shape ({client.size},)")
     return labels.astype(np.int64)
+
+
+def augment(x: np.ndarray, y: np.ndarray, classes: np.ndarray,
+            embedding: np.ndarray) -> np.ndarray:
+    """Rows [x_i, e_{y_i}], shape [N, d + r], with ``embedding`` [C, r] the vectors of
+    ``classes`` [C]."""
+    index = np.searchsorted(classes, y)
+    if (index >= len(classes)).any() or not np.array_equal(classes[index], y):
+        raise DataError("a label has no embedding vector; every class of the client must have "
+                        "been embedded")
+    return np.concatenate([x, embedding[index]], axis=1)
+
+
+def sample_dim(client: Client, dim: int | None) -> int:
+    """The samples' dimension d: ``dim`` (public, what a server of clients that run elsewhere
+    knows), else, in-process only, the shape of ``client``'s data."""
+    if dim is not None:
+        return int(dim)
+    if not isinstance(client, Client):
+        raise ConfigError(f"{client.id} runs elsewhere: give the samples' dimension (dim)")
+    return int(client.data.shape[1])
 
 
 def measure_payload(measure: Measure) -> Payload:
@@ -127,13 +155,14 @@ def _protections(privacy: GeodesicPrivacy | None,
 # What a client keeps in ``client.state`` between tasks (plain values, so a snapshot carries them).
 _KEPT = "fedwad.kept"  # W_p(rows, xi) of its last interpolation, until the server takes it
 _MOVES = "fedwad.moves"  # interpolations since its last final distance
+_SUBSAMPLE = "fedwad.subsample"  # indices of the rows it drew for the current distance
 
 
 class FedWADClient:
     """FedWAD's client side: the tasks ``fedwad.interpolate`` (a moved measure [S, d]),
     ``fedwad.distance`` (W_p(rows, xi) of that interpolation, ``{"distance": [1]}``) and
-    ``fedwad.final`` (W_p(rows, xi) for the measure in its inbox), each with the optional arg
-    ``label`` (one class of its rows, :class:`Rows`), on the measure the server left in
+    ``fedwad.final`` (W_p(rows, xi) for the measure in its inbox), each with the optional args
+    of :class:`Rows` (``label``, ``augment``, ``sample``), on the measure the server left in
     ``client.inbox["measure"]``.
 
     ``config`` and ``privacy`` are the client's own (its run config, its copy of the
@@ -142,41 +171,84 @@ class FedWADClient:
     one final distance per ``config.iterations`` interpolations, so a server cannot hold
     W_p(rows, xi) for a measure whose interpolation it holds (which gives t). A task with any
     other argument (a t, a range, a noise) is refused: the server sets none of them.
+    ``samples``: the subsample size its own use allows (a coreset's ``samples_per_client``;
+    0: none); a task naming another ``sample`` is refused (a few rows, moved towards xi, give
+    those rows away).
     """
 
     TASKS = ("fedwad.interpolate", "fedwad.distance", "fedwad.final")
+    ARGS = ("label", "augment", "sample")
 
-    def __init__(self, config: FedWADConfig, privacy: GeodesicPrivacy | None):
+    def __init__(self, config: FedWADConfig, privacy: GeodesicPrivacy | None, samples: int = 0):
         self.config = config
+        self.samples = samples
         self.t_range, self.noise_std, self.private = _protections(privacy, config)
 
     def __call__(self, client: Client, task: Task) -> Payload:
         if task.name not in self.TASKS:
             raise TaskRefused(f"{client.id} runs {', '.join(self.TASKS)}, not {task.name!r}")
-        extra = sorted(set(task.args) - {"label"})
+        extra = sorted(set(task.args) - set(self.ARGS))
         if extra:
             raise TaskRefused(f"{client.id} refused {task.name} with {extra}: it takes only "
-                              "'label'; its t range, its noise and when it sends a distance "
-                              "come from its own protocol and run config, not the server")
+                              f"{', '.join(self.ARGS)}; its t range, its noise and when it "
+                              "sends a distance come from its own protocol and run config, "
+                              "not the server")
         if task.name == "fedwad.distance":
             return self.distance(client)
-        rows = self.rows(client, task.args.get("label"))
+        if task.name == "fedwad.interpolate" and not client.state.get(_MOVES, 0):
+            client.state.pop(_SUBSAMPLE, None)  # a new distance: a fresh subsample
+        rows = self.rows(client, task.args)
         if task.name == "fedwad.interpolate":
             return self.interpolate(client, rows)
         return self.final(client, rows)
 
-    @staticmethod
-    def rows(client: Client, label) -> np.ndarray:
-        """The client's rows [N, d] float64: all of them, or those of class ``label``."""
+    def rows(self, client: Client, args: dict) -> np.ndarray:
+        """The client's rows [N, d (+ r)] float64 that ``args`` name (:class:`Rows`)."""
         data = client_samples(client)
-        if label is None:
-            return data
-        if isinstance(label, bool) or not isinstance(label, int):
-            raise TaskRefused(f"{client.id} refused label {label!r}: name a class by its integer")
-        chosen = data[client_labels(client) == label]
-        if not len(chosen):
-            raise TaskRefused(f"{client.id} holds no rows of class {label}")
-        return chosen
+        if args.get("augment", False) is not False:
+            data = self._augmented(client, data, args["augment"])
+        label = args.get("label")
+        if label is not None:
+            if isinstance(label, bool) or not isinstance(label, int):
+                raise TaskRefused(f"{client.id} refused label {label!r}: name a class by its "
+                                  "integer")
+            data = data[client_labels(client) == label]
+            if not len(data):
+                raise TaskRefused(f"{client.id} holds no rows of class {label}")
+        sample = args.get("sample", 0)
+        if sample and (isinstance(sample, bool) or sample != self.samples
+                       or not isinstance(sample, int)):
+            raise TaskRefused(f"{client.id} refused a subsample of {sample!r} rows: its own "
+                              f"config allows {self.samples or 'none'}")
+        if 0 < sample < len(data):
+            if _SUBSAMPLE not in client.state:
+                order = torch.randperm(len(data), generator=client.generator,
+                                       device=client.data.device)
+                client.state[_SUBSAMPLE] = order[:sample].tolist()
+            data = data[client.state[_SUBSAMPLE]]
+        return data
+
+    @staticmethod
+    def _augmented(client: Client, data: np.ndarray, flag) -> np.ndarray:
+        """[x, e_y] with the vectors of its classes from the server's ``label_embedding``."""
+        if flag is not True:
+            raise TaskRefused(f"{client.id} refused augment = {flag!r}: it is true or absent")
+        sent = client.inbox.get(EMBEDDING)
+        if sent is None or set(sent) != {"classes", "embedding"}:
+            raise TaskRefused(f"{client.id} holds no label embedding (classes, embedding) from "
+                              "the server to augment its rows with")
+        classes, vectors = sent["classes"], sent["embedding"]
+        if (classes.ndim != 1 or not np.issubdtype(classes.dtype, np.integer)
+                or vectors.shape[:1] != classes.shape or vectors.ndim != 2
+                or not np.isfinite(vectors).all()):
+            raise TaskRefused(f"{client.id} refused the label embedding: need integer classes "
+                              f"[C] and finite vectors [C, r]; got {classes.shape} "
+                              f"{classes.dtype} and {vectors.shape}")
+        try:
+            return augment(data, client_labels(client), classes.astype(np.int64),
+                           vectors.astype(np.float64))
+        except DataError as err:
+            raise TaskRefused(f"{client.id} refused the label embedding: {err}") from None
 
     def _received(self, client: Client, rows: np.ndarray) -> Measure:
         """xi: the measure the server left in the inbox, in the rows' dimension."""
@@ -220,6 +292,7 @@ class FedWADClient:
         xi = self._received(client, rows)
         client.state[_MOVES] = 0
         client.state.pop(_KEPT, None)
+        client.state.pop(_SUBSAMPLE, None)
         return {"distance": np.array([wasserstein(Measure.uniform(rows), xi, self.config.p)])}
 
 
@@ -245,13 +318,13 @@ def _scalar(payload: Payload, sender: str) -> float:
 @dataclass(frozen=True)
 class _Asked:
     """A client side as the server drives it: the client, the dimension of its rows, and the
-    computations it asks of it (named tasks, or in-process closures over rows made here)."""
+    tasks it asks of it."""
 
     client: str
     dim: int
-    interpolate: Compute
-    distance: Compute
-    final: Compute
+    interpolate: Task
+    distance: Task
+    final: Task
 
 
 def _client(channel: Channel, client_id: str):
@@ -262,24 +335,14 @@ def _client(channel: Channel, client_id: str):
     raise ConfigError(f"no client {client_id!r} in this federation; clients are {known}")
 
 
-def _resolve(channel: Channel, side: Side, program: FedWADClient,
-             dim: int | None) -> _Asked | Measure:
+def _resolve(channel: Channel, side: Side, dim: int | None) -> _Asked | Measure:
     if isinstance(side, Measure):
         return side
-    if isinstance(side, ClientRows):
-        rows = check_samples(side.rows, f"{side.client.id}'s rows")
-        return _Asked(side.client.id, rows.shape[1],
-                      lambda client: program.interpolate(client, rows), program.distance,
-                      lambda client: program.final(client, rows))
     named = Rows(side) if isinstance(side, str) else side
     client = _client(channel, named.client)
-    if dim is None:  # in-process, the server may read the shape of a client's data
-        if not isinstance(client, Client):
-            raise ConfigError(f"{client.id} runs elsewhere: give the samples' dimension (dim)")
-        dim = int(client.data.shape[1])
-    args = {} if named.label is None else {"label": named.label}
-    return _Asked(client.id, dim, Task("fedwad.interpolate", args), Task("fedwad.distance"),
-                  Task("fedwad.final", args))
+    args = named.args()
+    return _Asked(client.id, sample_dim(client, dim), Task("fedwad.interpolate", args),
+                  Task("fedwad.distance"), Task("fedwad.final", args))
 
 
 def _name(side: _Asked | Measure) -> str:
@@ -290,10 +353,9 @@ def federated_distance(channel: Channel, privacy: GeodesicPrivacy | None, a: Sid
                        config: FedWADConfig, round_: int = 1, init: Measure | None = None,
                        dim: int | None = None) -> FedWADResult:
     """W_p between two sides by Algorithm 1 through ``channel``: each side a client id (its
-    data), :class:`Rows` (rows a client selects itself), :class:`ClientRows` (rows made in this
-    process, in-process only) or a :class:`Measure` the server holds. ``privacy``: the
-    randomized-t protections of measure messages, or None. ``dim``: the samples' dimension d
-    (public), needed when the clients run elsewhere.
+    data), :class:`Rows` (rows a client selects itself) or a :class:`Measure` the server holds.
+    ``privacy``: the randomized-t protections of measure messages, or None. ``dim``: the rows'
+    dimension d (public; with augmented rows, d + r), needed when the clients run elsewhere.
 
     Uses rounds ``round_`` .. ``round_ + K``. The server's generator (xi^(0), its t, and
     the t of a side it holds) is seeded by (config.seed, round_); each client draws its t and
@@ -302,8 +364,8 @@ def federated_distance(channel: Channel, privacy: GeodesicPrivacy | None, a: Sid
     ``randomized-t``) and the best of them. A message that does not arrive, or that a client
     refuses, raises ProtocolError (the log says why).
     """
-    program = FedWADClient(config, privacy)  # what ClientRows' in-process closures run
-    sides = [_resolve(channel, side, program, dim) for side in (a, b)]
+    (low, high), _, private = _protections(privacy, config)
+    sides = [_resolve(channel, side, dim) for side in (a, b)]
     names = [_name(s) for s in sides]
     if (isinstance(a, str) and a == b) or names == [SERVER, SERVER]:
         raise ConfigError(f"FedWAD compares data of two parties, at least one a client; got "
@@ -312,7 +374,6 @@ def federated_distance(channel: Channel, privacy: GeodesicPrivacy | None, a: Sid
     if sides[1].dim != dim:
         raise DataError(f"{names[0]} holds {dim}-dimensional samples and {names[1]} "
                         f"{sides[1].dim}-dimensional ones; FedWAD compares one space")
-    low, high = program.t_range
     server_rng = np.random.default_rng([config.seed, round_])
     xi = initial_measure(config, dim, server_rng) if init is None else init
     if xi.dim != dim:
@@ -334,11 +395,11 @@ def federated_distance(channel: Channel, privacy: GeodesicPrivacy | None, a: Sid
             got = _deliver(channel, r, "upload", "measure", side.client, SERVER,
                            side.interpolate)
             returned.append(payload_measure(got, side.client, dim))
-            if not program.private:
+            if not private:
                 got = _deliver(channel, r, "upload", "scalar", side.client, SERVER,
                                side.distance)
                 distances.append(_scalar(got, side.client))
-        if not program.private:
+        if not private:
             bounds.append(sum(distances))
             evaluated.append(k - 1)
         xi = interpolate(returned[0], returned[1], float(server_rng.uniform(low, high)), p,

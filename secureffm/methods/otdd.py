@@ -20,6 +20,8 @@ Federated (:func:`federated_otdd`, FedWAD Sec. 4 and App. D.3), no example leave
    between their augmented samples, whose Euclidean cost is the ground cost above.
 
 A client's labels live in ``client.state["labels"]`` (int64, one per row of ``client.data``).
+Each client runs :class:`OTDDClient` (its own program, on any engine): it computes its class
+distances, selects its class rows and augments its own rows; the server reads no client's data.
 """
 
 from __future__ import annotations
@@ -33,22 +35,27 @@ from sklearn.manifold import ClassicalMDS
 from tqdm import tqdm
 
 from ..errors import DataError, ProtocolError
-from ..federation.channel import Channel
-from ..federation.message import SERVER
+from ..federation.channel import Channel, Task, TaskRefused
+from ..federation.message import SERVER, Payload
 from ..federation.parties import Client, new_clients
 from ..ot import emd_cost, squared_distances
 from ..privacy.settings import GeodesicPrivacy
 from .fedwad import FedWADConfig
 from .fedwad_federated import (
+    EMBEDDING,
     LABELS,
-    ClientRows,
+    FedWADClient,
+    Rows,
+    augment,
     client_labels,
+    client_samples,
     federated_distance,
     rounds_per_distance,
+    sample_dim,
 )
 
 __all__ = ["LABELS", "labelled_clients", "client_labels", "class_distances", "otdd_exact",
-           "label_embedding", "augment", "OTDDResult", "federated_otdd"]
+           "label_embedding", "augment", "OTDDResult", "federated_otdd", "OTDDClient"]
 
 
 def labelled_clients(features: list[np.ndarray], labels: list[np.ndarray], *,
@@ -112,17 +119,6 @@ def label_embedding(distances: np.ndarray) -> np.ndarray:
     return mds.embedding_[:, keep]
 
 
-def augment(x: np.ndarray, y: np.ndarray, classes: np.ndarray,
-            embedding: np.ndarray) -> np.ndarray:
-    """Rows [x_i, e_{y_i}], shape [N, d + r], with ``embedding`` [C, r] the vectors of
-    ``classes`` [C]."""
-    index = np.searchsorted(classes, y)
-    if (index >= len(classes)).any() or not np.array_equal(classes[index], y):
-        raise DataError("a label has no embedding vector; every class of the client must have "
-                        "been embedded")
-    return np.concatenate([x, embedding[index]], axis=1)
-
-
 @dataclass(frozen=True)
 class OTDDResult:
     """What the server holds after :func:`federated_otdd`.
@@ -138,40 +134,64 @@ class OTDDResult:
     embedding: np.ndarray
 
 
+class OTDDClient:
+    """OTDD's client side: the task ``otdd.class_distances`` (its classes [C] and the exact W_2
+    between them [C, C], step 1) and FedWAD's tasks (:class:`FedWADClient`) on its class rows
+    (``label_config``, step 2) or its augmented rows (``augment``: ``config``, step 4), from
+    its own copies of the configs and the protocol's randomized-t protections (``privacy``)."""
+
+    TASKS = ("otdd.class_distances", *FedWADClient.TASKS)
+
+    def __init__(self, config: FedWADConfig, privacy: GeodesicPrivacy | None,
+                 label_config: FedWADConfig | None = None):
+        self.outer = FedWADClient(config, privacy)
+        self.classes = FedWADClient(label_config or config, privacy)
+
+    def __call__(self, client: Client, task: Task) -> Payload:
+        if task.name != "otdd.class_distances":
+            return (self.outer if task.args.get("augment") else self.classes)(client, task)
+        if task.args:
+            raise TaskRefused(f"{client.id} refused {task.name} with {sorted(task.args)}: "
+                              "it takes no arguments")
+        classes, distances = class_distances(client_samples(client), client_labels(client))
+        return {"classes": classes, "distances": distances}
+
+
 def _lost(what: str, client: str) -> ProtocolError:
     return ProtocolError(f"federated OTDD needs every client's {what}, but a message of "
                          f"{client} was lost (see the log's events); rerun without that client")
 
 
-def _fedwad(channel: Channel, privacy: GeodesicPrivacy | None, sides: list[ClientRows],
-            config: FedWADConfig, round_: int, what: str) -> float:
+def _fedwad(channel: Channel, privacy: GeodesicPrivacy | None, sides: list[Rows],
+            config: FedWADConfig, round_: int, what: str, dim: int) -> float:
     try:
-        return federated_distance(channel, privacy, sides[0], sides[1], config, round_).distance
+        return federated_distance(channel, privacy, sides[0], sides[1], config, round_,
+                                  dim=dim).distance
     except ProtocolError as err:
-        raise _lost(what, f"{sides[0].client.id} or {sides[1].client.id}") from err
+        raise _lost(what, f"{sides[0].client} or {sides[1].client}") from err
 
 
 def federated_otdd(channel: Channel, privacy: GeodesicPrivacy | None, config: FedWADConfig,
-                   label_config: FedWADConfig | None = None,
-                   show_progress: bool = True) -> OTDDResult:
-    """OTDD between every pair of ``channel``'s clients, no example leaving its client (module
-    docstring, steps 1-4). ``privacy``: the randomized-t protections of measure messages, or
-    None. ``config``: FedWAD for the client-to-client distances on augmented rows;
-    ``label_config``: FedWAD for the class-to-class distances (default ``config``).
-    Rounds count up from 1, one per FedWAD iteration.
+                   label_config: FedWADConfig | None = None, show_progress: bool = True,
+                   dim: int | None = None) -> OTDDResult:
+    """OTDD between every pair of ``channel``'s clients, each running :class:`OTDDClient`, no
+    example leaving its client (module docstring, steps 1-4). ``privacy``: the randomized-t
+    protections of measure messages, or None. ``config``: FedWAD for the client-to-client
+    distances on augmented rows; ``label_config``: FedWAD for the class-to-class distances
+    (default ``config``). ``dim``: the features' dimension d by the public data recipe, needed
+    when the clients run elsewhere (on Flower). Rounds count up from 1, one per FedWAD
+    iteration.
     """
     label_config = label_config or config
     clients = channel.clients
     if len(clients) < 2:
         raise DataError("federated OTDD compares clients: the federation needs at least two")
-    rows = {c.id: c.data.detach().cpu().double().numpy() for c in clients}
-    labels = {c.id: client_labels(c) for c in clients}
+    dim = sample_dim(channel.clients[0], dim)
     # 1. each client's own class-to-class distances (scalar)
     labels_of, blocks = [], []
     for client in clients:
-        classes, local = class_distances(rows[client.id], labels[client.id])
         got = channel.send(1, "upload", "scalar", client.id, SERVER,
-                           {"classes": classes, "distances": local})
+                           Task("otdd.class_distances"))
         if got is None:
             raise _lost("class distances", client.id)
         labels_of.extend((client.id, int(c)) for c in got["classes"])
@@ -184,36 +204,32 @@ def federated_otdd(channel: Channel, privacy: GeodesicPrivacy | None, config: Fe
         start += len(block)
     # 2. class-to-class distances across clients, by FedWAD between class subsets
     cross = [(a, b) for a, b in combinations(labels_of, 2) if a[0] != b[0]]
-    by_id = {c.id: c for c in clients}
     round_ = 2
     for a, b in tqdm(cross, desc="OTDD class distances (FedWAD)", disable=not show_progress,
                      leave=False):
-        sides = [ClientRows(by_id[cid], rows[cid][labels[cid] == cls]) for cid, cls in (a, b)]
+        sides = [Rows(cid, label=cls) for cid, cls in (a, b)]
         distance = _fedwad(channel, privacy, sides, label_config, round_,
-                           "class-to-class distances")
+                           "class-to-class distances", dim)
         round_ += rounds_per_distance(label_config)
         label_distances[index[a], index[b]] = label_distances[index[b], index[a]] = distance
     # 3. the server embeds the classes and sends each client its own classes' vectors
     embedding = label_embedding(label_distances)
-    augmented = {}
     for client in clients:
         mine = [i for i, (cid, _) in enumerate(labels_of) if cid == client.id]
-        got = channel.send(round_, "broadcast", "label_embedding", SERVER, client.id,
+        got = channel.send(round_, "broadcast", EMBEDDING, SERVER, client.id,
                            {"classes": np.array([labels_of[i][1] for i in mine]),
                             "embedding": embedding[mine]})
         if got is None:
             raise _lost("label embedding", client.id)
-        augmented[client.id] = augment(rows[client.id], labels[client.id], got["classes"],
-                                       got["embedding"])
     round_ += 1
-    # 4. client-to-client OTDD, by FedWAD between augmented rows
+    # 4. client-to-client OTDD, by FedWAD between the rows each client augments itself
     n = len(clients)
     distances = np.zeros((n, n))
     pairs = list(combinations(range(n), 2))
     for i, j in tqdm(pairs, desc="OTDD client distances (FedWAD)", disable=not show_progress,
                      leave=False):
-        sides = [ClientRows(c, augmented[c.id]) for c in (clients[i], clients[j])]
+        sides = [Rows(c.id, augment=True) for c in (clients[i], clients[j])]
         distances[i, j] = distances[j, i] = _fedwad(channel, privacy, sides, config, round_,
-                                                    "OTDD messages")
+                                                    "OTDD messages", dim + embedding.shape[1])
         round_ += rounds_per_distance(config)
     return OTDDResult(distances, tuple(labels_of), label_distances, embedding)

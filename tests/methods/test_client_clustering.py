@@ -8,6 +8,7 @@ from secureffm.errors import ConfigError, DataError, ProtocolError
 from secureffm.federation.log import MessageLog
 from secureffm.federation.parties import Client
 from secureffm.methods.client_clustering import (
+    FedAvgClient,
     FedAvgConfig,
     accuracy,
     cluster_clients,
@@ -16,7 +17,7 @@ from secureffm.methods.client_clustering import (
 )
 from secureffm.methods.fedwad import FedWADConfig
 from secureffm.methods.fedwad_federated import FedWADClient, pairwise_distances
-from secureffm.methods.otdd import federated_otdd, labelled_clients
+from secureffm.methods.otdd import OTDDClient, federated_otdd, labelled_clients
 from secureffm.protocols.protocol import load_protocol
 from secureffm.runs.scaffold import open_channel
 
@@ -27,14 +28,15 @@ def _digits_clients(structure: str, clients: int, seed: int):
                                     deterministic_seed=seed)
 
 
-def _channel(protocol: str, clients, folder):
-    return open_channel(load_protocol(protocol), clients, MessageLog(folder / "messages.jsonl"))
+def _channel(protocol: str, clients, folder, program):
+    return open_channel(load_protocol(protocol), clients, MessageLog(folder / "messages.jsonl"),
+                        program=program)
 
 
 def _opener(protocol: str):
     """clustered_fedavg's channel factory: ``protocol`` over each cluster, logging in its
     folder."""
-    return lambda members, folder: _channel(protocol, members, folder)
+    return lambda members, folder, program: _channel(protocol, members, folder, program)
 
 
 def _fedavg_dp(protocol: str):
@@ -82,11 +84,11 @@ def test_spectral_clustering_recovers_planted_groups_from_the_fedwad_matrix(tmp_
 @pytest.mark.slow
 def test_spectral_clustering_recovers_planted_class_pairs_from_federated_otdd(tmp_path):
     shards, clients = _digits_clients("clusters", clients=10, seed=0)
-    channel = _channel("plaintext", clients, tmp_path)
     # S = 10 atoms in 64-D leaves a large error floor and recovered the pairs for 1 seed of 3;
     # S = 30 recovered them for 3 of 3.
-    result = federated_otdd(channel, channel.protocol.geodesic_privacy(),
-                            FedWADConfig(iterations=5, support_size=30), show_progress=False)
+    config = FedWADConfig(iterations=5, support_size=30)
+    channel = _channel("plaintext", clients, tmp_path, OTDDClient(config, None))
+    result = federated_otdd(channel, None, config, show_progress=False)
     channel.close()
     found = cluster_clients(result.distances, 5)
     assert adjusted_rand_score(_planted(shards), found) == 1.0
@@ -115,7 +117,7 @@ def test_fedavg_under_secure_aggregation_matches_plaintext(tmp_path):
     for name in ("plaintext", "secagg"):
         # the same client streams for both runs
         _, clients = _digits_clients("clusters", clients=10, seed=1)
-        channel = _channel(name, clients, tmp_path / name)
+        channel = _channel(name, clients, tmp_path / name, FedAvgClient(config))
         models[name] = fedavg(channel, config, dp=_fedavg_dp(name), seed=0)
         channel.close()
     plain = torch.nn.utils.parameters_to_vector(models["plaintext"].parameters())
@@ -138,7 +140,7 @@ def test_bad_inputs_are_clear_errors(tmp_path):
     with pytest.raises(ConfigError, match="rounds"):
         FedAvgConfig(rounds=0)
     unlabelled = [Client(f"client-{i}", torch.zeros(4, 3), torch.Generator()) for i in (1, 2)]
-    channel = _channel("plaintext", unlabelled, tmp_path)
+    channel = _channel("plaintext", unlabelled, tmp_path, FedAvgClient(FedAvgConfig(rounds=1)))
     with pytest.raises(DataError, match="labels"):
         fedavg(channel, FedAvgConfig(rounds=1), dp=None)
     shards, clients = _digits_clients("clusters", clients=10, seed=0)
@@ -156,4 +158,4 @@ def test_bad_inputs_are_clear_errors(tmp_path):
     dp = load_protocol("dp").dp_settings(("gradient",), "FFM")
     assert dp is not None
     with pytest.raises(ProtocolError, match="plain SGD"):
-        fedavg(_channel("dp", clients, tmp_path / "dp"), FedAvgConfig(rounds=1), dp=dp)
+        fedavg(_channel("dp", clients, tmp_path / "dp", None), FedAvgConfig(rounds=1), dp=dp)

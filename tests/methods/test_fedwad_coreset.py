@@ -8,8 +8,13 @@ import torch
 from secureffm.errors import ConfigError, DataError
 from secureffm.federation.log import MessageLog
 from secureffm.methods.fedwad import FedWADConfig, Measure, interpolate, wasserstein
-from secureffm.methods.fedwad_coreset import CoresetConfig, coreset_distance, learn_coreset
-from secureffm.methods.fedwad_federated import ClientRows, federated_distance
+from secureffm.methods.fedwad_coreset import (
+    CoresetConfig,
+    coreset_client,
+    coreset_distance,
+    learn_coreset,
+)
+from secureffm.methods.fedwad_federated import FedWADClient, federated_distance
 from secureffm.methods.otdd import labelled_clients
 from secureffm.protocols.protocol import load_protocol
 from secureffm.runs.scaffold import open_channel
@@ -27,9 +32,9 @@ def _mixture(seed: int, n: int = 240):
     return x, clients
 
 
-def _channel(clients, tmp_path, protocol="plaintext"):
+def _channel(clients, tmp_path, program, protocol="plaintext"):
     return open_channel(load_protocol(protocol), clients,
-                        MessageLog(tmp_path / "messages.jsonl"))
+                        MessageLog(tmp_path / "messages.jsonl"), program=program)
 
 
 def test_gradient_through_an_interpolating_measure_equals_the_gradient_of_w2():
@@ -50,13 +55,12 @@ def test_gradient_through_an_interpolating_measure_equals_the_gradient_of_w2():
 
 def test_fedwad_between_server_and_client_is_close_to_exact_w2(tmp_path):
     x, clients = _mixture(0)
-    channel = _channel(clients, tmp_path)
+    config = FedWADConfig(iterations=8, support_size=20, exact=True)
+    channel = _channel(clients, tmp_path, FedWADClient(config, None))
     held = Measure.uniform(np.random.default_rng(1).normal(size=(8, 3)))
     data = clients[0].data.double().numpy()
-    config = FedWADConfig(iterations=8, support_size=20, exact=True)
     privacy = channel.protocol.geodesic_privacy()  # None: plaintext
-    distance = federated_distance(channel, privacy, held, ClientRows(clients[0], data),
-                                  config).distance
+    distance = federated_distance(channel, privacy, held, clients[0].id, config).distance
     channel.close()
     exact = wasserstein(held, Measure.uniform(data), 2)
     assert exact <= distance * (1 + 1e-9)  # every FedWAD value bounds W_p from above
@@ -72,13 +76,13 @@ def test_fedwad_between_server_and_client_is_close_to_exact_w2(tmp_path):
 
 def test_fedwad_private_protocol_marks_client_measures_and_keeps_the_bound(tmp_path):
     x, clients = _mixture(1)
-    channel = _channel(clients, tmp_path, "fedwad-private")
-    rows = [c.data.double().numpy() for c in clients[:2]]
-    privacy = channel.protocol.geodesic_privacy()
+    privacy = load_protocol("fedwad-private").geodesic_privacy()
     assert privacy is not None
-    distance = federated_distance(channel, privacy, ClientRows(clients[0], rows[0]),
-                                  ClientRows(clients[1], rows[1]),
-                                  FedWADConfig(iterations=4, support_size=10)).distance
+    config = FedWADConfig(iterations=4, support_size=10)
+    channel = _channel(clients, tmp_path, FedWADClient(config, privacy), "fedwad-private")
+    rows = [c.data.double().numpy() for c in clients[:2]]
+    distance = federated_distance(channel, privacy, clients[0].id, clients[1].id,
+                                  config).distance
     channel.close()
     assert distance >= wasserstein(Measure.uniform(rows[0]), Measure.uniform(rows[1]), 2)
     records = [json.loads(line) for line in (tmp_path / "messages.jsonl").open()]
@@ -90,10 +94,10 @@ def test_fedwad_private_protocol_marks_client_measures_and_keeps_the_bound(tmp_p
 @pytest.mark.parametrize("exact", [False, True])
 def test_coreset_loss_falls_and_the_coreset_moves_towards_the_data(tmp_path, exact):
     x, clients = _mixture(0)
-    channel = _channel(clients, tmp_path)
     initial = np.random.default_rng(3).normal(size=(4, 3))
     config = CoresetConfig(size=4, epochs=40, clients_per_epoch=2, lr=0.2,
                            fedwad=FedWADConfig(iterations=4, support_size=4), seed=0)
+    channel = _channel(clients, tmp_path, coreset_client(config, None))
     result = learn_coreset(channel, channel.protocol.geodesic_privacy(), initial, config,
                            exact=exact, show_progress=False)
     channel.close()
@@ -107,7 +111,7 @@ def test_coreset_loss_falls_and_the_coreset_moves_towards_the_data(tmp_path, exa
 
 def test_bad_coreset_requests_are_clear_errors(tmp_path):
     _, clients = _mixture(0)
-    channel = _channel(clients, tmp_path)
+    channel = _channel(clients, tmp_path, coreset_client(CoresetConfig(size=3), None))
     with pytest.raises(ConfigError, match="size"):
         CoresetConfig(size=0)
     with pytest.raises(ConfigError, match="lr"):

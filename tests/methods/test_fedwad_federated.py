@@ -19,7 +19,6 @@ from secureffm.federation.parties import Client
 from secureffm.methods.fedwad import FedWADConfig, Measure, interpolate, wasserstein
 from secureffm.methods.fedwad_federated import (
     LABELS,
-    ClientRows,
     FedWADClient,
     Rows,
     federated_distance,
@@ -198,17 +197,17 @@ def test_plaintext_distances_let_the_server_recover_each_t(tmp_path, data):
 
 def test_a_client_selects_one_class_of_its_rows_itself(tmp_path, data):
     """Rows(client, label): the client picks the rows of a class from its own labels; the
-    distance and the log equal those of the same rows made on the server's side
-    (ClientRows, in-process only), and a class it does not hold is refused by the client."""
+    distance and the log equal those of clients that hold only those rows, and a class it does
+    not hold is refused by the client."""
     labels = [np.arange(len(x)) % 2 for x in data]
+    chosen = [x[y == cls] for x, y, cls in zip(data, labels, (0, 1), strict=True)]
     results, logs = [], []
-    for folder, named in ((tmp_path / "named", True), (tmp_path / "made", False)):
-        channel, privacy = federation(folder, data, "fedwad-private")
+    for folder, named in ((tmp_path / "named", True), (tmp_path / "held", False)):
+        channel, privacy = federation(folder, data if named else chosen, "fedwad-private")
         for client, y in zip(channel.clients, labels, strict=True):
             client.state[LABELS] = y
         sides = ([Rows("client-1", 0), Rows("client-2", 1)] if named else
-                 [ClientRows(c, x[y == cls]) for c, x, y, cls
-                  in zip(channel.clients, data, labels, (0, 1), strict=True)])
+                 ["client-1", "client-2"])
         results.append(federated_distance(channel, privacy, *sides, CONFIG).distance)
         channel.close()
         logs.append([(r["round"], r["kind"], r["sender"], r["recipient"], r["bytes"])
@@ -224,3 +223,36 @@ def test_a_client_selects_one_class_of_its_rows_itself(tmp_path, data):
         federated_distance(channel, privacy, Rows("client-1", 7), "client-2", CONFIG)
     assert any(r.get("event") == "rejected" and "no rows of class 7" in r["detail"]
                for r in records(tmp_path / "absent"))
+
+
+def test_a_server_naming_a_tiny_subsample_is_refused_and_would_get_a_row(tmp_path, data):
+    """Attack: the server asks for an interpolation of a 1-row subsample. Every atom is then
+    (1 - t) x + t xi_j (exact interpolation), so the measure's mean and spread give t and the
+    row x exactly. With
+    the check removed (the client's own allowance set to the server's count) the row leaks;
+    with it (its own config allows no subsample) the client refuses in its signed event."""
+    from secureffm.federation.channel import Task
+    from secureffm.federation.message import SERVER
+    from secureffm.methods.fedwad_federated import measure_payload
+
+    xi = Measure.uniform(np.random.default_rng(9).normal(size=(6, 2)))
+    for removed in (True, False):
+        folder = tmp_path / ("removed" if removed else "checked")
+        channel, _ = federation(folder, data, config=FedWADConfig(exact=True))
+        if removed:
+            channel.endpoints["client-1"].program.samples = 1
+        channel.send(1, "broadcast", "measure", SERVER, "client-1", measure_payload(xi))
+        got = channel.send(1, "upload", "measure", "client-1", SERVER,
+                           Task("fedwad.interpolate", {"sample": 1}))
+        channel.close()
+        if not removed:
+            assert got is None
+            assert any(r.get("event") == "rejected" and "its own config allows none"
+                       in r["detail"] for r in records(folder))
+            continue
+        atoms, w = got["support"], got["weights"]
+        mean = w @ atoms
+        t = np.sqrt(w @ ((atoms - mean) ** 2).sum(1) / (xi.weights @ ((
+            xi.support - xi.weights @ xi.support) ** 2).sum(1)))
+        row = (mean - t * (xi.weights @ xi.support)) / (1 - t)
+        assert np.min(np.linalg.norm(data[0] - row, axis=1)) < 1e-9  # a client's row, leaked

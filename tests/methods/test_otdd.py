@@ -10,6 +10,7 @@ from secureffm.federation.log import MessageLog
 from secureffm.federation.parties import Client
 from secureffm.methods.fedwad import FedWADConfig
 from secureffm.methods.otdd import (
+    OTDDClient,
     augment,
     class_distances,
     federated_otdd,
@@ -28,9 +29,11 @@ def _labelled(rng, classes: list[int], shift: float, per_class: int = 15):
     return centres[y] + rng.standard_normal((len(y), 3)) + shift, y
 
 
-def _channel(clients, tmp_path):
+def _channel(clients, tmp_path, config=None):
+    """A plaintext channel whose clients run OTDD's program of ``config``."""
     return open_channel(load_protocol("plaintext"), clients,
-                        MessageLog(tmp_path / "messages.jsonl"))
+                        MessageLog(tmp_path / "messages.jsonl"),
+                        program=OTDDClient(config or FedWADConfig(), None))
 
 
 def _otdd(channel, config):
@@ -66,8 +69,8 @@ def test_federated_otdd_is_close_to_central_otdd_with_exact_solvers(tmp_path):
     # Seeded client streams: with OS-entropy t the error is 0.1-0.2% in most runs, but about
     # one run in twelve draws ts that leave it above 2% (measured); the test checks the method.
     clients = labelled_clients([x for x, _ in data], [y for _, y in data], deterministic_seed=0)
-    channel = _channel(clients, tmp_path)
     config = FedWADConfig(iterations=10, support_size=20, exact=True, seed=0)
+    channel = _channel(clients, tmp_path, config)
     result = _otdd(channel, config)
     channel.close()
     for i, j in combinations(range(3), 2):
@@ -93,8 +96,8 @@ def test_the_server_receives_measures_and_scalars_only(tmp_path):
     rng = np.random.default_rng(2)
     data = [_labelled(rng, [0, 1], 0.0, per_class=30), _labelled(rng, [2, 3], 0.0, per_class=30)]
     clients = labelled_clients([x for x, _ in data], [y for _, y in data])
-    channel = _channel(clients, tmp_path)
     config = FedWADConfig(iterations=3, support_size=8, seed=0)
+    channel = _channel(clients, tmp_path, config)
     _otdd(channel, config)
     channel.close()
     records = [json.loads(line) for line in (tmp_path / "messages.jsonl").open()]
