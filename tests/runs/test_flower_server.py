@@ -54,6 +54,9 @@ def _check(tmp_path, protocol: str) -> None:
     assert _rows(flower_dir) == _rows(local_dir)
 
 
+@pytest.mark.slow  # 66 s here; the default suite keeps FedWAD's parity on the simulation
+# engine (tests/runs/test_flower_fedwad.py) and dp-secagg on rebuilt nodes without Ray
+# (tests/runs/test_flower_node.py)
 def test_got_under_dp_secagg_is_the_same_run_on_flower(tmp_path):
     _check(tmp_path, "dp-secagg")
 
