@@ -190,9 +190,12 @@ def test_engines_benchmark(tmp_path):
     result = Result(done.returncode, done.stdout, done.stderr).check()
     assert "### Round time and bytes per round by engine, n = 3" in result.stdout
     rows = _rows(_section(result.stdout, "### Round time and bytes"), "3")
-    assert [r[2] for r in rows] == ["Flower plain FedAvg",
-                                    "Flower SecAgg+, num_shares = all (3), threshold 2",
-                                    "Flower SecAgg+, num_shares = 3, threshold 2"]
+    ours = ["secureffm plaintext"] + [f"secureffm {sharing}, {who}" for sharing in (
+        "secagg, all", "secagg+, groups of 3") for who in ("semi-honest", "malicious server")]
+    assert [r[2] for r in rows] == (
+        [f"{row}, in-process" for row in ours] + [f"{row}, on Flower" for row in ours]
+        + ["Flower plain FedAvg", "Flower SecAgg+, num_shares = all (3), threshold 2",
+           "Flower SecAgg+, num_shares = 3, threshold 2"])
     for row in rows:  # every round measured, and bytes counted both ways
         assert float(row[3]) > 0 and float(row[5]) > 0 and float(row[6]) > 0
     calls = _section(result.stdout, "### One `FlowerCalls.call` on the simulation engine")
