@@ -462,44 +462,44 @@ def _breakdown(root: Path, n: int, d: int, protocol: str, top: int) -> tuple[str
     vectors = _vectors(n, d, seed=1)
     fed = _Federation(root / f"breakdown-{n}-{d}", protocol, vectors)
     fed.round()  # warm-up
-    # 1. phases: wrap Link.send (the sender signs, the transport delivers, checks and logs);
-    # work between two sends is charged to the later send's phase.
+    # 1. phases: wrap Link.exchange (the server signs its requests, each client runs its
+    # handler and signs its reply, the transport delivers, checks and logs); the server's work
+    # between two exchanges is charged to the later one.
     spans: list[tuple[str, float, float]] = []
-    send = Link.send
+    exchange = Link.exchange
 
-    def timed_send(link, phase, *args, **kwargs):
+    def timed_exchange(link, phase, reply_phase, *args, **kwargs):
         start = time.perf_counter()
         try:
-            return send(link, phase, *args, **kwargs)
+            return exchange(link, phase, reply_phase, *args, **kwargs)
         finally:
-            spans.append((phase, start, time.perf_counter()))
+            spans.append((f"{phase} -> {reply_phase}", start, time.perf_counter()))
 
-    Link.send = timed_send
+    Link.exchange = timed_exchange
     try:
         start = time.perf_counter()
         fed.round()
         end = time.perf_counter()
     finally:
-        Link.send = send
+        Link.exchange = exchange
     work: dict[str, float] = defaultdict(float)
-    transport: dict[str, float] = defaultdict(float)
-    count: dict[str, int] = defaultdict(int)
+    inside: dict[str, float] = defaultdict(float)
     last = start
-    for phase, t0, t1 in spans:
-        work[phase] += t0 - last
-        transport[phase] += t1 - t0
-        count[phase] += 1
+    for name, t0, t1 in spans:
+        work[name] += t0 - last
+        inside[name] += t1 - t0
         last = t1
     tail = end - last
     total = end - start
-    rows = [[p, count[p], f"{1e3 * work[p]:,.1f}", f"{1e3 * transport[p]:,.1f}",
-             f"{100 * (work[p] + transport[p]) / total:.0f}%"] for p in PHASES]
-    rows.append(["server: add masked inputs, rebuild seeds, remove masks, dequantize", "",
+    rows = [[name, f"{1e3 * work[name]:,.1f}", f"{1e3 * inside[name]:,.1f}",
+             f"{100 * (work[name] + inside[name]) / total:.0f}%"] for name in inside]
+    rows.append(["server: add masked inputs, rebuild seeds, remove masks, dequantize",
                  f"{1e3 * tail:,.1f}", "", f"{100 * tail / total:.0f}%"])
-    rows.append(["**round**", len(spans), "", "", f"{1e3 * total:,.1f} ms"])
-    phases = markdown_table(["phase", "messages", "work before each send, ms",
-                     "inside `Link.send` (sign, deliver, check, log; serialize excluded), ms",
-                     "share"], rows)
+    rows.append(["**round**", "", "", f"{1e3 * total:,.1f} ms"])
+    phases = markdown_table(["exchange (request phase -> reply phase)",
+                             "server's work before it, ms",
+                             "inside it (clients' handlers, signing, delivery, checks, log), ms",
+                             "share"], rows)
 
     # 2. cProfile of a third round.
     buckets, func_table = _profile(fed, top)
@@ -609,9 +609,9 @@ def main() -> None:
         "",
         f"### Where the time goes: n = {big_n}, d = {_sci(big_d)}, full graph",
         "",
-        "Phases (`Link.send` wrapped; a client's work before a send, including serializing "
-        "the payload, and the server's work on the previous reply, is charged to that send's "
-        "phase):",
+        "Exchanges (`Link.exchange` wrapped; the clients run in this process, one after "
+        "another, so an exchange's time is every client's handler plus the transport; the "
+        "server's work on the previous replies is charged to the next exchange):",
         "",
         phases,
         "",
