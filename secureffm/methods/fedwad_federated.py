@@ -173,15 +173,18 @@ class FedWADClient:
     other argument (a t, a range, a noise) is refused: the server sets none of them.
     ``samples``: the subsample size its own use allows (a coreset's ``samples_per_client``;
     0: none); a task naming another ``sample`` is refused (a few rows, moved towards xi, give
-    those rows away).
+    those rows away). ``min_class_rows``: the fewest rows of one class (``label``) it computes
+    on, for the same reason (default 10).
     """
 
     TASKS = ("fedwad.interpolate", "fedwad.distance", "fedwad.final")
     ARGS = ("label", "augment", "sample")
 
-    def __init__(self, config: FedWADConfig, privacy: GeodesicPrivacy | None, samples: int = 0):
+    def __init__(self, config: FedWADConfig, privacy: GeodesicPrivacy | None, samples: int = 0,
+                 min_class_rows: int = 10):
         self.config = config
         self.samples = samples
+        self.min_class_rows = min_class_rows
         self.t_range, self.noise_std, self.private = _protections(privacy, config)
 
     def __call__(self, client: Client, task: Task) -> Payload:
@@ -215,6 +218,10 @@ class FedWADClient:
             data = data[client_labels(client) == label]
             if not len(data):
                 raise TaskRefused(f"{client.id} holds no rows of class {label}")
+            if len(data) < self.min_class_rows:
+                raise TaskRefused(f"{client.id} holds {len(data)} rows of class {label}, fewer "
+                                  f"than its min_class_rows = {self.min_class_rows}: a measure "
+                                  "moved from so few rows gives them away")
         sample = args.get("sample", 0)
         if sample and (isinstance(sample, bool) or sample != self.samples
                        or not isinstance(sample, int)):

@@ -225,34 +225,47 @@ def test_a_client_selects_one_class_of_its_rows_itself(tmp_path, data):
                for r in records(tmp_path / "absent"))
 
 
-def test_a_server_naming_a_tiny_subsample_is_refused_and_would_get_a_row(tmp_path, data):
-    """Attack: the server asks for an interpolation of a 1-row subsample. Every atom is then
-    (1 - t) x + t xi_j (exact interpolation), so the measure's mean and spread give t and the
-    row x exactly. With
-    the check removed (the client's own allowance set to the server's count) the row leaks;
-    with it (its own config allows no subsample) the client refuses in its signed event."""
+def moved_row(moved: dict, xi: Measure) -> np.ndarray:
+    """The one row x whose exact interpolation toward ``xi`` is ``moved``: every atom is
+    (1 - t) x + t xi_j, so the spread gives t and the mean x."""
+    atoms, w = moved["support"], moved["weights"]
+    mean = w @ atoms
+    t = np.sqrt(w @ ((atoms - mean) ** 2).sum(1) / (xi.weights @ ((
+        xi.support - xi.weights @ xi.support) ** 2).sum(1)))
+    return (mean - t * (xi.weights @ xi.support)) / (1 - t)
+
+
+@pytest.mark.parametrize("args, allowance, refusal", [
+    ({"sample": 1}, ("samples", 1), "its own config allows none"),
+    ({"label": 1}, ("min_class_rows", 1), "fewer than its min_class_rows = 10")])
+def test_a_server_naming_one_row_is_refused_and_would_get_it(tmp_path, data, args, allowance,
+                                                             refusal):
+    """Attack: the server asks client-1 to interpolate a single row: a subsample of 1
+    (``sample``), or a class it holds one row of (``label``). Every atom is then (1 - t) x +
+    t xi_j (exact interpolation), so the measure's mean and spread give t and the row x. With
+    the check removed (the client's own allowance lowered to what the server names) the row
+    leaks; with the client's own config it refuses in its signed event."""
     from secureffm.federation.channel import Task
     from secureffm.federation.message import SERVER
     from secureffm.methods.fedwad_federated import measure_payload
 
     xi = Measure.uniform(np.random.default_rng(9).normal(size=(6, 2)))
+    labels = np.zeros(len(data[0]), dtype=np.int64)
+    labels[3] = 1  # class 1: one row
     for removed in (True, False):
         folder = tmp_path / ("removed" if removed else "checked")
         channel, _ = federation(folder, data, config=FedWADConfig(exact=True))
+        channel.clients[0].state[LABELS] = labels
         if removed:
-            channel.endpoints["client-1"].program.samples = 1
+            setattr(channel.endpoints["client-1"].program, *allowance)
         channel.send(1, "broadcast", "measure", SERVER, "client-1", measure_payload(xi))
         got = channel.send(1, "upload", "measure", "client-1", SERVER,
-                           Task("fedwad.interpolate", {"sample": 1}))
+                           Task("fedwad.interpolate", args))
         channel.close()
         if not removed:
             assert got is None
-            assert any(r.get("event") == "rejected" and "its own config allows none"
-                       in r["detail"] for r in records(folder))
+            assert any(r.get("event") == "rejected" and refusal in r["detail"]
+                       for r in records(folder))
             continue
-        atoms, w = got["support"], got["weights"]
-        mean = w @ atoms
-        t = np.sqrt(w @ ((atoms - mean) ** 2).sum(1) / (xi.weights @ ((
-            xi.support - xi.weights @ xi.support) ** 2).sum(1)))
-        row = (mean - t * (xi.weights @ xi.support)) / (1 - t)
+        row = moved_row(got, xi)
         assert np.min(np.linalg.norm(data[0] - row, axis=1)) < 1e-9  # a client's row, leaked
