@@ -20,7 +20,7 @@ from ..privacy.settings import DistributedNoise, NoiseGeometry
 from .message import Payload
 from .parties import Client
 
-__all__ = ["Channel", "Aggregate", "Template", "Compute", "Task", "TaskRefused"]
+__all__ = ["Channel", "Aggregate", "Template", "Compute", "Task", "TaskRefused", "task_count"]
 
 @dataclass(frozen=True)
 class Task:
@@ -34,6 +34,16 @@ class Task:
 class TaskRefused(ProtocolError):
     """A client's program will not run what the server asked (a task its own settings forbid);
     the client's endpoint answers nothing and signs a ``rejected`` event with this message."""
+
+
+def task_count(client_id: str, task: Task, key: str) -> int:
+    """The non-negative integer ``task.args[key]`` (a round or a round count), or TaskRefused:
+    the server chooses the args, so a missing or malformed one is refused, not a crash."""
+    value = task.args.get(key)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise TaskRefused(f"{client_id} refused {task.name} with {key} = {value!r}: it must be "
+                          "a non-negative integer")
+    return value
 
 
 # Expected payload of an aggregation: field name -> (shape, dtype).

@@ -49,7 +49,7 @@ from tqdm import tqdm
 
 from ..data.toy2d import normals
 from ..errors import ConfigError, DataError, ProtocolError
-from ..federation.channel import Channel, Task
+from ..federation.channel import Channel, Task, TaskRefused, task_count
 from ..federation.message import SERVER, Payload
 from ..federation.parties import Client
 from ..models.conditional import ConditionalVelocityMLP, null_labels
@@ -602,12 +602,14 @@ class DCFMClient:
 
     def __call__(self, client: Client, task: Task) -> Payload:
         if task.name not in self.TASKS:
-            raise ProtocolError(f"DCFM clients run {', '.join(self.TASKS)}, not {task.name!r}")
+            raise TaskRefused(f"DCFM clients run {', '.join(self.TASKS)}, not {task.name!r}")
+        count = task_count(client.id, task, "round" if task.name == "fedflow.update"
+                           else "rounds")
         if "expert" not in client.state:
             self.setup(client)
         if task.name == "fedflow.update":
-            return self._update(client, int(task.args["round"]))
-        self._train_through(client, int(task.args["rounds"]))
+            return self._update(client, count)
+        self._train_through(client, count)
         expert = client.state["expert"]
         return model_payload(expert.published, expert.counts)
 

@@ -23,8 +23,8 @@ import torch
 
 from ..data.images import ImagePair
 from ..data.pairs import DataPair
-from ..errors import ConfigError, ProtocolError
-from ..federation.channel import Channel, Task
+from ..errors import ConfigError
+from ..federation.channel import Channel, Task, TaskRefused, task_count
 from ..federation.parties import Client
 from ..models.dp_layers import dp_unsupported_layers
 from ..models.mlp import PotentialMLP, VelocityMLP
@@ -213,12 +213,13 @@ class FFMClient:
 
     def __call__(self, client: Client, task: Task) -> dict[str, np.ndarray]:
         if task.name not in self.TASKS:
-            raise ProtocolError(f"FFM clients run {', '.join(self.TASKS)}, not {task.name!r}")
+            raise TaskRefused(f"FFM clients run {', '.join(self.TASKS)}, not {task.name!r}")
+        round_ = task_count(client.id, task, "round")
         if "velocity" not in client.state:
             self.setup(client)
         if task.name == "ffm.velocity":
-            return self._velocity(client, int(task.args["round"]))
-        return self._dual(client, int(task.args["round"]))
+            return self._velocity(client, round_)
+        return self._dual(client, round_)
 
     def setup(self, client: Client) -> None:
         """The client's replicas (their initial weights do not matter: every task loads the

@@ -21,6 +21,7 @@ from opacus.accountants import RDPAccountant
 from secureffm.config import RunConfig
 from secureffm.data.pairs import get_pair
 from secureffm.errors import ConfigError
+from secureffm.federation.channel import Task
 from secureffm.federation.faults import Fault, FaultPlan
 from secureffm.federation.log import PAYLOADS_FILE, MessageLog
 from secureffm.federation.message import deserialize_payload, serialize_payload
@@ -432,3 +433,24 @@ def test_an_aborted_aggregation_leaves_the_model_unchanged(tmp_path, method, abo
     if potential is not None:
         assert np.array_equal(ffm.potential.flat(), potential)
         assert {r["round"] for r in _records(ffm) if r["kind"] == "global_potential"} == {0}
+
+
+@pytest.mark.parametrize("task", [
+    Task("ffm.leak", {"round": 1}), Task("ffm.velocity", {}),
+    Task("ffm.velocity", {"round": "1"}), Task("ffm.dual", {"round": -1})])
+def test_a_client_refuses_a_task_it_does_not_run_in_its_signed_event(tmp_path, task):
+    """Adversary: a server asking a client's program for a task it does not have, or with a
+    missing or malformed round. The client answers nothing and signs a ``rejected`` event
+    naming the task (before, an unknown task or a missing round raised out of the client's
+    handler and stopped the run)."""
+    from secureffm.federation.exchange import Request
+    from secureffm.federation.message import SERVER
+
+    ffm = _ffm(tmp_path, sizes=(12, 20, 28))
+    endpoint = ffm.channel.endpoints["client-1"]
+    reply = endpoint(Request(1, "gradient", "upload", "upload", "upload", (), None,
+                             {"compute": task}), None)
+    assert reply.envelope is None
+    [event] = reply.events
+    assert (event["event"], event["sender"], event["party"]) == ("rejected", "client-1", SERVER)
+    assert task.name in event["detail"]
