@@ -20,16 +20,15 @@ from ..federation.message import (
     RELAY_PHASE,
     SERVER,
     Payload,
-    deserialize_payload,
     serialize_payload,
 )
 from ..federation.parties import Client, ClientInfo, Party
 from ..federation.transport import Transport
 from ..privacy.settings import DistributedNoise, NoiseGeometry
-from . import individual  # noqa: F401 - registers the clients' handlers
 from .adversary import play_deviations
-from .aggregation import check_payload, plain_aggregate
+from .aggregation import plain_aggregate
 from .endpoint import ClientEndpoint, Program
+from .individual import open_individual  # and registers the clients' handlers
 from .link import Call, Link, accepted
 from .protocol import Protocol
 
@@ -168,14 +167,9 @@ class ProtectedChannel:
     def _open(self, link: Link, phase: str, author: str, data: bytes) -> Payload | None:
         """The server reads (opens, when sealed) ``author``'s message; a bad one is rejected
         by the server by name."""
-        sealer = self.protocol.sealer(link.kind)
         try:
-            if sealer is None:
-                payload = deserialize_payload(data, author)
-            else:
-                payload = sealer.open(self.server, self.transport.registry, data, link.kind,
-                                      link.round, phase, author)
-            check_payload(author, payload, None)
+            payload = open_individual(self.protocol, self.server, self.transport.registry, data,
+                                      link.kind, link.round, phase, author)
         except (MessageError, ProtocolError) as err:
             link.reject(phase, author, f"{SERVER} rejected {link.kind} message of {author}: "
                         f"{err}")

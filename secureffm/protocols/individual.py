@@ -23,24 +23,33 @@ from ..federation.message import (
     deserialize_payload,
     serialize_payload,
 )
+from ..federation.parties import Party, Registry
 from .aggregation import check_payload
 from .endpoint import Step, client_action
 
-__all__ = ["read_individual"]
+__all__ = ["open_individual", "read_individual"]
+
+
+def open_individual(protocol, party: Party, registry: Registry, data: bytes, kind: str,
+                    round_: int, phase: str, author: str) -> Payload:
+    """``party`` opens ``author``'s message of ``kind`` (sealed to it when a ``sealed`` stage
+    protects the kind, else plain) and checks it; MessageError or ProtocolError if it cannot."""
+    sealer = protocol.sealer(kind)
+    if sealer is None:
+        payload = deserialize_payload(data, author)
+    else:
+        payload = sealer.open(party, registry, data, kind, round_, phase, author)
+    check_payload(author, payload, None)
+    return payload
 
 
 def read_individual(step: Step, author: str, phase: str) -> Payload | None:
     """The payload of ``author`` in the server's message of ``step`` as its client opens it, or
     None after the client refused it (naming the server that handed it over)."""
     kind, client = step.request.kind, step.client
-    sealer = step.endpoint.protocol.sealer(kind)
     try:
-        if sealer is None:
-            payload = deserialize_payload(step.data, author)
-        else:
-            payload = sealer.open(client, step.endpoint.registry, step.data, kind,
-                                  step.request.round, phase, author)
-        check_payload(author, payload, None)
+        payload = open_individual(step.endpoint.protocol, client, step.endpoint.registry,
+                                  step.data, kind, step.request.round, phase, author)
     except (MessageError, ProtocolError) as err:
         step.reject(SERVER, f"{client.id} rejected {kind} message of {author}: {err}",
                     refused=step.seq)
