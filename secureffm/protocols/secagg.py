@@ -17,20 +17,23 @@ One aggregation (a fresh session, fresh keys) runs these phases:
 3. ``share_keys``: u Shamir-shares its mask secret key s_sk and b_u among S(u) = N(u) + {u},
    t of |S(u)|; the share for v travels AES-GCM-encrypted under HKDF(X25519(c_sk_u, c_pk_v)),
    relayed by the server, which cannot read it.
-4. ``shares``: the server routes the ciphertexts; each recipient opens them at once.
+4. ``shares``: the server routes the ciphertexts; each recipient opens them at once, and
+   refuses to mask when they come from fewer than t - 1 peers (t of its group of |S(u)|).
 5. ``masked_input``: u clips and quantizes w_u x_u to Z_{2^bits} (under distributed DP noise,
    adds its share of integer Skellam noise) and adds PRG(b_u) and, for each neighbour v whose
    shares the server routed to u, +-PRG(HKDF(X25519(s_sk_u, s_pk_v))) (+ if u precedes v).
 6. ``consistency`` and ``consistency_sign`` (malicious variant): the server announces the
    survivors U3; each survivor signs U3 once, with a digest of the parameters, the graph and
    the broadcasts it received this round.
-7. ``unmask_request``: the server names, within each survivor's share group, the survivors and
-   the dropped (and relays the survivors' signatures).
+7. ``unmask_request``: the server names, among the clients each survivor masked with, the
+   survivors and the dropped (and relays the survivors' signatures).
 8. ``unmask``: each survivor answers one request per aggregation, revealing per peer the share
    of b for survivors or of s_sk for the dropped, never both. It refuses a request that names it
-   dropped, names a peer both alive and dropped or a party outside its share group, counts fewer
-   survivors than the threshold there, or (malicious variant) lists other survivors than those
-   it signed or lacks a valid signature of what it saw from every survivor in its group.
+   dropped, names a peer both alive and dropped or a party it did not mask with, counts fewer
+   survivors than the threshold among those it masked with and itself, or (malicious variant)
+   lists other survivors than those it signed or lacks a valid signature of what it saw from
+   every survivor among them. With step 5's rule (Bonawitz et al.'s "|U2| >= t"), a server
+   that routes a client few peers and then names them dropped gets too few shares of its seed.
 
 The server rebuilds each secret with :func:`~secureffm.protocols.shamir.decode`, checks it
 (b_u against u's commitment, s_sk against u's advertised s_pk), removes the self masks and the
@@ -436,6 +439,12 @@ class _ClientSession:
         strangers = sorted(set(bundle) - set(self.peers))
         if strangers:
             raise MessageError(f"the server routed shares from {strangers[0]}, not a neighbour")
+        group = len(self.peers) + 1
+        if len(bundle) + 1 < self.stage.shares_needed(group):
+            raise MessageError(
+                f"the server routed shares of {len(bundle)} peers; with itself that is fewer "
+                f"than the threshold {self.stage.shares_needed(group)}, and a client masking "
+                "with so few peers could be unmasked by naming them dropped")
         failed = {}
         for u, sealed in bundle.items():
             try:
@@ -478,13 +487,13 @@ class _ClientSession:
     def answer(self, data: bytes) -> bytes:
         """The unmask reply, at most once per aggregation; raises MessageError (a refusal,
         logged by this client) for a request that is malformed, names this client as dropped,
-        names a peer both alive and dropped or a party outside this client's share group,
+        names a peer both alive and dropped or a party this client did not mask with,
         counts fewer survivors in the group than the threshold, or (malicious-server variant)
         lists other survivors than the set it signed, or lacks a valid signature of that set,
         of what it saw, from every survivor in its group."""
         survivors, gone, signatures = _parse_request(data, self.malicious)
-        group = set(self.peers) | {self.id}
-        needed = self.stage.shares_needed(len(group))
+        group = set(self.masks_with) | {self.id}  # whom it masked with, and itself
+        needed = self.stage.shares_needed(len(self.peers) + 1)
         problem = ("it already answered an unmask request in this aggregation" if self.answered
                    else self._request_problem(survivors, gone, group, needed))
         if not problem and self.malicious:
@@ -509,10 +518,11 @@ class _ClientSession:
             return f"the request names {both[0]} both alive and dropped, which would reveal it"
         strangers = sorted((survivors | gone) - group)
         if strangers:
-            return (f"the request names {strangers[0]}, outside this client's share group "
-                    f"{sorted(group)}")
+            return (f"the request names {strangers[0]}, whom this client did not mask with "
+                    f"(it masked with {sorted(group - {self.id})})")
         if len(survivors) < needed:
-            return f"only {len(survivors)} survivors in its share group, threshold {needed}"
+            return (f"only {len(survivors)} survivors among the clients it masked with and "
+                    f"itself, threshold {needed}")
         return ""
 
     def _consistency_problem(self, survivors: set[str], group: set[str],
@@ -521,7 +531,8 @@ class _ClientSession:
             return "it signed no survivor set in this aggregation"
         if survivors != set(self.signed) & group:
             return (f"the request's survivors {sorted(survivors)} are not those of the set it "
-                    f"signed ({sorted(set(self.signed) & group)} in its share group)")
+                    f"signed ({sorted(set(self.signed) & group)} among the clients it masked "
+                    "with and itself)")
         statement = self._statement(list(self.signed))
         for w in sorted(survivors - {self.id}):  # its own it made itself
             if w not in signatures or not verify_signature(self.registry.sign[w], signatures[w],
@@ -841,11 +852,12 @@ class SecAggStage:
 
     def _request(self, r: _Round, v: str, u3: list[str], gone: list[str],
                  signatures: dict[str, bytes]) -> bytes:
-        """Phase 6's message to v, within v's share group S(v): the survivors, the dropped
-        neighbours, and (malicious-server variant) each survivor's consistency signature."""
-        group = r.graph[v] | {v}
+        """Phase 6's message to v, among the clients v masked with and v itself: the
+        survivors, the dropped, and (malicious-server variant) each survivor's consistency
+        signature."""
+        group = r.routed[v] | {v}
         survivors = [u for u in u3 if u in group]
-        request = {"survivors": survivors, "dropped": [u for u in gone if u in r.graph[v]]}
+        request = {"survivors": survivors, "dropped": [u for u in gone if u in r.routed[v]]}
         if self.adversary == "malicious":
             request["signatures"] = {u: signatures[u].hex() for u in survivors
                                      if u in signatures}

@@ -71,7 +71,7 @@ def test_a_split_survivor_view_makes_every_survivor_refuse_and_the_round_abort(e
 
 def test_an_invented_survivor_is_refused(events):
     assert _refusals(events[3]) == {"client-1": _refusals(events[3])["client-1"]}
-    assert "client-99, outside this client's share group" in _refusals(events[3])["client-1"]
+    assert "client-99, whom this client did not mask with" in _refusals(events[3])["client-1"]
 
 
 def test_another_model_to_one_client_fails_the_consistency_signatures(events):

@@ -499,7 +499,7 @@ def test_answer_reveals_one_secret_per_peer_once_and_refuses_bad_requests(tmp_pa
         ({"survivors": ids[:3], "dropped": ["client-4", "client-3"]}, "client-3 both alive"),
         ({"survivors": ids, "dropped": ["client-4"]}, "client-4 both alive"),
         ({"survivors": ids[1:3] + ["client-4"], "dropped": ["client-1"]}, "itself as dropped"),
-        ({"survivors": ids[:3] + ["client-9"], "dropped": []}, "client-9, outside"),
+        ({"survivors": ids[:3] + ["client-9"], "dropped": []}, "client-9, whom this client"),
         ({"survivors": ["client-1"], "dropped": ids[1:]}, "only 1 survivors"),
         ({"survivors": ids[:3]}, "not a table of dropped, survivors"),
         ({"survivors": "client-1", "dropped": []}, "not a table"),

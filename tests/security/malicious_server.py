@@ -316,12 +316,13 @@ class ServerView:
         return {v: agree(private_from_bytes(s_sk), self.advertised[u]["s_pk"], secagg._MASK)
                 for v, s_sk in keys.items()}
 
-    def input_of(self, u: str, seed: bytes | None,
-                 pair_seeds: dict[str, bytes] | None) -> np.ndarray | None:
+    def input_of(self, u: str, seed: bytes | None, pair_seeds: dict[str, bytes] | None,
+                 peers: list[str] | None = None) -> np.ndarray | None:
         """u's input (update units) from its masked input, its self-mask seed and its pairwise
-        seeds with every peer it masked with; None when a secret is missing or the result is
-        not a quantized vector (some mask did not come off)."""
-        peers = [v for v in self.dealers if v != u]
+        seeds with every peer it masked with (``peers``: by default every other dealer, as
+        an honest server routes them); None when a secret is missing or the result is not a
+        quantized vector (some mask did not come off)."""
+        peers = [v for v in self.dealers if v != u] if peers is None else peers
         if seed is None or pair_seeds is None or sorted(pair_seeds) != sorted(peers):
             return None
         q, y = self.quantizer, self.masked[u]

@@ -452,3 +452,59 @@ def test_a_different_broadcast_to_one_client_does_not_isolate_its_update(tmp_pat
     assert_no_leak(fed, recovered, tolerance=LEAK_STEPS * len(fed.ids))
     assert result.payload is None or fed.client_refusals(), (
         "the round completed and no client noticed the different broadcasts")
+
+
+# -- 7. the victim masks with a few peers, then they are called dropped ---------------------------
+
+def test_routing_the_victim_few_peers_then_dropping_them_does_not_unmask_it(tmp_path):
+    """Adversary: the server routes the victim the shares of only client-2 and client-3, so it
+    masks with those two alone (t - 1 = 2 peers), then announces the survivors client-1,
+    client-4 and client-5 (3 >= t) and names client-2 and client-3 dropped. The three survivors
+    sign that set and reveal their shares of the victim's seed (the victim its own) and of the
+    two "dropped" clients' mask keys, which give exactly the pairwise masks the victim used.
+    Succeeded before this test (2026-11-27): the server recovered the victim's input to within
+    one quantization step, and no client refused anything. Bonawitz et al. (CCS 2017) close it
+    with two client rules: mask only with at least t - 1 peers, and reveal shares only for
+    survivors and dropped clients among those it masked with (then the victim refuses, and
+    client-4 and client-5 alone hold 2 < t shares of its seed)."""
+    fed = federation(tmp_path)
+    kept, survivors, gone = {"client-2", "client-3"}, [VICTIM, "client-4", "client-5"], [
+        "client-2", "client-3"]
+
+    def few_peers(data: bytes, to: str) -> bytes:
+        if to != VICTIM:
+            return data
+        return edit_bytes(data, lambda fields: [fields.pop(v) for v in set(fields) - kept])
+
+    fed.server.tamper["shares"] = few_peers
+    fed.server.tamper["consistency"] = lambda data, to: secagg._json_payload(
+        {"survivors": survivors})
+    fed.server.tamper["unmask_request"] = edit_request(
+        lambda body, to: {**body, "survivors": survivors, "dropped": gone}
+        if to in survivors else None)
+    fed.aggregate()
+    fed.close_and_verify()
+
+    view, replies = fed.view(), fed.server.received("unmask")
+    seed = view.seed_of(VICTIM, shares_in_replies(replies, "b", VICTIM))
+    keys = {v: view.mask_key_of(v, shares_in_replies(replies, "s", v)) for v in gone}
+    pairs = (view.pair_seeds_from_peer_keys(VICTIM, keys)
+             if all(k is not None for k in keys.values()) else None)
+    assert_no_leak(fed, view.input_of(VICTIM, seed, pairs, peers=gone))
+    assert_a_client_refused(fed)
+
+
+def test_a_client_routed_fewer_than_t_minus_1_peers_refuses_to_mask(tmp_path):
+    """Adversary: the server routes the victim the shares of client-2 alone (1 < t - 1 = 2
+    peers). Masking with one peer, the victim's input would be unmasked by the shares of its
+    seed and that one peer's mask key; it refuses to mask (it signs a refusal naming the
+    count) and the round goes on without it."""
+    fed = federation(tmp_path)
+    fed.server.tamper["shares"] = lambda data, to: data if to != VICTIM else edit_bytes(
+        data, lambda fields: [fields.pop(v) for v in set(fields) - {"client-2"}])
+    result = fed.aggregate()
+    fed.close_and_verify()
+    assert VICTIM not in fed.server.first_from_each("masked_input")
+    assert VICTIM not in result.included
+    assert any(e["sender"] == VICTIM and "routed shares of 1 peers" in e["detail"]
+               for e in fed.client_refusals()), fed.client_refusals()
