@@ -14,8 +14,11 @@ is a run the protocols could have produced. The first broken rule is named:
 - the server's public broadcasts (:data:`PUBLIC_KINDS` in the clear, phase ``broadcast``) of one
   kind in one round carry the same bytes (sha256) to every client: a server that sends one
   client another model (to isolate its update in a sum) breaks it;
-- secure aggregation (phases of :data:`secureffm.protocols.secagg.MALICIOUS_PHASES`): a client
-  takes part in an aggregation only after advertising keys in it, and the keys the server
+- secure aggregation (phases of :data:`secureffm.protocols.secagg.MALICIOUS_PHASES` and
+  ``EPOCH_MALICIOUS_PHASES``): a client takes part in an aggregation only after advertising keys
+  in it (under ``setup = "once"``, from the round a ``keys_taken`` reply marks as a kind's key
+  set-up on, in that set-up; its later rounds read the parameters and graph the set-up's
+  ``keys`` message told each client), and the keys the server
   relays in ``keys`` are those each client advertised, and (malicious-server variant) every
   client was announced the same graph (seed and U1) and the same survivor set;
 - secure aggregation, malicious-server variant: a client that answered an unmask request
@@ -41,8 +44,8 @@ from ..errors import MessageError
 from ..federation.crypto import verify_signature
 from ..federation.message import SERVER
 from ..protocols.link import digest_of_broadcasts
+from ..protocols.secagg import EPOCH_MALICIOUS_PHASES, survivor_statement
 from ..protocols.secagg import MALICIOUS_PHASES as SECAGG_PHASES
-from ..protocols.secagg import survivor_statement
 from ..protocols.wire import payload_bytes, payload_json
 
 __all__ = ["ProtocolRules", "INPUT_PHASES", "PUBLIC_KINDS"]
@@ -55,6 +58,7 @@ _RELAYED_KEYS = "secagg: relayed keys equal the advertised ones"
 _ONE_VIEW = "secagg: one graph and one survivor set announced to every client"
 _COUNTED = "aggregates: every counted client sent its input"
 _SIGNED = "secagg: every answered unmask request held the survivors' signatures of its view"
+_SET_UP_PHASES = ("advertise_keys", "keys", "share_keys", "shares", "keys_taken")
 
 Keys = dict[str, bytes]  # "c_pk" / "s_pk" -> raw X25519 public key
 
@@ -86,6 +90,8 @@ class ProtocolRules:
         self._told: dict[tuple[int, str, str], dict] = {}
         self._answers_checked = 0
         self._answers_unchecked = 0
+        # kind -> round of its latest setup = "once" key set-up (a keys_taken reply seen)
+        self._epochs: dict[str, int] = {}
 
     def check(self, record: dict, payload: bytes | None) -> str | None:
         """The first rule ``record`` breaks (a sentence naming it), or None.
@@ -99,7 +105,7 @@ class ProtocolRules:
             self._taken.setdefault((record["round"], record["recipient"]), []).append(
                 (record["seq"], record["kind"], record["sha256"] if not record["stages"]
                  else ""))
-        if problem is None and record["phase"] in SECAGG_PHASES:
+        if problem is None and record["phase"] in SECAGG_PHASES + EPOCH_MALICIOUS_PHASES:
             problem = self._secagg(record, payload)
         if problem is None and record["phase"] in INPUT_PHASES and record["recipient"] == SERVER:
             self._inputs.setdefault((record["round"], record["kind"]), set()).add(
@@ -209,6 +215,11 @@ class ProtocolRules:
             session[record["sender"]] = _advertised_keys(payload)
             return None
         client = record["recipient"] if record["sender"] == SERVER else record["sender"]
+        if phase == "keys_taken" and client in session:
+            self._epochs[record["kind"]] = record["round"]  # a setup = "once" key set-up
+        epoch = self._epochs.get(record["kind"])
+        if client not in session and epoch is not None and phase not in _SET_UP_PHASES:
+            session = self._advertised.get((epoch, record["kind"]), {})  # a round of the set-up
         if client not in session:
             return (f"record {seq}: {client} takes part in the round-{record['round']} "
                     f"{record['kind']} secure aggregation ({phase}) without advertising keys "
@@ -280,6 +291,9 @@ class ProtocolRules:
         the log shows the client was told (the check the client makes before it answers)."""
         client, round_, kind = record["sender"], record["round"], record["kind"]
         told = self._told.get((round_, kind, client), {})
+        if "params" not in told and kind in self._epochs:  # setup = "once": the set-up told it
+            set_up = self._told.get((self._epochs[kind], kind, client), {})
+            told = {**told, **{k: set_up[k] for k in ("params", "graph") if k in set_up}}
         if not told.get("consistency"):
             return None  # the semi-honest variant: nothing signed
         if told.get("request") is None:

@@ -30,7 +30,7 @@ def load_protocol(name_or_path: str) -> Protocol:
 
 
 def _register_builtin_stages() -> None:
-    from . import ckks, dp, randomized_t, sealed, secagg  # noqa: F401  (they register stages)
+    from . import ckks, dp, randomized_t, sealed, secagg, secagg_epoch  # noqa: F401 (register)
 
 
 class Protocol:

@@ -110,14 +110,27 @@ __all__ = ["SecAggStage", "harary_neighbours", "survivor_statement", "MALICIOUS_
 
 PHASES = ("advertise_keys", "keys", "share_keys", "shares", "masked_input", "unmask_request",
           "unmask")
+# setup = "once" (secagg_epoch.py): keys in the first aggregation of a kind (advertise_keys,
+# keys, keys_taken), then per round an unsigned mask request, masked inputs that carry the
+# round's seed shares, and unmasking; the malicious variant adds the consistency round.
+EPOCH_PHASES = ("advertise_keys", "keys", "keys_taken", "mask_request", "masked_input",
+                "unmask_request", "unmask")
+EPOCH_MALICIOUS_PHASES = ("advertise_keys", "keys", "keys_taken", "mask_request",
+                          "masked_input", "consistency", "consistency_sign", "unmask_request",
+                          "unmask")
 # The malicious-server variant adds a consistency round between masked inputs and unmasking.
 MALICIOUS_PHASES = ("advertise_keys", "keys", "share_keys", "shares", "masked_input",
                     "consistency", "consistency_sign", "unmask_request", "unmask")
 ADVERSARIES = ("malicious", "semi-honest")
-_KEYS = {"stage", "protects", "threshold", "neighbours", "clip", "levels", "bits", "adversary"}
+_KEYS = {"stage", "protects", "threshold", "neighbours", "clip", "levels", "bits", "adversary",
+         "setup"}
 _KEY_STATEMENT, _SURVIVOR_STATEMENT = b"secureffm/secagg/keys/v1", b"secureffm/secagg/survivors/v1"
 _MASK, _CHANNEL, _COMMIT = b"mask-seed", b"share-channel", b"secureffm/self-mask-seed"
 _ADVERTISED = ("b_commit", "c_pk", "s_pk")  # 32 bytes each
+# Under setup = "once" a client advertises no self-mask commitment: it draws a fresh seed per
+# round and commits to it with its masked input (secagg_epoch.py).
+_ADVERTISED_ONCE = ("c_pk", "s_pk")
+SETUPS = ("per-round", "once")
 _SEALED_BYTES = 12 + 2 * SHARE_BYTES + 16  # nonce, the two shares, GCM tag
 # Headroom for distributed noise: the decoded sum must stay within half the modulus of the
 # centre of its noiseless range for this many standard deviations of the total noise.
@@ -149,11 +162,12 @@ def harary_neighbours(ids: list[str], k: int, rng: random.Random) -> dict[str, s
 
 # -- wire formats: each parser raises MessageError naming the problem ---------------------------
 
-def _key_statement(round_: int, kind: str, u: str, keys: dict[str, bytes]) -> bytes:
+def _key_statement(round_: int, kind: str, u: str, keys: dict[str, bytes],
+                   names: tuple[str, ...]) -> bytes:
     """What client u signs with its long-term identity when it advertises: its fresh keys and
-    commitment, bound to this aggregation (round and kind) and to u."""
+    commitment (the fields ``names``), bound to this aggregation (round and kind) and to u."""
     return (_KEY_STATEMENT + json.dumps([round_, kind, u]).encode()
-            + b"".join(keys[name] for name in _ADVERTISED))
+            + b"".join(keys[name] for name in names))
 
 
 def survivor_statement(round_: int, kind: str, survivors: list[str], parameters: bytes,
@@ -192,15 +206,17 @@ def _check_point(key: bytes, what: str) -> None:
         raise MessageError(f"{what} is not a usable X25519 public key ({err})") from None
 
 
-def _parse_advertisement(data: bytes, u: str, signed: bool) -> dict[str, bytes]:
-    """u's keys and commitment (and, when ``signed``, its 64-byte signature ``sig``)."""
+def _parse_advertisement(data: bytes, u: str, signed: bool,
+                         names: tuple[str, ...] = _ADVERTISED) -> dict[str, bytes]:
+    """u's keys and commitment (``names``; and, when ``signed``, its 64-byte signature
+    ``sig``)."""
     fields = _payload_bytes(data, u)
-    expected = sorted([*_ADVERTISED, *(["sig"] if signed else [])])
+    expected = sorted([*names, *(["sig"] if signed else [])])
     if sorted(fields) != expected or any(
             len(v) != (64 if name == "sig" else 32) for name, v in fields.items()):
         raise MessageError(f"{u} advertised fields {sorted(fields)} with lengths "
                            f"{[len(v) for v in fields.values()]}, expected 32 bytes each of "
-                           f"{', '.join(_ADVERTISED)}{' and a 64-byte sig' if signed else ''}")
+                           f"{', '.join(names)}{' and a 64-byte sig' if signed else ''}")
     for name in ("c_pk", "s_pk"):
         _check_point(fields[name], f"{u}'s {name}")
     return fields
@@ -309,6 +325,10 @@ class _ClientSession:
     graph: bytes = b""  # digest of the neighbour graph it was told (seed and U1)
     signed: tuple[str, ...] | None = None  # the survivor set it signed
     answered: bool = False
+    # setup = "once" only: the round it last masked in (``round`` is the set-up's) and its own
+    # share of that round's seed.
+    current: int | None = None
+    own: Share | None = None
     tag = "secagg"  # its kind among the sessions an endpoint keeps (endpoint.SESSIONS)
 
     def to_json(self) -> dict:
@@ -323,7 +343,8 @@ class _ClientSession:
                              for u, (s, b) in self.holdings.items()},
                 "masks_with": list(self.masks_with), "graph": self.graph.hex(),
                 "signed": None if self.signed is None else list(self.signed),
-                "answered": self.answered}
+                "answered": self.answered, "current": self.current,
+                "own": None if self.own is None else share_to_bytes(self.own).hex()}
 
     @classmethod
     def from_json(cls, party: Client, registry: Registry, stage: SecAggStage,
@@ -339,7 +360,10 @@ class _ClientSession:
                     for u, (s, b) in table["holdings"].items()},
                    tuple(table["masks_with"]), bytes.fromhex(table["graph"]),
                    None if table["signed"] is None else tuple(table["signed"]),
-                   bool(table["answered"]))
+                   bool(table["answered"]),
+                   None if table["current"] is None else int(table["current"]),
+                   None if table["own"] is None else share_from_bytes(bytes.fromhex(
+                       table["own"])))
 
     @property
     def id(self) -> str:
@@ -349,12 +373,19 @@ class _ClientSession:
     def malicious(self) -> bool:
         return self.stage.adversary == "malicious"
 
+    @property
+    def aggregation(self) -> int:
+        """The round of the aggregation this session is in now (under setup = "once", the
+        round it last masked in)."""
+        return self.round if self.current is None else self.current
+
     def advertisement(self) -> bytes:
         fields = {"c_pk": self.channel.public, "s_pk": self.mask.public,
                   "b_commit": _commit(self.self_seed)}
+        fields = {name: fields[name] for name in self.stage.advertised}
         if self.malicious:
             fields["sig"] = self.party.sign(_key_statement(self.round, self.kind, self.id,
-                                                           fields))
+                                                           fields, self.stage.advertised))
         return _bytes_payload(fields)
 
     def take_keys(self, data: bytes, order: dict[str, int]) -> None:
@@ -369,11 +400,11 @@ class _ClientSession:
             kind, _, v = name.partition(":")
             if kind in ("graph_seed", "u1", "params") and self.malicious:
                 continue
-            if (kind not in _ADVERTISED + ("sig",) or v not in order or v == self.id
+            if (kind not in self.stage.advertised + ("sig",) or v not in order or v == self.id
                     or len(value) != (64 if kind == "sig" else 32)):
                 raise MessageError(f"the keys message has field {name!r} ({len(value)} bytes)")
             keys.setdefault(v, {})[kind] = value
-        wanted = {"c_pk", "s_pk"} | ({"b_commit", "sig"} if self.malicious else set())
+        wanted = {"c_pk", "s_pk"} | ({"sig", *self.stage.advertised} if self.malicious else set())
         if not keys or any(set(k) != wanted for k in keys.values()):
             raise MessageError(f"the keys message lacks one of {', '.join(sorted(wanted))} of "
                                "some neighbour")
@@ -414,7 +445,7 @@ class _ClientSession:
         for v, k in keys.items():
             if v not in self.registry.sign or not verify_signature(
                     self.registry.sign[v], k["sig"],
-                    _key_statement(self.round, self.kind, v, k)):
+                    _key_statement(self.round, self.kind, v, k, self.stage.advertised)):
                 raise MessageError(f"the keys of {v} are not signed by {v}'s pinned identity "
                                    "(substituted or altered in relay)")
 
@@ -470,8 +501,9 @@ class _ClientSession:
 
     def _statement(self, survivors: list[str]) -> bytes:
         """The consistency statement of ``survivors`` over what this client saw this round."""
-        return survivor_statement(self.round, self.kind, survivors, self.stage.parameters(),
-                                  self.graph, broadcast_digest(self.party, self.round))
+        return survivor_statement(self.aggregation, self.kind, survivors,
+                                  self.stage.parameters(), self.graph,
+                                  broadcast_digest(self.party, self.aggregation))
 
     def sign_survivors(self, data: bytes) -> bytes:
         """Consistency round: sign the survivor set the server announced (once)."""
@@ -491,6 +523,18 @@ class _ClientSession:
         counts fewer survivors in the group than the threshold, or (malicious-server variant)
         lists other survivors than the set it signed, or lacks a valid signature of that set,
         of what it saw, from every survivor in its group."""
+        survivors, gone = self.admit(data)
+        answer = {}
+        for u, (key_share, seed_share) in self.holdings.items():
+            if u in survivors:
+                answer[f"b:{u}"] = share_to_bytes(seed_share)
+            elif u in gone:
+                answer[f"s:{u}"] = share_to_bytes(key_share)
+        return _bytes_payload(answer)
+
+    def admit(self, data: bytes) -> tuple[set[str], set[str]]:
+        """The survivors and dropped of an unmask request this client may answer (see
+        :meth:`answer`), now marked answered; raises MessageError for one it may not."""
         survivors, gone, signatures = _parse_request(data, self.malicious)
         group = set(self.masks_with) | {self.id}  # whom it masked with, and itself
         needed = self.stage.shares_needed(len(self.peers) + 1)
@@ -501,13 +545,7 @@ class _ClientSession:
         if problem:
             raise MessageError(problem)
         self.answered = True
-        answer = {}
-        for u, (key_share, seed_share) in self.holdings.items():
-            if u in survivors:
-                answer[f"b:{u}"] = share_to_bytes(seed_share)
-            elif u in gone:
-                answer[f"s:{u}"] = share_to_bytes(key_share)
-        return _bytes_payload(answer)
+        return survivors, gone
 
     def _request_problem(self, survivors: set[str], gone: set[str], group: set[str],
                          needed: int) -> str:
@@ -585,24 +623,32 @@ class SecAggStage:
     can_protect = frozenset({"gradient", "dual_update", "update", "scalar"})
 
     def __init__(self, protects: tuple[str, ...], threshold: float, neighbours: int,
-                 quantizer: Quantizer, adversary: str = "malicious"):
+                 quantizer: Quantizer, adversary: str = "malicious", setup: str = "per-round"):
         self.protects = protects
         self.threshold = threshold
         self.neighbours = neighbours
         self.quantizer = quantizer
         self.adversary = adversary
+        self.setup = setup
 
     @property
     def phases(self) -> tuple[str, ...]:
         """This variant's phases, in round order."""
+        if self.setup == "once":
+            return EPOCH_MALICIOUS_PHASES if self.adversary == "malicious" else EPOCH_PHASES
         return MALICIOUS_PHASES if self.adversary == "malicious" else PHASES
+
+    @property
+    def advertised(self) -> tuple[str, ...]:
+        """The fields a client advertises besides its signature (32 bytes each)."""
+        return _ADVERTISED_ONCE if self.setup == "once" else _ADVERTISED
 
     def parameters(self) -> bytes:
         """Canonical bytes of the parameters every client must share (signed in the
         consistency round, so a server that tells clients different ones is caught)."""
         q = self.quantizer
-        return json.dumps([self.threshold, self.neighbours, q.clip, q.levels, q.bits,
-                           self.adversary]).encode()
+        values = [self.threshold, self.neighbours, q.clip, q.levels, q.bits, self.adversary]
+        return json.dumps(values + (["once"] if self.setup == "once" else [])).encode()
 
     @classmethod
     def from_table(cls, table: dict, source: str) -> SecAggStage:
@@ -634,7 +680,13 @@ class SecAggStage:
                                 "signed, a consistency round: holds against a server that "
                                 "deviates) or 'semi-honest' (faster; holds only against a server "
                                 "that follows the protocol)")
-        return cls(protects, threshold, neighbours, quantizer, adversary)
+        setup = table.get("setup", "per-round")
+        if setup not in SETUPS:
+            raise ProtocolError(f"{source}: setup = {setup!r}; use 'per-round' (fresh keys and "
+                                "shares in every aggregation, Bonawitz et al.) or 'once' (keys "
+                                "agreed once per kind, masks derived per round: fewer messages "
+                                "for many rounds of small models; docs/protocols.md)")
+        return cls(protects, threshold, neighbours, quantizer, adversary, setup)
 
     # -- parameters ------------------------------------------------------------------------
 
@@ -694,6 +746,9 @@ class SecAggStage:
                   template: Template, noise: DistributedNoise | None = None) -> Aggregate:
         """One aggregation over ``link``'s clients. ``noise``: each client's share of
         distributed DP noise, or None."""
+        if self.setup == "once":
+            from .secagg_epoch import aggregate_once  # it builds on this module
+            return aggregate_once(self, link, compute, weights, template, noise)
         ids = [c.id for c in link.clients]
         size = sum(int(np.prod(shape)) for shape, _ in template.values())
         share_variance = self._share_variance(noise, weights, size, len(ids))
@@ -706,11 +761,7 @@ class SecAggStage:
         u1 = self._advertise(r, ids)
         if len(u1) < needed:
             return abort(f"only {len(u1)} clients advertised keys, threshold is {needed}")
-        # The server's choice, announced to every client: from its own secret stream.
-        r.graph_seed = link.parties[SERVER].streams.seed_for(
-            "protocol", 256, link.round, link.kind, "graph").to_bytes(32, "big")
-        r.graph = harary_neighbours(u1, self.neighbours,
-                                    random.Random(int.from_bytes(r.graph_seed, "big")))
+        self.choose_graph(r, u1)
         dealt = self._share_keys(r, u1)
         u2 = list(dealt)
         if len(u2) < needed:
@@ -735,6 +786,15 @@ class SecAggStage:
         mean = summed / sum(scale[u] for u in u3)
         return Aggregate(unflatten(mean, template), u3, r.dropped, asked=list(r.routed))
 
+    def choose_graph(self, r: _Round, u1: list[str]) -> None:
+        """The neighbour graph over U1 from a seed of the server's own secret stream, which the
+        malicious variant's ``keys`` message announces to every client."""
+        link = r.link
+        r.graph_seed = link.parties[SERVER].streams.seed_for(
+            "protocol", 256, link.round, link.kind, "graph").to_bytes(32, "big")
+        r.graph = harary_neighbours(u1, self.neighbours,
+                                    random.Random(int.from_bytes(r.graph_seed, "big")))
+
     def _advertise(self, r: _Round, ids: list[str]) -> list[str]:
         """Phase 1. Returns U1, the clients whose keys and commitment the server accepted."""
         replies = r.link.exchange("advertise_keys", "advertise_keys", "secagg.advertise",
@@ -754,18 +814,18 @@ class SecAggStage:
     def _accept_advertisement(self, r: _Round, data: bytes, u: str) -> dict[str, bytes]:
         """The server's check of u's advertisement (the clients check the signature again
         against their own pinned keys)."""
-        fields = _parse_advertisement(data, u, signed=self.adversary == "malicious")
+        fields = _parse_advertisement(data, u, self.adversary == "malicious", self.advertised)
         if "sig" in fields and not verify_signature(
                 r.link.transport.registry.sign[u], fields["sig"],
-                _key_statement(r.link.round, r.link.kind, u, fields)):
+                _key_statement(r.link.round, r.link.kind, u, fields, self.advertised)):
             raise MessageError(f"{u}'s keys are not signed by its pinned identity")
         return fields
 
     def _keys_message(self, r: _Round, u: str, u1: list[str]) -> bytes:
         """Phase 2's message to u: its neighbours' keys; under the malicious-server variant
         also their commitments and signatures, the graph's seed and U1, and the parameters."""
-        fields = ("c_pk", "s_pk") + (("b_commit", "sig") if self.adversary == "malicious"
-                                     else ())
+        signed = tuple(name for name in self.advertised if name not in ("c_pk", "s_pk"))
+        fields = ("c_pk", "s_pk") + ((*signed, "sig") if self.adversary == "malicious" else ())
         message = {f"{kind}:{v}": r.advertised[v][kind] for v in sorted(r.graph[u])
                    for kind in fields}
         if self.adversary == "malicious":
@@ -982,13 +1042,28 @@ def _skellam(variance: float, size: int) -> np.ndarray:
 # -- the client's side ----------------------------------------------------------------------
 
 def _session(step: Step) -> _ClientSession:
-    """The client's session of the request's aggregation; refuses a request for an
+    """The client's session of the request's aggregation (under setup = "once", the set-up's
+    session if the client masked in the request's round); refuses a request for an
     aggregation it never advertised keys for."""
-    session = step.endpoint.sessions.get((step.request.round, step.request.kind))
+    round_, kind = step.request.round, step.request.kind
+    session = step.endpoint.sessions.get((round_, kind))
     if not isinstance(session, _ClientSession):
-        raise MessageError(f"{step.client.id} advertised no keys for {step.request.kind} in "
-                           f"round {step.request.round}")
+        session = epoch_session(step.endpoint.sessions, kind)
+        if session is not None and session.current != round_:
+            session = None
+    if not isinstance(session, _ClientSession):
+        raise MessageError(f"{step.client.id} advertised no keys for {kind} in round {round_}")
     return session
+
+
+def _keeps_epoch(session) -> bool:
+    return isinstance(session, _ClientSession) and session.stage.setup == "once"
+
+
+def epoch_session(sessions: dict, kind: str) -> _ClientSession | None:
+    """The client's latest setup = "once" session of ``kind``, if any."""
+    found = [s for (_, k), s in sessions.items() if k == kind and _keeps_epoch(s)]
+    return max(found, key=lambda s: s.round, default=None)
 
 
 def _order(registry: Registry) -> dict[str, int]:
@@ -1004,7 +1079,8 @@ def _client_advertise(step: Step) -> bytes:
         raise ProtocolError(f"{step.client.id}'s protocol does not aggregate "
                             f"{step.request.kind!r} with secagg")
     sessions = step.endpoint.sessions
-    for key in [k for k in sessions if k[0] < step.request.round]:
+    for key in [k for k, s in sessions.items() if k[0] < step.request.round and (
+            k[1] == step.request.kind or not _keeps_epoch(s))]:
         del sessions[key]  # an older aggregation's: a request for it is refused from now on
     return step.session(lambda: _ClientSession(step.client, step.endpoint.registry, stage,
                                                step.request.round, step.request.kind)
