@@ -1,0 +1,312 @@
+"""Secure aggregation with keys agreed once (``setup = "once"``, secagg_epoch.py): exact sums
+or clean aborts over several rounds under random dropouts at every phase, the set-up reused,
+and the client's refusals of a server that deviates.
+
+Expectations are computed here from the faults, the neighbour graph and the threshold rule,
+never read back from the stage.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from tempfile import TemporaryDirectory
+
+import numpy as np
+import pytest
+from hypothesis import event as hypothesis_event
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
+
+import secureffm.protocols.secagg as secagg
+from secureffm.audit.verify import verify_run
+from secureffm.federation.faults import Fault
+from secureffm.protocols.quantize import Quantizer
+from secureffm.protocols.secagg_epoch import round_label, round_seed
+from tests.protocols.test_secagg import (
+    KIND,
+    LEVELS,
+    make_channel,
+    make_clients,
+    plain_mean,
+    read_records,
+    shares_needed,
+    tolerance,
+    uniform_updates,
+    write_spec,
+)
+
+# The phases a client replies in, in round order (a drop there takes it offline for the rest
+# of that round).
+CLIENT_PHASES = ("advertise_keys", "keys_taken", "masked_input", "consistency_sign", "unmask")
+ROUNDS = 3
+
+
+def run_rounds(channel, updates_by_round, weights):
+    results = []
+    for r, updates in enumerate(updates_by_round, start=1):
+        d = next(iter(updates.values())).size
+        results.append(channel.aggregate(r, KIND, lambda c, u=updates: {KIND: u[c.id]}, weights,
+                                         {KIND: ((d,), np.dtype(np.float32))}))
+    return results
+
+
+# -- 1. exact or aborted, round after round --------------------------------------------------
+
+@dataclass(frozen=True)
+class Scenario:
+    n: int
+    d: int
+    neighbours: int
+    adversary: str
+    drops: tuple[tuple[int, int, str], ...]  # (round from 1, client index from 0, phase)
+    seed: int = 0
+
+
+@st.composite
+def scenarios(draw) -> Scenario:
+    n = draw(st.integers(3, 12))
+    drops = tuple(draw(st.lists(st.tuples(st.integers(1, ROUNDS), st.integers(0, n - 1),
+                                          st.sampled_from(CLIENT_PHASES)), max_size=n)))
+    return Scenario(n, draw(st.integers(1, 20)), draw(st.sampled_from([0, 0, 2, 4])),
+                    draw(st.sampled_from(["malicious", "semi-honest"])), drops,
+                    draw(st.integers(0, 2**32 - 1)))
+
+
+def expected_rounds(sc: Scenario, graphs: list[dict[str, set[str]]]) -> list[str | list[str]]:
+    """Per round, the included clients or the reason word of the abort (from the faults, the
+    graph of each set-up in order and the threshold 0.6)."""
+    ids = [f"client-{i}" for i in range(1, sc.n + 1)]
+    rank = {phase: i for i, phase in enumerate(CLIENT_PHASES)}
+    k = sc.neighbours + sc.neighbours % 2
+    group = sc.n if k <= 0 or k >= sc.n - 1 else k + 1
+    needed = shares_needed(0.6, group)
+    graphs = list(graphs)
+    members, graph, out = None, None, []
+    for r in range(1, ROUNDS + 1):
+        drop_at = {}
+        for round_, index, phase in sc.drops:
+            if round_ == r and (phase != "consistency_sign" or sc.adversary == "malicious"):
+                drop_at[ids[index]] = min(drop_at.get(ids[index], 99), rank[phase])
+
+        def alive(clients, phase, drop_at=drop_at):
+            return [c for c in clients if drop_at.get(c, 99) > rank[phase]]
+
+        if members is None:  # a set-up this round
+            u1 = alive(ids, "advertise_keys")
+            if len(u1) < 2:
+                out.append("took their keys")
+                continue
+            graph = graphs.pop(0)
+            members = alive(u1, "keys_taken")
+            if len(members) < needed:
+                members = None
+                out.append("took their keys")
+                continue
+
+        def peers(v, graph=graph, members=members):
+            return graph[v] & set(members)
+
+        def t(v, graph=graph):
+            return shares_needed(0.6, len(graph[v]) + 1)
+
+        maskers = [v for v in members if len(peers(v)) + 1 >= t(v)]
+        u3 = alive(maskers, "masked_input")
+        if len(u3) < needed:
+            members = None
+            out.append("masked inputs arrived")
+            continue
+        gone = set(members) - set(u3)
+        signers = set(alive(u3, "consistency_sign")) if sc.adversary == "malicious" else set(u3)
+        responders = {v for v in alive(u3, "unmask")
+                      if (peers(v) | {v}) & set(u3) <= signers
+                      and len((peers(v) | {v}) & set(u3)) >= t(v)}
+        if any(len(responders & (peers(u) | {u})) < t(u) for u in u3):
+            out.append("came back")
+        elif any(v not in responders for v in u3 if peers(v) & gone):
+            out.append("revealed no round seed")
+        else:
+            out.append(u3)
+    return out
+
+
+@settings(max_examples=40, deadline=None, database=None)
+@given(sc=scenarios())
+@example(sc=Scenario(6, 3, 0, "malicious", ((1, 2, "masked_input"),)))  # a k reveal in round 1
+@example(sc=Scenario(6, 3, 0, "semi-honest", ((2, 0, "masked_input"), (2, 1, "unmask"))))
+@example(sc=Scenario(5, 2, 0, "malicious", ((1, 0, "keys_taken"), (1, 1, "keys_taken"),
+                                            (2, 2, "masked_input"))))  # set-up again
+@example(sc=Scenario(9, 2, 4, "malicious", ((1, 3, "masked_input"), (3, 4, "unmask"))))
+def test_each_round_is_exact_or_aborts_as_the_threshold_rule_says(sc):
+    ids = [f"client-{i}" for i in range(1, sc.n + 1)]
+    weights = {c: 1.0 + i % 3 for i, c in enumerate(ids)}
+    updates = [uniform_updates(sc.n, sc.d, sc.seed + r) for r in range(ROUNDS)]
+    graphs = []  # the server's graph of each set-up (clients re-derive theirs: not these)
+    real_choose = secagg.SecAggStage.choose_graph
+
+    def spy(stage, r, u1):
+        real_choose(stage, r, u1)
+        graphs.append({u: set(v) for u, v in r.graph.items()})
+
+    faults = [Fault("drop", ids[i], phase, rounds=(r,)) for r, i, phase in sc.drops
+              if phase != "consistency_sign" or sc.adversary == "malicious"]
+    with TemporaryDirectory() as tmp, pytest.MonkeyPatch.context() as mp:
+        mp.setattr(secagg.SecAggStage, "choose_graph", spy)
+        spec = write_spec(tmp, neighbours=sc.neighbours, adversary=sc.adversary, setup="once",
+                          clip=8.0)
+        channel, log = make_channel(tmp, make_clients(sc.n), spec, faults)
+        results = run_rounds(channel, updates, weights)
+        channel.close()
+        report = verify_run(Path(tmp))
+        assert report.ok, report.summary()
+    want = expected_rounds(sc, graphs)
+    for r, (result, expected) in enumerate(zip(results, want, strict=True), start=1):
+        if isinstance(expected, list):
+            hypothesis_event("exact")
+            assert result.reason == "" and result.included == expected, (r, result.reason)
+            mean = plain_mean(updates[r - 1], weights, expected)
+            tol = tolerance(Quantizer(8.0, LEVELS, 32), weights, expected, sc.n)
+            assert np.abs(result.payload[KIND].astype(np.float64) - mean).max() <= tol
+        else:
+            hypothesis_event(f"aborted: {expected}")
+            assert result.payload is None and expected in result.reason, (r, expected,
+                                                                          result.reason)
+
+
+def test_the_set_up_runs_once_and_later_rounds_send_two_exchanges(tmp_path):
+    """Three rounds, nobody drops: keys are advertised and taken in round 1 only; every round
+    after it is one masked input per client and one unmask exchange with t holders."""
+    n = 6
+    spec = write_spec(tmp_path, setup="once", adversary="semi-honest")
+    channel, log = make_channel(tmp_path, make_clients(n), spec)
+    ids = [f"client-{i}" for i in range(1, n + 1)]
+    results = run_rounds(channel, [uniform_updates(n, 4, r) for r in range(3)],
+                         {c: 1.0 for c in ids})
+    channel.close()
+    assert all(r.included == ids for r in results)
+    phases = {}
+    for record in read_records(tmp_path):
+        if record["kind"] == KIND:
+            phases.setdefault(record["round"], []).append(record["phase"])
+    t = shares_needed(0.6, n)
+    for r in (2, 3):
+        assert sorted(set(phases[r])) == ["masked_input", "unmask", "unmask_request"]
+        assert phases[r].count("masked_input") == n
+        assert phases[r].count("unmask_request") == phases[r].count("unmask") == t
+    assert phases[1].count("advertise_keys") == n and phases[1].count("keys_taken") == n
+
+
+# -- 2. what the server may ask ----------------------------------------------------------------
+
+def _epoch_federation(tmp_path, n=5, adversary="malicious"):
+    spec = write_spec(tmp_path, setup="once", adversary=adversary)
+    channel, log = make_channel(tmp_path, make_clients(n), spec, keep_payloads=True)
+    return channel, log, [f"client-{i}" for i in range(1, n + 1)]
+
+
+def _refusals(log, client: str) -> list[str]:
+    return [e["detail"] for e in log.events if e["event"] == "rejected" and e["sender"] == client]
+
+
+@pytest.mark.parametrize("args, fragment", [
+    ({"peers": ["client-2"]}, "fewer than the threshold"),
+    ({"peers": ["client-2", "client-3", "client-9"]}, "client-9, not a neighbour"),
+    ({"peers": ["client-2", "client-2", "client-3"]}, "not a list of distinct"),
+    ({"epoch": 7}, "set-up of round 7"),
+])
+def test_a_client_refuses_a_mask_request_the_set_up_does_not_allow(tmp_path, monkeypatch, args,
+                                                                   fragment):
+    """Adversary: a malicious server editing the arguments of client-1's mask request in
+    round 2: too few peers (masking with one peer, client-1's input would be read by naming it
+    dropped), a stranger, a repeated peer, another set-up."""
+    import secureffm.protocols.secagg_epoch as epoch
+    channel, log, ids = _epoch_federation(tmp_path)
+    real = epoch._masked_inputs
+
+    def tamper(stage, r, *rest):
+        exchange = r.link.exchange
+
+        def edited(phase, reply_phase, action, calls):
+            if r.link.round == 2 and phase == "mask_request":
+                calls = dict(calls)
+                call = calls["client-1"]
+                calls["client-1"] = epoch.Call(call.data, {**call.args, **args})
+            return exchange(phase, reply_phase, action, calls)
+
+        r.link.exchange = edited
+        return real(stage, r, *rest)
+
+    monkeypatch.setattr(epoch, "_masked_inputs", tamper)
+    results = run_rounds(channel, [uniform_updates(5, 4, r) for r in range(2)],
+                         {c: 1.0 for c in ids})
+    channel.close()
+    assert results[0].included == ids
+    assert "client-1" not in results[1].included
+    assert any(fragment in d for d in _refusals(log, "client-1")), _refusals(log, "client-1")
+
+
+def test_a_second_mask_request_in_one_round_is_refused(tmp_path):
+    """Adversary: a malicious server asking client-1 to mask twice in round 1 (the difference
+    of two masked inputs of one round, with both seeds, would give the difference of its
+    inputs); the client refuses the second, and a request for an earlier round."""
+    channel, log, ids = _epoch_federation(tmp_path)
+    updates = uniform_updates(5, 4)
+    run_rounds(channel, [updates], {c: 1.0 for c in ids})
+    link = channel._link(1, KIND, ("secagg",))
+    for round_ in (1, 0):
+        link.round = round_
+        again = link.exchange("mask_request", "masked_input", "secagg.epoch.mask", {
+            "client-1": secagg.Call(None, {
+                "compute": lambda c: {KIND: updates[c.id]}, "template": {KIND: [[4], "float32"]},
+                "scale": 1.0, "share_variance": 0.0, "epoch": 1,
+                "peers": ["client-2", "client-3", "client-4", "client-5"]})})
+        assert again["client-1"].data is None
+    channel.close()
+    refusals = _refusals(log, "client-1")
+    assert sum("already masked in round 1" in d for d in refusals) == 2, refusals
+
+
+def test_a_peer_reveals_only_the_round_seed_of_a_dropped_client(tmp_path):
+    """Adversary: the server, after client-3 dropped before masking in round 1. Its peers
+    reveal k_{3v}^1 and nothing else of the pair: the revealed seed is HMAC(k_3v, round 1),
+    and it does not give round 2's seed (client-3 returns and masks with the same set-up)."""
+    channel, log, ids = _epoch_federation(tmp_path, adversary="semi-honest")
+    captured = {}
+    real = secagg._ClientSession.admit
+
+    def spy(self, data):
+        captured.setdefault(self.id, self)
+        return real(self, data)
+
+    faults_round = [uniform_updates(5, 4, r) for r in range(2)]
+    channel.transport.faults = type(channel.transport.faults)(
+        "test", (Fault("drop", "client-3", "masked_input", rounds=(1,)),))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(secagg._ClientSession, "admit", spy)
+        results = run_rounds(channel, faults_round, {c: 1.0 for c in ids})
+    channel.close()
+    assert results[0].included == ["client-1", "client-2", "client-4", "client-5"]
+    assert results[1].included == ids  # client-3 back, same set-up
+    payloads = (tmp_path / "payloads.bin").read_bytes()
+    revealed = {}
+    for record in read_records(tmp_path):
+        if record["kind"] == KIND and record["phase"] == "unmask" and record["round"] == 1:
+            reply = json.loads(secagg._payload_bytes(
+                payloads[record["offset"]:record["offset"] + record["bytes"]], "x")["json"])
+            assert set(reply["k"]) <= {"client-3"}
+            revealed |= {record["sender"]: bytes.fromhex(h) for h in reply["k"].values()}
+    assert revealed, "no peer revealed a round seed of the dropped client"
+    for v, seed in revealed.items():
+        pair = captured[v].peers["client-3"].pair_seed
+        assert seed == round_seed(pair, round_label(1, KIND))
+        assert seed != round_seed(pair, round_label(2, KIND)) and seed != pair
+    assert verify_run(tmp_path).ok
+
+
+def test_setup_must_be_per_round_or_once(tmp_path):
+    from secureffm.errors import ProtocolError
+    from secureffm.protocols import load_protocol
+    with pytest.raises(ProtocolError, match=re.escape("setup = 'daily'")):
+        load_protocol(str(write_spec(tmp_path, setup="daily")))
