@@ -63,8 +63,12 @@ def _tree(folder: Path) -> dict[str, int]:
 def preimported():
     """Each script imported once in this process (module level only, ``main`` not called), so
     the forked children find torch, opacus, matplotlib and the library loaded."""
-    for script in SCRIPTS:
-        runpy.run_path(str(script), run_name="smoke_import")
+    for script in SCRIPTS:  # a script may import its siblings, as python script.py allows
+        sys.path.insert(0, str(script.parent))
+        try:
+            runpy.run_path(str(script), run_name="smoke_import")
+        finally:
+            sys.path.remove(str(script.parent))
 
 
 @pytest.fixture
@@ -117,7 +121,7 @@ def test_every_script_has_a_smoke_test():
     tested = {"benchmarks/audit.py", "benchmarks/dp.py", "benchmarks/engines.py",
               "benchmarks/fedwad.py",
               "benchmarks/he.py", "benchmarks/images.py", "benchmarks/main_job.py",
-              "benchmarks/secagg.py",
+              "benchmarks/secagg.py", "benchmarks/secagg_rounds.py",
               "experiments/dcfm_2d.py", "experiments/dcfm_digits.py",
               "experiments/distributed_noise_gain.py", "experiments/fedwad_clustering.py",
               "experiments/fedwad_coreset.py", "experiments/ffm_2d.py",
@@ -176,6 +180,19 @@ def test_secagg_benchmark(tmp_path):
         ["10", "10^3", "full graph (9 neighbours)"],
         ["10", "10^3", "SecAgg+ k=8 (8 neighbours)"]]
     assert _block(out, "secagg") == result.stdout.rstrip("\n")
+
+
+def test_secagg_rounds_benchmark(run_script, tmp_path):
+    """Issue 18's many-rounds table: every protocol ran every round, plaintext is the unit."""
+    out = tmp_path / "benchmarks.md"
+    result = run_script("benchmarks/secagg_rounds.py", "--smoke", "--out", str(out)).check()
+    assert "### Many rounds of a small model: n = 3, d = 100, 3 rounds" in result.stdout
+    names = ["plaintext"] + [f"{a}, {s}" for a in ("semi-honest", "malicious")
+                             for s in ("per-round", "once")]
+    rows = [r for name in names for r in _rows(result.stdout, name)]
+    assert [r[0] for r in rows] == names and rows[0][4] == "1.00x"
+    assert all(float(r[3]) > 0 for r in rows)
+    assert _block(out, "secagg-rounds") == result.stdout.rstrip("\n")
 
 
 @pytest.mark.slow
