@@ -296,7 +296,8 @@ def test_a_peer_reveals_only_the_round_seed_of_a_dropped_client(tmp_path):
             reply = json.loads(secagg._payload_bytes(
                 payloads[record["offset"]:record["offset"] + record["bytes"]], "x")["json"])
             assert set(reply["k"]) <= {"client-3"}
-            revealed |= {record["sender"]: bytes.fromhex(h) for h in reply["k"].values()}
+            if "client-3" in reply["k"]:
+                revealed[record["sender"]] = bytes.fromhex(reply["k"]["client-3"])
     assert revealed, "no peer revealed a round seed of the dropped client"
     for v, seed in revealed.items():
         pair = captured[v].peers["client-3"].pair_seed
@@ -310,3 +311,31 @@ def test_setup_must_be_per_round_or_once(tmp_path):
     from secureffm.protocols import load_protocol
     with pytest.raises(ProtocolError, match=re.escape("setup = 'daily'")):
         load_protocol(str(write_spec(tmp_path, setup="daily")))
+
+
+def test_clients_restored_from_their_saved_state_go_on_with_the_same_set_up(tmp_path):
+    """What a Flower node does between messages: every client's endpoint is rebuilt from its
+    JSON-saved state after round 1; round 2 reuses the set-up (no keys advertised) and is
+    exact, and a restored client still refuses a second mask in round 2."""
+    from tests.protocols.test_endpoint import restarted
+    channel, log, ids = _epoch_federation(tmp_path, n=4)
+    weights = {c: 1.0 for c in ids}
+    updates = [uniform_updates(4, 5, r) for r in range(2)]
+    first = run_rounds(channel, updates[:1], weights)[0]
+    channel.endpoints = {cid: restarted(e) for cid, e in channel.endpoints.items()}
+    second = channel.aggregate(2, KIND, lambda c: {KIND: updates[1][c.id]}, weights,
+                               {KIND: ((5,), np.dtype(np.float32))})
+    assert first.included == second.included == ids
+    tol = tolerance(Quantizer(8.0, LEVELS, 32), weights, ids, 4)
+    assert np.abs(second.payload[KIND] - plain_mean(updates[1], weights, ids)).max() <= tol
+    assert not any(r["phase"] == "advertise_keys" and r["round"] == 2
+                   for r in read_records(tmp_path))
+    channel.endpoints = {cid: restarted(e) for cid, e in channel.endpoints.items()}
+    link = channel._link(2, KIND, ("secagg",))
+    again = link.exchange("mask_request", "masked_input", "secagg.epoch.mask", {
+        "client-1": secagg.Call(None, {
+            "compute": lambda c: {KIND: updates[1][c.id]}, "template": {KIND: [[5], "float32"]},
+            "scale": 1.0, "share_variance": 0.0, "epoch": 1,
+            "peers": ["client-2", "client-3", "client-4"]})})
+    assert again["client-1"].data is None
+    assert any("already masked in round 2" in d for d in _refusals(log, "client-1"))
