@@ -155,7 +155,8 @@ def resigned(change):
     def tamper(data: bytes, recipient: str, party: Party, round_: int, kind: str) -> bytes:
         fields = {k: v.tobytes() for k, v in deserialize_payload(data).items()}
         change(fields)
-        fields["sig"] = party.sign(secagg._key_statement(round_, kind, party.id, fields))
+        names = tuple(n for n in secagg._ADVERTISED if n in fields)  # per-round: all three
+        fields["sig"] = party.sign(secagg._key_statement(round_, kind, party.id, fields, names))
         return serialize_payload({k: np.frombuffer(v, dtype=np.uint8)
                                   for k, v in fields.items()})
     tamper.signs = True
