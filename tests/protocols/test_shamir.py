@@ -292,3 +292,20 @@ def test_decode_of_honest_shares_is_reconstruct_and_names_nobody():
     assert decode(shares, 4).inconsistent == ()
     with pytest.raises(ProtocolError, match="only 3 distinct shares"):
         decode(shares[:3], 4)
+
+
+@settings(max_examples=60, deadline=None)
+@given(secret=st.integers(0, 2**256 - 1), data=st.data())
+def test_decode_of_exactly_t_shares_is_reconstruct_right_or_wrong(secret, data):
+    """With m = t shares decode takes f(0) from Lagrange weights cached per x-set: it must be
+    what reconstruct's own arithmetic gives, for honest shares and for a tampered one (both
+    are then f(0) of the one polynomial through the t points)."""
+    t = data.draw(st.integers(1, 8))
+    count = data.draw(st.integers(t, 12))
+    shares = data.draw(st.permutations(split(secret, t, count)))[:t]
+    if data.draw(st.booleans()):
+        i = data.draw(st.integers(0, t - 1))
+        shares[i] = Share(shares[i].x, (shares[i].y + data.draw(st.integers(1, PRIME - 1)))
+                          % PRIME)
+    assert decode(shares, t).secret == reconstruct(shares, t)
+    assert decode(shares, t).inconsistent == ()
