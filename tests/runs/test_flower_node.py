@@ -127,6 +127,15 @@ def dp_secagg(tmp_path_factory, keys):
 
 
 @pytest.fixture(scope="module")
+def dp_secagg_once(tmp_path_factory, keys):
+    """dp-secagg-once (keys agreed once) with every message served by a rebuilt client, and
+    in-process."""
+    root = tmp_path_factory.mktemp("dp-secagg-once")
+    rebuilt = on_nodes(config(root / "rebuilt", "dp-secagg-once"), keys, rebuild=True)
+    return root, rebuilt, run_ffm(config(root / "in-process", "dp-secagg-once"))
+
+
+@pytest.fixture(scope="module")
 def he(tmp_path_factory, keys):
     """he (CKKS) with every message served by a rebuilt client, and in-process."""
     root = tmp_path_factory.mktemp("he")
@@ -164,6 +173,27 @@ def test_the_run_on_rebuilt_nodes_equals_the_in_process_run_under_dp_secagg(dp_s
     records = logged(root / "rebuilt")
     assert records == logged(root / "in-process")
     assert {json.loads(r[1]) for r in records} >= {"masked_input", "unmask"}
+    assert rebuilt["metrics"]["aborted_aggregations"] == 0
+
+
+@pytest.mark.slow
+def test_secagg_keys_agreed_once_serve_every_round_on_rebuilt_nodes(dp_secagg_once):
+    """Under setup = "once" a client keeps its pair secrets and the round it last masked in
+    across messages (its saved state): the run on rebuilt nodes sets up once per kind and
+    equals the in-process run (W2, every logged record's shape) and its log passes the
+    audit. Slow (about 15 s): test_secagg_epoch.py restores clients from saved state in the
+    default suite."""
+    from secureffm.audit.verify import verify_run
+
+    assert verify_run(dp_secagg_once[0] / "rebuilt").ok
+    root, (rebuilt, _), in_process = dp_secagg_once
+    for nfe, w2 in in_process.metrics["eval"]["w2"].items():
+        assert rebuilt["metrics"]["eval"]["w2"][nfe] == pytest.approx(w2, rel=1e-5)
+    records = logged(root / "rebuilt")
+    assert records == logged(root / "in-process")
+    set_ups = {(json.loads(r[0]), json.loads(r[2])) for r in records
+               if json.loads(r[1]) == "keys_taken"}
+    assert {kind for _, kind in set_ups} == {"gradient", "dual_update"} and len(set_ups) == 2
     assert rebuilt["metrics"]["aborted_aggregations"] == 0
 
 
