@@ -15,7 +15,7 @@ is a run the protocols could have produced. The first broken rule is named:
   kind in one round carry the same bytes (sha256) to every client: a server that sends one
   client another model (to isolate its update in a sum) breaks it;
 - secure aggregation (phases of :data:`secureffm.protocols.secagg.MALICIOUS_PHASES` and
-  ``EPOCH_MALICIOUS_PHASES``): a client takes part in an aggregation only after advertising keys
+  ``EPOCH_PHASES``): a client takes part in an aggregation only after advertising keys
   in it (under ``setup = "once"``, from the round a ``keys_taken`` reply marks as a kind's key
   set-up on, in that set-up; its later rounds read the parameters and graph the set-up's
   ``keys`` message told each client), and the keys the server
@@ -44,7 +44,7 @@ from ..errors import MessageError
 from ..federation.crypto import verify_signature
 from ..federation.message import SERVER
 from ..protocols.link import digest_of_broadcasts
-from ..protocols.secagg import EPOCH_MALICIOUS_PHASES, survivor_statement
+from ..protocols.secagg import EPOCH_PHASES, survivor_statement, view_statement
 from ..protocols.secagg import MALICIOUS_PHASES as SECAGG_PHASES
 from ..protocols.wire import payload_bytes, payload_json
 
@@ -105,7 +105,7 @@ class ProtocolRules:
             self._taken.setdefault((record["round"], record["recipient"]), []).append(
                 (record["seq"], record["kind"], record["sha256"] if not record["stages"]
                  else ""))
-        if problem is None and record["phase"] in SECAGG_PHASES + EPOCH_MALICIOUS_PHASES:
+        if problem is None and record["phase"] in SECAGG_PHASES + EPOCH_PHASES:
             problem = self._secagg(record, payload)
         if problem is None and record["phase"] in INPUT_PHASES and record["recipient"] == SERVER:
             self._inputs.setdefault((record["round"], record["kind"]), set()).add(
@@ -291,10 +291,11 @@ class ProtocolRules:
         the log shows the client was told (the check the client makes before it answers)."""
         client, round_, kind = record["sender"], record["round"], record["kind"]
         told = self._told.get((round_, kind, client), {})
-        if "params" not in told and kind in self._epochs:  # setup = "once": the set-up told it
+        once = kind in self._epochs and not told.get("consistency")  # setup = "once"
+        if once:  # its set-up told it the parameters and graph
             set_up = self._told.get((self._epochs[kind], kind, client), {})
-            told = {**told, **{k: set_up[k] for k in ("params", "graph") if k in set_up}}
-        if not told.get("consistency"):
+            told = {**{k: set_up[k] for k in ("params", "graph") if k in set_up}, **told}
+        elif not told.get("consistency"):
             return None  # the semi-honest variant: nothing signed
         if told.get("request") is None:
             self._answers_unchecked += 1
@@ -304,17 +305,22 @@ class ProtocolRules:
         except MessageError:
             return (f"record {record['seq']}: {client} answered an unreadable unmask request")
         taken = self._taken.get((round_, client), [])
+        if once and "signatures" not in request:
+            return None  # the semi-honest variant: nothing signed
         if "signatures" not in request or any(not sha for _, _, sha in taken) or not all(
-                told.get(what) for what in ("params", "graph", "signed")):
+                told.get(what) for what in ("params", "graph", *(() if once else ("signed",)))):
             self._answers_unchecked += 1
             return None
-        statement = survivor_statement(
-            round_, kind, told["signed"], told["params"], told["graph"],
-            digest_of_broadcasts([(kind_, sha) for _, kind_, sha in taken]))
+        broadcasts = digest_of_broadcasts([(kind_, sha) for _, kind_, sha in taken])
+        if once:  # each survivor signed its view with its masked input
+            statement = view_statement(round_, kind, told["params"], told["graph"], broadcasts)
+        else:
+            statement = survivor_statement(round_, kind, told["signed"], told["params"],
+                                           told["graph"], broadcasts)
         for w in request["survivors"]:
             signature = request["signatures"].get(w, "")
-            if w not in told["signed"] or w not in self.signing_keys or not _verifies(
-                    self.signing_keys[w], signature, statement):
+            if (not once and w not in told["signed"]) or w not in self.signing_keys or not (
+                    _verifies(self.signing_keys[w], signature, statement)):
                 return (f"record {record['seq']}: {client} answered an unmask request in the "
                         f"round-{round_} {kind} secure aggregation without {w}'s valid signature "
                         "of the survivor set, parameters, graph and broadcasts the log shows "

@@ -112,12 +112,10 @@ PHASES = ("advertise_keys", "keys", "share_keys", "shares", "masked_input", "unm
           "unmask")
 # setup = "once" (secagg_epoch.py): keys in the first aggregation of a kind (advertise_keys,
 # keys, keys_taken), then per round an unsigned mask request, masked inputs that carry the
-# round's seed shares, and unmasking; the malicious variant adds the consistency round.
+# round's seed shares (and, malicious variant, a signature of what the client saw), and
+# unmasking: no consistency round (secagg_epoch.py says why none is needed).
 EPOCH_PHASES = ("advertise_keys", "keys", "keys_taken", "mask_request", "masked_input",
                 "unmask_request", "unmask")
-EPOCH_MALICIOUS_PHASES = ("advertise_keys", "keys", "keys_taken", "mask_request",
-                          "masked_input", "consistency", "consistency_sign", "unmask_request",
-                          "unmask")
 # The malicious-server variant adds a consistency round between masked inputs and unmasking.
 MALICIOUS_PHASES = ("advertise_keys", "keys", "share_keys", "shares", "masked_input",
                     "consistency", "consistency_sign", "unmask_request", "unmask")
@@ -125,6 +123,7 @@ ADVERSARIES = ("malicious", "semi-honest")
 _KEYS = {"stage", "protects", "threshold", "neighbours", "clip", "levels", "bits", "adversary",
          "setup"}
 _KEY_STATEMENT, _SURVIVOR_STATEMENT = b"secureffm/secagg/keys/v1", b"secureffm/secagg/survivors/v1"
+_VIEW_STATEMENT = b"secureffm/secagg/view/v1"
 _MASK, _CHANNEL, _COMMIT = b"mask-seed", b"share-channel", b"secureffm/self-mask-seed"
 _ADVERTISED = ("b_commit", "c_pk", "s_pk")  # 32 bytes each
 # Under setup = "once" a client advertises no self-mask commitment: it draws a fresh seed per
@@ -180,6 +179,15 @@ def survivor_statement(round_: int, kind: str, survivors: list[str], parameters:
     seen = hashlib.sha256(parameters + graph + broadcasts).digest()
     return (_SURVIVOR_STATEMENT + json.dumps([round_, kind, sorted(survivors)]).encode()
             + seen)
+
+
+def view_statement(round_: int, kind: str, parameters: bytes, graph: bytes,
+                   broadcasts: bytes) -> bytes:
+    """What a client signs with its masked input under setup = "once" (malicious variant;
+    what the audit re-checks): the digest of what it saw this round, as in
+    :func:`survivor_statement`, without a survivor set."""
+    seen = hashlib.sha256(parameters + graph + broadcasts).digest()
+    return _VIEW_STATEMENT + json.dumps([round_, kind]).encode() + seen
 
 
 def _commit(seed: bytes) -> bytes:
@@ -541,7 +549,8 @@ class _ClientSession:
         problem = ("it already answered an unmask request in this aggregation" if self.answered
                    else self._request_problem(survivors, gone, group, needed))
         if not problem and self.malicious:
-            problem = self._consistency_problem(survivors, group, signatures)
+            problem = (self._view_problem(survivors, signatures) if self.stage.setup == "once"
+                       else self._consistency_problem(survivors, group, signatures))
         if problem:
             raise MessageError(problem)
         self.answered = True
@@ -561,6 +570,23 @@ class _ClientSession:
         if len(survivors) < needed:
             return (f"only {len(survivors)} survivors among the clients it masked with and "
                     f"itself, threshold {needed}")
+        return ""
+
+    def view_signature(self) -> bytes:
+        """Under setup = "once" (malicious variant): this client's signature of what it saw
+        in the round it masks in."""
+        return self.party.sign(view_statement(
+            self.aggregation, self.kind, self.stage.parameters(), self.graph,
+            broadcast_digest(self.party, self.aggregation)))
+
+    def _view_problem(self, survivors: set[str], signatures: dict[str, bytes]) -> str:
+        statement = view_statement(self.aggregation, self.kind, self.stage.parameters(),
+                                   self.graph, broadcast_digest(self.party, self.aggregation))
+        for w in sorted(survivors - {self.id}):
+            if w not in signatures or not verify_signature(self.registry.sign[w], signatures[w],
+                                                           statement):
+                return (f"{w} did not sign the parameters, graph and broadcasts this client "
+                        "saw this round (another broadcast, or not its signature)")
         return ""
 
     def _consistency_problem(self, survivors: set[str], group: set[str],
@@ -635,7 +661,7 @@ class SecAggStage:
     def phases(self) -> tuple[str, ...]:
         """This variant's phases, in round order."""
         if self.setup == "once":
-            return EPOCH_MALICIOUS_PHASES if self.adversary == "malicious" else EPOCH_PHASES
+            return EPOCH_PHASES
         return MALICIOUS_PHASES if self.adversary == "malicious" else PHASES
 
     @property

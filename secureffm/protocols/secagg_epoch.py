@@ -24,17 +24,26 @@ Each round r, among the members of the set-up:
    y_u = q_u + PRG(b_u^r) + sum_v +-PRG(k_uv^r) mod 2^bits, with k_uv^r = HMAC-SHA256(k_uv,
    round seed label || [r, kind]) (+ if u precedes v), a commitment SHA-256(label || b_u^r),
    the peers it masked with, and t-of-|S(u)| Shamir shares of b_u^r, each AES-GCM-sealed for
-   its holder under their channel key, bound to (r, kind, u, holder).
-4. ``consistency`` -> ``consistency_sign`` (malicious variant): as in secagg.py.
-5. ``unmask_request`` -> ``unmask``: the server asks enough survivors (every survivor that
+   its holder under their channel key, bound to (r, kind, u, holder); under the malicious
+   variant also its signature of what it saw this round (:func:`~secureffm.protocols.secagg.
+   view_statement`: the parameters, the set-up's graph, the broadcasts it took).
+4. ``unmask_request`` -> ``unmask``: the server asks enough survivors (every survivor that
    masked with a client that dropped, then holders until each survivor's seed has t) and
-   routes each the sealed shares of the survivors among its peers. A holder answers once per
-   round, under secagg.py's rules (it refuses a request naming itself dropped, a peer both
-   alive and dropped, anyone it did not mask with, fewer survivors than t, and, malicious
-   variant, anything but the survivor set it signed with every signature of it), and also
-   refuses shares routed from a client the request names dropped. It reveals, for each
-   survivor, its share of b_u^r, and for each dropped peer u, k_uv^r: that round's pairwise
-   seed only, never a long-term secret.
+   routes each the sealed shares of the survivors among its peers, in the order it lists
+   them (and, malicious variant, their view signatures). A holder answers once per round,
+   under secagg.py's rules (it refuses a request naming itself dropped, a peer both alive and
+   dropped, anyone it did not mask with, fewer survivors than t), and, malicious variant,
+   refuses unless every survivor it is told of signed the view it saw itself. It reveals, for
+   each survivor, its share of b_u^r, and for each dropped peer u, k_uv^r: that round's
+   pairwise seed only, never a long-term secret.
+
+Why no consistency round: secagg.py's signed survivor set stops a server from collecting, by
+telling holders different survivor sets, t shares of a client's seed and t shares of its mask
+key, one secret that unmasks every pair. Here no such secret exists: the pair masks of u are
+revealed only by each of u's peers for itself, so a split view gains nothing (below). What the
+consistency round also carried, the digest of the broadcasts (a server that sends one client
+another model to isolate its update, Pasquini et al. CCS 2022), travels as the view
+signature with the masked input, one exchange fewer.
 
 What a dropped client exposes: for the round it dropped in, the pairwise seeds k_uv^r of its
 peers that survived (its masked input, if it arrived late, stays hidden behind b_u^r, whose
@@ -141,6 +150,7 @@ class _RoundState:
     peers: dict[str, list[str]] = field(default_factory=dict)  # whom each asked member masks with
     masked: dict[str, np.ndarray] = field(default_factory=dict)
     commits: dict[str, bytes] = field(default_factory=dict)
+    views: dict[str, bytes] = field(default_factory=dict)  # malicious variant: view signatures
     sealed: dict[str, dict[str, bytes]] = field(default_factory=dict)  # author -> holder -> share
 
     def reject(self, phase: str, party: str, reason: str) -> None:
@@ -183,9 +193,7 @@ def aggregate_once(stage: SecAggStage, link: Link, compute: Compute,
         return abort(f"only {len(u3)} masked inputs arrived, threshold is {needed}", asked,
                      set_up_again=True)
     gone = [u for u in asked if u not in r.masked]
-    signatures = (stage._consistency(_Round(link, epoch.order), u3)
-                  if stage.adversary == "malicious" else {})
-    seeds, pair_seeds, reason = _unmask(stage, r, u3, gone, signatures)
+    seeds, pair_seeds, reason = _unmask(stage, r, u3, gone, r.views)
     if reason:
         return abort(reason, asked)
     total = np.zeros(size, dtype=word_dtype(stage.quantizer.bits))
@@ -262,26 +270,33 @@ def _masked_inputs(stage: SecAggStage, r: _RoundState, compute: Compute,
                                    "arrived")
             continue
         try:
-            y, commit, sealed = _parse_masked(replies[v].data, v, size, wire, r.peers[v])
+            y, commit, sealed, view = _parse_masked(replies[v].data, v, size, wire, r.peers[v],
+                                                    stage.adversary == "malicious")
         except MessageError as err:
             r.reject("masked_input", v, str(err))
             r.dropped[v] = str(err)
             continue
         r.masked[v], r.commits[v], r.sealed[v] = y, commit, sealed
+        if view is not None:
+            r.views[v] = view
 
 
-def _parse_masked(data: bytes, v: str, size: int, wire: np.dtype,
-                  peers: list[str]) -> tuple[np.ndarray, bytes, dict[str, bytes]]:
+def _parse_masked(data: bytes, v: str, size: int, wire: np.dtype, peers: list[str],
+                  signed: bool) -> tuple[np.ndarray, bytes, dict[str, bytes], bytes | None]:
     """v's masked input: ``y`` (shape ``[size]``, words ``wire``), ``b_commit`` (32 bytes),
     ``peers`` (the JSON list of whom it masked with: exactly the ``peers`` it was asked, in
-    that order) and ``shares`` (its sealed seed shares for them, in that order, concatenated).
-    Returns y, the commitment and holder -> sealed share."""
+    that order), ``shares`` (its sealed seed shares for them, in that order, concatenated)
+    and, when ``signed`` (malicious variant), ``view_sig`` (64 bytes, relayed unverified:
+    each holder checks it against its own view). Returns y, the commitment, holder -> sealed
+    share, and the view signature or None."""
     got = deserialize_payload(data, v)
-    if sorted(got) != ["b_commit", "peers", "shares", "y"] or any(
-            got[name].dtype != np.uint8 or got[name].ndim != 1 for name in ("b_commit", "peers",
-                                                                           "shares")):
+    names = ["b_commit", "peers", "shares", *(["view_sig"] if signed else [])]
+    if sorted(got) != sorted([*names, "y"]) or any(
+            got[name].dtype != np.uint8 or got[name].ndim != 1 for name in names):
         raise MessageError(f"{v}'s masked input has fields {sorted(got)}, expected y and the "
-                           "byte strings b_commit, peers and shares")
+                           f"byte strings {', '.join(names)}")
+    if signed and got["view_sig"].size != 64:
+        raise MessageError(f"{v}'s view_sig is {got['view_sig'].size} bytes, expected 64")
     try:
         said = json.loads(got["peers"].tobytes())
     except ValueError:
@@ -295,7 +310,8 @@ def _parse_masked(data: bytes, v: str, size: int, wire: np.dtype,
                    "shares": _shaped(len(peers) * _SEALED_SHARE, np.uint8)})
     blob = got["shares"].tobytes()
     sealed = {w: blob[i * _SEALED_SHARE:(i + 1) * _SEALED_SHARE] for i, w in enumerate(peers)}
-    return got["y"], got["b_commit"].tobytes(), sealed
+    return (got["y"], got["b_commit"].tobytes(), sealed,
+            got["view_sig"].tobytes() if signed else None)
 
 
 def _unmask_holders(stage: SecAggStage, r: _RoundState, u3: list[str], gone: list[str],
@@ -323,8 +339,9 @@ def _unmask_holders(stage: SecAggStage, r: _RoundState, u3: list[str], gone: lis
 def _request(stage: SecAggStage, r: _RoundState, v: str, u3: list[str], gone: list[str],
              signatures: dict[str, bytes]) -> bytes:
     """The unmask request to v: ``json``, among the clients v masked with and v itself, the
-    survivors, the dropped and (malicious variant) the survivors' signatures; ``shares``, the
-    sealed seed shares for v of the other survivors, in the order the survivors are listed."""
+    survivors, the dropped and (malicious variant) the survivors' view signatures; ``shares``,
+    the sealed seed shares for v of the other survivors, in the order the survivors are
+    listed."""
     group = set(r.peers[v]) | {v}
     survivors = [u for u in u3 if u in group]
     request = {"survivors": survivors, "dropped": [u for u in gone if u in group]}
@@ -515,10 +532,13 @@ def _client_mask(step: Step) -> bytes | None:
     sealed = b"".join(seal(session.peers[v].channel, share_to_bytes(shares[v]),
                            _context(round_, kind, u, v), secrets.token_bytes(12))
                       for v in peers)
-    return serialize_payload({"y": session.stage.quantizer.reduce(y),
-                              "b_commit": np.frombuffer(_commit(seed), dtype=np.uint8),
-                              "peers": np.frombuffer(json.dumps(peers).encode(), np.uint8),
-                              "shares": np.frombuffer(sealed, dtype=np.uint8)})
+    fields = {"y": session.stage.quantizer.reduce(y),
+              "b_commit": np.frombuffer(_commit(seed), dtype=np.uint8),
+              "peers": np.frombuffer(json.dumps(peers).encode(), np.uint8),
+              "shares": np.frombuffer(sealed, dtype=np.uint8)}
+    if session.malicious:
+        fields["view_sig"] = np.frombuffer(session.view_signature(), dtype=np.uint8)
+    return serialize_payload(fields)
 
 
 def _quantized_input(step: Step, session: _ClientSession) -> np.ndarray | None:

@@ -17,8 +17,9 @@ import json
 import numpy as np
 
 import secureffm.protocols.secagg_epoch as epoch
+from secureffm.audit.verify import verify_run
 from secureffm.errors import ProtocolError
-from secureffm.federation import deserialize_payload
+from secureffm.federation import deserialize_payload, serialize_payload
 from secureffm.protocols.prg import expand_seed
 from secureffm.protocols.secagg import _commit, epoch_session
 from secureffm.protocols.secagg_epoch import round_label, round_seed
@@ -110,8 +111,6 @@ def test_naming_a_client_dropped_after_its_masked_input_arrived_does_not_unmask_
     holder is asked for (or would open) the victim's seed share once it is named dropped."""
     fed = epoch_federation(tmp_path)
     others = [c for c in fed.ids if c != VICTIM]
-    fed.server.tamper["consistency"] = lambda data, to: bytes_payload(
-        {"json": json.dumps({"survivors": others}, sort_keys=True).encode()})
     fed.server.tamper["unmask_request"] = without_victim
     fed.aggregate()
     fed.close_and_verify()
@@ -120,20 +119,41 @@ def test_naming_a_client_dropped_after_its_masked_input_arrived_does_not_unmask_
     assert steps_off(fed, reconstruct(fed)) > LEAK_STEPS
 
 
-def test_a_split_view_of_the_victim_is_refused_and_does_not_unmask_it(tmp_path, monkeypatch):
-    """Adversary: every client signs the honest survivor set (all five); then client-4 and
-    client-5 are told the victim dropped (to reveal their round seeds with it) while the
-    victim, client-2 and client-3 are asked for its seed shares. client-4 and client-5 refuse:
-    the survivors are not those they signed. The input would stay hidden even had they
-    answered (checked with the consistency rule removed, 2026-11-27): each peer reveals either
-    its share of the seed or its pair seed, and the server needs every pair seed."""
+def test_a_split_view_of_the_victim_does_not_unmask_it(tmp_path, monkeypatch):
+    """Adversary: client-4 and client-5 are told the victim dropped (so they reveal their
+    round seeds with it) while the victim, client-2 and client-3 are asked for its seed
+    shares; the server asks every survivor at once. It gets the seed and two of the four pair
+    seeds: each peer reveals either its share of the seed or its pair seed, and reading the
+    input needs every pair seed, so no consistency round is needed to stop this."""
     fed = epoch_federation(tmp_path)
-    # It asks every survivor at once (an honest server asks t holders first).
     monkeypatch.setattr(epoch, "_unmask_holders", lambda stage, r, u3, *rest: list(u3))
     fed.server.tamper["unmask_request"] = lambda data, to: (
         without_victim(data, to) if to in ("client-4", "client-5") else data)
     fed.aggregate()
     fed.close_and_verify()
+    replies = [json.loads(payload_bytes(d, s)["json"]) for s, d in fed.server.received("unmask")]
+    assert sum(VICTIM in r["k"] for r in replies) == 2  # the split was played
     assert steps_off(fed, reconstruct(fed)) > LEAK_STEPS
-    refusers = {e["sender"] for e in fed.client_refusals()}
-    assert {"client-4", "client-5"} & refusers, fed.client_refusals()
+
+
+def test_a_different_broadcast_to_one_client_is_refused_by_its_peers(tmp_path):
+    """Adversary: model inconsistency (Pasquini et al., CCS 2022). The global model's gate
+    is 0 for every client but the victim, to whom the server sends 1, so that the aggregate
+    would be the victim's update alone. Each client signs the digest of the broadcasts it
+    took with its masked input; the holders find the victim's signature is not of their view
+    and refuse, and the round aborts with the sum masked."""
+    fed = epoch_federation(tmp_path)
+    gate = {"gate": np.zeros(1, dtype=np.float32)}
+    honest = serialize_payload(gate)
+    fed.server.tamper["broadcast"] = lambda data, to: serialize_payload(
+        {"gate": np.ones(1, dtype=np.float32)}) if to == VICTIM and data == honest else data
+    result = fed.channel.aggregate(
+        1, KIND, lambda c: {KIND: c.inbox["global_model"]["gate"][0] * fed.updates[c.id]},
+        fed.weights, {KIND: ((50,), np.dtype(np.float32))}, broadcast={"global_model": gate})
+    fed.channel.close()
+    assert result.payload is None, "the round isolated the victim's update"
+    report = verify_run(tmp_path)  # the audit names the broadcast as well
+    assert not report.ok and "another global_model" in report.summary()
+    assert fed.client_refusals(), "no client refused"
+    assert any("did not sign the parameters, graph and broadcasts" in e["detail"]
+               for e in fed.client_refusals())
