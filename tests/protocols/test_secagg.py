@@ -191,18 +191,26 @@ def expected_outcome(sc: Scenario, graph: dict[str, set[str]] | None) -> Expecte
     u1 = alive_after(ids, "advertise_keys")
     out = Expected(u1)
     u2 = alive_after(u1, "share_keys")
-    u3 = alive_after(u2, "masked_input")
+    if len(u1) >= needed and len(u2) >= needed:
+        assert graph is not None
+        # A client masks only when shares of at least t - 1 neighbours were routed to it.
+        u2_maskers = [u for u in u2 if len(graph[u] & set(u2)) + 1
+                      >= shares_needed(sc.threshold, len(graph[u]) + 1)]
+    else:
+        u2_maskers = u2
+    u3 = alive_after(u2_maskers, "masked_input")
     for phase, survivors in (("advertise_keys", u1), ("share_keys", u2), ("masked_input", u3)):
         if len(survivors) < needed:
             out.aborted_at, out.threshold = phase, needed
             return out
-    assert graph is not None
     # A survivor answers only when every survivor of its share group signed the survivor set
     # (the malicious-server variant's consistency round); one that left before signing makes
     # its whole group refuse.
     signers = set(alive_after(u3, "consistency_sign"))
     responders = {v for v in alive_after(u3, "unmask")
-                  if (graph[v] | {v}) & set(u3) <= signers}
+                  if (graph[v] | {v}) & set(u3) <= signers
+                  and len((graph[v] | {v}) & set(u3))
+                  >= shares_needed(sc.threshold, len(graph[v]) + 1)}
     # b_u of a survivor is held by u and its neighbours; s_sk of a dropped u by its neighbours.
     holders = [(u, graph[u] | {u}) for u in u3] + [(u, graph[u]) for u in u2 if u not in u3]
     for u, group_u in holders:
@@ -235,6 +243,8 @@ def expected_outcome(sc: Scenario, graph: dict[str, set[str]] | None) -> Expecte
 # graph aborts; under SecAgg+ only its neighbourhood refuses.
 @example(sc=Scenario(6, 2, 0.6, 0, tuple([1.0] * 6), ((2, "consistency_sign"),)))
 @example(sc=Scenario(30, 2, 0.6, 4, tuple([1.0] * 30), ((5, "consistency_sign"),), 5))
+# t = |S(u)| under SecAgg+: a neighbour lost before sharing leaves its peers too few to mask with.
+@example(sc=Scenario(6, 1, 1.0, 4, tuple([1.0] * 6), ((0, "share_keys"),)))
 def test_secagg_is_exact_or_aborts_exactly_as_the_threshold_rule_says(sc):
     ids = [f"client-{i}" for i in range(1, sc.n + 1)]
     weights = dict(zip(ids, sc.weights, strict=True))
