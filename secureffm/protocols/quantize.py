@@ -222,6 +222,8 @@ class Quantizer:
         top = n * (self.levels - 1)
         if noisy:
             centre = top // 2
+            if total.dtype == np.uint32:  # bits <= 32: the same residues, in 32-bit words
+                return self._centred(total, centre) * self.step - n * self.clip
             offset = sub_mod(total, np.uint64(centre), self.bits)
             if self.bits == 64:
                 signed = offset.view(np.int64)
@@ -235,6 +237,21 @@ class Quantizer:
                 "the masks did not cancel or the client count is wrong"
             )
         return total.astype(np.float64) * self.step - n * self.clip
+
+    def _centred(self, total: np.ndarray, centre: int) -> np.ndarray:
+        """``total`` (uint32 words, ``bits <= 32``) read as the residue mod ``2**bits``
+        nearest ``centre``, in float64: ``total - centre`` in two's complement of ``bits``
+        bits (sign-extended by a left and an arithmetic right shift), plus ``centre``."""
+        shift = 32 - self.bits
+        offset = np.subtract(total, np.uint32(centre))  # mod 2**32, a multiple of 2**bits
+        if shift:
+            np.left_shift(offset, shift, out=offset)
+        signed = offset.view(np.int32)
+        if shift:
+            np.right_shift(signed, shift, out=signed)  # arithmetic: sign-extends
+        out = signed.astype(np.float64)
+        out += centre
+        return out
 
     def error_bound(self, n: int) -> float:
         """Worst-case absolute per-coordinate error of :meth:`dequantize_sum` for ``n`` clients.
