@@ -42,8 +42,10 @@ import torch
 
 from secureffm.federation import SERVER, Client, MessageLog
 from secureffm.federation.crypto import agree, new_key_pair
+from secureffm.federation.message import serialize_payload
 from secureffm.protocols import flatten, load_protocol
 from secureffm.protocols.link import Link
+from secureffm.protocols.masking import as_vector, mask_input, masked_payload
 from secureffm.protocols.prg import add_masks, keystream_throughput, word_dtype
 from secureffm.protocols.secagg import MALICIOUS_PHASES as PHASES
 from secureffm.reporting import markdown_table, write_block
@@ -297,23 +299,39 @@ def _throughput(d: int, repeats: int) -> str:
     """Raw AES-256-CTR keystream against adding one mask and one client's whole masking step,
     in CPU time (``time.process_time``: on a busy machine wall time also counts the time other
     processes hold the core). Every repeat times each item once, back to back; each item's
-    time is its best over the repeats, and a fraction of raw is a ratio of bests."""
+    time is its best over the repeats, and a fraction of raw is a ratio of bests.
+
+    The masking step is timed two ways on the same input: *unfused*, the functions one after
+    another as the client called them before the fused pass (``flatten``, ``quantize_into``,
+    ``add_masks``, ``reduce``, ``serialize_payload``: one pass over the whole vector each,
+    with today's kernels), and *fused*, what ``SecAggStage``'s client runs now
+    (``as_vector`` and ``masked_payload``: quantize and mask chunk by chunk into the payload's
+    bytes); both draw k pair seeds with ``agree`` and yield the same payload bytes."""
     quantizer = load_protocol("secagg").stages[0].quantizer
     wire = word_dtype(quantizer.bits)
-    rng = np.random.default_rng(0)
-    x = {KIND: 0.01 * rng.standard_normal(d, dtype=np.float32)}
+    x = {KIND: 0.01 * np.random.default_rng(0).standard_normal(d, dtype=np.float32)}
     template = {KIND: ((d,), np.dtype(np.float32))}
     seed = bytes(range(32))
     y = np.zeros(d, dtype=wire)
     mine, peer = new_key_pair(), new_key_pair()
 
-    def masking_step(k: int) -> None:  # what SecAggStage does for one client at masked_input
+    def seeds(k: int) -> tuple[list[bytes], list[bytes]]:
+        pairs = [agree(mine.private, peer.public, b"mask-seed") for _ in range(k)]
+        return [seed] + pairs[: (k + 1) // 2], pairs[(k + 1) // 2:]
+
+    def unfused_step(k: int) -> bytes:  # the client's masked_input before the fused pass
         flat = flatten(x, template, np.float32)
         y = np.empty(d, dtype=wire)
-        quantizer.quantize_into(flat, y, rng, 1.0)
-        pairs = [agree(mine.private, peer.public, b"mask-seed") for _ in range(k)]
-        add_masks(y, [seed] + pairs[: (k + 1) // 2], pairs[(k + 1) // 2:])
-        quantizer.reduce(y)
+        quantizer.quantize_into(flat, y, np.random.default_rng(1), 1.0)
+        add_masks(y, *seeds(k))
+        return serialize_payload({"y": quantizer.reduce(y)})
+
+    def fused_step(k: int) -> bytes:  # what SecAggStage's client runs now
+        return masked_payload(as_vector(x, template), quantizer, np.random.default_rng(1), 1.0,
+                              *seeds(k))[0]
+
+    if unfused_step(1) != fused_step(1):
+        raise RuntimeError("the fused and unfused masking steps give different payloads")
 
     def timed(fn: Callable[[], object]) -> float:
         start = time.process_time()
@@ -322,16 +340,20 @@ def _throughput(d: int, repeats: int) -> str:
 
     steps = (8, 9, 49)
     mb = d * wire.itemsize / 1e6  # keystream MB per mask vector
-    raw, one, quant, pair = [], [], [], []
-    step: dict[int, list[float]] = {k: [] for k in steps}
+    raw, one, quant, fused_quant, pair = [], [], [], [], []
+    step: dict[tuple[str, int], list[float]] = {(how, k): [] for k in steps
+                                                for how in ("unfused", "fused")}
+    rng = np.random.default_rng(0)
     for _ in range(repeats):
         raw.append(d * wire.itemsize / keystream_throughput(d * wire.itemsize, 1,
                                                             time.process_time))
         one.append(timed(lambda: add_masks(y, [seed])))
         quant.append(timed(lambda: quantizer.quantize_into(x[KIND], y, rng, 1.0)))
+        fused_quant.append(timed(lambda: mask_input(x[KIND], quantizer, rng, 1.0, out=y)))
         pair.append(timed(lambda: agree(mine.private, peer.public, b"mask-seed")))
         for k in steps:
-            step[k].append(timed(lambda k=k: masking_step(k)))
+            step["unfused", k].append(timed(lambda k=k: unfused_step(k)))
+            step["fused", k].append(timed(lambda k=k: fused_step(k)))
     best = min
     api = keystream_throughput(clock=time.process_time) / 1e6
     rows = [[f"raw AES-256-CTR keystream, {mb:g} MB (one mask of {_sci(d)} {wire} words) into a "
@@ -344,12 +366,17 @@ def _throughput(d: int, repeats: int) -> str:
              f"{1e3 * best(one):.2f}", f"{mb / best(one):,.0f}", f"{best(raw) / best(one):.2f}"],
             [f"`quantize_into(x, y, rng, 1.0)`, {_sci(d)} float32 (its own rounding stream "
              "included)", f"{1e3 * best(quant):.2f}", "", ""],
+            ["`mask_input(x, quantizer, rng, 1.0, out=y)` with no masks: the same quantization "
+             "in the fused loop", f"{1e3 * best(fused_quant):.2f}", "", ""],
             ["`agree` (X25519 + HKDF) for one pair seed", f"{1e3 * best(pair):.3f}", "", ""]]
     for k in steps:
-        rows.append([f"one client's masking step, k = {k} pairwise masks (flatten + quantize_into "
-                     f"+ k x agree + `add_masks` of k + 1 masks + reduce)",
-                     f"{1e3 * best(step[k]):,.1f}", f"{(k + 1) * mb / best(step[k]):,.0f}",
-                     f"{(k + 1) * best(raw) / best(step[k]):.2f}"])
+        for how, what in (("unfused", "`flatten`, `quantize_into`, `add_masks` of k + 1 masks, "
+                                      "`reduce`, `serialize_payload`"),
+                          ("fused", "`as_vector`, `masked_payload` of k + 1 masks")):
+            t = best(step[how, k])
+            rows.append([f"one client's masking step, k = {k} pairwise masks, {how} "
+                         f"(k x `agree`, {what})", f"{1e3 * t:,.1f}",
+                         f"{(k + 1) * mb / t:,.0f}", f"{(k + 1) * best(raw) / t:.2f}"])
     return markdown_table(["what", f"CPU ms (best of {repeats})", "MB/s of mask keystream",
                    "fraction of raw (ratio of bests)"], rows)
 
@@ -360,11 +387,13 @@ def _throughput(d: int, repeats: int) -> str:
 _BUCKETS: list[tuple[str, Callable[[str, str], bool]]] = [
     ("AES-256-CTR keystream (`update_into`: masks, unmasking, rounding stream)",
      lambda f, fn: "update_into" in fn),
-    ("`add_masks` / `Keystream` own time (chunk loop, in-place add or subtract)",
+    ("`MaskStreams.add_into` own time (in-place add or subtract of each keystream chunk)",
      lambda f, fn: f.endswith("prg.py")),
     ("dtype casts (`astype`: dequantize, unflatten, flatten)", lambda f, fn: "astype" in fn),
-    ("`quantize_into` (scale, clip check, fixed-point map, stochastic rounding)",
-     lambda f, fn: f.endswith("quantize.py") or "_clip" in fn),
+    ("quantization (`Rounding.chunk`: scale, clip check, fixed-point map, stochastic "
+     "rounding; dequantize)", lambda f, fn: f.endswith("quantize.py") or "_clip" in fn),
+    ("fused mask loop and wire bytes (`mask_input`, `masked_payload`'s one copy, "
+     "`unmask_sum`'s additions of the inputs)", lambda f, fn: f.endswith("masking.py")),
     ("sha256 (each payload by its sender and on receipt, log chain)",
      lambda f, fn: "sha256" in fn or "hexdigest" in fn),
     ("Ed25519 sign (each sender signs its envelope or event)",

@@ -25,8 +25,8 @@ from cryptography.hazmat.primitives.ciphers import Cipher, CipherContext, algori
 
 from ..errors import ProtocolError
 
-__all__ = ["SEED_BYTES", "Keystream", "add_masks", "expand_seed", "keystream_throughput",
-           "word_dtype"]
+__all__ = ["SEED_BYTES", "Keystream", "MaskStreams", "add_masks", "expand_seed",
+           "keystream_throughput", "word_dtype"]
 
 SEED_BYTES = 32
 _COUNTER = bytes(16)  # the initial counter block
@@ -77,29 +77,68 @@ class Keystream:
         self._cipher.update_into(_ZEROS[:len(out)], out)
 
 
+class MaskStreams:
+    """The masks of ``plus`` and ``minus`` seeds over a vector of ``size`` words of ``dtype``
+    (uint32 or uint64), read front to back one chunk at a time: :meth:`add_into` adds the next
+    ``part.size`` words of each ``plus`` seed's keystream to ``part`` and subtracts each
+    ``minus`` seed's, in place, modulo ``2**(8 * itemsize)``. A chunk is at most ``chunk``
+    words; one scratch chunk holds each keystream piece while it is added (in cache).
+
+    :func:`add_masks` walks a whole vector with it; the fused paths of
+    :mod:`~secureffm.protocols.masking` call it on a chunk they have just quantized or summed.
+    """
+
+    def __init__(self, dtype: np.dtype, size: int, plus: Sequence[bytes] = (),
+                 minus: Sequence[bytes] = (), chunk: int | None = None):
+        self.dtype = np.dtype(dtype)
+        if self.dtype not in (np.uint32, np.uint64):
+            raise ProtocolError(f"masks are added in uint32 or uint64 words, not {self.dtype}")
+        if size * self.dtype.itemsize > _MAX_BYTES:
+            raise ProtocolError(f"a mask of {size} words exceeds one seed's keystream")
+        chunk = CHUNK_WORDS if chunk is None else chunk
+        self._update = ([(_encryptor(_check_seed(s)).update_into, np.add) for s in plus]
+                        + [(_encryptor(_check_seed(s)).update_into, np.subtract)
+                           for s in minus])
+        self._scratch = np.empty(max(0, min(chunk, size)), dtype=self.dtype)
+        self._raw = memoryview(self._scratch).cast("B")
+        nbytes = self._scratch.nbytes
+        self._zeros = _ZEROS if nbytes <= _ZEROS.size else np.zeros(nbytes, dtype=np.uint8)
+
+    def __len__(self) -> int:
+        """How many keystreams are added or subtracted."""
+        return len(self._update)
+
+    def add_into(self, part: np.ndarray) -> None:
+        """``part += sum PRG(plus) - sum PRG(minus)`` over the streams' next ``part.size``
+        words (``part``: 1-D contiguous, of this dtype, at most one chunk)."""
+        if part.size > self._scratch.size:
+            raise ProtocolError(f"a chunk of {part.size} words exceeds the "
+                                f"{self._scratch.size} this mask was set up for")
+        nbytes = part.nbytes
+        words, raw, zeros = self._scratch[:part.size], self._raw[:nbytes], self._zeros[:nbytes]
+        for update, op in self._update:
+            update(zeros, raw)
+            op(part, words, out=part)
+
+
 def add_masks(y: np.ndarray, plus: Sequence[bytes] = (), minus: Sequence[bytes] = ()) -> None:
     """In place: ``y += sum PRG(plus) - sum PRG(minus)`` modulo ``2**(8 * y.itemsize)``.
 
     ``y``: 1-D C-contiguous uint32 or uint64, shape ``[d]``; each seed's mask is its first
     ``d`` words of the word type of ``y``. Works through ``y`` in chunks of
-    :data:`CHUNK_WORDS` words, adding every seed's chunk while it is in cache.
+    :data:`CHUNK_WORDS` words, adding every seed's chunk while it is in cache
+    (:class:`MaskStreams`).
     """
     if y.ndim != 1 or y.dtype not in (np.uint32, np.uint64) or not y.flags.c_contiguous or (
             not y.flags.writeable):
         raise ProtocolError(f"add_masks needs a writable 1-D contiguous uint32 or uint64 "
                             f"array, got {y.dtype} of shape {y.shape}")
-    if y.nbytes > _MAX_BYTES:
-        raise ProtocolError(f"a mask of {y.size} words exceeds one seed's keystream")
-    streams = [(Keystream(s), np.add) for s in plus] + [(Keystream(s), np.subtract)
-                                                         for s in minus]
-    scratch = np.empty(CHUNK_WORDS, dtype=y.dtype)
-    raw = memoryview(scratch).cast("B")
-    for start in range(0, y.size, CHUNK_WORDS):
-        part = y[start:start + CHUNK_WORDS]
-        words, chunk = scratch[:part.size], raw[:part.nbytes]
-        for stream, op in streams:
-            stream.fill_bytes(chunk)
-            op(part, words, out=part)
+    chunk = CHUNK_WORDS
+    masks = MaskStreams(y.dtype, y.size, plus, minus, chunk)
+    if not len(masks):
+        return
+    for start in range(0, y.size, chunk):
+        masks.add_into(y[start:start + chunk])
 
 
 def expand_seed(seed: bytes, length: int, bits: int) -> np.ndarray:

@@ -34,7 +34,7 @@ import numpy as np
 from ..errors import ProtocolError
 from .prg import CHUNK_WORDS, SEED_BYTES, Keystream, word_dtype
 
-__all__ = ["Quantizer", "add_mod", "sub_mod", "required_bits"]
+__all__ = ["Quantizer", "Rounding", "add_mod", "sub_mod", "required_bits"]
 
 # Levels above 2**53 are not exactly representable in float64, so the mapping would lose the
 # sub-level fraction that stochastic rounding needs.
@@ -173,47 +173,25 @@ class Quantizer:
         float64) into ``out`` (1-D contiguous uint32 or uint64 words, shape ``[d]``); returns how
         many entries of ``scale * x`` lay outside ``[-clip, clip]`` and were clipped.
 
-        One pass in chunks of :data:`~secureffm.protocols.prg.CHUNK_WORDS`; draws 32 bytes from
-        ``rng`` to key the rounding stream. Rejects NaN or Inf with ProtocolError.
+        One pass in chunks of :data:`~secureffm.protocols.prg.CHUNK_WORDS` (:meth:`rounding`);
+        draws 32 bytes from ``rng`` to key the rounding stream. Rejects NaN or Inf with
+        ProtocolError.
         """
-        x = np.asarray(x)
-        if x.dtype.kind != "f":
-            x = x.astype(np.float64)
-        if (x.ndim != 1 or out.shape != x.shape or out.dtype not in (np.uint32, np.uint64)
-                or not out.flags.c_contiguous or self.levels - 1 > np.iinfo(out.dtype).max):
-            raise ProtocolError(f"quantize_into needs a 1-D update and contiguous uint32/uint64 "
-                                f"words of its shape holding levels - 1, got {x.shape} and "
-                                f"{out.dtype} {out.shape}")
-        frac, clip = self.fraction_bits, self.clip
-        lift = 2.0**frac * ((self.levels - 1) / (2 * clip))  # v * 2**F, exactly
-        top = float(self.levels - 1) * 2.0**frac
-        scratch = np.empty(min(CHUNK_WORDS, x.size))
-        wide = np.empty(scratch.size, dtype=np.uint64)
-        random = np.empty(scratch.size, dtype=np.uint32)
-        stream = Keystream(rng.bytes(SEED_BYTES))
-        clipped = 0
-        for start in range(0, x.size, CHUNK_WORDS):
-            part = x[start:start + CHUNK_WORDS]
-            v, low, r = scratch[:part.size], wide[:part.size], random[:part.size]
-            if scale == 1.0:
-                np.copyto(v, part)
-            else:
-                np.multiply(part, scale, out=v, dtype=np.float64)
-            high = v.max()
-            if not (-clip <= v.min() and high <= clip):  # NaN fails both comparisons
-                clipped += self._clip(v)
-                high = clip
-            np.add(v, clip, out=v)
-            np.multiply(v, lift, out=v)
-            if (high + clip) * lift > top:  # rounding can lift the top level past L - 1
-                np.minimum(v, top, out=v)
-            np.copyto(low, v, casting="unsafe")  # floor(2**F v): v >= 0
-            stream.fill(r)
-            if frac < 32:
-                np.right_shift(r, 32 - frac, out=r)
-            np.add(low, r, out=low)  # < levels * 2**F <= 2**64: no wrap
-            np.right_shift(low, frac, out=out[start:start + part.size], casting="unsafe")
-        return clipped
+        chunk = CHUNK_WORDS
+        rounding = self.rounding(x, out, rng, scale, chunk)
+        for start in range(0, rounding.size, chunk):
+            rounding.chunk(start, min(start + chunk, rounding.size))
+        return rounding.clipped
+
+    def rounding(self, x: np.ndarray, out: np.ndarray, rng: np.random.Generator,
+                 scale: float = 1.0, chunk: int | None = None) -> Rounding:
+        """The quantization of ``scale * x`` into ``out`` as a :class:`Rounding` that a caller
+        runs chunk by chunk (at most ``chunk`` words, default
+        :data:`~secureffm.protocols.prg.CHUNK_WORDS`), in order, doing its own work on each
+        chunk while it is in cache (masking: :func:`~secureffm.protocols.masking.mask_input`).
+        Draws 32 bytes from ``rng`` to key the rounding stream; arguments as
+        :meth:`quantize_into`."""
+        return Rounding(self, x, out, rng, scale, CHUNK_WORDS if chunk is None else chunk)
 
     def _clip(self, v: np.ndarray) -> int:
         """Clip ``v`` to ``[-clip, clip]`` in place; how many entries changed. Raises
@@ -244,6 +222,8 @@ class Quantizer:
         top = n * (self.levels - 1)
         if noisy:
             centre = top // 2
+            if total.dtype == np.uint32:  # bits <= 32: the same residues, in 32-bit words
+                return self._centred(total, centre) * self.step - n * self.clip
             offset = sub_mod(total, np.uint64(centre), self.bits)
             if self.bits == 64:
                 signed = offset.view(np.int64)
@@ -258,6 +238,21 @@ class Quantizer:
             )
         return total.astype(np.float64) * self.step - n * self.clip
 
+    def _centred(self, total: np.ndarray, centre: int) -> np.ndarray:
+        """``total`` (uint32 words, ``bits <= 32``) read as the residue mod ``2**bits``
+        nearest ``centre``, in float64: ``total - centre`` in two's complement of ``bits``
+        bits (sign-extended by a left and an arithmetic right shift), plus ``centre``."""
+        shift = 32 - self.bits
+        offset = np.subtract(total, np.uint32(centre))  # mod 2**32, a multiple of 2**bits
+        if shift:
+            np.left_shift(offset, shift, out=offset)
+        signed = offset.view(np.int32)
+        if shift:
+            np.right_shift(signed, shift, out=signed)  # arithmetic: sign-extends
+        out = signed.astype(np.float64)
+        out += centre
+        return out
+
     def error_bound(self, n: int) -> float:
         """Worst-case absolute per-coordinate error of :meth:`dequantize_sum` for ``n`` clients.
 
@@ -266,3 +261,76 @@ class Quantizer:
         ``16 * n * clip * eps`` is added (negligible unless levels approaches 2**50).
         """
         return n * (self.step + _FLOAT_SLACK * self.clip * float(np.finfo(np.float64).eps))
+
+
+class Rounding:
+    """One stochastic quantization of ``scale * x`` into the words ``out``, run chunk by chunk
+    (see :meth:`Quantizer.rounding`); ``clipped`` counts the entries clipped so far.
+
+    Per chunk, with ``V = (clip(scale x) + c) * lift`` (``lift = 2**F (L - 1) / (2 c)``,
+    capped at ``(L - 1) 2**F``) in float64, exactly the module docstring's rounding:
+    ``q = (floor(V) + r) >> F``. The range check runs on the input's own dtype (scaling by a
+    positive factor and widening to float64 are monotone, so the extremes of ``scale x`` are
+    the scaled extremes); with ``scale == 1`` widening and adding ``c`` are one pass; ``floor``
+    goes through int64 where ``(L - 1) 2**F < 2**63`` (a faster cast than to uint64, same value).
+    """
+
+    def __init__(self, quantizer: Quantizer, x: np.ndarray, out: np.ndarray,
+                 rng: np.random.Generator, scale: float, chunk: int):
+        x = np.asarray(x)
+        if x.dtype.kind != "f":
+            x = x.astype(np.float64)
+        if (x.ndim != 1 or out.shape != x.shape or out.dtype not in (np.uint32, np.uint64)
+                or not out.flags.c_contiguous
+                or quantizer.levels - 1 > np.iinfo(out.dtype).max):
+            raise ProtocolError(f"quantize_into needs a 1-D update and contiguous uint32/uint64 "
+                                f"words of its shape holding levels - 1, got {x.shape} and "
+                                f"{out.dtype} {out.shape}")
+        if chunk < 1:
+            raise ProtocolError(f"chunk must be >= 1 words, got {chunk}")
+        self.quantizer, self.size, self.clipped = quantizer, x.size, 0
+        self._x, self._out, self._scale = x, out, float(scale)
+        self._frac, self._clip = quantizer.fraction_bits, quantizer.clip
+        self._lift = 2.0**self._frac * ((quantizer.levels - 1) / (2 * self._clip))  # exact
+        self._top = float(quantizer.levels - 1) * 2.0**self._frac
+        n = min(chunk, x.size)
+        self._v = np.empty(n)
+        signed = (quantizer.levels - 1) << self._frac < 2**63  # floor(V) fits int64
+        self._floor = np.empty(n, dtype=np.int64 if signed else np.uint64)
+        self._low = self._floor.view(np.uint64)
+        self._r = np.empty(n, dtype=np.uint32)
+        self._stream = Keystream(rng.bytes(SEED_BYTES))
+
+    def chunk(self, start: int, stop: int) -> None:
+        """Quantize ``x[start:stop]`` into ``out[start:stop]`` (the next chunk: chunks must come
+        in order, since they read the rounding stream front to back)."""
+        part, n = self._x[start:stop], stop - start
+        v, floor, low, r = self._v[:n], self._floor[:n], self._low[:n], self._r[:n]
+        clip, lift, scale = self._clip, self._lift, self._scale
+        if n:
+            low_x, high_x = float(part.min()), float(part.max())
+            if scale != 1.0:
+                low_x, high_x = sorted((low_x * scale, high_x * scale))
+        else:
+            low_x = high_x = 0.0
+        inside = -clip <= low_x and high_x <= clip  # NaN fails both comparisons
+        if inside and scale == 1.0:
+            np.add(part, clip, out=v, dtype=np.float64)
+        else:
+            if scale == 1.0:
+                np.copyto(v, part, casting="same_kind")
+            else:
+                np.multiply(part, scale, out=v, dtype=np.float64)
+            if not inside:
+                self.clipped += self.quantizer._clip(v)
+                high_x = clip
+            np.add(v, clip, out=v)
+        np.multiply(v, lift, out=v)
+        if (high_x + clip) * lift > self._top:  # rounding can lift the top level past L - 1
+            np.minimum(v, self._top, out=v)
+        np.copyto(floor, v, casting="unsafe")  # floor(2**F v): v >= 0
+        self._stream.fill(r)
+        if self._frac < 32:
+            np.right_shift(r, 32 - self._frac, out=r)
+        np.add(low, r, out=low)  # < levels * 2**F <= 2**64: no wrap
+        np.right_shift(low, self._frac, out=self._out[start:stop], casting="unsafe")

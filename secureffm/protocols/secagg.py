@@ -82,14 +82,15 @@ from ..federation.crypto import (
     verify_signature,
 )
 from ..federation.crypto import public_bytes as public_of
-from ..federation.message import SERVER, deserialize_payload, serialize_payload
+from ..federation.message import SERVER
 from ..federation.parties import Client, Registry
 from ..privacy.settings import DistributedNoise, NoiseGeometry
 from ..privacy.skellam import grid_sensitivity
 from .adversary import repeated_requests
-from .aggregation import check_payload, flatten, template_json, template_of, unflatten
+from .aggregation import check_payload, template_json, template_of, unflatten
 from .endpoint import SESSIONS, Step, client_action
 from .link import Call, Link, broadcast_digest, silence
+from .masking import as_vector, masked_payload, parse_masked, unmask_sum
 from .prg import add_masks, word_dtype
 from .quantize import Quantizer
 from .registry import check_protects, check_table, register_stage
@@ -249,10 +250,9 @@ def _shaped(shape, dtype) -> np.ndarray:
 
 
 def _parse_masked(data: bytes, u: str, size: int, wire: np.dtype) -> np.ndarray:
-    """u's masked input, shape ``[size]``, in the mask word type ``wire``."""
-    got = deserialize_payload(data, u)
-    check_payload(u, got, {"y": _shaped(size, wire)})
-    return got["y"]
+    """u's masked input, shape ``[size]``, in the mask word type ``wire`` (read in place;
+    the format is :mod:`~secureffm.protocols.masking`'s)."""
+    return parse_masked(data, u, size, wire)
 
 
 def _id_list(value) -> bool:
@@ -1026,9 +1026,6 @@ class SecAggStage:
                       rebuilt: dict[tuple[str, str], bytes], size: int) -> np.ndarray:
         """sum_u y_u minus every survivor's PRG(b_u) and every pairwise mask a survivor
         shares with a dropped client: shape ``[size]``, mod 2^bits, in the mask word type."""
-        total = np.zeros(size, dtype=word_dtype(self.quantizer.bits))
-        for y in masked.values():
-            np.add(total, y, out=total)
         plus, minus = [], [rebuilt["b", u] for u in masked]
         for u in gone:
             mask_key = private_from_bytes(rebuilt["s", u])
@@ -1036,8 +1033,7 @@ class SecAggStage:
                 if v in masked and u in r.routed[v]:  # v added the mask if it precedes u
                     seed = agree(mask_key, r.advertised[v]["s_pk"], _MASK)
                     (minus if r.order[v] < r.order[u] else plus).append(seed)
-        add_masks(total, plus, minus)
-        return self.quantizer.reduce(total)
+        return unmask_sum(list(masked.values()), self.quantizer, size, plus, minus)
 
     def _share_variance(self, noise: DistributedNoise | None, weights: dict[str, float],
                         size: int, n: int) -> float:
@@ -1159,18 +1155,23 @@ def _client_mask(step: Step) -> bytes | None:
     except MessageError as err:
         step.reject(u, f"withheld its update: {err}", phase="masked_input")
         return None
-    x = flatten(payload, template, np.result_type(*(dtype for _, dtype in template.values())))
-    stage = session.stage
-    wire = word_dtype(stage.quantizer.bits)
-    y = np.empty(x.size, dtype=wire)
-    clipped = stage.quantizer.quantize_into(x, y, step.client.protocol_rng, step.args["scale"])
+    x = as_vector(payload, template)
+    quantizer = session.stage.quantizer
+    noise = None
+    if step.args["share_variance"]:  # two's complement integers: wrap to residues
+        noise = _skellam(step.args["share_variance"], x.size).astype(word_dtype(quantizer.bits))
+    # y = q + noise + PRG(b_u) + sum_v +-PRG(s_uv) mod 2^bits over the peers it masks with
+    # (+ when it precedes v), quantized and masked chunk by chunk straight into its payload.
+    peers = [session.peers[v] for v in session.masks_with]
+    data, clipped = masked_payload(
+        x, quantizer, step.client.protocol_rng, step.args["scale"],
+        [session.self_seed] + [p.pair_seed for p in peers if p.first],
+        [p.pair_seed for p in peers if not p.first], noise)
     if clipped:
         step.event("masked_input", "clipped", u,
                    f"{clipped} of {x.size} coordinates of its scaled update lay outside "
-                   f"[-{stage.quantizer.clip:g}, {stage.quantizer.clip:g}] and were clipped")
-    if step.args["share_variance"]:  # two's complement integers: wrap to residues
-        np.add(y, _skellam(step.args["share_variance"], x.size).astype(wire), out=y)
-    return serialize_payload({"y": session.masked(y, stage.quantizer)})
+                   f"[-{quantizer.clip:g}, {quantizer.clip:g}] and were clipped")
+    return data
 
 
 @client_action("secagg.sign")

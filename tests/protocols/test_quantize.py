@@ -249,3 +249,21 @@ def test_reduce_keeps_the_low_bits_in_place():
     assert words.tolist() == [7, 5]
     wide = np.array([2**64 - 1], dtype=np.uint64)
     assert Quantizer(clip=1.0, levels=2, bits=64).reduce(wide).tolist() == [2**64 - 1]
+
+
+@settings(max_examples=100, deadline=None)
+@given(data=st.data(), bits=st.integers(1, 32))
+def test_noisy_dequantize_reads_32_bit_words_as_the_general_path_does(data, bits):
+    # The uint32 path (sign extension in 32-bit words) against the general uint64 one and
+    # against Python integers: the residue nearest the centre of [0, n (levels - 1)].
+    n = data.draw(st.integers(1, min(8, 2**bits - 1)))
+    levels = data.draw(st.integers(2, (2**bits - 1) // n + 1))
+    quant = Quantizer(clip=1.5, levels=levels, bits=bits)
+    totals = data.draw(st.lists(st.integers(0, 2**bits - 1), min_size=1, max_size=40))
+    narrow = quant.dequantize_sum(np.array(totals, dtype=np.uint32), n, noisy=True)
+    wide = quant.dequantize_sum(np.array(totals, dtype=np.uint64), n, noisy=True)
+    np.testing.assert_array_equal(narrow, wide)
+    centre, m = n * (levels - 1) // 2, 2**bits
+    nearest = [(t - centre) % m - (m if (t - centre) % m >= m // 2 else 0) + centre
+               for t in totals]
+    np.testing.assert_array_equal(narrow, [float(v) * quant.step - n * 1.5 for v in nearest])
