@@ -91,7 +91,7 @@ from .aggregation import check_payload, template_json, template_of, unflatten
 from .endpoint import SESSIONS, Step, client_action
 from .link import Call, Link, broadcast_digest, silence
 from .masking import as_vector, masked_payload, parse_masked, unmask_sum
-from .prg import add_masks, word_dtype
+from .prg import word_dtype
 from .quantize import Quantizer
 from .registry import check_protects, check_table, register_stage
 from .shamir import (
@@ -499,13 +499,13 @@ class _ClientSession:
         self.masks_with = tuple(bundle)
         return failed
 
-    def masked(self, y: np.ndarray, quantizer: Quantizer) -> np.ndarray:
-        """In place: y = q + PRG(b_u) + sum_v +-PRG(s_uv) mod 2^bits over the peers it masks
-        with (+ when it precedes v); ``y``: its quantized words (``word_dtype(bits)``)."""
+    def mask_seeds(self) -> tuple[list[bytes], list[bytes]]:
+        """(plus, minus): the seeds whose masks its input gets added and subtracted, for
+        y = q + PRG(b_u) + sum_v +-PRG(s_uv) mod 2^bits over the peers it masks with (+ when
+        it precedes v)."""
         peers = [self.peers[v] for v in self.masks_with]
-        add_masks(y, [self.self_seed] + [p.pair_seed for p in peers if p.first],
-                  [p.pair_seed for p in peers if not p.first])
-        return quantizer.reduce(y)
+        return ([self.self_seed] + [p.pair_seed for p in peers if p.first],
+                [p.pair_seed for p in peers if not p.first])
 
     def _statement(self, survivors: list[str]) -> bytes:
         """The consistency statement of ``survivors`` over what this client saw this round."""
@@ -1147,6 +1147,24 @@ def _client_mask(step: Step) -> bytes | None:
     for author, why in failed.items():
         step.reject(author, f"{u} cannot use {author}'s shares ({why}); it holds none of them "
                     f"and still masks with {author}")
+    quantizer = session.stage.quantizer
+    computed = client_input(step, quantizer)
+    if computed is None:
+        return None
+    x, noise = computed
+    # quantized, noised and masked chunk by chunk straight into its payload
+    data, clipped = masked_payload(x, quantizer, step.client.protocol_rng, step.args["scale"],
+                                   *session.mask_seeds(), noise)
+    report_clipped(step, clipped, x.size, quantizer)
+    return data
+
+
+def client_input(step: Step, quantizer: Quantizer
+                 ) -> tuple[np.ndarray, np.ndarray | None] | None:
+    """The client's update for a masked input: its 1-D float vector and its share of
+    distributed noise (integers in the mask word type, or None without distributed noise);
+    None when it withheld an update that does not fit the template (a signed refusal)."""
+    u = step.client.id
     template = template_of(step.args["template"])
     payload = step.compute()
     try:
@@ -1156,22 +1174,18 @@ def _client_mask(step: Step) -> bytes | None:
         step.reject(u, f"withheld its update: {err}", phase="masked_input")
         return None
     x = as_vector(payload, template)
-    quantizer = session.stage.quantizer
-    noise = None
-    if step.args["share_variance"]:  # two's complement integers: wrap to residues
-        noise = _skellam(step.args["share_variance"], x.size).astype(word_dtype(quantizer.bits))
-    # y = q + noise + PRG(b_u) + sum_v +-PRG(s_uv) mod 2^bits over the peers it masks with
-    # (+ when it precedes v), quantized and masked chunk by chunk straight into its payload.
-    peers = [session.peers[v] for v in session.masks_with]
-    data, clipped = masked_payload(
-        x, quantizer, step.client.protocol_rng, step.args["scale"],
-        [session.self_seed] + [p.pair_seed for p in peers if p.first],
-        [p.pair_seed for p in peers if not p.first], noise)
+    if not step.args["share_variance"]:
+        return x, None
+    # two's complement integers: wrap to residues
+    return x, _skellam(step.args["share_variance"], x.size).astype(word_dtype(quantizer.bits))
+
+
+def report_clipped(step: Step, clipped: int, size: int, quantizer: Quantizer) -> None:
+    """A signed ``clipped`` event when the quantizer clipped coordinates of the input."""
     if clipped:
-        step.event("masked_input", "clipped", u,
-                   f"{clipped} of {x.size} coordinates of its scaled update lay outside "
+        step.event("masked_input", "clipped", step.client.id,
+                   f"{clipped} of {size} coordinates of its scaled update lay outside "
                    f"[-{quantizer.clip:g}, {quantizer.clip:g}] and were clipped")
-    return data
 
 
 @client_action("secagg.sign")

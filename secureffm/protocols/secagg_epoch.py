@@ -77,10 +77,11 @@ from ..federation.channel import Aggregate, Compute, Template
 from ..federation.crypto import open_sealed, seal
 from ..federation.message import SERVER, deserialize_payload, serialize_payload
 from ..privacy.settings import DistributedNoise
-from .aggregation import check_payload, flatten, template_json, template_of, unflatten
+from .aggregation import check_payload, template_json, unflatten
 from .endpoint import Step, client_action
 from .link import Call, Link, silence
-from .prg import add_masks, word_dtype
+from .masking import mask_input, unmask_sum
+from .prg import word_dtype
 from .secagg import (
     SecAggStage,
     _ClientSession,
@@ -90,8 +91,9 @@ from .secagg import (
     _Round,
     _session,
     _shaped,
-    _skellam,
+    client_input,
     epoch_session,
+    report_clipped,
 )
 from .shamir import SHARE_BYTES, Share, decode, share_from_bytes, share_to_bytes, split_bytes
 from .wire import bytes_payload as _bytes_payload
@@ -196,16 +198,12 @@ def aggregate_once(stage: SecAggStage, link: Link, compute: Compute,
     seeds, pair_seeds, reason = _unmask(stage, r, u3, gone, r.views)
     if reason:
         return abort(reason, asked)
-    total = np.zeros(size, dtype=word_dtype(stage.quantizer.bits))
-    for u in u3:
-        np.add(total, r.masked[u], out=total)
     plus, minus = [], [seeds[u] for u in u3]
     for (v, u), seed in pair_seeds.items():  # v added PRG(k_uv^r) if it precedes u
         (minus if epoch.order[v] < epoch.order[u] else plus).append(seed)
-    add_masks(total, plus, minus)
+    total = unmask_sum([r.masked[u] for u in u3], stage.quantizer, size, plus, minus)
     try:
-        summed = stage.quantizer.dequantize_sum(stage.quantizer.reduce(total), len(u3),
-                                                noisy=bool(share_variance))
+        summed = stage.quantizer.dequantize_sum(total, len(u3), noisy=bool(share_variance))
     except ProtocolError as err:
         return abort(f"the unmasked sum is unusable ({err}): a survivor masked its input "
                      "wrongly, revealed a wrong round seed or sent an input outside the "
@@ -515,9 +513,11 @@ def _client_mask(step: Step) -> bytes | None:
     except MessageError as err:
         step.reject(SERVER, f"{u} refused the mask request: {err}", phase="masked_input")
         return None
-    y = _quantized_input(step, session)
-    if y is None:
+    quantizer = session.stage.quantizer
+    computed = client_input(step, quantizer)
+    if computed is None:
         return None
+    x, noise = computed
     seed = secrets.token_bytes(32)
     order = _order(step.endpoint.registry)
     group = sorted([u, *session.peers], key=order.get)
@@ -527,44 +527,20 @@ def _client_mask(step: Step) -> bytes | None:
     session.masks_with, session.signed, session.answered = tuple(peers), None, False
     label = round_label(round_, kind)
     pairs = {v: round_seed(session.peers[v].pair_seed, label) for v in peers}
-    add_masks(y, [seed] + [pairs[v] for v in peers if session.peers[v].first],
-              [pairs[v] for v in peers if not session.peers[v].first])
+    y, clipped = mask_input(x, quantizer, step.client.protocol_rng, step.args["scale"],
+                            [seed] + [pairs[v] for v in peers if session.peers[v].first],
+                            [pairs[v] for v in peers if not session.peers[v].first], noise)
+    report_clipped(step, clipped, x.size, quantizer)
     sealed = b"".join(seal(session.peers[v].channel, share_to_bytes(shares[v]),
                            _context(round_, kind, u, v), secrets.token_bytes(12))
                       for v in peers)
-    fields = {"y": session.stage.quantizer.reduce(y),
+    fields = {"y": y,
               "b_commit": np.frombuffer(_commit(seed), dtype=np.uint8),
               "peers": np.frombuffer(json.dumps(peers).encode(), np.uint8),
               "shares": np.frombuffer(sealed, dtype=np.uint8)}
     if session.malicious:
         fields["view_sig"] = np.frombuffer(session.view_signature(), dtype=np.uint8)
     return serialize_payload(fields)
-
-
-def _quantized_input(step: Step, session: _ClientSession) -> np.ndarray | None:
-    """The client's input of this round as quantized words (with its share of distributed
-    noise), or None when it withheld an update that does not fit the template."""
-    u = step.client.id
-    template = template_of(step.args["template"])
-    payload = step.compute()
-    try:
-        check_payload(u, payload, {name: _shaped(shape, dtype)
-                                   for name, (shape, dtype) in template.items()})
-    except MessageError as err:
-        step.reject(u, f"withheld its update: {err}", phase="masked_input")
-        return None
-    x = flatten(payload, template, np.result_type(*(dtype for _, dtype in template.values())))
-    quantizer = session.stage.quantizer
-    wire = word_dtype(quantizer.bits)
-    y = np.empty(x.size, dtype=wire)
-    clipped = quantizer.quantize_into(x, y, step.client.protocol_rng, step.args["scale"])
-    if clipped:
-        step.event("masked_input", "clipped", u,
-                   f"{clipped} of {x.size} coordinates of its scaled update lay outside "
-                   f"[-{quantizer.clip:g}, {quantizer.clip:g}] and were clipped")
-    if step.args["share_variance"]:  # two's complement integers: wrap to residues
-        np.add(y, _skellam(step.args["share_variance"], x.size).astype(wire), out=y)
-    return y
 
 
 @client_action("secagg.epoch.answer")
