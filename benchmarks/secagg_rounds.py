@@ -13,7 +13,8 @@ malicious) and each set-up (per round, once). A ratio is a protocol's total time
 (the set-up of ``once`` included, in its first round) over plaintext's. Then cProfile over
 ``--profile-rounds`` further rounds of the malicious ``once`` variant lists the functions with
 the most time of their own. Progress goes to stderr, the tables to stdout and, with ``--out``,
-between the ``<!-- secagg-rounds:begin -->`` and ``<!-- secagg-rounds:end -->`` markers.
+between the ``<!-- secagg-rounds:begin -->`` and ``<!-- secagg-rounds:end -->`` markers (or
+those of ``--block``).
 ``--smoke`` runs 3 rounds of 3 clients at d = 100: the test suite runs it to check that the
 script works; its numbers are not measurements.
 """
@@ -64,6 +65,8 @@ def main() -> None:
     parser.add_argument("--profile-rounds", type=int, default=20)
     parser.add_argument("--top", type=int, default=12, help="functions listed in the profile")
     parser.add_argument("--out", type=Path, help="markdown file to write the tables into")
+    parser.add_argument("--block", default="secagg-rounds",
+                        help="name of the marked block in --out (one per size you keep)")
     parser.add_argument("--smoke", action="store_true", help="3 rounds, 3 clients, d = 100")
     args = parser.parse_args()
     if args.smoke:
@@ -126,7 +129,7 @@ def main() -> None:
         profile_table])
     print(text)
     if args.out:
-        write_block(args.out, "secagg-rounds", text, title="# Benchmarks")
+        write_block(args.out, args.block, text, title="# Benchmarks")
 
 
 if __name__ == "__main__":
