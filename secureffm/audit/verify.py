@@ -40,12 +40,12 @@ sha256 of parties.json); lines cut off the end by the missing closing record.
 Speed (``benchmarks/audit.py``, docs/benchmarks.md): the log is streamed in batches of
 :data:`BATCH` lines. Each line is decoded once, encoded once (the exact-form check) and hashed
 once (the chain); the signed bytes are cut out of the line (:func:`signed_bytes`) rather than
-serialized again, and each party's Ed25519 key is built once. A batch's signatures are then
-verified back to back (cryptography has no batch verification; a loop of bare ``verify`` calls
-is the floor the benchmark compares with), and its records' payloads and protocol rules checked
-last, in log order; each pass stops at the first problem, so the first bad record is named as
-when each record is checked in full before the next (tests/audit/test_verify.py compares every
-batch size with batches of one line).
+serialized again. A batch's signatures are then verified back to back with libsodium
+(:func:`~secureffm.federation.crypto.verify_signature`; no batch verification there either: a
+loop of bare verifications is the floor the benchmark compares with), and its records' payloads
+and protocol rules checked last, in log order; each pass stops at the first problem, so the
+first bad record is named as when each record is checked in full before the next
+(tests/audit/test_verify.py compares every batch size with batches of one line).
 """
 
 from __future__ import annotations
@@ -62,10 +62,8 @@ from operator import itemgetter
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from cryptography.exceptions import InvalidSignature
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
-
 from ..errors import SecureFFMError
+from ..federation.crypto import verify_signature
 from ..federation.journal import verify_journal
 from ..federation.keyfiles import load_registry
 from ..federation.log import PARTIES_FILE, PAYLOADS_FILE, canonical, genesis
@@ -281,42 +279,30 @@ def _closing_chain(record: dict) -> str | None:
     return None
 
 
-def _public_key(raw: bytes) -> Ed25519PublicKey | None:
-    """The Ed25519 key of 32 raw bytes, None when they are not one (its signatures all fail)."""
-    try:
-        return Ed25519PublicKey.from_public_bytes(raw)
-    except ValueError:
-        return None
-
-
 # Lines whose signatures are verified together, after their form and chain are read and before
 # their payloads and rules are checked (see _Walk.batch).
 BATCH = 256
 
-_Signed = tuple[Ed25519PublicKey | None, bytes, bytes]  # key (None: not a key), signature, message
+_Signed = tuple[bytes, bytes, bytes]  # raw public key, signature, message
 
 
 def _first_forged(signed: list[_Signed]) -> int:
     """The index of the first signature that does not verify; ``len(signed)`` when all do."""
     for index, (key, signature, message) in enumerate(signed):
-        if key is None:
-            return index
-        try:
-            key.verify(signature, message)
-        except InvalidSignature:
+        if not verify_signature(key, signature, message):
             return index
     return len(signed)
 
 
 class _Walk:
     """State while reading one log front to back: the previous line's hash, the parties'
-    verification keys (each built once), the payload file, whether message records carry
+    raw Ed25519 public keys, the payload file, whether message records carry
     offsets, the protocol rules, and what verified so far: ``records``, ``payloads`` checked,
     ``kinds`` and ``events`` counted, the 1-based line of the closing record and the head."""
 
     def __init__(self, parties: dict[str, PartyKeys], parties_text: bytes,
                  payloads: BinaryIO | None):
-        self.keys = {party: _public_key(keys.sign) for party, keys in parties.items()}
+        self.keys = {party: keys.sign for party, keys in parties.items()}
         self.payload_file = payloads
         self.prev = genesis(parties_text)
         self.offsets: bool | None = None  # message records carry offsets (None: none seen)
