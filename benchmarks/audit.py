@@ -1,5 +1,6 @@
 """Audit speed: ``secureffm audit --verify`` in records per second against raw Ed25519
-verifications per second (cryptography) on the same log, in the same process, on one core.
+verifications per second (libsodium, which the audit uses, and cryptography) on the same log, in
+the same process, on one core.
 
     .venv/bin/python benchmarks/audit.py                             # two 300-round runs (a minute)
     .venv/bin/python benchmarks/audit.py --log runs/got-dp-secagg-8gaussians-moons-s0
@@ -10,14 +11,16 @@ Without ``--log`` the script first writes real logs: a GOT run under ``dp-secagg
 main job with ``--rounds`` rounds and a 200-sample, NFE-1 evaluation), once without and once with
 ``--keep-payloads``; ``--log RUN_DIR`` audits a finished run folder instead (e.g. the README's
 main job). An audit is one ``verify_run(RUN_DIR)`` call: read messages.jsonl and parties.json (and
-payloads.bin), check every record and the protocol rules. The raw rate is the floor of any audit
-that checks each signature with cryptography: ``key.verify(sig, message)`` over the log's own
-signatures, with every key object built and every signed message (the record's canonical JSON)
-computed beforehand. Both are timed in CPU seconds of this process (``time.process_time``: user
-and system time, so reading the files counts and waiting for a busy CPU does not), in a process
-pinned to one CPU (``os.sched_setaffinity``) where the platform allows. Raw loops and audits
-alternate ``--repeats`` times; each rate is a median, the ratio is the audit's over the raw one,
-and "other work" is what an audit spends per record besides the raw verification
+payloads.bin), check every record and the protocol rules. The raw rates are the floors of any
+audit that checks each signature with libsodium (``crypto_sign_open(sig + message, key)``,
+PyNaCl's binding, which :func:`~secureffm.federation.crypto.verify_signature` calls) or with
+cryptography (``key.verify(sig, message)``, OpenSSL), over the log's own signatures, with every
+key object built and every signed message (the record's canonical JSON) computed beforehand.
+All are timed in CPU seconds of this process (``time.process_time``: user and system time, so
+reading the files counts and waiting for a busy CPU does not), in a process pinned to one CPU
+(``os.sched_setaffinity``) where the platform allows. Raw loops and audits alternate
+``--repeats`` times; each rate is a median, the ratio is the audit's over the libsodium raw rate,
+and "other work" is what an audit spends per record besides that raw verification
 (1/audit - 1/raw). Then one audit runs under cProfile (its default wall-clock timer: a CPU timer
 costs a system call per event, which inflated small functions more than load does): its table
 lists the functions with the most time of their own, per record.
@@ -45,7 +48,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import cryptography
+import nacl
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+from nacl.bindings import crypto_sign_open
 
 from secureffm.audit import verify_run
 from secureffm.audit.pin import load_parties
@@ -84,25 +89,34 @@ def write_log(folder: Path, rounds: int, keep_payloads: bool) -> Path:
 
 @dataclass
 class Signed:
-    """What a raw verification loop needs from a log: one (key, signature, message) each."""
+    """What the raw verification loops need from a log: per record the sender's raw 32-byte key
+    and its cryptography key object, the signature and the signed message."""
 
-    triples: list[tuple[Ed25519PublicKey, bytes, bytes]]
+    quads: list[tuple[bytes, Ed25519PublicKey, bytes, bytes]]
 
     @classmethod
     def of(cls, run_dir: Path) -> Signed:
         parties, _ = load_parties(run_dir / "parties.json")
-        keys = {p: Ed25519PublicKey.from_public_bytes(k.sign) for p, k in parties.items()}
+        keys = {p: (k.sign, Ed25519PublicKey.from_public_bytes(k.sign))
+                for p, k in parties.items()}
         with (run_dir / LOG_FILE).open("rb") as log:
             records = [json.loads(line) for line in log]
-        return cls([(keys[r["sender"]], bytes.fromhex(r["sig"]), canonical(r))
+        return cls([(*keys[r["sender"]], bytes.fromhex(r["sig"]), canonical(r))
                     for r in records])
 
-    def rate(self) -> float:
-        """Raw Ed25519 verifications per second over the log's signatures."""
+    def rate_libsodium(self) -> float:
+        """Raw libsodium Ed25519 verifications per CPU second over the log's signatures."""
         start = time.process_time()
-        for key, sig, message in self.triples:
+        for raw, _, sig, message in self.quads:
+            crypto_sign_open(sig + message, raw)
+        return len(self.quads) / (time.process_time() - start)
+
+    def rate_cryptography(self) -> float:
+        """Raw cryptography (OpenSSL) Ed25519 verifications per CPU second, same signatures."""
+        start = time.process_time()
+        for _, key, sig, message in self.quads:
             key.verify(sig, message)
-        return len(self.triples) / (time.process_time() - start)
+        return len(self.quads) / (time.process_time() - start)
 
 
 def audit_rate(run_dir: Path) -> float:
@@ -122,13 +136,14 @@ class Case:
     records: int = 0
     payloads: int = 0
     audit: tuple[float, ...] = ()
-    raw: tuple[float, ...] = ()
+    raw: tuple[float, ...] = ()  # libsodium
+    raw_cryptography: tuple[float, ...] = ()
 
     def row(self) -> list[str]:
         audit, raw = statistics.median(self.audit), statistics.median(self.raw)
         return [self.name, f"{self.records:,}", f"{self.payloads:,}", f"{audit:,.0f}",
-                f"{raw:,.0f}", f"{audit / raw:.2f}", f"{1e6 / audit - 1e6 / raw:.1f}",
-                str(len(self.audit))]
+                f"{raw:,.0f}", f"{statistics.median(self.raw_cryptography):,.0f}",
+                f"{audit / raw:.2f}", f"{1e6 / audit - 1e6 / raw:.1f}", str(len(self.audit))]
 
 
 def measure(case: Case, repeats: int) -> Case:
@@ -136,13 +151,15 @@ def measure(case: Case, repeats: int) -> Case:
     signed = Signed.of(case.run_dir)
     report = verify_run(case.run_dir)
     case.records, case.payloads = report.records, report.payloads
-    audits, raws = [], []
+    audits, raws, raws_cryptography = [], [], []
     for i in range(repeats):
-        raws.append(signed.rate())
+        raws.append(signed.rate_libsodium())
+        raws_cryptography.append(signed.rate_cryptography())
         audits.append(audit_rate(case.run_dir))
-        _say(f"  {case.name} {i + 1}/{repeats}: audit {audits[-1]:,.0f} rec/s, "
-             f"raw {raws[-1]:,.0f} verif/s")
-    case.audit, case.raw = tuple(audits), tuple(raws)
+        _say(f"  {case.name} {i + 1}/{repeats}: audit {audits[-1]:,.0f} rec/s, raw "
+             f"{raws[-1]:,.0f} verif/s libsodium, {raws_cryptography[-1]:,.0f} cryptography")
+    case.audit, case.raw, case.raw_cryptography = (tuple(audits), tuple(raws),
+                                                   tuple(raws_cryptography))
     return case
 
 
@@ -202,12 +219,15 @@ def main(argv: list[str] | None = None) -> None:
         text = "\n".join([
             "### `audit --verify` against raw Ed25519 verification, one core",
             "",
-            f"Python {platform.python_version()}, cryptography {cryptography.__version__}, "
-            f"{pinned}; CPU time; medians of {args.repeats} alternating audits and raw loops.",
+            f"Python {platform.python_version()}, PyNaCl {nacl.__version__} (libsodium), "
+            f"cryptography {cryptography.__version__}, {pinned}; CPU time; medians of "
+            f"{args.repeats} alternating audits and raw loops; ratio and other work against "
+            "libsodium, which the audit uses.",
             "",
             markdown_table(["log", "records", "payloads checked", "audit records/s",
-                    "raw Ed25519 verif/s", "audit / raw", "other work us/record", "repeats"],
-                   [case.row() for case in cases]),
+                            "raw verif/s, libsodium", "raw verif/s, cryptography",
+                            "audit / raw", "other work us/record", "repeats"],
+                           [case.row() for case in cases]),
             "",
             f"### Where an audit's time goes: {cases[-1].name}",
             "",

@@ -400,7 +400,7 @@ _BUCKETS: list[tuple[str, Callable[[str, str], bool]]] = [
      lambda f, fn: ("ed25519" in fn and "sign" in fn) or (f.endswith("crypto.py")
                                                            and fn == "sign")),
     ("Ed25519 verify (on receipt)", lambda f, fn: ("ed25519" in fn and "verify" in fn)
-     or (f.endswith("crypto.py") and fn == "verify_signature")),
+     or "crypto_sign_open" in fn or (f.endswith("crypto.py") and fn == "verify_signature")),
     ("safetensors (de)serialization", lambda f, fn: "safetensors" in f + fn),
     ("AES-GCM seal / open of the relayed shares",
      lambda f, fn: "aead" in f + fn or (f.endswith("crypto.py") and fn in ("seal", "open_sealed"))),

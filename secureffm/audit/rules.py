@@ -46,7 +46,7 @@ from ..federation.message import SERVER
 from ..protocols.link import digest_of_broadcasts
 from ..protocols.secagg import EPOCH_PHASES, survivor_statement, view_statement
 from ..protocols.secagg import MALICIOUS_PHASES as SECAGG_PHASES
-from ..protocols.wire import payload_bytes, payload_json
+from ..protocols.wire import fields_json, payload_bytes, payload_json
 
 __all__ = ["ProtocolRules", "INPUT_PHASES", "PUBLIC_KINDS"]
 
@@ -224,30 +224,33 @@ class ProtocolRules:
             return (f"record {seq}: {client} takes part in the round-{record['round']} "
                     f"{record['kind']} secure aggregation ({phase}) without advertising keys "
                     "in it")
-        if phase == "keys":
-            return (self._relayed_keys(seq, client, session, payload)
-                    or self._one_view(record, payload, "graph")
-                    or self._keys_told(record, payload))
-        if phase == "consistency":
-            return (self._one_view(record, payload, "survivor set")
-                    or self._told_survivors(record, payload))
+        if phase in ("keys", "consistency"):  # read once for every rule below
+            try:
+                fields = None if payload is None else payload_bytes(payload, SERVER)
+            except MessageError:
+                return (f"record {seq}: the keys the server sent {client} are not a valid "
+                        "payload" if phase == "keys" else
+                        f"record {seq}: the server's {phase} message is unreadable")
+            if phase == "keys":
+                return (self._relayed_keys(seq, client, session, fields)
+                        or self._one_view(record, fields, "graph")
+                        or self._keys_told(record, fields))
+            return (self._one_view(record, fields, "survivor set")
+                    or self._told_survivors(record, fields))
         if phase == "unmask_request":
             self._tell(record, "request", payload)
         if phase == "unmask" and record["recipient"] == SERVER:
             return self._signed_view(record)
         return None
 
-    def _one_view(self, record: dict, payload: bytes | None, what: str) -> str | None:
+    def _one_view(self, record: dict, fields: dict[str, bytes] | None, what: str) -> str | None:
         """What the server announces in one aggregation (the graph's seed and U1 in ``keys``,
         the survivors in ``consistency``) is the same to every client (malicious-server
-        variant; a semi-honest ``keys`` message announces no graph)."""
-        if payload is None:
+        variant; a semi-honest ``keys`` message announces no graph). ``fields``: the message's
+        payload read, None when not kept."""
+        if fields is None:
             self._views_unchecked += 1
             return None
-        try:
-            fields = payload_bytes(payload, SERVER)
-        except MessageError:
-            return f"record {record['seq']}: the server's {record['phase']} message is unreadable"
         names = ("graph_seed", "u1") if what == "graph" else ("json",)
         if not all(name in fields for name in names):
             return None
@@ -266,22 +269,23 @@ class ProtocolRules:
         key = (record["round"], record["kind"], record["recipient"])
         self._told.setdefault(key, {})[what] = value
 
-    def _keys_told(self, record: dict, payload: bytes | None) -> None:
-        """The parameters and graph digest of a malicious-variant ``keys`` message (already
-        read by :meth:`_one_view`)."""
-        fields = payload_bytes(payload, SERVER) if payload is not None else {}
+    def _keys_told(self, record: dict, fields: dict[str, bytes] | None) -> None:
+        """The parameters and graph digest of a malicious-variant ``keys`` message (its payload
+        read, None when not kept)."""
+        fields = fields or {}
         if "params" in fields and "graph_seed" in fields and "u1" in fields:
             self._tell(record, "params", fields["params"])
             self._tell(record, "graph",
                        hashlib.sha256(fields["graph_seed"] + fields["u1"]).digest())
 
-    def _told_survivors(self, record: dict, payload: bytes | None) -> None:
-        """The first survivor set announced to a client (the one it signs)."""
+    def _told_survivors(self, record: dict, fields: dict[str, bytes] | None) -> None:
+        """The first survivor set announced to a client (the one it signs); ``fields``: the
+        ``consistency`` message's payload read, None when not kept."""
         told = self._told.setdefault((record["round"], record["kind"], record["recipient"]), {})
         told["consistency"] = True  # the malicious-server variant
-        if "signed" not in told and payload is not None:
+        if "signed" not in told and fields is not None:
             try:
-                told["signed"] = payload_json(payload, SERVER)["survivors"]
+                told["signed"] = fields_json(fields, SERVER)["survivors"]
             except (MessageError, TypeError, KeyError):
                 told["signed"] = None
         return None
@@ -329,14 +333,12 @@ class ProtocolRules:
         return None
 
     def _relayed_keys(self, seq: int, client: str, session: dict[str, Keys | None],
-                      payload: bytes | None) -> str | None:
-        if payload is None:
+                      relayed: dict[str, bytes] | None) -> str | None:
+        """The keys of a ``keys`` message (its payload read, None when not kept) are those
+        their owners advertised."""
+        if relayed is None:
             self._keys_unchecked += 1
             return None
-        try:
-            relayed = payload_bytes(payload, SERVER)
-        except MessageError:
-            return f"record {seq}: the keys the server sent {client} are not a valid payload"
         for name, key in sorted(relayed.items()):
             key_kind, colon, peer = name.partition(":")
             if not colon:  # the announced graph (graph_seed, u1), not a relayed key

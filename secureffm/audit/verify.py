@@ -38,14 +38,17 @@ edited field as a signature failure; replaced keys as a broken first link (its `
 sha256 of parties.json); lines cut off the end by the missing closing record.
 
 Speed (``benchmarks/audit.py``, docs/benchmarks.md): the log is streamed in batches of
-:data:`BATCH` lines. Each line is decoded once, encoded once (the exact-form check) and hashed
-once (the chain); the signed bytes are cut out of the line (:func:`signed_bytes`) rather than
-serialized again, and each party's Ed25519 key is built once. A batch's signatures are then
-verified back to back (cryptography has no batch verification; a loop of bare ``verify`` calls
-is the floor the benchmark compares with), and its records' payloads and protocol rules checked
-last, in log order; each pass stops at the first problem, so the first bad record is named as
-when each record is checked in full before the next (tests/audit/test_verify.py compares every
-batch size with batches of one line).
+:data:`BATCH` lines. Each line is decoded once and hashed once (the chain). A message line as the
+writer emits it matches one regular expression (``_MESSAGE_LINE``) whose match proves check 1
+and the exact form, and whose groups are the signed bytes; any other line (events, anything
+unusual) is checked field by field, encoded again for the exact-form check, and its signed
+bytes cut out of it by :func:`signed_bytes`. Neither serializes the record again. A batch's
+signatures are then verified back to back with libsodium
+(:func:`~secureffm.federation.crypto.verify_signature`; no batch verification there either: a
+loop of bare verifications is the floor the benchmark compares with), and its records' payloads
+and protocol rules checked last, in log order; each pass stops at the first problem, so the
+first bad record is named as when each record is checked in full before the next
+(tests/audit/test_verify.py compares every batch size with batches of one line).
 """
 
 from __future__ import annotations
@@ -62,10 +65,8 @@ from operator import itemgetter
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from cryptography.exceptions import InvalidSignature
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
-
 from ..errors import SecureFFMError
+from ..federation.crypto import verify_signature
 from ..federation.journal import verify_journal
 from ..federation.keyfiles import load_registry
 from ..federation.log import PARTIES_FILE, PAYLOADS_FILE, canonical, genesis
@@ -122,6 +123,26 @@ _RAW_DECODE = json.JSONDecoder().raw_decode
 # non-negative integer or a lowercase hex string (all that _check_fields lets these fields be).
 _UNSIGNED_ITEM = re.compile(rb',"(?:%s)":(?:[0-9]+|"[0-9a-f]*")' % b"|".join(
     re.escape(name.encode()) for name in sorted(UNSIGNED_FIELDS)))
+# A message record's line as the writer emits it: the fields a message record has, in sorted
+# order, each value in a form the exact form writes as is (non-negative integers without
+# leading zeros, a round that may be negative, strings of printable ASCII without quote or
+# backslash, lowercase hex of the right length, a list of such strings), and a kind other than
+# "event". A line that matches it is the exact form of the record it decodes to, and that record
+# passes _check_fields: both checks are skipped for it. Its groups are the line less its
+# unsigned fields (offset, prev, seq, sig): joined, the signed bytes. Any other line, events
+# included, takes the full checks.
+_STRING = rb'"[ !#-\[\]-~]*"'
+_COUNT = rb"(?:0|[1-9][0-9]*)"
+_MESSAGE_LINE = re.compile(b"".join([
+    rb'(\{"bytes":', _COUNT, rb',"kind":(?!"event")', _STRING, rb")",
+    rb'(?:,"offset":', _COUNT, rb")?",
+    rb'((?:,"origin":', _STRING, rb')?,"phase":', _STRING, rb")",
+    rb',"prev":"[0-9a-f]{64}"',
+    rb'(,"recipient":', _STRING, rb',"round":(?:0|-?[1-9][0-9]*),"sender":', _STRING, rb")",
+    rb',"seq":', _COUNT,
+    rb'(,"sha256":"[0-9a-f]{64}")',
+    rb',"sig":"[0-9a-f]{128}"',
+    rb'(,"stages":\[(?:', _STRING, rb"(?:,", _STRING, rb")*)?\]\})"]))
 _CHAIN_HINT = "(a record was deleted, inserted, reordered or edited)"
 _SCOPE = {
     (): ("integrity against accidental damage only: anyone who can write the run folder can "
@@ -273,6 +294,13 @@ def _unreadable(line: int) -> str:
             "deep to read)")
 
 
+def _exact_form(record: dict, string: str, line: int) -> str | None:
+    if string != _ENCODE(record):
+        return (f"line {line} is not in the log's exact form (sorted keys, compact JSON): "
+                "it was rewritten after signing")
+    return None
+
+
 def _closing_chain(record: dict) -> str | None:
     """The closing record signs the chain it closes: its ``chain`` must be its ``prev``."""
     if record.get("event") == "closed" and record["chain"] != record["prev"]:
@@ -281,42 +309,30 @@ def _closing_chain(record: dict) -> str | None:
     return None
 
 
-def _public_key(raw: bytes) -> Ed25519PublicKey | None:
-    """The Ed25519 key of 32 raw bytes, None when they are not one (its signatures all fail)."""
-    try:
-        return Ed25519PublicKey.from_public_bytes(raw)
-    except ValueError:
-        return None
-
-
 # Lines whose signatures are verified together, after their form and chain are read and before
 # their payloads and rules are checked (see _Walk.batch).
 BATCH = 256
 
-_Signed = tuple[Ed25519PublicKey | None, bytes, bytes]  # key (None: not a key), signature, message
+_Signed = tuple[bytes, bytes, bytes]  # raw public key, signature, message
 
 
 def _first_forged(signed: list[_Signed]) -> int:
     """The index of the first signature that does not verify; ``len(signed)`` when all do."""
     for index, (key, signature, message) in enumerate(signed):
-        if key is None:
-            return index
-        try:
-            key.verify(signature, message)
-        except InvalidSignature:
+        if not verify_signature(key, signature, message):
             return index
     return len(signed)
 
 
 class _Walk:
     """State while reading one log front to back: the previous line's hash, the parties'
-    verification keys (each built once), the payload file, whether message records carry
+    raw Ed25519 public keys, the payload file, whether message records carry
     offsets, the protocol rules, and what verified so far: ``records``, ``payloads`` checked,
     ``kinds`` and ``events`` counted, the 1-based line of the closing record and the head."""
 
     def __init__(self, parties: dict[str, PartyKeys], parties_text: bytes,
                  payloads: BinaryIO | None):
-        self.keys = {party: _public_key(keys.sign) for party, keys in parties.items()}
+        self.keys = {party: keys.sign for party, keys in parties.items()}
         self.payload_file = payloads
         self.prev = genesis(parties_text)
         self.offsets: bool | None = None  # message records carry offsets (None: none seen)
@@ -343,12 +359,11 @@ class _Walk:
         signed: list[_Signed] = []
         first = None
         for offset, text in enumerate(texts):
-            record, first = self._read(start + offset, text)
+            record, message, first = self._read(start + offset, text)
             if first is not None:
                 break
             read.append((record, self.prev))
-            signed.append((self.keys[record["sender"]], bytes.fromhex(record["sig"]),
-                           signed_bytes(text, record)))
+            signed.append((self.keys[record["sender"]], bytes.fromhex(record["sig"]), message))
         forged = _first_forged(signed)
         if forged < len(read):
             record = read[forged][0]
@@ -365,33 +380,32 @@ class _Walk:
                 return _after_close(line + 1, line)
         return first
 
-    def _read(self, index: int, text: bytes) -> tuple[Any, AuditFinding | None]:
-        """Line ``index`` parsed, and the first problem of its form, its place in the chain or
-        its sender; the chain moves past the line when there is none."""
+    def _read(self, index: int, text: bytes) -> tuple[Any, bytes, AuditFinding | None]:
+        """Line ``index`` parsed, its signed bytes, and the first problem of its form, its place
+        in the chain or its sender; the chain moves past the line when there is none."""
         line = index + 1
         try:
             string = text.decode()
             record = _parse(string)
         except (UnicodeDecodeError, json.JSONDecodeError):
-            return None, AuditFinding(None, line, f"line {line} is not valid JSON")
+            return None, b"", AuditFinding(None, line, f"line {line} is not valid JSON")
         except (ValueError, RecursionError):
-            return None, AuditFinding(None, line, _unreadable(line))
+            return None, b"", AuditFinding(None, line, _unreadable(line))
+        exact = _MESSAGE_LINE.fullmatch(text)  # a message line in the exact form, fields right
         try:
-            problem = (_check_fields(record, line) or self._chain(record, index, string)
-                       or self._sender(record))
+            problem = (None if exact else (_check_fields(record, line)
+                                           or _exact_form(record, string, line)))
+            problem = problem or self._chain(record, index) or self._sender(record)
         except RecursionError:  # encoding the exact form again nests deeper than decoding did
             problem = _unreadable(line)
         if problem is None:
             self.prev = hashlib.sha256(text).hexdigest()
-            return record, None
+            return record, b"".join(exact.groups()) if exact else signed_bytes(text, record), None
         seq = record.get("seq") if type(record) is dict else None
-        return record, AuditFinding(seq if type(seq) is int else None, line, problem)
+        return record, b"", AuditFinding(seq if type(seq) is int else None, line, problem)
 
-    def _chain(self, record: dict, index: int, string: str) -> str | None:
+    def _chain(self, record: dict, index: int) -> str | None:
         line, seq = index + 1, record["seq"]
-        if string != _ENCODE(record):
-            return (f"line {line} is not in the log's exact form (sorted keys, compact JSON): "
-                    "it was rewritten after signing")
         if seq != index:
             return (f"line {line}: seq is {seq}, expected {index} (a record was deleted, "
                     "inserted or reordered at or before this line)")

@@ -1,19 +1,25 @@
-"""Key agreement, key derivation, authenticated encryption and signatures, from `cryptography`.
+"""Key agreement, key derivation, authenticated encryption and signatures, from `cryptography`;
+Ed25519 verification from libsodium (PyNaCl).
 
 - X25519 for mask-seed agreement and channel keys (fresh key pairs per aggregation).
 - HKDF-SHA256 turns a shared secret into a 32-byte key, bound to a purpose label.
 - AES-256-GCM encrypts Shamir shares between clients (the relaying server cannot read them).
-- Ed25519 identities sign every message record of the log.
+- Ed25519 identities sign every message record of the log (cryptography); every signature is
+  verified with libsodium, about 1.6x as fast as cryptography's OpenSSL (97 us against 159 us
+  per verification, docs/benchmarks.md) and stricter: it also refuses small-order public keys
+  and R points and non-canonical key encodings, besides the non-canonical S both refuse.
 """
 
 from __future__ import annotations
 
-from cryptography.exceptions import InvalidSignature, InvalidTag
+from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+from nacl.bindings import crypto_sign_open
+from nacl.exceptions import BadSignatureError
 
 from ..errors import ProtocolError
 
@@ -98,9 +104,14 @@ class Identity:
 
 
 def verify_signature(public: bytes, signature: bytes, data: bytes) -> bool:
-    """True when ``signature`` is ``public``'s Ed25519 signature of ``data``."""
-    try:
-        Ed25519PublicKey.from_public_bytes(public).verify(signature, data)
-        return True
-    except (InvalidSignature, ValueError):
+    """True when ``signature`` (64 bytes) is the Ed25519 signature of ``data`` by the 32-byte raw
+    key ``public``; False for anything else, wrong lengths included (libsodium's
+    ``crypto_sign_open``, whose C call reads 32 key bytes unchecked: the lengths come first).
+    """
+    if len(public) != 32 or len(signature) != 64:
         return False
+    try:
+        crypto_sign_open(signature + data, public)
+    except BadSignatureError:
+        return False
+    return True

@@ -22,7 +22,7 @@ import numpy as np
 from ..errors import MessageError
 from ..federation.message import deserialize_payload, serialize_payload
 
-__all__ = ["bytes_payload", "payload_bytes", "json_payload", "payload_json"]
+__all__ = ["bytes_payload", "payload_bytes", "json_payload", "payload_json", "fields_json"]
 
 _PLAIN_NAME = re.compile(r"[ !#-\[\]-~]*")  # printable ASCII but '"' and '\\': no escaping
 _FIELD = re.compile(rb'"([ !#-\[\]-~]*)":\{"dtype":"U8","shape":\[(\d+)\],'
@@ -92,7 +92,12 @@ def json_payload(value) -> bytes:
 
 def payload_json(data: bytes, sender: str):
     """The JSON value of ``sender``'s ``json`` field."""
-    fields = payload_bytes(data, sender)
+    return fields_json(payload_bytes(data, sender), sender)
+
+
+def fields_json(fields: dict[str, bytes], sender: str):
+    """The JSON value of the ``json`` field of ``sender``'s payload already read by
+    :func:`payload_bytes`."""
     try:
         return json.loads(fields["json"])
     except (KeyError, ValueError) as err:  # ValueError covers bad JSON and bad UTF-8

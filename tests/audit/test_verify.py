@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
 from secureffm.audit import AuditReport, verify_run
@@ -645,6 +645,113 @@ def test_signed_bytes_equal_canonical_json_of_any_record(unsigned, content):
     text: cutting the unsigned fields out of the exact form gives canonical()'s bytes."""
     record = content | unsigned
     assert signed_bytes(EXACT(record).encode(), record) == canonical(record)
+
+
+_TEXT = (st.sampled_from(["event", "server", "client-1", "gradient", ""])
+         | st.text(st.sampled_from(list("az09_-/ ")), max_size=6))
+_MESSAGE_VALUES = {
+    "bytes": st.integers(-1, 10**20), "kind": _TEXT, "phase": _TEXT, "recipient": _TEXT,
+    "round": st.integers(-10**20, 10**20), "sender": _TEXT, "seq": st.integers(-1, 10**20),
+    "prev": st.text(_HEX, min_size=64, max_size=64), "sha256": st.text(_HEX, min_size=64,
+                                                                       max_size=64),
+    "sig": st.text(_HEX, min_size=128, max_size=128), "stages": st.lists(_TEXT, max_size=3)}
+# Other spellings JSON allows for the same record, each at one place: a character of a string
+# escaped, zero as -0, white space after a colon or comma, a key given twice (the decoder keeps
+# the last), and a character edited next to a delimiter (which may spell another record).
+_RESPELL = st.tuples(st.sampled_from(["escape", "minus zero", "space", "twice", "edit"]),
+                     st.integers(0, 10**4), st.sampled_from(list(' 0-e/"\\\n\u00e9')))
+
+
+def _respelled(line: str, how: str, at: int, char: str) -> str:
+    """``line`` spelled otherwise at its ``at``-th place (modulo their number) fit for ``how``."""
+    if how == "twice":
+        return '{"kind":"event",' + line[1:]
+    fits = {"escape": lambda i: line[i].isalnum() or line[i] in "-/ ",
+            "minus zero": lambda i: line[i] == "0" and line[i - 1] == ":",
+            "space": lambda i: line[i - 1] in ":,",
+            "edit": lambda i: line[i] == '"' or line[i - 1] in ':,["'}[how]
+    places = [i for i in range(1, len(line)) if fits(i)]
+    if not places:
+        return line
+    i = places[at % len(places)]
+    new = {"escape": f"\\u{ord(line[i]):04x}", "minus zero": "-0", "space": " " + line[i],
+           "edit": char + line[i]}[how]
+    return line[:i] + new + line[i + 1:]
+
+
+@given(st.fixed_dictionaries(_MESSAGE_VALUES, optional={
+    "offset": st.integers(-1, 10**20), "origin": _TEXT, "extra": _VALUES}),
+    st.dictionaries(st.sampled_from(sorted(_MESSAGE_VALUES)), _VALUES | _TEXT, max_size=1),
+    st.sampled_from([True, True, True, False]), st.lists(_RESPELL, max_size=2))
+@settings(max_examples=600, deadline=None)
+def test_a_line_the_fast_path_takes_is_the_exact_form_of_a_record_with_the_right_fields(
+        record, other_types, sorted_keys, respellings):
+    """The audit skips the exact-form and field checks for a line that decodes and matches
+    _MESSAGE_LINE, and cuts its signed bytes at the match's groups: any such line, from
+    message-like records with values of every type and form, their keys in any order and
+    spelled in the other ways JSON allows, must be the exact form of a record that passes
+    those checks, its groups joined canonical()'s bytes."""
+    record = record | other_types
+    line = json.dumps(record if sorted_keys else dict(reversed(record.items())),
+                      sort_keys=sorted_keys, separators=(",", ":"))
+    for respelling in respellings:
+        line = _respelled(line, *respelling)
+    try:
+        decoded = json.loads(line)
+    except ValueError:  # the audit names a line JSON cannot read before anything else
+        return
+    match = verify_module._MESSAGE_LINE.fullmatch(line.encode())
+    event(f"fast path: {match is not None}")
+    if match is None:
+        return
+    assert EXACT(decoded) == line
+    assert verify_module._check_fields(decoded, 1) is None
+    assert decoded["kind"] != "event"
+    assert b"".join(match.groups()) == canonical(decoded)
+
+
+_SPELLINGS = {  # name -> (field values, the line's exact form -> another spelling of it)
+    "round -0": ({"round": 0}, lambda line: line.replace('"round":0', '"round":-0')),
+    "an escaped letter": ({}, lambda line: line.replace('"kind":"gradient"',
+                                                        '"kind":"gr\\u0061dient"')),
+    "an escaped slash": ({"phase": "a/b"}, lambda line: line.replace("a/b", "a\\/b")),
+    "a DEL written raw": ({"sender": "client\x7f"}, lambda line: line.replace("\\u007f",
+                                                                             "\x7f")),
+    "an e-acute written raw": ({"recipient": "\u00e9"}, lambda line: line.replace("\\u00e9",
+                                                                                 "\u00e9")),
+    "a space after a colon": ({}, lambda line: line.replace('"bytes":', '"bytes": ')),
+    "keys out of order": ({}, lambda line: json.dumps(dict(reversed(json.loads(line).items())),
+                                                      separators=(",", ":"))),
+    "a key given twice": ({}, lambda line: '{"bytes":0,' + line[1:]),
+    "bytes as a float": ({"bytes": 100}, lambda line: line.replace('"bytes":100',
+                                                                   '"bytes":1e2')),
+}
+
+
+@pytest.mark.parametrize("name", sorted(_SPELLINGS))
+def test_another_spelling_of_a_message_line_takes_the_full_checks(name):
+    """Spellings JSON reads but the log's exact form never writes (or values of another type)
+    do not match _MESSAGE_LINE, so the full exact-form and field checks name them."""
+    values, respell = _SPELLINGS[name]
+    record = json.loads((OLD_LOG / "messages.jsonl").read_text().splitlines()[16]) | values
+    assert record["kind"] == "gradient"
+    line = respell(EXACT(record))
+    assert line != EXACT(record) and json.loads(line) is not None  # JSON, and another line
+    assert verify_module._MESSAGE_LINE.fullmatch(line.encode()) is None
+    assert (verify_module._MESSAGE_LINE.fullmatch(EXACT(record).encode()) is None) == (
+        name in ("a DEL written raw", "an e-acute written raw"))  # exact form: \u escapes
+
+
+def test_message_lines_as_the_writer_emits_them_take_the_fast_path(runs):
+    """Every message line of the old log and of a new one, with and without an ``origin``
+    (a relayed payload), matches _MESSAGE_LINE; event lines do not (they take the full
+    checks)."""
+    lines = [*(OLD_LOG / "messages.jsonl").read_text().splitlines(), *runs["secagg"].lines()]
+    record = json.loads(lines[20])
+    lines.append(dump(record | {"origin": "client-3"}))
+    for line in lines:
+        is_event = json.loads(line)["kind"] == "event"
+        assert (verify_module._MESSAGE_LINE.fullmatch(line.encode()) is None) == is_event, line
 
 
 def test_a_line_with_a_nested_object_is_verified_on_its_canonical_form(run):

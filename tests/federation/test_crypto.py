@@ -1,7 +1,9 @@
 """Key agreement, sealing and signatures (secureffm/federation/crypto.py).
 
 Truths used: the Diffie-Hellman test vector of RFC 7748 (section 6.1), HKDF written out from
-RFC 5869 with the standard library's HMAC, and AES-GCM's tag size (16 bytes).
+RFC 5869 with the standard library's HMAC, AES-GCM's tag size (16 bytes), and for Ed25519
+(RFC 8032) cryptography's OpenSSL verifier and forgeries built from the group order L and
+libsodium's base-point multiplication.
 """
 
 from __future__ import annotations
@@ -10,8 +12,12 @@ import hashlib
 import hmac
 
 import pytest
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from nacl.bindings import crypto_scalarmult_ed25519_base_noclamp
 
 from secureffm.errors import ProtocolError
 from secureffm.federation.crypto import (
@@ -39,6 +45,17 @@ LOW_ORDER = ["00" * 32, "01" + "00" * 31,
              "ecffffffffffffffffffffffffffffffffffffffffffffffffffffffffffff7f",
              "edffffffffffffffffffffffffffffffffffffffffffffffffffffffffffff7f"]
 NONCE = bytes(range(12))
+# Ed25519's group order, and its points of small order (libsodium's blocklist: the identity
+# 01 00..00, the order-2 point, two encodings of an order-4 point, the order-8 points and their
+# encodings with the sign bit set).
+L = 2**252 + 27742317777372353535851937790883648493
+IDENTITY = bytes([1]) + bytes(31)
+SMALL_ORDER_ED25519 = [
+    IDENTITY.hex(), "ec" + "ff" * 30 + "7f", "00" * 32, "00" * 31 + "80",
+    "c7176a703d4dd84fba3c0b760d10670f2a2053fa2c39ccc64ec7fd7792ac037a",
+    "c7176a703d4dd84fba3c0b760d10670f2a2053fa2c39ccc64ec7fd7792ac03fa",
+    "26e8958fc2b227b045c3f489f2ef98f0d5dfac05d3c63339b13802886d53fc05",
+    "26e8958fc2b227b045c3f489f2ef98f0d5dfac05d3c63339b13802886d53fc85"]
 
 
 def _hkdf_sha256(secret: bytes, info: bytes) -> bytes:
@@ -115,3 +132,108 @@ def test_an_identity_built_from_a_key_signs_with_that_key():
     identity = Identity(private)
     private.public_key().verify(identity.sign(b"m"), b"m")  # raises if not this key's
     assert verify_signature(identity.public, private.sign(b"m"), b"m")
+
+
+def _openssl_verifies(public: bytes, signature: bytes, data: bytes) -> bool:
+    """cryptography's (OpenSSL's) verdict, the reference verify_signature is checked against."""
+    try:
+        Ed25519PublicKey.from_public_bytes(public).verify(signature, data)
+    except (InvalidSignature, ValueError):
+        return False
+    return True
+
+
+def _tampered(data: bytes, bit: int) -> bytes:
+    """``data`` with bit ``bit`` (taken modulo its length in bits) flipped."""
+    bit %= 8 * len(data)
+    return data[:bit // 8] + bytes([data[bit // 8] ^ (1 << bit % 8)]) + data[bit // 8 + 1:]
+
+
+@settings(max_examples=150, deadline=None)
+@given(seed=st.binary(min_size=32, max_size=32), data=st.binary(max_size=300),
+       part=st.sampled_from(["message", "signature", "key"]), bit=st.integers(0, 2**16))
+def test_signatures_of_our_signer_verify_and_a_flipped_bit_fails_as_with_openssl(seed, data,
+                                                                                 part, bit):
+    """Each valid signature of Identity verifies; one flipped bit in the message, signature or
+    key fails; OpenSSL gives the same verdict on both."""
+    identity = Identity(Ed25519PrivateKey.from_private_bytes(seed))
+    signature = identity.sign(data)
+    assert verify_signature(identity.public, signature, data)
+    assert _openssl_verifies(identity.public, signature, data)
+    inputs = {"key": identity.public, "signature": signature, "message": data}
+    if part == "message" and not data:
+        inputs["message"] = b"\x00"  # the empty message has no bit to flip: add a byte
+    else:
+        inputs[part] = _tampered(inputs[part], bit)
+    tampered = (inputs["key"], inputs["signature"], inputs["message"])
+    assert not verify_signature(*tampered)
+    assert not _openssl_verifies(*tampered)
+
+
+def test_a_non_canonical_s_fails():
+    """S + L is S modulo the group order, so [S + L]B = [S]B: a verifier that does not require
+    S < L accepts this second signature of the same message (malleability)."""
+    identity = Identity()
+    signature = identity.sign(b"record 7")
+    s = int.from_bytes(signature[32:], "little")
+    malleated = signature[:32] + (s + L).to_bytes(32, "little")
+    assert malleated != signature
+    assert not verify_signature(identity.public, malleated, b"record 7")
+
+
+@pytest.mark.parametrize("point", SMALL_ORDER_ED25519)
+def test_a_small_order_public_key_fails(point):
+    """A small-order key A makes [k]A vanish when its order divides k = H(R || A || M) mod L;
+    then R = [s]B with S = s satisfies [S]B = R + [k]A without any private key. The message is
+    searched until the order (a divisor of 8) divides k."""
+    public = bytes.fromhex(point)
+    s = (123456789).to_bytes(32, "little")
+    r = crypto_scalarmult_ed25519_base_noclamp(s)
+    message = next(m for m in (b"forged %d" % i for i in range(1000))
+                   if int.from_bytes(hashlib.sha512(r + public + m).digest(), "little") % L % 8
+                   == 0)
+    assert not verify_signature(public, r + s, message)
+
+
+def test_the_identity_key_forgery_is_universal_under_openssl_and_fails_here():
+    """Under the identity point every k vanishes: R = [s]B, S = s passes OpenSSL's cofactorless
+    check for any message (what verify_signature used before libsodium), and fails here."""
+    s = (987654321).to_bytes(32, "little")
+    forged = crypto_scalarmult_ed25519_base_noclamp(s) + s
+    for message in (b"record 7", b"any other record"):
+        assert _openssl_verifies(IDENTITY, forged, message)
+        assert not verify_signature(IDENTITY, forged, message)
+
+
+def test_a_small_order_r_fails_though_the_key_holder_made_it():
+    """R = identity and S = k a mod L (a: the signer's secret scalar) satisfies [S]B = R + [k]A;
+    OpenSSL accepts it, libsodium refuses small-order R. Our signer never makes one (its R is
+    [r]B for a hash r)."""
+    seed = bytes(range(32))
+    identity = Identity(Ed25519PrivateKey.from_private_bytes(seed))
+    a = bytearray(hashlib.sha512(seed).digest()[:32])
+    a[0] &= 248
+    a[31] = (a[31] & 127) | 64
+    k = int.from_bytes(hashlib.sha512(IDENTITY + identity.public + b"m").digest(), "little")
+    signature = IDENTITY + (k * int.from_bytes(a, "little") % L).to_bytes(32, "little")
+    assert _openssl_verifies(identity.public, signature, b"m")
+    assert not verify_signature(identity.public, signature, b"m")
+
+
+@pytest.mark.parametrize("cut", [-1, 1])
+def test_a_signature_one_byte_short_or_long_fails_though_its_bytes_verify(cut):
+    """The signature and message moved by one byte at their border concatenate to the signed
+    bytes libsodium opens (signature || message): only the length check refuses them."""
+    identity = Identity()
+    signed = identity.sign(b"record 7") + b"record 7"
+    assert not verify_signature(identity.public, signed[:64 + cut], signed[64 + cut:])
+
+
+@pytest.mark.parametrize("public", ["key + 1 byte", "key - 1 byte", "empty"])
+def test_a_key_of_the_wrong_length_returns_false_without_raising(public):
+    """A 33-byte key whose first 32 bytes are the signer's (what libsodium reads) fails too."""
+    identity = Identity()
+    signature = identity.sign(b"m")
+    key = {"key + 1 byte": identity.public + b"\x00", "key - 1 byte": identity.public[:31],
+           "empty": b""}[public]
+    assert not verify_signature(key, signature, b"m")
