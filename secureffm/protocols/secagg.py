@@ -131,6 +131,9 @@ _ADVERTISED = ("b_commit", "c_pk", "s_pk")  # 32 bytes each
 # round and commits to it with its masked input (secagg_epoch.py).
 _ADVERTISED_ONCE = ("c_pk", "s_pk")
 SETUPS = ("per-round", "once")
+# setup = "once" runs secagg_epoch.aggregate_once, which builds on this module and puts itself
+# here when imported (protocol.py imports every stage module before a protocol is built).
+EPOCH_AGGREGATE: list = []
 _SEALED_BYTES = 12 + 2 * SHARE_BYTES + 16  # nonce, the two shares, GCM tag
 # Headroom for distributed noise: the decoded sum must stay within half the modulus of the
 # centre of its noiseless range for this many standard deviations of the total noise.
@@ -773,8 +776,7 @@ class SecAggStage:
         """One aggregation over ``link``'s clients. ``noise``: each client's share of
         distributed DP noise, or None."""
         if self.setup == "once":
-            from .secagg_epoch import aggregate_once  # it builds on this module
-            return aggregate_once(self, link, compute, weights, template, noise)
+            return EPOCH_AGGREGATE[0](self, link, compute, weights, template, noise)
         ids = [c.id for c in link.clients]
         size = sum(int(np.prod(shape)) for shape, _ in template.values())
         share_variance = self._share_variance(noise, weights, size, len(ids))

@@ -83,6 +83,7 @@ from .link import Call, Link, silence
 from .masking import mask_input, unmask_sum
 from .prg import word_dtype
 from .secagg import (
+    EPOCH_AGGREGATE,
     SecAggStage,
     _ClientSession,
     _commit,
@@ -453,6 +454,9 @@ def _rebuild_seeds(stage: SecAggStage, r: _RoundState, u3: list[str],
 def _committed(value: int, commit: bytes) -> bool:
     """Whether the rebuilt ``value`` is the 32-byte seed whose commitment is ``commit``."""
     return value < 2**256 and _commit(value.to_bytes(32, "big")) == commit
+
+
+EPOCH_AGGREGATE.append(aggregate_once)
 
 
 # -- the client's side --------------------------------------------------------------------------
