@@ -325,6 +325,7 @@ class ComposedField(nn.Module):
         return compose(slots[0], slots[1:], self.weights)
 
 
+# Readings of DCFM-B's teacher paths (Eq. 15), :func:`teacher_paths`; RunConfig.dcfm_teacher.
 TEACHERS = ("observed", "marginal", "anchored")
 
 
@@ -332,9 +333,9 @@ def anchors(counts: torch.Tensor, cardinalities: Sequence[int]) -> torch.Tensor:
     """Reference combinations of the anchored composition, bool [M, M] over the product space
     (M = prod |Y_j|, row-major): ``[y, c]`` is True where c is observed (some expert holds it),
     so is every c^(i) (c with attribute i set to y_i, for each i with c_i != y_i), and no other
-    such c differs from y in fewer attributes. An observed y is its own sole anchor; a row
-    without a True has none (no observed c is one substitution per attribute away from
-    observed combinations that reach y)."""
+    such c differs from y in fewer attributes. An observed y is its own sole anchor; an
+    unobserved y whose row has no True has no anchor (then :func:`teacher_paths` falls back to
+    Eq. 5 over marginals)."""
     combos = all_combinations(cardinalities).to(counts.device)
     observed = counts.sum(dim=0) > 0  # [M]
     size, k = combos.shape
