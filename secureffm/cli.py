@@ -53,6 +53,9 @@ _HELP = {
     "dcfm_steps": "DCFM-A local steps per round (peer CI penalty, Eq. 14)",
     "distill_steps": "DCFM-B student steps on the server (Eq. 17)",
     "teacher_steps": "Euler steps of DCFM-B's teacher paths",
+    "dcfm_teacher": "DCFM-B teacher paths: observed (Eq. 15 as it reads) | marginal (unobserved "
+                    "y along Eq. 5 over the experts' marginals) | anchored (unobserved y along "
+                    "Eq. 5 anchored on an observed combination; docs/dcfm.md)",
     "fedflow_rounds": "FedFlow FedAvg rounds",
     "fedflow_local_steps": "FedFlow local steps per client and round",
     "ci_weight": "lambda: weight of the conditional-independence penalty (DCFM, +L baselines)",

@@ -24,6 +24,8 @@ METHODS = ("vanilla", "lot", "got", "icfm", "otcfm")
 # DCFM and its baselines (secureffm/runs/dcfm.py) run on conditional data sets only.
 DCFM_METHODS = ("dcfm-a", "dcfm-b", "fedflow", "fedflow-l", "ddm", "ddm-l")
 DCFM_DATA = ("modes2d", "colored-digits")
+# Readings of DCFM-B's teacher paths (secureffm.methods.dcfm.TEACHERS, which a test holds equal).
+DCFM_TEACHERS = ("observed", "marginal", "anchored")
 PARTITIONS = ("disjoint", "iid", "dirichlet")
 ENGINES = ("inprocess", "flower")
 WEIGHTINGS = ("size", "uniform")
@@ -88,6 +90,10 @@ class RunConfig:
     dcfm_steps: int = 400
     distill_steps: int = 2_000  # DCFM-B student steps on the server
     teacher_steps: int = 16  # Euler steps of DCFM-B's teacher paths
+    # DCFM-B teacher paths (docs/dcfm.md): "observed" (Eq. 15 as it reads), "marginal" (also
+    # unobserved y, Eq. 5 over marginals), "anchored" (also unobserved y, Eq. 5 anchored on an
+    # observed combination)
+    dcfm_teacher: str = "marginal"
     fedflow_rounds: int = 200
     fedflow_local_steps: int = 10
     ci_weight: float = 1.0  # lambda of Eq. (10), (14), (17); the +L baselines use it too
@@ -211,6 +217,8 @@ def _validate_dcfm(c: RunConfig, need) -> None:
     for key in ("local_steps", "dcfm_rounds", "dcfm_steps", "distill_steps", "teacher_steps",
                 "fedflow_rounds", "fedflow_local_steps"):
         need(getattr(c, key) >= 1, key, "must be a positive integer")
+    need(c.dcfm_teacher in DCFM_TEACHERS, "dcfm_teacher",
+         f"must be one of {', '.join(DCFM_TEACHERS)} (docs/dcfm.md)")
     need(c.ci_weight >= 0, "ci_weight", "must be >= 0 (0 disables the CI penalty)")
     for key in ("p_full", "p_marginal", "p_uncond"):
         need(0 <= getattr(c, key) <= 1, key, "must be a probability in [0, 1]")

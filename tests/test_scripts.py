@@ -314,9 +314,12 @@ def test_dcfm_2d(run_script, tmp_path):
                         "--doc", str(docs / "results.md")).check()
     block = _block(docs / "results.md", "dcfm-2d")
     assert block in result.stdout
-    for method in ("FedFlow", "DDM", "FedFlow+L", "DDM+L", "DCFM-A", "DCFM-B"):
+    for method in ("FedFlow", "DDM", "FedFlow+L", "DDM+L", "DCFM-A", "DCFM-B (observed)",
+                   "DCFM-B (marginal)", "DCFM-B (anchored)"):
         assert [r[1] for r in _rows(block, method)] == ["IID", "non-IID"]
-    assert len(list((tmp_path / "runs").glob("*-s0/metrics.json"))) == 12
+    assert len(list((tmp_path / "runs").glob("*-s0/metrics.json"))) == 16
+    config = (tmp_path / "runs" / "dcfm-b-anchored-disjoint-s0" / "config.toml").read_text()
+    assert 'dcfm_teacher = "anchored"' in config
     assert (docs / "figures" / "dcfm_2d.png").stat().st_size > 0
 
 

@@ -13,9 +13,12 @@ row, the expert answering the unconditional slot (column 0) and each attribute's
   the expert's own joint, marginal and unconditional outputs all carry gradient. Each attribute
   slot is routed only to experts whose data hold that label value. Repeated ``R`` rounds.
 - DCFM-B: every client uploads its stage-I expert once; the server distills one student on
-  teacher paths (Eq. 15) plus lambda times the student CI penalty (Eq. 16). Teacher paths cover
-  every combination of the product space: an observed combination follows one expert holding
-  it (full label), an unobserved one the experts composed with Eq. (5) under a route.
+  teacher paths (Eq. 15) plus lambda times the student CI penalty (Eq. 16). Three readings of
+  the teacher (``teacher``, docs/dcfm.md): ``observed`` (Eq. 15 as it reads: observed
+  combinations only, one expert holding y per path), ``marginal`` (also every unobserved
+  combination, along the experts' marginals composed with Eq. 5 under a route) and
+  ``anchored`` (an unobserved combination along Eq. 5 anchored on an observed combination:
+  full conditionals of experts holding them; the one that recovers the 2D missing mode).
 - Sampling a combination composes per-attribute guidance (Eq. 5).
 
 The server (:class:`DCFMServer`, :class:`DCFMB`) never touches a client: each client's own
@@ -64,7 +67,8 @@ from .global_model import GlobalModel
 __all__ = ["Masking", "mask_labels", "attribute_only", "compose", "slot_velocities",
            "combination_index", "all_combinations", "attribute_holders", "random_route",
            "ExampleDraws", "example_width", "split_uniforms", "expert_losses", "student_losses",
-           "ComposedField", "DCFMSettings", "initial_model", "expert_noise_multiplier",
+           "ComposedField", "TEACHERS", "anchors", "anchored_velocity",
+           "teacher_paths", "DCFMSettings", "initial_model", "expert_noise_multiplier",
            "model_payload", "load_payload_model", "LocalExpert", "DCFMClient", "ExpertLedger",
            "DCFMServer", "DCFMB", "label_counts"]
 
@@ -321,26 +325,117 @@ class ComposedField(nn.Module):
         return compose(slots[0], slots[1:], self.weights)
 
 
+# Readings of DCFM-B's teacher paths (Eq. 15), :func:`teacher_paths`; RunConfig.dcfm_teacher.
+TEACHERS = ("observed", "marginal", "anchored")
+
+
+def anchors(counts: torch.Tensor, cardinalities: Sequence[int]) -> torch.Tensor:
+    """Reference combinations of the anchored composition, bool [M, M] over the product space
+    (M = prod |Y_j|, row-major): ``[y, c]`` is True where c is observed (some expert holds it),
+    so is every c^(i) (c with attribute i set to y_i, for each i with c_i != y_i), and no other
+    such c differs from y in fewer attributes. An observed y is its own sole anchor; an
+    unobserved y whose row has no True has no anchor (then :func:`teacher_paths` falls back to
+    Eq. 5 over marginals)."""
+    combos = all_combinations(cardinalities).to(counts.device)
+    observed = counts.sum(dim=0) > 0  # [M]
+    size, k = combos.shape
+    ys, cs = combos[:, None, :].expand(size, size, k), combos[None, :, :].expand(size, size, k)
+    differ = ys != cs  # [y, c, k]
+    valid = observed[None, :].expand(size, size).clone()
+    for i in range(k):
+        swapped = cs.clone()
+        swapped[..., i] = ys[..., i]
+        reached = observed[combination_index(swapped.reshape(-1, k), cardinalities)]
+        valid &= ~differ[..., i] | reached.reshape(size, size)
+    distance = torch.where(valid, differ.sum(dim=2), k + 1)
+    return valid & (distance == distance.min(dim=1, keepdim=True).values)
+
+
+def anchored_velocity(experts: Sequence[nn.Module], x: torch.Tensor, t: torch.Tensor,
+                      y: torch.Tensor, anchor: torch.Tensor, owners: torch.Tensor,
+                      cardinalities: Sequence[int]) -> torch.Tensor:
+    """Eq. (5) anchored on an observed combination instead of the unconditional label:
+    v(x, c) + sum_i (v(x, c^(i)) - v(x, c)) over the attributes i where c_i != y_i, with
+    c = ``anchor`` [B, k] and c^(i) = c with attribute i set to y_i. ``owners`` [B, k + 1]: the
+    expert answering v(x, c) (column 0) and each v(x, c^(i)) (column i + 1); each must hold
+    its combination. Under Eq. (1) this is v(x, y): log p(x | c^(i)) - log p(x | c) =
+    log p(y_i | x) - log p(c_i | x) + const, so the sum telescopes to log p(x | y), and
+    Eq. (6) carries it to velocities as for Eq. (5). Every slot is a full conditional, which
+    an expert holding the combination learned from its own data."""
+    def answer(owner: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        out = torch.zeros_like(x)
+        for b in torch.unique(owner).tolist():
+            rows = owner == b
+            out[rows] = experts[b](x[rows], t[rows], labels[rows])
+        return out
+
+    base = answer(owners[:, 0], anchor)
+    out = base.clone()
+    for i in range(len(cardinalities)):
+        rows = anchor[:, i] != y[:, i]
+        if rows.any():
+            swapped = anchor[rows].clone()
+            swapped[:, i] = y[rows, i]
+            out[rows] += answer(owners[rows, i + 1], swapped) - base[rows]
+    return out
+
+
 @torch.no_grad()
 def teacher_paths(experts: Sequence[nn.Module], counts: torch.Tensor,
                   cardinalities: Sequence[int], shape: tuple[int, ...], paths: int, steps: int,
-                  generator: torch.Generator, device: torch.device):
-    """Points on teacher paths for DCFM-B: y uniform over the product space; an observed y
-    follows one uniformly chosen expert holding it (full label), an unobserved y the experts
-    composed under a random route. Each path is Euler-integrated from x0 ~ N(0, I) with
-    ``steps`` steps. Returns every grid point of every path, flattened to ``paths * steps``
-    rows: (x_t, t = s / steps, y, teacher velocity at (x_t, t))."""
-    y = torch.stack([torch.randint(c, (paths,), generator=generator, device=device)
-                     for c in cardinalities], dim=1)
-    held = (counts.to(device)[:, combination_index(y, cardinalities)] > 0).T.float()  # [P, n]
+                  generator: torch.Generator, device: torch.device, teacher: str = "marginal"):
+    """Points on teacher paths for DCFM-B (Eq. 15), by the reading ``teacher`` (docs/dcfm.md):
+
+    - ``observed``: Eq. (15) as it reads: y uniform over the combinations some expert holds,
+      each path following one uniformly chosen expert holding y (full label);
+    - ``marginal``: y uniform over the product space; an observed y as above, an unobserved y
+      the experts composed with Eq. (5) under a random route (:func:`random_route`);
+    - ``anchored``: y uniform over the product space; each path follows
+      :func:`anchored_velocity` on an anchor drawn uniformly from :func:`anchors` (an observed
+      y is its own anchor: one holder's full label, as above), every slot answered by an
+      expert drawn uniformly among the holders of its combination; an unobserved y without an
+      anchor falls back to ``marginal``.
+
+    Each path is Euler-integrated from x0 ~ N(0, I) with ``steps`` steps. Returns every grid
+    point of every path, flattened to ``paths * steps`` rows: (x_t, t = s / steps, y, teacher
+    velocity at (x_t, t))."""
+    if teacher not in TEACHERS:
+        raise ConfigError(f"DCFM-B teacher {teacher!r}: use one of {', '.join(TEACHERS)}")
+    counts = counts.to(device)
+    k = len(cardinalities)
+    if teacher == "observed":
+        observed = all_combinations(cardinalities).to(device)[counts.sum(dim=0) > 0]
+        pick = torch.randint(len(observed), (paths,), generator=generator, device=device)
+        y = observed[pick]
+    else:
+        y = torch.stack([torch.randint(c, (paths,), generator=generator, device=device)
+                         for c in cardinalities], dim=1)
+    held = (counts[:, combination_index(y, cardinalities)] > 0).T.float()  # [P, n]
     known = held.sum(dim=1) > 0
     single = torch.zeros(paths, dtype=torch.long, device=device)
     if known.any():
         single[known] = torch.multinomial(held[known], 1, generator=generator).squeeze(1)
     route = random_route(y, attribute_holders(counts, cardinalities),
-                         torch.rand(paths, len(cardinalities) + 2, generator=generator,
-                                    device=device))
+                         torch.rand(paths, k + 2, generator=generator, device=device))
+    anchored = torch.zeros(paths, dtype=torch.bool, device=device)
+    if teacher == "anchored":
+        table = anchors(counts, cardinalities)[combination_index(y, cardinalities)]  # [P, M]
+        anchored = ~known & table.any(dim=1)
+        if anchored.any():
+            combos = all_combinations(cardinalities).to(device)
+            anchor = combos[torch.multinomial(table[anchored].float(), 1,
+                                              generator=generator).squeeze(1)]
+            slots = [anchor]
+            for i in range(k):
+                swapped = anchor.clone()
+                swapped[:, i] = y[anchored, i]
+                slots.append(swapped)
+            owners = torch.stack(
+                [torch.multinomial((counts[:, combination_index(labels, cardinalities)] > 0)
+                                   .T.float(), 1, generator=generator).squeeze(1)
+                 for labels in slots], dim=1)
     x = torch.randn(paths, *shape, generator=generator, device=device)
+    novel = ~known & ~anchored
     points, velocities = [], []
     for s in range(steps):
         t = torch.full((paths,), s / steps, device=device)
@@ -348,7 +443,9 @@ def teacher_paths(experts: Sequence[nn.Module], counts: torch.Tensor,
         for b in torch.unique(single[known]).tolist():
             rows = known & (single == b)
             v[rows] = experts[b](x[rows], t[rows], y[rows])
-        novel = ~known
+        if anchored.any():
+            v[anchored] = anchored_velocity(experts, x[anchored], t[anchored], y[anchored],
+                                            anchor, owners, cardinalities)
         if novel.any():
             slots = slot_velocities(experts, route[novel], x[novel], t[novel], y[novel],
                                     cardinalities)
@@ -741,10 +838,14 @@ class DCFMB:
     send it to every client as a ``model`` message."""
 
     def __init__(self, settings: DCFMSettings, clients: int, device: torch.device,
-                 generator: torch.Generator):
+                 generator: torch.Generator, teacher: str = "marginal"):
         """``clients``: n, which places the student in the public initialisation
-        (:func:`initial_model` 2n)."""
+        (:func:`initial_model` 2n); ``teacher``: the reading of Eq. (15)'s teacher paths
+        (:func:`teacher_paths`)."""
+        if teacher not in TEACHERS:
+            raise ConfigError(f"DCFM-B teacher {teacher!r}: use one of {', '.join(TEACHERS)}")
         self.settings, self.device, self.generator = settings, device, generator
+        self.teacher = teacher
         self.student = GlobalModel(initial_model(settings, 2 * clients).to(device), settings.lr,
                                    settings.ema_decay)
 
@@ -761,7 +862,7 @@ class DCFMB:
                          unit="step", dynamic_ncols=True, leave=False):
             if step % refresh == 0:
                 bank = teacher_paths(teachers, counts, s.cardinalities, s.shape, bank_paths,
-                                     teacher_steps, self.generator, self.device)
+                                     teacher_steps, self.generator, self.device, self.teacher)
             pick = torch.randint(len(bank[0]), (batch,), generator=self.generator,
                                  device=self.device)
             x_t, t, y, target = (part[pick] for part in bank)

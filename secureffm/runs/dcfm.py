@@ -255,7 +255,7 @@ def _train(config: RunConfig, settings: DCFMSettings, channel: Channel,
     report = _client_losses(channel, ("stage_one_loss",))
     if c.method == "dcfm-b":
         student = DCFMB(settings, len(channel.clients), device,
-                        party_generator(c.seed, 0, device))
+                        party_generator(c.seed, 0, device), c.dcfm_teacher)
         report["student_loss"] = student.distill(models, counts, c.distill_steps, c.batch_size,
                                                  c.teacher_steps, c.progress)
         student.send_student(channel, 2)

@@ -7,18 +7,21 @@ import pytest
 import torch
 
 from secureffm.audit import verify_run
-from secureffm.config import RunConfig
+from secureffm.config import DCFM_TEACHERS, RunConfig
+from secureffm.data.modes2d import MISSING, OBSERVED, in_mode_fraction
 from secureffm.errors import ConfigError, ProtocolError
 from secureffm.federation.channel import Task
 from secureffm.federation.log import MessageLog
 from secureffm.federation.parties import Client, new_clients
 from secureffm.methods.dcfm import (
+    TEACHERS,
     ComposedField,
     DCFMClient,
     DCFMServer,
     ExpertLedger,
     LocalExpert,
     Masking,
+    anchors,
     attribute_holders,
     combination_index,
     example_width,
@@ -27,6 +30,7 @@ from secureffm.methods.dcfm import (
     mask_labels,
     random_route,
     split_uniforms,
+    teacher_paths,
 )
 from secureffm.models.conditional import ConditionalVelocityMLP
 from secureffm.privacy.ledger import PrivacyLedger
@@ -363,3 +367,103 @@ def test_the_server_charges_each_client_every_step_it_ran(tmp_path):
         ran = _adam_steps(client)
         assert ran == {6 + 2 * 4}
         assert ledger.ledger.schedule(client.id) == [(4.0, 32 / 150, 6 + 2 * 4)]
+
+
+# -- DCFM-B's teacher paths -----------------------------------------------------------------
+
+class _ExactExpert(torch.nn.Module):
+    """The exact velocity of x_t = (1 - t) x0 + t x1 toward an expert's own data, the modes2d
+    Gaussians it holds (``held``: combination -> count), for full, marginal or null labels:
+    E[x1 - x0 | x_t] under the mixture of the held modes that agree with the label. A closed
+    form standing in for a perfectly trained stage-I expert, independent of the code tested."""
+
+    def __init__(self, held: dict[tuple[int, int], int]):
+        super().__init__()
+        self.held = held
+
+    def forward(self, x, t, labels):
+        from secureffm.data.modes2d import STD, mode_centres
+
+        t = t.reshape(-1, 1)
+        var = (1 - t) ** 2 + t ** 2 * STD ** 2  # Var x_t per coordinate, one mode
+        logits, means = [], []
+        for combo, count in self.held.items():
+            m = mode_centres(torch.tensor([combo]))[0]
+            agree = ((labels == 2) | (labels == torch.tensor(combo))).all(dim=1)
+            r = x - t * m
+            log_weight = math.log(count) - (r ** 2).sum(dim=1) / (2 * var[:, 0])
+            logits.append(torch.where(agree, log_weight, -torch.inf))
+            means.append(m + (t * STD ** 2 - (1 - t)) / var * r)  # E[x1 - x0 | x_t, mode]
+        weights = torch.softmax(torch.stack(logits, dim=1), dim=1)  # [B, modes]
+        return (weights[:, :, None] * torch.stack(means, dim=1)).sum(dim=1)
+
+
+def _non_iid_experts():
+    """Exact experts of the paper's non-IID split of modes2d and their label counts: client 1
+    the left column (top-left, half of bottom-left), client 2 the bottom row."""
+    held = [{(0, 0): 2, (0, 1): 1}, {(0, 1): 1, (1, 1): 2}]
+    counts = torch.zeros(2, 4, dtype=torch.long)
+    for b, h in enumerate(held):
+        for combo, count in h.items():
+            counts[b, combination_index(torch.tensor([combo]), (2, 2))] = count
+    return [_ExactExpert(h) for h in held], counts
+
+
+def _path_ends(teacher, paths=600, steps=32):
+    """End points and labels of ``teacher``'s paths from the exact non-IID experts."""
+    experts, counts = _non_iid_experts()
+    x, t, y, v = teacher_paths(experts, counts, (2, 2), (2,), paths, steps,
+                               torch.Generator().manual_seed(0), torch.device("cpu"), teacher)
+    last = t == (steps - 1) / steps
+    return x[last] + v[last] / steps, y[last]
+
+
+def test_exact_expert_paths_end_in_their_modes():
+    """The closed-form stand-in is right: one expert's full-label paths land in the mode."""
+    expert = _ExactExpert({(0, 0): 2, (0, 1): 1})
+    x = torch.randn(2000, 2, generator=torch.Generator().manual_seed(1))
+    for combo in ((0, 0), (0, 1)):
+        y = torch.tensor([combo]).expand(len(x), 2)
+        z = x.clone()
+        for s in range(32):
+            z = z + expert(z, torch.full((len(z),), s / 32), y) / 32
+        assert in_mode_fraction(z, combo) > 0.97
+
+
+def test_anchored_teacher_takes_the_novel_label_to_the_missing_mode():
+    """Under the non-IID split, Eq. (5) anchored on the observed (0, 1) composes the holders'
+    full conditionals (1, 1) + (0, 0) - (0, 1) and lands the paths of (1, 0) in the top-right
+    mode; the marginals composed under a route land at m_right + m_top - m_uncond of the
+    expert answering the unconditional slot, (2, 0) or (0, 2), never in it; the literal
+    reading (observed labels only) has no path for (1, 0) at all."""
+    novel = torch.tensor(MISSING)
+    ends, y = _path_ends("anchored")
+    rows = (y == novel).all(dim=1)
+    assert rows.sum() > 50
+    assert in_mode_fraction(ends[rows], MISSING) > 0.95
+    for combo in OBSERVED:
+        seen = (y == torch.tensor(combo)).all(dim=1)
+        assert in_mode_fraction(ends[seen], combo) > 0.95
+    ends, y = _path_ends("marginal")
+    rows = (y == novel).all(dim=1)
+    assert rows.sum() > 50 and in_mode_fraction(ends[rows], MISSING) < 0.05
+    assert not (_path_ends("observed")[1] == novel).all(dim=1).any()
+
+
+def test_anchors_are_observed_combinations_one_substitution_per_attribute_from_y():
+    _, counts = _non_iid_experts()
+    table = anchors(counts, (2, 2))
+    index = {combo: int(combination_index(torch.tensor([combo]), (2, 2))) for combo in
+             ((0, 0), (0, 1), (1, 0), (1, 1))}
+    for combo in OBSERVED:  # an observed combination is its own sole anchor
+        assert table[index[combo]].nonzero().flatten().tolist() == [index[combo]]
+    assert table[index[MISSING]].nonzero().flatten().tolist() == [index[(0, 1)]]
+    # with (0, 1) unobserved, (1, 0) has no anchor: (0, 0) and (1, 1) each miss a neighbour
+    counts[:, index[(0, 1)]] = 0
+    assert not anchors(counts, (2, 2))[index[MISSING]].any()
+
+
+def test_the_teacher_readings_are_the_config_choices():
+    assert TEACHERS == DCFM_TEACHERS
+    with pytest.raises(ConfigError, match="dcfm_teacher"):
+        RunConfig(method="dcfm-b", data="modes2d", dcfm_teacher="composite")
