@@ -46,8 +46,9 @@ another model to isolate its update, Pasquini et al. CCS 2022), travels as the v
 signature with the masked input, one exchange fewer.
 
 What a dropped client exposes: for the round it dropped in, the pairwise seeds k_uv^r of its
-peers that survived (its masked input, if it arrived late, stays hidden behind b_u^r, whose
-shares the holders refuse to open for a client named dropped). Its keys, pair secrets and
+peers that survived (its masked input, if it arrived late, stays hidden behind b_u^r: a
+holder opens the seed shares routed with its request only for the survivors it lists, and
+a request may not name u both). Its keys, pair secrets and
 every other round's masks stay secret, so it masks again in the next round with the same
 set-up. To read a survivor u's input, a server must get t shares of b_u^r and every k_uv^r of
 the peers u masked with; each honest peer reveals one or the other in a round, and u itself
