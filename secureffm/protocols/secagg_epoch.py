@@ -319,21 +319,18 @@ def _unmask_holders(stage: SecAggStage, r: _RoundState, u3: list[str], gone: lis
     """Survivors to ask next: every survivor that masked with a dropped client (only it can
     reveal that pair's seed), then holders in client order until each survivor's seed has t
     asked holders (all of them if ``asked`` already holds some: a second try)."""
-    survivors = set(u3)
-    chosen = [v for v in u3 if v not in asked and set(r.peers[v]) & set(gone)]
     if asked:
         return [v for v in u3 if v not in asked]
-    picked = set(chosen)
+    survivors, lost = set(u3), set(gone)
+    picked = {v for v in u3 if set(r.peers[v]) & lost}
     for u in u3:
         holders = [v for v in r.epoch.group(u) if v in survivors and (v == u or v in r.peers[u])]
         t = stage.shares_needed(len(r.epoch.group(u)))
         for v in holders:
-            if len([w for w in holders if w in picked]) >= t:
+            if len(picked.intersection(holders)) >= t:
                 break
-            if v not in picked:
-                picked.add(v)
-                chosen.append(v)
-    return sorted(chosen, key=r.epoch.order.get)
+            picked.add(v)
+    return sorted(picked, key=r.epoch.order.get)
 
 
 def _request(stage: SecAggStage, r: _RoundState, v: str, u3: list[str], gone: list[str],
