@@ -105,6 +105,9 @@ CASES: list[Case] = [
     _ffm("got", "dp", **_DP),
     _ffm("got", "dp-secagg", **_DP),
     _ffm("got", "dp-secagg-distributed", why=SKELLAM, **_DP),
+    # Keys agreed once per kind (setup = "once"): one set-up, then two exchanges a round.
+    _ffm("got", "secagg-once"),
+    _ffm("got", "dp-secagg-once", **_DP),
     _ffm("got", "sealed"),
     _ffm("got", "dp-sealed", **_DP),
     # A client drops after sharing its keys (rounds 2-4): with 3 clients the survivors reveal
