@@ -1119,15 +1119,24 @@ def _load_session(endpoint, kind: str, table: dict) -> _ClientSession:
 SESSIONS[_ClientSession.tag] = _load_session
 
 
-@client_action("secagg.deal")
-def _client_deal(step: Step) -> bytes | None:
-    """Phases 2-3: take the neighbours' keys, deal shares of this client's secrets."""
-    u = step.client.id
+def taken_keys(step: Step) -> _ClientSession | None:
+    """The client's session with its neighbours' keys taken from the server's ``keys``
+    message (both set-ups), or None when it refused the message (a signed refusal)."""
     try:
         session = _session(step)
         session.take_keys(step.data, _order(step.endpoint.registry))
     except MessageError as err:
-        step.reject(SERVER, f"{u} refused the keys message: {err}")
+        step.reject(SERVER, f"{step.client.id} refused the keys message: {err}")
+        return None
+    return session
+
+
+@client_action("secagg.deal")
+def _client_deal(step: Step) -> bytes | None:
+    """Phases 2-3: take the neighbours' keys, deal shares of this client's secrets."""
+    u = step.client.id
+    session = taken_keys(step)
+    if session is None:
         return None
     order = _order(step.endpoint.registry)
     members = sorted([u, *session.peers], key=order.get)  # u's view of S(u)

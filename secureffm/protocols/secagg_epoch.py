@@ -96,6 +96,7 @@ from .secagg import (
     client_input,
     epoch_session,
     report_clipped,
+    taken_keys,
 )
 from .shamir import SHARE_BYTES, Share, decode, share_from_bytes, share_to_bytes, split_bytes
 from .wire import bytes_payload as _bytes_payload
@@ -463,11 +464,8 @@ EPOCH_AGGREGATE.append(aggregate_once)
 def _client_keys(step: Step) -> bytes | None:
     """Set-up: take the neighbours' keys (checked as secagg.py's ``keys`` message is) and
     derive the channel keys and pair secrets; answer with the neighbours taken."""
-    try:
-        session = _session(step)
-        session.take_keys(step.data, _order(step.endpoint.registry))
-    except MessageError as err:
-        step.reject(SERVER, f"{step.client.id} refused the keys message: {err}")
+    session = taken_keys(step)
+    if session is None:
         return None
     order = _order(step.endpoint.registry)
     return _bytes_payload({"json": json.dumps(sorted(session.peers, key=order.get)).encode()})
