@@ -102,7 +102,8 @@ class RunConfig:
     p_uncond: float = 0.1
     guidance: float = 1.0  # w_i of Eq. (5), every attribute, when sampling
     coverage: float = 0.5  # fraction of combinations observed (colored-digits)
-    # FFM on images (data cifar10, mnist, colored-mnist from local files; shapes, synthetic).
+    # FFM on images (data cifar10, mnist, colored-mnist from local files; shapes, synthetic;
+    # digits, scikit-learn's 8 x 8).
     data_dir: str = ""  # where cifar10 / mnist files are; nothing is ever downloaded
     image_size: int = 32  # side of the synthetic shapes images
     unet_width: int = 32  # U-Net base width (the paper's CIFAR-10 run: 128)
@@ -206,7 +207,7 @@ def _validate_images(c: RunConfig, need) -> None:
          f"{', '.join(IMAGE_METHODS)} (the centralized baselines train the 2D MLP only)")
     need(c.engine == "inprocess", "engine", "image runs use the in-process engine")
     factor = 2 ** (len(c.unet_mult) - 1)
-    side = {"cifar10": 32, "mnist": 28, "colored-mnist": 28}.get(c.data, c.image_size)
+    side = {"cifar10": 32, "mnist": 28, "colored-mnist": 28, "digits": 8}.get(c.data, c.image_size)
     need(side % factor == 0, "unet_mult", f"{len(c.unet_mult)} resolutions halve the "
          f"{side} x {side} images {len(c.unet_mult) - 1} times: {side} is not divisible by "
          f"{factor}; use fewer levels")
