@@ -175,6 +175,13 @@ def add_audit_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--parties", metavar="PINNED_JSON",
                         help="with --verify: a pin file from --pin, or a copy of parties.json "
                              "kept apart from the run folder")
+    action.add_argument("--attack", action="append", metavar="NAME",
+                        help="run an attack on what the server of RUN_DIR logged (a run made "
+                             "with --keep-payloads; repeatable): inversion, membership, "
+                             "fedwad-reconstruction (docs/audit.md)")
+    parser.add_argument("run_dir", nargs="?", metavar="RUN_DIR", help="with --attack")
+    parser.add_argument("--attack-option", action="append", default=[], metavar="KEY=VALUE",
+                        help="with --attack: an option of the attack (e.g. steps=200)")
 
 
 def _pin_from_args(args: argparse.Namespace) -> RunPin:
@@ -191,10 +198,39 @@ def _pin_from_args(args: argparse.Namespace) -> RunPin:
     return replace(pin, head=head)
 
 
+def _attack_options(pairs: list[str]) -> dict:
+    """KEY=VALUE pairs as keyword options; a VALUE that reads as JSON (a number, true) is one."""
+    options = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise SecureFFMError(f"--attack-option {pair!r}: write KEY=VALUE, e.g. steps=200")
+        try:
+            options[key] = json.loads(value)
+        except json.JSONDecodeError:
+            options[key] = value
+    return options
+
+
+def _attacks(args: argparse.Namespace) -> int:
+    """Run each --attack on RUN_DIR and print {name: results} as JSON."""
+    from .audit.attacks import run_attack
+
+    if not args.run_dir:
+        raise SecureFFMError("--attack needs the run folder: secureffm audit --attack NAME "
+                             "RUN_DIR")
+    options = _attack_options(args.attack_option)
+    found = {name: run_attack(args.run_dir, name, **options) for name in args.attack}
+    print(json.dumps(found, indent=1))
+    return 0
+
+
 def audit_command(args: argparse.Namespace) -> int:
-    """Print the verdict or the pin; 0 intact, 1 tampered, 2 when the folder or pin cannot be
-    read or the options do not fit."""
+    """Print the verdict, the pin or the attacks' results; 0 intact (or attacked), 1
+    tampered, 2 when the folder or pin cannot be read or the options do not fit."""
     try:
+        if args.attack:
+            return _attacks(args)
         if args.pin:
             if args.expect_head or args.parties:
                 raise SecureFFMError("--expect-head and --parties go with --verify, not --pin")

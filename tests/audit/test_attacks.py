@@ -8,6 +8,7 @@ the eye); the test set's mean image, what an attacker gets with no message, scor
 
 from __future__ import annotations
 
+import json
 import shutil
 
 import pytest
@@ -16,6 +17,7 @@ import torch
 from secureffm.audit.attacks import run_attack
 from secureffm.audit.attacks.fedwad_reconstruction import invert_interpolation
 from secureffm.audit.attacks.membership import auc_and_tpr, membership_scores
+from secureffm.cli import main
 from secureffm.config import RunConfig
 from secureffm.data.images import load_digit_images
 from secureffm.errors import SecureFFMError
@@ -154,3 +156,17 @@ def test_fedwad_reconstruction_exact_in_the_clear_and_up_to_t_without_it(tmp_pat
     else:
         assert found["t_recovered"] == 0
         assert 0.05 < found["w2_reconstruction"] < found["w2_measure"] < found["w2_server"]
+
+
+def test_secureffm_audit_attack_prints_each_attack_s_results(tmp_path, capsys):
+    run_fedwad(FedWADRun(fedwad=FedWADConfig(iterations=1, support_size=50), samples=50,
+                         keep_payloads=True, progress=False, out=str(tmp_path / "run")))
+    assert main(["audit", "--attack", "fedwad-reconstruction", "--attack-option",
+                 "t_guess=0.5", str(tmp_path / "run")]) == 0
+    found = json.loads(capsys.readouterr().out)["fedwad-reconstruction"]
+    assert found["measures"] == 2 and found["w2_reconstruction"] < 1e-6
+    assert main(["audit", "--attack", "fedwad-reconstruction"]) == 2
+    assert "needs the run folder" in capsys.readouterr().err
+    assert main(["audit", "--attack", "fedwad-reconstruction", "--attack-option", "t_guess",
+                 str(tmp_path / "run")]) == 2
+    assert "write KEY=VALUE" in capsys.readouterr().err
