@@ -244,9 +244,10 @@ def make_shapes(count: int, size: int = 32, seed: int = 0) -> ImageSet:
     return ImageSet(x.float().contiguous(), labels)
 
 
-def load_digit_images(split: str = "train", seed: int = 0) -> ImageSet:
+def load_digit_images(split: str = "train", seed: int = 0, count: int | None = None) -> ImageSet:
     """scikit-learn's digits as images [N, 1, 8, 8] in [-1, 1] (pixel v in 0..16 -> v / 8 - 1)
-    and digits [N]: the ``split`` of a stratified cut seeded by ``seed``."""
+    and digits [N]: the ``split`` of a stratified cut seeded by ``seed`` (shuffled), its first
+    ``count`` images when given (the whole split has 1,347 train and 450 test images)."""
     from sklearn.model_selection import train_test_split
 
     from .digits import load_digit_arrays
@@ -257,15 +258,17 @@ def load_digit_images(split: str = "train", seed: int = 0) -> ImageSet:
     parts = train_test_split(x, y, test_size=DIGITS_TEST_FRACTION, stratify=y,
                              random_state=seed)
     x, y = (parts[0], parts[2]) if split == "train" else (parts[1], parts[3])
+    x, y = x[:count], y[:count]
     return ImageSet(torch.from_numpy(2.0 * x - 1.0).reshape(-1, 1, 8, 8), torch.from_numpy(y))
 
 
 def load_images(name: str, data_dir: str | Path | None = None, split: str = "train",
                 seed: int = 0, image_size: int = 32, count: int | None = None) -> ImageSet:
     """The ``split`` ("train" or "test") of image data set ``name`` (one of
-    :data:`IMAGE_DATA`). ``seed`` colors Colored MNIST; ``image_size`` and ``count`` (default
-    :data:`SHAPES_TRAIN` / :data:`SHAPES_TEST`) size ``shapes``, whose train and test images
-    come from different seeds derived from ``seed``."""
+    :data:`IMAGE_DATA`). ``seed`` colors Colored MNIST and cuts digits; ``image_size`` and
+    ``count`` (default :data:`SHAPES_TRAIN` / :data:`SHAPES_TEST`) size ``shapes``, whose train
+    and test images come from different seeds derived from ``seed``; ``count`` also caps the
+    digits' train split (so clients x shard_size sizes a digits run's training data)."""
     if name == "cifar10":
         return load_cifar10(data_dir, split)
     if name == "mnist":
@@ -274,7 +277,7 @@ def load_images(name: str, data_dir: str | Path | None = None, split: str = "tra
         colored = load_colored_mnist(data_dir, split, seed)
         return ImageSet(colored.x, colored.labels[:, 0] * 10 + colored.labels[:, 1])
     if name == "digits":
-        return load_digit_images(split, seed)
+        return load_digit_images(split, seed, count if split == "train" else None)
     if name == "shapes":
         if split not in ("train", "test"):
             raise MissingDataError(f"split = {split!r} is unknown; use 'train' or 'test'")
@@ -311,8 +314,8 @@ def gaussian_images(shape: tuple[int, ...]) -> Distribution:
 def image_pair(name: str, data_dir: str | Path | None = None, seed: int = 0,
                image_size: int = 32, train_count: int | None = None,
                test_count: int | None = None) -> ImagePair:
-    """Source N(0, I) and the train and test images of ``name`` (the counts size ``shapes``
-    only; the files' sets are read whole)."""
+    """Source N(0, I) and the train and test images of ``name`` (the counts size ``shapes``,
+    ``train_count`` caps ``digits``' train split; the files' sets are read whole)."""
     train = load_images(name, data_dir, "train", seed, image_size, train_count)
     test = load_images(name, data_dir, "test", seed, image_size, test_count)
     classes = 100 if name == "colored-mnist" else 10

@@ -92,7 +92,7 @@ def test_the_attacks_refuse_runs_they_cannot_score(plaintext_run, tmp_path):
 
 def test_membership_is_a_coin_flip_on_a_model_that_memorised_nothing(plaintext_run):
     """Adversary: anyone holding the released model; after one round of batch one the model
-    has seen two of its 1,347 members, so no score tells members apart (AUC within 0.1 of
+    has seen two of its 1,200 members, so no score tells members apart (AUC within 0.1 of
     0.5; its standard error at 400 + 400 images is about 0.02)."""
     found = run_attack(plaintext_run, "membership", count=400, draws=4)
     for score in ("loss", "averaged", "calibrated"):
