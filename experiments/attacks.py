@@ -73,17 +73,17 @@ def _pair(found: dict, name: str) -> str:
 
 
 def _table(results: dict, settings: dict) -> str:
-    headers = ["protocol", "batch", "round", "message, informed", "message, uninformed",
-               "sum, informed", "sum, uninformed", "mean image (prior)",
+    headers = ["protocol", "batch (client-1's in that round)", "round", "message, informed",
+               "message, uninformed", "sum, informed", "sum, uninformed", "mean image (prior)",
                "MIA AUC loss / averaged / calibrated", "MIA TPR at 1% FPR (averaged)"]
     rows = []
-    for (protocol, _), found in results.items():
+    for (protocol, batch), found in results.items():
         inv = found["inversion"]
         mia = found.get("membership")
         rows.append([
-            protocol, f"{inv['batch']:g}", f"{inv['round']:g}", _pair(inv, "message_informed"),
-            _pair(inv, "message_uninformed"), _pair(inv, "sum_informed"),
-            _pair(inv, "sum_uninformed"), _pair(inv, "prior"),
+            protocol, f"{batch} ({inv['batch']:g})", f"{inv['round']:g}",
+            _pair(inv, "message_informed"), _pair(inv, "message_uninformed"),
+            _pair(inv, "sum_informed"), _pair(inv, "sum_uninformed"), _pair(inv, "prior"),
             " / ".join(f"{mia[f'{s}_auc']:.3f}" for s in ("loss", "averaged", "calibrated"))
             if mia else "-",
             f"{mia['averaged_tpr_at_1pct_fpr']:.3f}" if mia else "-"])
