@@ -19,3 +19,9 @@ def test_digits_split_into_disjoint_train_and_test_images_in_range():
     assert seen == every  # each bundled image, scaled, in exactly one split
     counts = torch.bincount(test.labels) / torch.bincount(torch.cat([train.labels, test.labels]))
     assert float((counts - 0.25).abs().max()) < 0.01  # stratified
+
+
+def test_a_count_caps_the_digits_train_split_to_its_first_images():
+    whole, capped = load_images("digits"), load_images("digits", count=100)
+    assert torch.equal(capped.x, whole.x[:100])
+    assert len(load_images("digits", split="test", count=100)) == 450  # the test split is whole
