@@ -99,22 +99,26 @@ def _scores(found: torch.Tensor, truth: torch.Tensor,
 def _attack(model, target, shape, x0, t, weights, generator, options) -> dict:
     """Informed and (``options['uninformed']``) uninformed inversions of one target."""
     out = {"informed": invert_gradient(model, target, shape, len(x0), generator, x0, t,
-                                       weights, **options["search"])}
+                                       weights, restarts=options["restarts"],
+                                       **options["search"])}
     if options["uninformed"]:
         out["uninformed"] = invert_gradient(model, target, shape, len(x0), generator,
-                                            weights=weights, **options["search"])
+                                            weights=weights,
+                                            restarts=options["uninformed_restarts"],
+                                            **options["search"])
     return out
 
 
-def gradient_inversion(run_dir: str | Path, first_round: int = 1, steps: int = 500,
-                       restarts: int = 1, tv: float = 1e-2, lr: float = 0.1,
-                       uninformed: bool = True, aggregate: bool = True,
+def gradient_inversion(run_dir: str | Path, first_round: int = 1, steps: int = 300,
+                       restarts: int = 3, uninformed_restarts: int = 1, tv: float = 1e-2,
+                       lr: float = 0.1, uninformed: bool = True, aggregate: bool = True,
                        clients: int = 0, seed: int = 0) -> dict[str, float]:
     """Attack the clients' gradients of the first round >= ``first_round`` in which each used an
     example (module docstring); write attacks/inversion.png (originals, then each attacker's
     reconstructions) into the run folder and return the mean scores: ``{message,sum}_
     {informed,uninformed}_{psnr,ssim}``, ``prior_psnr``, ``prior_ssim``, ``round`` and
-    ``batch`` (examples per client). ``steps``, ``restarts``, ``tv``, ``lr``: the search
+    ``batch`` (examples per client). ``steps``, ``tv``, ``lr`` and ``restarts`` (the
+    informed attacker's; ``uninformed_restarts`` the uninformed one's): the search
     (:func:`~.inversion.invert_gradient`); ``clients``: attack the first this many (0: all);
     ``aggregate``: also attack the sum; ``uninformed``: also the uninformed attacker;
     ``seed``: the attacker's own random starts."""
@@ -128,8 +132,9 @@ def gradient_inversion(run_dir: str | Path, first_round: int = 1, steps: int = 5
     model = run.network()
     load_flat_params(model, steps_[0].theta)
     generator = torch.Generator().manual_seed(seed)
-    options = {"uninformed": uninformed,
-               "search": {"steps": steps, "restarts": restarts, "tv": tv, "lr": lr}}
+    options = {"uninformed": uninformed, "restarts": restarts,
+               "uninformed_restarts": uninformed_restarts,
+               "search": {"steps": steps, "tv": tv, "lr": lr}}
     shape = run.pair.shape
     found: dict[str, list] = {}
     for cid in attacked:
