@@ -59,8 +59,9 @@ def test_the_informed_attacker_recovers_a_plaintext_gradient_s_image(plaintext_r
 def test_the_same_attacker_gets_nothing_from_a_masked_vector(tmp_path):
     """Adversary: the same server under secagg; it holds only the client's masked vector (and
     the sum, not attacked here): its reconstruction is no closer than the mean image."""
-    found = run_attack(digits_run(tmp_path / "secagg", "secagg"), "inversion", **QUICK)
-    assert found["message_informed_psnr"] < found["prior_psnr"] + 1
+    found = run_attack(digits_run(tmp_path / "secagg", "secagg"), "inversion",
+                       **{**QUICK, "restarts": 1})  # one start (time): experiments/attacks.py
+    assert found["message_informed_psnr"] < found["prior_psnr"] + 1  # runs 3, with this result
 
 
 @pytest.mark.slow
