@@ -87,14 +87,16 @@ def _table(results: dict, settings: dict) -> str:
             " / ".join(f"{mia[f'{s}_auc']:.3f}" for s in ("loss", "averaged", "calibrated"))
             if mia else "-",
             f"{mia['averaged_tpr_at_1pct_fpr']:.3f}" if mia else "-"])
+    members = next(int(f["membership"]["members"]) for f in results.values()
+                   if "membership" in f)
     note = (f"FFM-vanilla on 8x8 digits, 2 clients x {settings['shard']} images, width-8 "
             f"U-Net; batch 1 runs {settings['short_rounds']} rounds, batch 4 runs "
             f"{settings['rounds']} (lr 3e-3, EMA 0.99); dp: target epsilon 8 at delta 1e-5 per "
             f"client. Inversion: PSNR (dB) / SSIM of client-1's examples in the first round in "
             f"which both clients used one, {settings['steps']} Adam steps (informed: up to "
             f"3 starts, uninformed: one); "
-            f"membership: {settings['count']} members against as many (or all) held-out "
-            f"digits, {settings['draws']} draws. Written by experiments/attacks.py.")
+            f"membership: {members} members (at most {settings['count']}) against as many "
+            f"held-out digits, {settings['draws']} draws. Written by experiments/attacks.py.")
     return note + "\n\n" + markdown_table(headers, rows)
 
 
