@@ -96,13 +96,18 @@ def _scores(found: torch.Tensor, truth: torch.Tensor,
     return float(psnr(found, truth).mean()), float(ssim(found, truth).mean()), found
 
 
-def _attack(model, target, shape, x0, t, weights, generator, options) -> dict:
-    """Informed and (``options['uninformed']``) uninformed inversions of one target."""
-    out = {"informed": invert_gradient(model, target, shape, len(x0), generator, x0, t,
+def _attack(model, target, shape, x0, t, weights, stream: int, options) -> dict:
+    """Informed and (``options['uninformed']``) uninformed inversions of one target, each
+    from its own generator seeded by (``options['seed']``, ``stream``), so that equal targets
+    (the sum in the clear and under secagg) get equal starts."""
+    def generator(who: int) -> torch.Generator:
+        return torch.Generator().manual_seed(1000 * options["seed"] + 2 * stream + who)
+
+    out = {"informed": invert_gradient(model, target, shape, len(x0), generator(0), x0, t,
                                        weights, restarts=options["restarts"],
                                        **options["search"])}
     if options["uninformed"]:
-        out["uninformed"] = invert_gradient(model, target, shape, len(x0), generator,
+        out["uninformed"] = invert_gradient(model, target, shape, len(x0), generator(1),
                                             weights=weights,
                                             restarts=options["uninformed_restarts"],
                                             **options["search"])
@@ -131,22 +136,21 @@ def gradient_inversion(run_dir: str | Path, first_round: int = 1, steps: int = 3
     round_ = steps_[0].round
     model = run.network()
     load_flat_params(model, steps_[0].theta)
-    generator = torch.Generator().manual_seed(seed)
-    options = {"uninformed": uninformed, "restarts": restarts,
+    options = {"uninformed": uninformed, "restarts": restarts, "seed": seed,
                "uninformed_restarts": uninformed_restarts,
                "search": {"steps": steps, "tv": tv, "lr": lr}}
     shape = run.pair.shape
     found: dict[str, list] = {}
-    for cid in attacked:
+    for stream, cid in enumerate(attacked, start=1):
         step = by_id[cid]
         _check_replay(run, cid, step)
         target = message_target(run, cid, round_)
-        for who, inv in _attack(model, target, shape, step.x0, step.t, None, generator,
+        for who, inv in _attack(model, target, shape, step.x0, step.t, None, stream,
                                 options).items():
             found.setdefault(f"message_{who}", []).append((inv.x1, step.x1, who))
     truth = torch.cat([by_id[cid].x1 for cid in attacked])
     if aggregate:
-        found.update(_sum_attack(run, model, by_id, ids, generator, options))
+        found.update(_sum_attack(run, model, by_id, ids, options))
     prior = run.pair.test.x.mean(dim=0, keepdim=True).expand_as(truth)
     results = {"round": float(round_), "batch": len(truth) / len(attacked)}
     results["prior_psnr"], results["prior_ssim"], _ = _scores(prior, truth, False)
@@ -165,7 +169,7 @@ def gradient_inversion(run_dir: str | Path, first_round: int = 1, steps: int = 3
 
 
 def _sum_attack(run: ImageRun, model, by_id: dict[str, ClientStep], ids: list[str],
-                generator: torch.Generator, options: dict) -> dict[str, list]:
+                options: dict) -> dict[str, list]:
     """Both attackers on the lambda-weighted sum of every client's gradient, as one batch."""
     protocol = load_protocol(run.config.protocol)
     dp = resolve_dp(run.config, protocol, run.settings.sent_kinds)
@@ -187,4 +191,4 @@ def _sum_attack(run: ImageRun, model, by_id: dict[str, ClientStep], ids: list[st
     t = torch.cat([s.t for s in steps])
     truth = torch.cat([s.x1 for s in steps])
     return {f"sum_{who}": [(inv.x1, truth, who)] for who, inv in _attack(
-        model, target.float(), run.pair.shape, x0, t, per_example, generator, options).items()}
+        model, target.float(), run.pair.shape, x0, t, per_example, 0, options).items()}
