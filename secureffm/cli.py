@@ -28,6 +28,8 @@ _HELP = {
     "target_epsilon": "DP budget per client at --delta; sigma is calibrated to it (0: spec's)",
     "delta": "DP delta (0: the protocol spec's)",
     "noise_multiplier": "DP noise multiplier sigma instead of calibrating (0: spec's)",
+    "canaries": "AUDIT RUN: plant this many gradient canaries (fair coins) in the clients' "
+                "shards for the one-run DP audit; the coins go to canaries.safetensors",
     "data": "source-target pair, e.g. 8gaussians-moons, uniform-8gaussians",
     "partition": "disjoint | iid | dirichlet",
     "rounds": "communication rounds (one global step each)",

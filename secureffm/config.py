@@ -46,6 +46,9 @@ class RunConfig:
     target_epsilon: float = 0.0
     delta: float = 0.0
     noise_multiplier: float = 0.0
+    # One-run DP audit (FFM vanilla/got under a dp protocol): plant this many gradient canaries,
+    # each in a client's shard by a fair coin; the run is then an audit run (docs/audit.md).
+    canaries: int = 0
     data: str = "8gaussians-moons"
     clients: int = 2
     partition: str = "disjoint"
@@ -179,6 +182,7 @@ def _validate(c: RunConfig) -> None:
         need(getattr(c, key) > 0, key, "must be > 0")
     for key in ("target_epsilon", "noise_multiplier"):
         need(getattr(c, key) >= 0, key, "must be >= 0 (0 keeps the protocol's value)")
+    need(c.canaries >= 0, "canaries", "must be >= 0 (0: no canaries, a production run)")
     need(0 <= c.delta < 1, "delta", "must be in [0, 1) (0 keeps the protocol's value)")
     need(0.0 <= c.ema_decay < 1.0, "ema_decay", "must be in [0, 1); 0 disables the average")
     need(len(c.nfe) > 0 and all(int(n) >= 1 for n in c.nfe), "nfe", "list positive step counts")
