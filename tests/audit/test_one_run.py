@@ -258,7 +258,7 @@ def _no_noise(self) -> np.ndarray:
     return flat_grad(self.model) / np.float32(self.expected_batch)
 
 
-AUDIT_SIZE = dict(rounds=600, shard_size=10_000, batch_size=256, canaries=1000,
+AUDIT_SIZE = dict(rounds=1000, shard_size=10_000, batch_size=256, canaries=1000,
                   eval_samples=300, nfe=(1,), trajectories=10, insecure_deterministic=False)
 
 
