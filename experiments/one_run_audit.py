@@ -88,7 +88,8 @@ def main() -> None:
             rows.append(audit_one(protocol, 1.0, args, Path(args.out) / f"{protocol}-broken",
                                   broken=True))
     table = markdown_table(
-        ["protocol", "mechanism", "sigma", "accounted epsilon (RDP, delta 1e-5)",
+        ["protocol", "mechanism", "noise multiplier (sigma; tau under distributed noise)",
+         "accounted epsilon (RDP, delta 1e-5)",
          "one-run empirical epsilon lower bound (beta 0.05)", "canaries m", "guesses r",
          "correct v"], rows)
     note = (f"FFM-vanilla, 8gaussians-moons, 2 clients (disjoint), {args.rounds} rounds, "
