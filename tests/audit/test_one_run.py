@@ -235,9 +235,10 @@ def test_canaries_need_a_dp_ffm_run(small_config):
         program.plant({"client-1": torch.zeros(1, 3)})
 
 
-def test_an_audit_run_says_so_and_audits_end_to_end(small_config):
+@pytest.mark.parametrize("method", ["vanilla", "got"])
+def test_an_audit_run_says_so_and_audits_end_to_end(small_config, method):
     # q = 1 keeps the accounting of privacy.json quick (RDP in closed form)
-    config = small_config(method="vanilla", protocol="dp", noise_multiplier=3.0, delta=1e-4,
+    config = small_config(method=method, protocol="dp", noise_multiplier=3.0, delta=1e-4,
                           shard_size=64, batch_size=64, partition="iid", canaries=60,
                           insecure_deterministic=False)
     result = run(config)
