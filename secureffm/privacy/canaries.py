@@ -40,15 +40,15 @@ class Canaries:
     """m gradient canaries and what the auditor needs to score them.
 
     ``directions``: unit vectors [m, P] float32; ``included``: the fair coins [m] bool;
-    ``clients``: the 0-based client index [m] int64 whose shard each canary goes into;
-    ``clip``: C (a canary's gradient is C * u); ``initial``: the velocity's parameters before
-    round 1 [P] float32 (public: seeded by the run seed and broadcast in round 1).
+    ``clients``: the 0-based client index [m] int64 whose shard each canary goes into (a
+    canary's gradient is C u, C the run's clip in privacy.json); ``initial``: the velocity's
+    parameters before round 1 [P] float32 (public: seeded by the run seed and broadcast in
+    round 1).
     """
 
     directions: torch.Tensor
     included: torch.Tensor
     clients: torch.Tensor
-    clip: float
     initial: torch.Tensor
 
     @property
@@ -60,7 +60,7 @@ class Canaries:
         return self.directions[self.included & (self.clients == index)]
 
 
-def draw_canaries(count: int, clients: int, initial: torch.Tensor, clip: float) -> Canaries:
+def draw_canaries(count: int, clients: int, initial: torch.Tensor) -> Canaries:
     """``count`` canaries over ``clients`` shards (canary i to client i mod ``clients``), with
     directions and coins from the OS CSPRNG (never the run seed): no party but the auditor may
     know which canaries were included. ``initial``: the velocity's parameters [P]."""
@@ -72,7 +72,7 @@ def draw_canaries(count: int, clients: int, initial: torch.Tensor, clip: float) 
     directions = torch.randn(count, parameters, generator=generator)
     directions /= directions.norm(dim=1, keepdim=True)
     coins = torch.tensor([secrets.randbits(1) for _ in range(count)], dtype=torch.bool)
-    return Canaries(directions, coins, torch.arange(count) % clients, float(clip),
+    return Canaries(directions, coins, torch.arange(count) % clients,
                     initial.detach().float().cpu().reshape(-1))
 
 
@@ -81,23 +81,19 @@ def save_canaries(canaries: Canaries, path: Path) -> None:
     save_file({"directions": canaries.directions.contiguous(),
                "included": canaries.included.to(torch.uint8), "clients": canaries.clients,
                "initial": canaries.initial.contiguous()}, str(path),
-              metadata={"purpose": AUDIT_NOTICE, "clip": repr(canaries.clip),
+              metadata={"purpose": AUDIT_NOTICE,
                         "reference": "Steinke, Nasr and Jagielski, Privacy Auditing with One "
                                      "(1) Training Run, NeurIPS 2023"})
 
 
 def load_canaries(path: Path) -> Canaries:
     """The canaries :func:`save_canaries` wrote to ``path``."""
-    from safetensors import safe_open
-
     path = Path(path)
     if not path.exists():
         raise SecureFFMError(f"{path} does not exist: the one-run audit needs a run made with "
                              "--canaries M (an audit run)")
-    with safe_open(str(path), framework="pt") as handle:
-        clip = float(handle.metadata()["clip"])
     tensors = load_file(str(path))
-    return Canaries(tensors["directions"], tensors["included"].bool(), tensors["clients"], clip,
+    return Canaries(tensors["directions"], tensors["included"].bool(), tensors["clients"],
                     tensors["initial"])
 
 

@@ -125,7 +125,7 @@ def _build(config: RunConfig, device: torch.device, log: MessageLog, connect: Co
     trainer = FederatedFlowMatching(settings, dp, pair, channel, device)
     if config.canaries:
         canaries = draw_canaries(config.canaries, len(clients),
-                                 torch.from_numpy(trainer.velocity.flat()), dp.clip)
+                                 torch.from_numpy(trainer.velocity.flat()))
         program.plant({c.id: canaries.of_client(i).to(device) for i, c in enumerate(clients)})
         save_canaries(canaries, out / CANARY_FILE)
     return pair, shards, trainer

@@ -157,9 +157,9 @@ def test_randomized_response_is_audited_close_to_and_below_its_epsilon(epsilon):
 
 def test_canaries_are_fair_secret_coins_and_round_trip(tmp_path):
     torch.manual_seed(0)
-    first = draw_canaries(400, 2, torch.zeros(30), clip=1.5)
+    first = draw_canaries(400, 2, torch.zeros(30))
     torch.manual_seed(0)
-    second = draw_canaries(400, 2, torch.zeros(30), clip=1.5)
+    second = draw_canaries(400, 2, torch.zeros(30))
     assert not torch.equal(first.included, second.included)  # OS entropy, not the seed
     assert not torch.equal(first.directions, second.directions)
     assert 150 < int(first.included.sum()) < 250
@@ -168,13 +168,13 @@ def test_canaries_are_fair_secret_coins_and_round_trip(tmp_path):
     save_canaries(first, tmp_path / CANARY_FILE)
     loaded = load_canaries(tmp_path / CANARY_FILE)
     assert torch.equal(loaded.directions, first.directions)
-    assert torch.equal(loaded.included, first.included) and loaded.clip == 1.5
+    assert torch.equal(loaded.included, first.included)
     assert torch.equal(loaded.of_client(1), first.directions[first.included & (first.clients == 1)])
     from safetensors import safe_open
     with safe_open(str(tmp_path / CANARY_FILE), framework="pt") as handle:
         assert handle.metadata()["purpose"] == AUDIT_NOTICE
     with pytest.raises(SecureFFMError, match="at least 2"):
-        draw_canaries(1, 2, torch.zeros(3), 1.0)
+        draw_canaries(1, 2, torch.zeros(3))
 
 
 def test_canary_sum_samples_at_the_rate_and_adds_clip_times_each_direction():
