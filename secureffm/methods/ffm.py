@@ -33,7 +33,7 @@ from ..models.unet import UNet
 from ..ot import c_transform
 from ..privacy.accounting import check_delta, epsilon, smallest_multiplier
 from ..privacy.dpsgd import DPGradient, PlainGradient, poisson_rate, poisson_rows
-from ..privacy.ledger import LedgerEntry, PrivacyLedger
+from ..privacy.ledger import CHARGED, LedgerEntry, PrivacyLedger, charged_fields
 from ..privacy.settings import DistributedNoise, DPSettings
 from ..privacy.skellam import SkellamStep, skellam_epsilon
 from .couplings import ExactOTCoupling, IndependentCoupling, SemiDualCoupling
@@ -442,19 +442,25 @@ class FederatedFlowMatching:
 
     def _record(self, asked: list[str], kind: str, round_: int) -> None:
         """Ledger entries for the clients asked to compute ``kind`` (each may have released
-        it: a client that was offline then is counted too, which only overstates)."""
-        if self.ledger is None:
+        it: a client that was offline then is counted too, which only overstates), also signed
+        into the log as a ``charged`` event, from which an audit recomputes epsilon."""
+        if self.ledger is None or not asked:
             return
+        entries = []
         for cid in asked:
             multiplier = self.noise_multipliers[cid]
             if not self.distributed:
-                self.ledger.record(LedgerEntry(cid, kind, round_, self.rate, multiplier,
-                                               self.dp.clip))
+                entries.append(LedgerEntry(cid, kind, round_, self.rate, multiplier,
+                                           self.dp.clip))
                 continue
             l2, l1 = self.geometry[kind].sensitivity[cid]
-            self.ledger.record(LedgerEntry(
+            entries.append(LedgerEntry(
                 cid, kind, round_, self.rate, multiplier, self.dp.clip, mechanism="skellam",
                 l2=l2, l1=l1, variance=self.geometry[kind].sum_variance(multiplier)))
+        for entry in entries:
+            self.ledger.record(entry)
+        self.channel.note(round_, CHARGED, f"DP ledger: {len(entries)} client(s) charged for "
+                          f"their {kind}", charged_fields(kind, entries, self.dp))
 
     # -- rounds --------------------------------------------------------------------------
 
