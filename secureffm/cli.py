@@ -164,17 +164,24 @@ def _run(args: argparse.Namespace) -> None:
 
 def add_audit_arguments(parser: argparse.ArgumentParser) -> None:
     """The options of ``secureffm audit``."""
-    action = parser.add_mutually_exclusive_group(required=True)
+    parser.add_argument("run_dir", nargs="?", metavar="RUN_DIR",
+                        help="with --threat-model: the run folder whose claims to judge")
+    parser.add_argument("--threat-model", metavar="NAME",
+                        help="a threat_models/ name or .toml path: a verdict per claim (PASS, "
+                             "FAIL, NOT COVERED), audit.md and audit_epsilon.png written into "
+                             "RUN_DIR, exit 1 when a claim fails (docs/audit.md)")
+    action = parser.add_mutually_exclusive_group()
     action.add_argument("--verify", metavar="RUN_DIR",
                         help="run folder holding messages.jsonl and parties.json")
     action.add_argument("--pin", metavar="RUN_DIR",
                         help="print the run's pin (head, parties.json hash, key fingerprints) "
                              "as JSON, to keep apart from the folder")
     parser.add_argument("--expect-head", metavar="HASH",
-                        help="with --verify: the head (sha256 of the closing line) kept apart")
+                        help="with --verify or --threat-model: the head (sha256 of the "
+                             "closing line) kept apart")
     parser.add_argument("--parties", metavar="PINNED_JSON",
-                        help="with --verify: a pin file from --pin, or a copy of parties.json "
-                             "kept apart from the run folder")
+                        help="with --verify or --threat-model: a pin file from --pin, or a "
+                             "copy of parties.json kept apart from the run folder")
 
 
 def _pin_from_args(args: argparse.Namespace) -> RunPin:
@@ -192,9 +199,15 @@ def _pin_from_args(args: argparse.Namespace) -> RunPin:
 
 
 def audit_command(args: argparse.Namespace) -> int:
-    """Print the verdict or the pin; 0 intact, 1 tampered, 2 when the folder or pin cannot be
-    read or the options do not fit."""
+    """Print the verdict(s) or the pin; 0 intact (every claim PASS or NOT COVERED), 1 tampered
+    (a claim FAILs), 2 when the folder, pin or threat model cannot be read or the options do
+    not fit."""
     try:
+        if args.threat_model:
+            return _claims(args)
+        if args.run_dir is not None or not (args.verify or args.pin):
+            raise SecureFFMError("give --verify RUN_DIR, --pin RUN_DIR, or RUN_DIR "
+                                 "--threat-model NAME")
         if args.pin:
             if args.expect_head or args.parties:
                 raise SecureFFMError("--expect-head and --parties go with --verify, not --pin")
@@ -206,6 +219,22 @@ def audit_command(args: argparse.Namespace) -> int:
         return 2
     print(report.summary())
     return 0 if report.ok else 1
+
+
+def _claims(args: argparse.Namespace) -> int:
+    """``secureffm audit RUN_DIR --threat-model NAME``: print and write the claims report."""
+    from .audit.claims import audit_claims
+    from .audit.report import write_report
+    from .audit.threat import load_adversary
+
+    if args.run_dir is None or args.verify or args.pin:
+        raise SecureFFMError("--threat-model takes the run folder as RUN_DIR: secureffm audit "
+                             "RUN_DIR --threat-model NAME")
+    report = audit_claims(args.run_dir, load_adversary(args.threat_model), _pin_from_args(args))
+    print(report.summary())
+    for path in write_report(report):
+        print(f"wrote {path}")
+    return 1 if report.failed else 0
 
 
 def add_fedwad_arguments(parser: argparse.ArgumentParser) -> None:
