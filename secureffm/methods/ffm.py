@@ -457,6 +457,11 @@ class FederatedFlowMatching:
             entries.append(LedgerEntry(
                 cid, kind, round_, self.rate, multiplier, self.dp.clip, mechanism="skellam",
                 l2=l2, l1=l1, variance=self.geometry[kind].sum_variance(multiplier)))
+        self._charge(entries, kind, round_)
+
+    def _charge(self, entries: list[LedgerEntry], kind: str, round_: int) -> None:
+        """Record ``entries`` (of one ``kind`` and round) in the ledger and sign them into
+        the log."""
         for entry in entries:
             self.ledger.record(entry)
         self.channel.note(round_, CHARGED, f"DP ledger: {len(entries)} client(s) charged for "
@@ -528,7 +533,10 @@ class FederatedFlowMatching:
             if model.ema is not None:
                 model.ema.load_state_dict(saved["ema"])
         if self.ledger is not None:
-            for entry in state.get("ledger", {}).get("entries", []):
-                self.ledger.record(LedgerEntry(**entry))
+            spent: dict[tuple[int, str], list[LedgerEntry]] = {}
+            for entry in (LedgerEntry(**e) for e in state.get("ledger", {}).get("entries", [])):
+                spent.setdefault((entry.round, entry.kind), []).append(entry)
+            for (spent_round, kind), entries in spent.items():  # this log's charges too
+                self._charge(entries, kind, spent_round)
         if self.potential is not None:
             self.channel.broadcast(round_, "global_potential", {"phi": self.potential.flat()})
