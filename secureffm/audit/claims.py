@@ -215,7 +215,7 @@ def _readers(record: dict, gathered: set) -> tuple[set[str], str]:
             return {"recipient"}, f"sealed to {record['recipient']}"
         onward = (record["round"], record["kind"], record["sender"]) in gathered
         return (set(), "sealed to the peers it is relayed to") if onward else (
-            {"server"}, "sealed to the server")
+            {"server"}, f"sealed to the server (stages {stages})")
     readers = {"server", "wire"} | ({"recipient"} if to_client else set())
     if "offset" in record:
         readers.add("folder")
@@ -257,9 +257,12 @@ def _epsilon(log: _Log, run_dir: Path, randomness: str
     title = "every client's epsilon, recomputed from the logged schedule, is within its target"
     charged = [r for r in log.events if r.get("event") == CHARGED]
     if not charged:
-        return {}, None, Verdict("epsilon", title, NOT_COVERED, "the log holds no charged "
-                                 "records: the run applied no DP, or its method does not log "
-                                 "its ledger", (_stated(run_dir),))
+        stated = _stated(run_dir)
+        why = ("privacy.json states an epsilon, but this method does not sign its ledger into "
+               "the log (only FFM does)" if "privacy.json states: client" in stated else
+               "the run applied no DP")
+        return {}, None, Verdict("epsilon", title, NOT_COVERED, f"the log holds no charged "
+                                 f"records: {why}", (stated,))
     forged = [r["seq"] for r in charged if r.get("sender") != SERVER]
     terms = {(r.get("delta"), r.get("accountant"), r.get("target_epsilon")) for r in charged}
     if forged or len(terms) != 1:

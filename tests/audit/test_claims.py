@@ -8,6 +8,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+from opacus.accountants import RDPAccountant
 
 from secureffm.audit.claims import FAIL, NOT_COVERED, PASS, audit_claims
 from secureffm.audit.report import EPSILON_PLOT, REPORT_FILE
@@ -55,6 +56,14 @@ def distributed(tmp_path_factory) -> Path:
     gradient and dual_update aggregates, each charged."""
     return _run(tmp_path_factory.mktemp("claims") / "distributed", method="got",
                 protocol="dp-secagg-distributed", clients=4, potential_every=1)
+
+
+@pytest.fixture(scope="module")
+def local_noise(tmp_path_factory) -> Path:
+    """FFM-vanilla under dp (local Gaussian noise, no aggregation protocol), 3 clients; a
+    large noise multiplier keeps privacy.json's PRV accountant quick."""
+    return _run(tmp_path_factory.mktemp("claims") / "local", method="vanilla", protocol="dp",
+                clients=3, noise_multiplier=4.0)
 
 
 @pytest.fixture(scope="module")
@@ -161,6 +170,44 @@ def test_a_ledger_edited_to_exceed_the_target_fails_the_log_and_the_budget(distr
     epsilon = verdicts["epsilon"]
     assert epsilon.status == FAIL
     assert epsilon.reason == f"1 client(s) exceed the target {target:g}: client-1 spent {spent:.4g}"
+
+
+def _opacus_epsilon(run_dir: Path, client: str) -> tuple[float, float]:
+    """epsilon of ``client``'s charged Gaussian schedule, straight from Opacus' RDP
+    accountant, and the target, read from the log as it stands."""
+    records = [json.loads(line) for line in (run_dir / "messages.jsonl").read_text().splitlines()]
+    charged = [r for r in records if r.get("event") == "charged"]
+    accountant = RDPAccountant()
+    accountant.history = [(e.noise_multiplier, e.sample_rate, e.steps) for r in charged
+                          for e in charged_entries(r) if e.client == client]
+    return accountant.get_epsilon(charged[0]["delta"]), charged[0]["target_epsilon"]
+
+
+def test_local_noise_epsilon_is_opacus_on_the_logged_schedule_and_an_edit_shows(local_noise,
+                                                                                tmp_path):
+    """Adversary: whoever edits client-2's round-1 charged record down to noise multiplier
+    0.1. Before the edit the audit's epsilon is Opacus' on the logged schedule and within the
+    target; after it, the value Opacus gives the edited schedule, over the target. DP alone
+    hides no update from the server."""
+    verdicts = _verdicts(local_noise, "honest-but-curious-server")
+    spent, target = _opacus_epsilon(local_noise, "client-2")
+    assert verdicts["epsilon"].status == PASS and f"client-2: gradient {spent:.4g}" in " ".join(
+        verdicts["epsilon"].evidence)
+    assert verdicts["hidden"].status == FAIL and "stages ['dp']" in verdicts["hidden"].evidence[1]
+    assert verdicts["parameters"].status == NOT_COVERED  # local noise, no aggregation stage
+    copy = _copy(local_noise, tmp_path / "edited")
+
+    def weaken(record: dict) -> dict:
+        if record.get("event") == "charged" and record["round"] == 1:
+            record["charged"]["client-2"]["noise_multiplier"] = 0.1
+        return record
+
+    _edit(copy, weaken)
+    spent, target = _opacus_epsilon(copy, "client-2")
+    assert spent > target
+    epsilon = _verdicts(copy, "honest-but-curious-server")["epsilon"]
+    assert epsilon.status == FAIL
+    assert epsilon.reason == f"1 client(s) exceed the target {target:g}: client-2 spent {spent:.4g}"
 
 
 def test_a_deleted_charged_record_leaves_inputs_charged_to_no_one(distributed, tmp_path):
