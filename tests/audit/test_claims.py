@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from opacus.accountants import RDPAccountant
 
+from secureffm.audit import claims
 from secureffm.audit.claims import FAIL, NOT_COVERED, PASS, audit_claims
 from secureffm.audit.report import EPSILON_PLOT, REPORT_FILE
 from secureffm.audit.threat import load_adversary
@@ -20,6 +21,8 @@ from secureffm.errors import ConfigError
 from secureffm.federation.faults import load_threat_model
 from secureffm.privacy.ledger import charged_entries
 from secureffm.privacy.skellam import SkellamStep, skellam_epsilon
+from secureffm.protocols import load_protocol
+from secureffm.protocols.wire import bytes_payload
 from secureffm.runs import run
 from secureffm.specs import shipped
 
@@ -303,3 +306,95 @@ def test_the_audit_refuses_options_that_do_not_fit(distributed, capsys):
     assert "RUN_DIR --threat-model NAME" in capsys.readouterr().err
     assert cli_main(["audit", str(distributed), "--threat-model", "nope"]) == 2
     assert "unknown threat model 'nope'" in capsys.readouterr().err
+
+
+# -- who reads what, and what the parameters must meet, on folders written by hand ------------
+
+def _folder(path: Path, records: list[dict], protocol: str = "plaintext",
+            payloads: bytes = b"") -> Path:
+    """A folder with ``records`` as its log (unsigned: claims 2 and 5 read the records as
+    written), a config.toml naming ``protocol``, and ``payloads`` as payloads.bin."""
+    path.mkdir()
+    (path / "messages.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    (path / "config.toml").write_text(f"protocol = {json.dumps(protocol)}\n")
+    if payloads:
+        (path / "payloads.bin").write_bytes(payloads)
+    return path
+
+
+def _message(seq: int, kind: str, sender: str, recipient: str, stages: list[str],
+             phase: str = "upload", **extra) -> dict:
+    return {"seq": seq, "round": 1, "phase": phase, "kind": kind, "sender": sender,
+            "recipient": recipient, "stages": stages, "bytes": 0, "sha256": "0" * 64, **extra}
+
+
+@pytest.mark.parametrize("records, model, reader", [
+    ([_message(0, "gradient", "client-1", "server", ["ckks"])], "honest-but-curious-server",
+     None),
+    ([_message(0, "gradient", "client-1", "server", ["ckks"])], "colluding-clients",
+     "server and its colluding client"),
+    ([_message(0, "model", "client-1", "server", ["dp", "sealed"])],
+     "honest-but-curious-server", "server"),
+    ([_message(0, "model", "client-1", "server", ["sealed"]),
+      _message(1, "model", "server", "client-2", ["sealed"], "relay", origin="client-1")],
+     "honest-but-curious-server", None),
+    ([_message(0, "model", "client-1", "server", ["sealed"]),
+      _message(1, "model", "server", "client-2", ["sealed"], "relay", origin="client-1")],
+     "colluding-clients", "colluding client client-2"),
+    ([_message(0, "gradient", "client-1", "server", ["dp", "secagg"], "masked_input")],
+     "colluding-clients", None),
+])
+def test_who_reads_a_message_follows_its_stages(tmp_path, records, model, reader):
+    """Adversaries: an honest-but-curious server (alone, or with a colluding client, which
+    holds the CKKS key every client holds and receives relayed models)."""
+    hidden = _verdicts_of(_folder(tmp_path / "run", records), model)["hidden"]
+    if reader is None:
+        assert hidden.status == PASS, hidden.evidence
+    else:
+        assert hidden.status == FAIL and hidden.evidence[1].endswith(f"read by the {reader}")
+
+
+def _verdicts_of(folder: Path, model: str) -> dict:
+    """Claim 2 on a hand-written folder (it has no parties.json to verify against)."""
+    return {"hidden": claims._hidden(claims._Log(folder), load_adversary(model))}
+
+
+@pytest.mark.parametrize("clients, model, table, unmet", [
+    (2, "colluding-clients", "", "of which 1 are honest when 1 collude"),
+    (4, "malicious-server", 'adversary = "semi-honest"', "secagg adversary = 'semi-honest'"),
+    (10, "two-colluders", "neighbours = 2", "secagg neighbours 2: each client masks with 2,"),
+    (2000, "honest-but-curious-server", "", "quantizer: "),
+])
+def test_secure_aggregation_parameters_unmet_by_the_adversary_fail(tmp_path, clients, model,
+                                                                   table, unmet):
+    """Adversaries: the server with one colluding client (too few honest inputs in a sum),
+    with two (as many as a client's neighbours), a malicious server against the semi-honest variant,
+    and sums that wrap the quantizer's modulus."""
+    spec = (Path(__file__).parents[2] / "protocols" / "secagg.toml").read_text()
+    if table:
+        key = table.split(" = ")[0]
+        spec = "\n".join(table if line.startswith(f"{key} ") else line
+                         for line in spec.splitlines())
+    (tmp_path / "spec.toml").write_text(spec)
+    if model == "two-colluders":
+        model = str(tmp_path / "two.toml")
+        Path(model).write_text('name = "two"\n[adversary]\nparties = ["server", "clients"]\n'
+                               "colluding_clients = 2\n")
+    folder = _folder(tmp_path / "run", [], str(tmp_path / "spec.toml"))
+    verdict = claims._parameters(claims._Log(folder), folder, load_adversary(model), clients)
+    assert verdict.status == FAIL
+    assert any(line.startswith("NOT MET: ") and unmet in line for line in verdict.evidence)
+
+
+def test_parameters_the_clients_signed_must_be_the_configs(tmp_path):
+    """Adversary: a folder writer who edits config.toml to name a protocol with a higher
+    threshold than the run used; the keys messages (payloads kept) carry what the clients
+    signed, and differ."""
+    stage = load_protocol("secagg").aggregator("gradient")
+    signed = bytes_payload({"params": stage.parameters().replace(b"0.6", b"0.5")})
+    keys = _message(0, "gradient", "server", "client-1", ["secagg"], "keys", offset=0,
+                    **{"bytes": len(signed)})
+    folder = _folder(tmp_path / "run", [keys], "secagg", signed)
+    verdict = claims._parameters(claims._Log(folder), folder,
+                                 load_adversary("honest-but-curious-server"), 3)
+    assert verdict.status == FAIL and verdict.reason.startswith("differs: the log's keys")
