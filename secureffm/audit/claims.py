@@ -29,8 +29,10 @@ The verdicts read the log as written; when it does not verify, the report says s
 from __future__ import annotations
 
 import json
+import mmap
 import tomllib
 from collections import defaultdict
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -52,6 +54,7 @@ __all__ = ["Verdict", "ClaimsReport", "audit_claims", "PASS", "FAIL", "NOT_COVER
 PASS, FAIL, NOT_COVERED = "PASS", "FAIL", "NOT COVERED"
 _HIDING = ("secagg", "ckks", "sealed")  # stages after which a payload is not readable as is
 _SHOWN = 5  # offending records listed as evidence
+_FIELDS = {"seq", "round", "phase", "kind", "sender", "recipient", "stages", "sha256"}
 
 
 @dataclass(frozen=True)
@@ -95,23 +98,25 @@ class ClaimsReport:
 
 
 class _Log:
-    """A run's records as written (readable lines only) and its kept payloads."""
+    """A run's records as written (the JSON objects with the fields the claims read; the
+    intact claim reports any other line) and its kept payloads, mapped, not read whole."""
 
-    def __init__(self, run_dir: Path):
+    def __init__(self, run_dir: Path, stack: ExitStack):
         self.records: list[dict] = []
-        self.unreadable = 0
         for text in (run_dir / LOG_FILE).read_text(errors="replace").splitlines():
             try:
                 record = json.loads(text)
             except json.JSONDecodeError:
-                self.unreadable += 1
                 continue
-            if isinstance(record, dict) and isinstance(record.get("kind"), str):
+            if isinstance(record, dict) and _FIELDS <= record.keys() and (
+                    record["kind"] != "event" or "event" in record):
                 self.records.append(record)
-            else:
-                self.unreadable += 1
         path = run_dir / PAYLOADS_FILE
-        self.payloads = path.read_bytes() if path.is_file() else None
+        self.payloads = None
+        if path.is_file() and path.stat().st_size:
+            handle = stack.enter_context(path.open("rb"))
+            self.payloads = stack.enter_context(mmap.mmap(handle.fileno(), 0,
+                                                          access=mmap.ACCESS_READ))
         self.messages = [r for r in self.records if r["kind"] != "event"]
         self.events = [r for r in self.records if r["kind"] == "event"]
 
@@ -132,16 +137,17 @@ def audit_claims(run_dir: str | Path, adversary: Adversary,
     verification = verify_run(run_dir, pin)
     parties, _ = load_parties(run_dir / PARTIES_FILE)
     clients = sorted(p for p in parties if p != SERVER)
-    log = _Log(run_dir)
-    epsilon, target, spent = _epsilon(log, run_dir, verification.randomness)
-    verdicts = (_intact(verification, adversary, pin), _hidden(log, adversary), spent,
-                _broadcast(log), _parameters(log, run_dir, adversary, len(clients)))
+    with ExitStack() as stack:
+        log = _Log(run_dir, stack)
+        epsilon, target, spent = _epsilon(log, run_dir, verification.randomness)
+        verdicts = (_intact(verification, adversary), _hidden(log, adversary), spent,
+                    _broadcast(log), _parameters(log, run_dir, adversary, len(clients)))
     return ClaimsReport(run_dir, adversary, verification, verdicts, epsilon, target)
 
 
 # -- 1. the log is intact ------------------------------------------------------------------
 
-def _intact(report: AuditReport, adversary: Adversary, pin: RunPin) -> Verdict:
+def _intact(report: AuditReport, adversary: Adversary) -> Verdict:
     title = "the log is intact"
     evidence = [f"{rule}: {status}" for rule, status in report.checks.items()]
     if not report.ok:

@@ -10,7 +10,6 @@ from pathlib import Path
 import pytest
 from opacus.accountants import RDPAccountant
 
-from secureffm.audit import claims
 from secureffm.audit.claims import FAIL, NOT_COVERED, PASS, audit_claims
 from secureffm.audit.report import EPSILON_PLOT, REPORT_FILE
 from secureffm.audit.threat import load_adversary
@@ -18,6 +17,7 @@ from secureffm.audit.verify import pin_run
 from secureffm.cli import main as cli_main
 from secureffm.config import RunConfig
 from secureffm.errors import ConfigError
+from secureffm.federation import Party
 from secureffm.federation.faults import load_threat_model
 from secureffm.privacy.ledger import charged_entries
 from secureffm.privacy.skellam import SkellamStep, skellam_epsilon
@@ -311,12 +311,17 @@ def test_the_audit_refuses_options_that_do_not_fit(distributed, capsys):
 # -- who reads what, and what the parameters must meet, on folders written by hand ------------
 
 def _folder(path: Path, records: list[dict], protocol: str = "plaintext",
-            payloads: bytes = b"") -> Path:
-    """A folder with ``records`` as its log (unsigned: claims 2 and 5 read the records as
-    written), a config.toml naming ``protocol``, and ``payloads`` as payloads.bin."""
+            payloads: bytes = b"", clients: int = 2) -> Path:
+    """A folder with ``records`` as its log (unsigned: the intact claim fails, and the others
+    read the records as written), a config.toml naming ``protocol``, parties.json with the
+    server and ``clients`` clients, and ``payloads`` as payloads.bin."""
     path.mkdir()
     (path / "messages.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
     (path / "config.toml").write_text(f"protocol = {json.dumps(protocol)}\n")
+    parties = [Party("server"), *(Party(f"client-{i}") for i in range(1, clients + 1))]
+    (path / "parties.json").write_text(json.dumps({
+        p.id: {"seal": p.sealing.public.hex(), "sign": p.identity.public.hex()}
+        for p in parties}))
     if payloads:
         (path / "payloads.bin").write_bytes(payloads)
     return path
@@ -347,16 +352,11 @@ def _message(seq: int, kind: str, sender: str, recipient: str, stages: list[str]
 def test_who_reads_a_message_follows_its_stages(tmp_path, records, model, reader):
     """Adversaries: an honest-but-curious server (alone, or with a colluding client, which
     holds the CKKS key every client holds and receives relayed models)."""
-    hidden = _verdicts_of(_folder(tmp_path / "run", records), model)["hidden"]
+    hidden = _verdicts(_folder(tmp_path / "run", records), model)["hidden"]
     if reader is None:
         assert hidden.status == PASS, hidden.evidence
     else:
         assert hidden.status == FAIL and hidden.evidence[1].endswith(f"read by the {reader}")
-
-
-def _verdicts_of(folder: Path, model: str) -> dict:
-    """Claim 2 on a hand-written folder (it has no parties.json to verify against)."""
-    return {"hidden": claims._hidden(claims._Log(folder), load_adversary(model))}
 
 
 @pytest.mark.parametrize("clients, model, table, unmet", [
@@ -380,8 +380,8 @@ def test_secure_aggregation_parameters_unmet_by_the_adversary_fail(tmp_path, cli
         model = str(tmp_path / "two.toml")
         Path(model).write_text('name = "two"\n[adversary]\nparties = ["server", "clients"]\n'
                                "colluding_clients = 2\n")
-    folder = _folder(tmp_path / "run", [], str(tmp_path / "spec.toml"))
-    verdict = claims._parameters(claims._Log(folder), folder, load_adversary(model), clients)
+    folder = _folder(tmp_path / "run", [], str(tmp_path / "spec.toml"), clients=clients)
+    verdict = _verdicts(folder, model)["parameters"]
     assert verdict.status == FAIL
     assert any(line.startswith("NOT MET: ") and unmet in line for line in verdict.evidence)
 
@@ -394,7 +394,6 @@ def test_parameters_the_clients_signed_must_be_the_configs(tmp_path):
     signed = bytes_payload({"params": stage.parameters().replace(b"0.6", b"0.5")})
     keys = _message(0, "gradient", "server", "client-1", ["secagg"], "keys", offset=0,
                     **{"bytes": len(signed)})
-    folder = _folder(tmp_path / "run", [keys], "secagg", signed)
-    verdict = claims._parameters(claims._Log(folder), folder,
-                                 load_adversary("honest-but-curious-server"), 3)
+    folder = _folder(tmp_path / "run", [keys], "secagg", signed, clients=3)
+    verdict = _verdicts(folder, "honest-but-curious-server")["parameters"]
     assert verdict.status == FAIL and verdict.reason.startswith("differs: the log's keys")
