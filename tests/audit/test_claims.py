@@ -197,6 +197,7 @@ def test_local_noise_epsilon_is_opacus_on_the_logged_schedule_and_an_edit_shows(
     assert verdicts["epsilon"].status == PASS and f"client-2: gradient {spent:.4g}" in " ".join(
         verdicts["epsilon"].evidence)
     assert verdicts["hidden"].status == FAIL and "stages ['dp']" in verdicts["hidden"].evidence[1]
+    assert _verdicts(local_noise, "eavesdropper")["hidden"].status == FAIL
     assert verdicts["parameters"].status == NOT_COVERED  # local noise, no aggregation stage
     copy = _copy(local_noise, tmp_path / "edited")
 
@@ -306,6 +307,9 @@ def test_the_audit_refuses_options_that_do_not_fit(distributed, capsys):
     assert "RUN_DIR --threat-model NAME" in capsys.readouterr().err
     assert cli_main(["audit", str(distributed), "--threat-model", "nope"]) == 2
     assert "unknown threat model 'nope'" in capsys.readouterr().err
+    assert cli_main(["audit", str(distributed / "nothing"), "--threat-model",
+                     "eavesdropper"]) == 2
+    assert "is missing" in capsys.readouterr().err
 
 
 # -- who reads what, and what the parameters must meet, on folders written by hand ------------
