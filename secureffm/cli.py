@@ -160,6 +160,12 @@ def _run(args: argparse.Namespace) -> None:
         print("W2 by NFE: " + ", ".join(f"{k}: {v:.3f}" for k, v in evaluation["w2"].items()))
     if "missing_mode_fraction" in evaluation:  # DCFM on modes2d
         print(f"missing-mode fraction: {evaluation['missing_mode_fraction']:.3f}")
+    if "compositional_accuracy_novel" in evaluation:  # DCFM on colored digits or MNIST
+        print("compositional accuracy: novel {:.3f}, held {:.3f}; Frechet distance ({}): novel "
+              "{:.3g}, held {:.3g}".format(
+                  evaluation["compositional_accuracy_novel"],
+                  evaluation["compositional_accuracy_held"], evaluation["features"]["kind"],
+                  evaluation["frechet_novel"], evaluation["frechet_held"]))
 
 
 def add_audit_arguments(parser: argparse.ArgumentParser) -> None:
