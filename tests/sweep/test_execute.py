@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from secureffm.cli import main
 from secureffm.errors import SecureFFMError
 from secureffm.runs import run
 from secureffm.sweep import is_finished, load_sweep, run_sweep
@@ -95,3 +96,16 @@ def test_attacks_without_the_attack_module_are_refused_before_any_cell(tmp_path)
     with pytest.raises(SecureFFMError, match="no-such-attack.*secureffm.audit.attacks"):
         run_sweep(spec, print)
     assert not spec.root.exists()
+
+
+def test_a_failed_cell_does_not_stop_the_others(tmp_path, capsys):
+    """vanilla sends gradients, which `sealed` (dp-sealed at inf) cannot protect: that run is
+    refused as it starts; the plaintext cell after it still runs, and the command exits 2."""
+    path = _sweep_file(tmp_path, TINY.replace('["dp"]', '["dp-sealed", "dp"]')
+                       .replace("seeds = [0, 1]", "seeds = [0]"))
+    assert main(["sweep", str(path)]) == 2
+    out, err = capsys.readouterr()
+    assert "1 of 2 cells failed" in err and "vanilla-dp-sealed-einf-s0" in err
+    assert "[FAILED 1/2] vanilla-dp-sealed-einf-s0" in out and "[done 2/2]" in out
+    with (tmp_path / "runs" / "sweep.csv").open() as handle:
+        assert [r["protocol_run"] for r in csv.DictReader(handle)] == ["plaintext"]
