@@ -215,6 +215,10 @@ def _check_cells(spec: SweepSpec, where: str) -> None:
                               f"its dp stage, and {name!r} has no known counterpart (known: "
                               f"{', '.join(NO_DP)}); drop inf from epsilons or sweep the no-DP "
                               "protocol separately")
+    names = [cell.name for cell in spec.cells()]
+    if len(set(names)) < len(names):
+        raise ConfigError(f"{where} [grid] protocols: two protocols share a file name, so their "
+                          "cells would share run folders; rename one spec file")
     for cell in spec.cells():
         try:
             spec.config(cell)  # the RunConfig checks itself

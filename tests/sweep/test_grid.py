@@ -146,3 +146,16 @@ def test_the_command_refuses_a_bad_file_with_exit_2(tmp_path, capsys):
     assert main(["sweep", str(path)]) == 2
     assert "epsilons = [0]" in capsys.readouterr().err
     assert not (tmp_path / "runs").exists()
+
+
+def test_two_specs_with_one_file_name_are_refused(tmp_path):
+    """Their cells would write into one run folder."""
+    paths = []
+    for folder in ("a", "b"):
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "x.toml").write_text(MY_DP)
+        paths.append(str(tmp_path / folder / "x.toml"))
+    values = {"root": "r", "grid": {"methods": ["vanilla"], "protocols": paths,
+                                    "epsilons": [4.0]}}
+    with pytest.raises(ConfigError, match="share a file name"):
+        sweep_from_dict(values)
