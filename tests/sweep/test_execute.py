@@ -109,3 +109,13 @@ def test_a_failed_cell_does_not_stop_the_others(tmp_path, capsys):
     assert "[FAILED 1/2] vanilla-dp-sealed-einf-s0" in out and "[done 2/2]" in out
     with (tmp_path / "runs" / "sweep.csv").open() as handle:
         assert [r["protocol_run"] for r in csv.DictReader(handle)] == ["plaintext"]
+
+
+def test_image_cells_report_fid_at_each_nfe(tmp_path):
+    path = _sweep_file(tmp_path, TINY.replace("seeds = [0, 1]", "seeds = [0]").replace(
+        "rounds = 2", 'rounds = 2\ndata = "shapes"\nimage_size = 8\nunet_width = 8\n'
+        "unet_mult = [1, 2]").replace("shard_size = 400", "shard_size = 64").replace(
+        "batch_size = 64", "batch_size = 8").replace("eval_samples = 100", "eval_samples = 32"))
+    result = run_sweep(load_sweep(path), print)
+    assert [k for k in result.rows[0] if "_nfe" in k] == ["fid_nfe2", "fid_nfe8"]
+    assert result.figure.stat().st_size > 0
