@@ -95,7 +95,7 @@ class RunConfig:
     # DCFM-B teacher paths (docs/dcfm.md): "observed" (Eq. 15 as it reads), "marginal" (also
     # unobserved y, Eq. 5 over marginals), "anchored" (also unobserved y, Eq. 5 anchored on an
     # observed combination)
-    dcfm_teacher: str = "marginal"
+    dcfm_teacher: str = "anchored"
     # DCFM's experts, students and global models: "mlp" (width ``hidden``), "unet" (the U-Net
     # settings below, images only) or "auto" (the U-Net on colored-mnist, else the MLP)
     dcfm_network: str = "auto"

@@ -384,7 +384,7 @@ def anchored_velocity(experts: Sequence[nn.Module], x: torch.Tensor, t: torch.Te
 @torch.no_grad()
 def teacher_paths(experts: Sequence[nn.Module], counts: torch.Tensor,
                   cardinalities: Sequence[int], shape: tuple[int, ...], paths: int, steps: int,
-                  generator: torch.Generator, device: torch.device, teacher: str = "marginal"):
+                  generator: torch.Generator, device: torch.device, teacher: str = "anchored"):
     """Points on teacher paths for DCFM-B (Eq. 15), by the reading ``teacher`` (docs/dcfm.md):
 
     - ``observed``: Eq. (15) as it reads: y uniform over the combinations some expert holds,
@@ -864,7 +864,7 @@ class DCFMB:
     send it to every client as a ``model`` message."""
 
     def __init__(self, settings: DCFMSettings, clients: int, device: torch.device,
-                 generator: torch.Generator, teacher: str = "marginal"):
+                 generator: torch.Generator, teacher: str = "anchored"):
         """``clients``: n, which places the student in the public initialisation
         (:func:`initial_model` 2n); ``teacher``: the reading of Eq. (15)'s teacher paths
         (:func:`teacher_paths`)."""
