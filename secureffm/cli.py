@@ -91,6 +91,10 @@ def build_parser() -> argparse.ArgumentParser:
     fedwad = sub.add_parser("fedwad", help="FedWAD: W_p between clients' data sets; the server "
                             "sees only interpolating measures (docs/fedwad.md)")
     add_fedwad_arguments(fedwad)
+    sweep = sub.add_parser("sweep", help="a grid of methods x protocols x epsilons x seeds from "
+                           "a sweep file: resumable, sweep.csv and the privacy-utility frontier "
+                           "(docs/sweep.md)")
+    add_sweep_arguments(sweep)
     keys = sub.add_parser("flower-keys", help="provision each party's key file and the pinned "
                           "parties.json for a Flower deployment (docs/flower.md)")
     keys.add_argument("folder", help="an empty folder for server.key, client-i.key, "
@@ -160,6 +164,38 @@ def _run(args: argparse.Namespace) -> None:
         print("W2 by NFE: " + ", ".join(f"{k}: {v:.3f}" for k, v in evaluation["w2"].items()))
     if "missing_mode_fraction" in evaluation:  # DCFM on modes2d
         print(f"missing-mode fraction: {evaluation['missing_mode_fraction']:.3f}")
+    if "compositional_accuracy_novel" in evaluation:  # DCFM on colored digits or MNIST
+        print("compositional accuracy: novel {:.3f}, held {:.3f}; Frechet distance ({}): novel "
+              "{:.3g}, held {:.3g}".format(
+                  evaluation["compositional_accuracy_novel"],
+                  evaluation["compositional_accuracy_held"], evaluation["features"]["kind"],
+                  evaluation["frechet_novel"], evaluation["frechet_held"]))
+
+
+def add_sweep_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options of ``secureffm sweep``."""
+    parser.add_argument("file", help="sweep file (TOML: [grid], [run], root, workers, attacks)")
+    parser.add_argument("--workers", type=int, help="runs at a time (default: the file's)")
+    parser.add_argument("--root", help="folder of the runs, sweep.csv and frontier.png "
+                        "(default: the file's)")
+    parser.add_argument("--smoke", action="store_true", help="tiny runs of the first seed, one "
+                        "worker, under runs/smoke/<file name> unless --root: checks that the "
+                        "sweep goes through; the numbers are not results")
+
+
+def _sweep(args: argparse.Namespace) -> None:
+    from pathlib import Path
+
+    from .sweep import load_sweep, run_sweep, smoke_spec, summary_table
+
+    overrides = {k: v for k, v in (("workers", args.workers), ("root", args.root))
+                 if v is not None}
+    spec = load_sweep(args.file, overrides)
+    if args.smoke:
+        spec = smoke_spec(spec, Path(args.root or Path("runs", "smoke", Path(args.file).stem)))
+    result = run_sweep(spec)
+    print(summary_table(result.rows))
+    print(f"sweep.csv: {result.csv}\nfrontier: {result.figure}")
 
 
 def add_audit_arguments(parser: argparse.ArgumentParser) -> None:
@@ -336,6 +372,8 @@ def main(argv: list[str] | None = None) -> int:
             return audit_command(args)
         elif args.command == "fedwad":
             fedwad_command(args)
+        elif args.command == "sweep":
+            _sweep(args)
         elif args.command == "flower-keys":
             _flower_keys(args)
         elif args.command == "flower-app":
