@@ -34,7 +34,7 @@ from ..ot import c_transform
 from ..privacy.accounting import check_delta, epsilon, smallest_multiplier
 from ..privacy.canaries import canary_sum
 from ..privacy.dpsgd import DPGradient, PlainGradient, poisson_rate, poisson_rows
-from ..privacy.ledger import LedgerEntry, PrivacyLedger
+from ..privacy.ledger import CHARGED, LedgerEntry, PrivacyLedger, charged_fields
 from ..privacy.settings import DistributedNoise, DPSettings
 from ..privacy.skellam import SkellamStep, skellam_epsilon
 from .couplings import ExactOTCoupling, IndependentCoupling, SemiDualCoupling
@@ -461,19 +461,30 @@ class FederatedFlowMatching:
 
     def _record(self, asked: list[str], kind: str, round_: int) -> None:
         """Ledger entries for the clients asked to compute ``kind`` (each may have released
-        it: a client that was offline then is counted too, which only overstates)."""
-        if self.ledger is None:
+        it: a client that was offline then is counted too, which only overstates), also signed
+        into the log as a ``charged`` event, from which an audit recomputes epsilon."""
+        if self.ledger is None or not asked:
             return
+        entries = []
         for cid in asked:
             multiplier = self.noise_multipliers[cid]
             if not self.distributed:
-                self.ledger.record(LedgerEntry(cid, kind, round_, self.rate, multiplier,
-                                               self.dp.clip))
+                entries.append(LedgerEntry(cid, kind, round_, self.rate, multiplier,
+                                           self.dp.clip))
                 continue
             l2, l1 = self.geometry[kind].sensitivity[cid]
-            self.ledger.record(LedgerEntry(
+            entries.append(LedgerEntry(
                 cid, kind, round_, self.rate, multiplier, self.dp.clip, mechanism="skellam",
                 l2=l2, l1=l1, variance=self.geometry[kind].sum_variance(multiplier)))
+        self._charge(entries, kind, round_)
+
+    def _charge(self, entries: list[LedgerEntry], kind: str, round_: int) -> None:
+        """Record ``entries`` (of one ``kind`` and round) in the ledger and sign them into
+        the log."""
+        for entry in entries:
+            self.ledger.record(entry)
+        self.channel.note(round_, CHARGED, f"DP ledger: {len(entries)} client(s) charged for "
+                          f"their {kind}", charged_fields(kind, entries, self.dp))
 
     # -- rounds --------------------------------------------------------------------------
 
@@ -541,7 +552,10 @@ class FederatedFlowMatching:
             if model.ema is not None:
                 model.ema.load_state_dict(saved["ema"])
         if self.ledger is not None:
-            for entry in state.get("ledger", {}).get("entries", []):
-                self.ledger.record(LedgerEntry(**entry))
+            spent: dict[tuple[int, str], list[LedgerEntry]] = {}
+            for entry in (LedgerEntry(**e) for e in state.get("ledger", {}).get("entries", [])):
+                spent.setdefault((entry.round, entry.kind), []).append(entry)
+            for (spent_round, kind), entries in spent.items():  # this log's charges too
+                self._charge(entries, kind, spent_round)
         if self.potential is not None:
             self.channel.broadcast(round_, "global_potential", {"phi": self.potential.flat()})
