@@ -28,6 +28,8 @@ _HELP = {
     "target_epsilon": "DP budget per client at --delta; sigma is calibrated to it (0: spec's)",
     "delta": "DP delta (0: the protocol spec's)",
     "noise_multiplier": "DP noise multiplier sigma instead of calibrating (0: spec's)",
+    "canaries": "AUDIT RUN: plant this many gradient canaries (fair coins) in the clients' "
+                "shards for the one-run DP audit; the coins go to canaries.safetensors",
     "data": "source-target pair, e.g. 8gaussians-moons, uniform-8gaussians",
     "partition": "disjoint | iid | dirichlet",
     "rounds": "communication rounds (one global step each)",
@@ -91,6 +93,10 @@ def build_parser() -> argparse.ArgumentParser:
     fedwad = sub.add_parser("fedwad", help="FedWAD: W_p between clients' data sets; the server "
                             "sees only interpolating measures (docs/fedwad.md)")
     add_fedwad_arguments(fedwad)
+    sweep = sub.add_parser("sweep", help="a grid of methods x protocols x epsilons x seeds from "
+                           "a sweep file: resumable, sweep.csv and the privacy-utility frontier "
+                           "(docs/sweep.md)")
+    add_sweep_arguments(sweep)
     keys = sub.add_parser("flower-keys", help="provision each party's key file and the pinned "
                           "parties.json for a Flower deployment (docs/flower.md)")
     keys.add_argument("folder", help="an empty folder for server.key, client-i.key, "
@@ -160,26 +166,64 @@ def _run(args: argparse.Namespace) -> None:
         print("W2 by NFE: " + ", ".join(f"{k}: {v:.3f}" for k, v in evaluation["w2"].items()))
     if "missing_mode_fraction" in evaluation:  # DCFM on modes2d
         print(f"missing-mode fraction: {evaluation['missing_mode_fraction']:.3f}")
+    if "compositional_accuracy_novel" in evaluation:  # DCFM on colored digits or MNIST
+        print("compositional accuracy: novel {:.3f}, held {:.3f}; Frechet distance ({}): novel "
+              "{:.3g}, held {:.3g}".format(
+                  evaluation["compositional_accuracy_novel"],
+                  evaluation["compositional_accuracy_held"], evaluation["features"]["kind"],
+                  evaluation["frechet_novel"], evaluation["frechet_held"]))
+
+
+def add_sweep_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options of ``secureffm sweep``."""
+    parser.add_argument("file", help="sweep file (TOML: [grid], [run], root, workers, attacks)")
+    parser.add_argument("--workers", type=int, help="runs at a time (default: the file's)")
+    parser.add_argument("--root", help="folder of the runs, sweep.csv and frontier.png "
+                        "(default: the file's)")
+    parser.add_argument("--smoke", action="store_true", help="tiny runs of the first seed, one "
+                        "worker, under runs/smoke/<file name> unless --root: checks that the "
+                        "sweep goes through; the numbers are not results")
+
+
+def _sweep(args: argparse.Namespace) -> None:
+    from pathlib import Path
+
+    from .sweep import load_sweep, run_sweep, smoke_spec, summary_table
+
+    overrides = {k: v for k, v in (("workers", args.workers), ("root", args.root))
+                 if v is not None}
+    spec = load_sweep(args.file, overrides)
+    if args.smoke:
+        spec = smoke_spec(spec, Path(args.root or Path("runs", "smoke", Path(args.file).stem)))
+    result = run_sweep(spec)
+    print(summary_table(result.rows))
+    print(f"sweep.csv: {result.csv}\nfrontier: {result.figure}")
 
 
 def add_audit_arguments(parser: argparse.ArgumentParser) -> None:
     """The options of ``secureffm audit``."""
-    action = parser.add_mutually_exclusive_group(required=True)
+    parser.add_argument("run_dir", nargs="?", metavar="RUN_DIR",
+                        help="with --threat-model or --attack: the run folder to audit")
+    parser.add_argument("--threat-model", metavar="NAME",
+                        help="a threat_models/ name or .toml path: a verdict per claim (PASS, "
+                             "FAIL, NOT COVERED), audit.md and audit_epsilon.png written into "
+                             "RUN_DIR, exit 1 when a claim fails (docs/audit.md)")
+    action = parser.add_mutually_exclusive_group()
     action.add_argument("--verify", metavar="RUN_DIR",
                         help="run folder holding messages.jsonl and parties.json")
     action.add_argument("--pin", metavar="RUN_DIR",
                         help="print the run's pin (head, parties.json hash, key fingerprints) "
                              "as JSON, to keep apart from the folder")
     parser.add_argument("--expect-head", metavar="HASH",
-                        help="with --verify: the head (sha256 of the closing line) kept apart")
+                        help="with --verify or --threat-model: the head (sha256 of the "
+                             "closing line) kept apart")
     parser.add_argument("--parties", metavar="PINNED_JSON",
-                        help="with --verify: a pin file from --pin, or a copy of parties.json "
-                             "kept apart from the run folder")
+                        help="with --verify or --threat-model: a pin file from --pin, or a "
+                             "copy of parties.json kept apart from the run folder")
     action.add_argument("--attack", action="append", metavar="NAME",
                         help="run an attack on what the server of RUN_DIR logged (a run made "
                              "with --keep-payloads; repeatable): inversion, membership, "
                              "fedwad-reconstruction (docs/audit.md)")
-    parser.add_argument("run_dir", nargs="?", metavar="RUN_DIR", help="with --attack")
     parser.add_argument("--attack-option", action="append", default=[], metavar="KEY=VALUE",
                         help="with --attack: an option of the attack (e.g. steps=200)")
 
@@ -226,11 +270,20 @@ def _attacks(args: argparse.Namespace) -> int:
 
 
 def audit_command(args: argparse.Namespace) -> int:
-    """Print the verdict, the pin or the attacks' results; 0 intact (or attacked), 1
-    tampered, 2 when the folder or pin cannot be read or the options do not fit."""
+    """Print the verdict(s), the pin or the attacks' results; 0 intact (every claim PASS or NOT
+    COVERED; or attacked), 1 tampered (a claim FAILs), 2 when the folder, pin or threat model
+    cannot be read or the options do not fit."""
     try:
         if args.attack:
+            if args.threat_model:
+                raise SecureFFMError("--attack and --threat-model are separate audits; run one "
+                                     "at a time")
             return _attacks(args)
+        if args.threat_model:
+            return _claims(args)
+        if args.run_dir is not None or not (args.verify or args.pin):
+            raise SecureFFMError("give --verify RUN_DIR, --pin RUN_DIR, RUN_DIR --threat-model "
+                                 "NAME, or --attack NAME RUN_DIR")
         if args.pin:
             if args.expect_head or args.parties:
                 raise SecureFFMError("--expect-head and --parties go with --verify, not --pin")
@@ -242,6 +295,22 @@ def audit_command(args: argparse.Namespace) -> int:
         return 2
     print(report.summary())
     return 0 if report.ok else 1
+
+
+def _claims(args: argparse.Namespace) -> int:
+    """``secureffm audit RUN_DIR --threat-model NAME``: print and write the claims report."""
+    from .audit.claims import audit_claims
+    from .audit.report import write_report
+    from .audit.threat import load_adversary
+
+    if args.run_dir is None or args.verify or args.pin:
+        raise SecureFFMError("--threat-model takes the run folder as RUN_DIR: secureffm audit "
+                             "RUN_DIR --threat-model NAME")
+    report = audit_claims(args.run_dir, load_adversary(args.threat_model), _pin_from_args(args))
+    print(report.summary())
+    for path in write_report(report):
+        print(f"wrote {path}")
+    return 1 if report.failed else 0
 
 
 def add_fedwad_arguments(parser: argparse.ArgumentParser) -> None:
@@ -343,6 +412,8 @@ def main(argv: list[str] | None = None) -> int:
             return audit_command(args)
         elif args.command == "fedwad":
             fedwad_command(args)
+        elif args.command == "sweep":
+            _sweep(args)
         elif args.command == "flower-keys":
             _flower_keys(args)
         elif args.command == "flower-app":

@@ -26,6 +26,7 @@ from pathlib import Path
 import pytest
 
 from secureffm.config import load_config
+from secureffm.sweep import load_sweep
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPTS = sorted([*ROOT.glob("benchmarks/*.py"), *ROOT.glob("experiments/*.py")])
@@ -131,7 +132,11 @@ def test_every_script_has_a_smoke_test():
 
 @pytest.mark.parametrize("config", sorted(ROOT.glob("experiments/*.toml")), ids=lambda p: p.name)
 def test_experiment_config_loads(config):
-    assert load_config(config, {}).data
+    """Run configs load as runs; sweep files (a [grid] table) as sweeps, every cell checked."""
+    if "[grid]" in config.read_text():
+        assert load_sweep(config).cells()
+    else:
+        assert load_config(config, {}).data
 
 
 # -- benchmarks/ ----------------------------------------------------------------------------
