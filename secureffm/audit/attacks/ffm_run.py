@@ -94,6 +94,10 @@ class ImageRun:
                                  "from OS entropy, so nobody can replay them to score the "
                                  "attack; rerun with --insecure-deterministic (for audits "
                                  "only: it voids the run's privacy)")
+        if c.canaries:
+            raise SecureFFMError(f"{self.folder} planted {c.canaries} canaries, which draw on "
+                                 "the clients' DP stream and the replay does not plant; attack "
+                                 "a run without canaries")
         if c.method != "vanilla":
             raise SecureFFMError(f"method = {c.method!r}: the inversion attack models "
                                  "FFM-vanilla's per-example noise; rerun with --method vanilla")
