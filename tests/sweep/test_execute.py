@@ -91,9 +91,10 @@ def test_a_sweep_resumes_reuses_and_reruns(tmp_path):
                for path in folders.values())
 
 
-def test_attacks_without_the_attack_module_are_refused_before_any_cell(tmp_path):
+def test_an_unknown_attack_is_refused_before_any_cell(tmp_path):
     spec = load_sweep(_sweep_file(tmp_path, 'attacks = ["no-such-attack"]\n' + TINY))
-    with pytest.raises(SecureFFMError, match="no-such-attack.*secureffm.audit.attacks"):
+    with pytest.raises(SecureFFMError, match="'no-such-attack' is not an attack of "
+                                             "secureffm.audit.attacks; use one of inversion"):
         run_sweep(spec, print)
     assert not spec.root.exists()
 
