@@ -10,7 +10,7 @@ the sum of both clients' gradients, informed and uninformed attackers) and, on t
 ``attacks``) and each run's originals-beside-reconstructions picture to
 docs/figures/attacks_inversion_<protocol>_b<batch>.png (figures/ beside ``--doc``).
 
-    .venv/bin/python experiments/attacks.py [--runs runs/attacks] [--reuse]
+    .venv/bin/python experiments/attacks.py [--runs runs/attacks] [--protocols ...] [--reuse]
     .venv/bin/python experiments/attacks.py --smoke        # a check only: numbers not results
 """
 
@@ -56,9 +56,9 @@ def _attacked(folder: Path, batch: int, settings: dict, reuse: bool) -> dict:
     return found
 
 
-def _grid(runs: Path, reuse: bool, settings: dict) -> dict:
+def _grid(runs: Path, reuse: bool, settings: dict, protocols: list[str]) -> dict:
     results = {}
-    for protocol in PROTOCOLS:
+    for protocol in protocols:
         for batch, rounds in ((1, settings["short_rounds"]), (4, settings["rounds"])):
             folder = runs / f"{protocol}-b{batch}"
             if not (reuse and (folder / "checkpoint.pt").is_file()):
@@ -105,6 +105,8 @@ def main() -> None:
     parser.add_argument("--runs", type=Path, help="run folders (default runs/attacks)")
     parser.add_argument("--doc", type=Path, help="results file; figures go to figures/ beside "
                                                  "it (default docs/results.md)")
+    parser.add_argument("--protocols", nargs="+", default=list(PROTOCOLS),
+                        help=f"protocols to run (default {' '.join(PROTOCOLS)})")
     parser.add_argument("--reuse", action="store_true",
                         help="read finished runs and attack results instead of making them")
     parser.add_argument("--smoke", action="store_true",
@@ -116,7 +118,7 @@ def main() -> None:
     args.doc = args.doc or (smoke / "results.md" if args.smoke else ROOT / "docs" / "results.md")
     settings = {**SETTINGS, **SMOKE} if args.smoke else SETTINGS
     torch.set_num_threads(1)
-    results = _grid(args.runs, args.reuse, settings)
+    results = _grid(args.runs, args.reuse, settings, args.protocols)
     figures = args.doc.parent / "figures"
     figures.mkdir(parents=True, exist_ok=True)
     links = []

@@ -123,7 +123,7 @@ def test_every_script_has_a_smoke_test():
               "benchmarks/fedwad.py",
               "benchmarks/he.py", "benchmarks/images.py", "benchmarks/main_job.py",
               "benchmarks/secagg.py", "benchmarks/secagg_rounds.py",
-              "experiments/dcfm_2d.py", "experiments/dcfm_digits.py",
+              "experiments/attacks.py", "experiments/dcfm_2d.py", "experiments/dcfm_digits.py",
               "experiments/distributed_noise_gain.py", "experiments/fedwad_clustering.py",
               "experiments/fedwad_coreset.py", "experiments/ffm_2d.py",
               "experiments/secagg_vs_plaintext.py", "experiments/sweep_privacy_utility.py"}
@@ -311,6 +311,18 @@ def test_main_job_benchmark(run_script, tmp_path):
 
 
 # -- experiments/ ---------------------------------------------------------------------------
+
+
+def test_attacks(run_script, tmp_path):
+    docs = tmp_path / "docs"
+    result = run_script("experiments/attacks.py", "--smoke", "--protocols", "plaintext",
+                        "--runs", str(tmp_path / "runs"), "--doc", str(docs / "results.md")
+                        ).check()
+    block = _block(docs / "results.md", "attacks")
+    assert block.split("\n\n")[1] in result.stdout  # the table
+    assert [r[1] for r in _rows(block, "plaintext")] == ["1 (1)", "4 (4)"]
+    for batch in (1, 4):
+        assert (docs / "figures" / f"attacks_inversion_plaintext_b{batch}.png").stat().st_size
 
 
 def test_dcfm_2d(run_script, tmp_path):
