@@ -297,6 +297,8 @@ def fedwad_command(args: argparse.Namespace) -> None:
     else:
         print(f"FedWAD W_{args.p} between clients {', '.join(done.result['clients'])}:")
         print(np.array2string(np.array(done.result["matrix"]), precision=4))
+        print("Each entry is an upper bound on W_p whose gap the server does not know; to "
+              f"tighten: --support above {args.support} and --iterations (docs/fedwad.md).")
 
 
 def _vouch(accuracy: dict) -> str:
@@ -305,7 +307,7 @@ def _vouch(accuracy: dict) -> str:
     trend = ("" if falling is None else
              f" The best bound fell {falling:.2%} over the later half of the iterations.")
     return (f"Its gap to W_p is not known to the server: {accuracy['support']} atoms set an "
-            f"error floor (docs/fedwad.md, defaults).{trend} To tighten: {accuracy['tighten']}.")
+            f"error floor (docs/fedwad.md).{trend} To tighten: {accuracy['tighten']}.")
 
 
 def main(argv: list[str] | None = None) -> int:

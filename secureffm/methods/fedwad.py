@@ -234,7 +234,8 @@ def fedwad(x, y, config: FedWADConfig, rng: np.random.Generator | None = None,
 
     ``rng``: one generator for all parties (default: seeded with ``config.seed``); ``init``:
     xi^(0) instead of a Gaussian draw. Every iterate xi^(0..K) is evaluated; the result keeps the
-    smallest bound. ``trace``: also compute A^(k) of Theorem 2 (two extra OT solves per k).
+    smallest bound. ``trace``: also compute A^(k) of Theorem 2 (two extra OT solves per k, not
+    counted in ``seconds``). Each party's work is timed (CPU seconds) for ``seconds``.
     """
     mu = Measure.uniform(check_samples(x, "the first data set"))
     nu = Measure.uniform(check_samples(y, "the second data set"))
@@ -285,7 +286,8 @@ def accuracy(result: FedWADResult, config: FedWADConfig) -> dict:
     each term an exact OT cost. ``still_falling``: how far the best bound fell over the later
     half of the evaluated iterates, relative to it (None with one bound, as under
     randomized-t); above about 1e-3, more iterations lower it. The gap to W_p itself is not
-    known: S atoms set an error floor that iterations do not remove (docs/fedwad.md, defaults).
+    known: S atoms set an error floor that iterations do not remove (docs/fedwad.md, "What a
+    result vouches for").
     ``tighten``: the settings to raise.
     """
     bounds = result.iterates
