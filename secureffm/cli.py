@@ -393,14 +393,26 @@ def fedwad_command(args: argparse.Namespace) -> None:
     print(f"run folder: {done.out}")
     print(pin_message(done.out, done.pin, args.pin_to))
     if "distance" in done.result:
-        line = f"FedWAD W_{args.p}: {done.result['distance']:.6g}"
+        line = f"FedWAD W_{args.p} <= {done.result['distance']:.6g} (an upper bound)"
         if "exact" in done.result:
-            line += (f" (exact {done.result['exact']:.6g}, relative error "
-                     f"{done.result['max_relative_error']:.2%})")
+            line += (f"; exact {done.result['exact']:.6g}, relative error "
+                     f"{done.result['max_relative_error']:.2%}")
         print(line)
+        print(_vouch(done.result["accuracy"]))
     else:
         print(f"FedWAD W_{args.p} between clients {', '.join(done.result['clients'])}:")
         print(np.array2string(np.array(done.result["matrix"]), precision=4))
+        print("Each entry is an upper bound on W_p whose gap the server does not know; to "
+              f"tighten: --support above {args.support} and --iterations (docs/fedwad.md).")
+
+
+def _vouch(accuracy: dict) -> str:
+    """The lines saying what a FedWAD result can vouch for and how to tighten it."""
+    falling = accuracy["still_falling"]
+    trend = ("" if falling is None else
+             f" The best bound fell {falling:.2%} over the later half of the iterations.")
+    return (f"Its gap to W_p is not known to the server: {accuracy['support']} atoms set an "
+            f"error floor (docs/fedwad.md).{trend} To tighten: {accuracy['tighten']}.")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -292,6 +292,18 @@ def test_fedwad_benchmark(run_script, tmp_path):
     assert "| N | W (POT) s |" in _block(out, "fedwad")
 
 
+def test_fedwad_speed_grid(run_script, tmp_path):
+    out = tmp_path / "benchmarks.md"
+    result = run_script("benchmarks/fedwad.py", "--speed", "--sizes", "110", "--out",
+                        str(out)).check()
+    for header in ("**two Gaussians, d = 2", "**Gaussian vs mixture, d = 2",
+                   "**two Gaussians, d = 50"):
+        assert header in result.stdout
+    rows = _rows(result.stdout, "0.05-0.95") + _rows(result.stdout, "0.3-0.7")
+    assert len(rows) == 6 and all(len(r) == 7 and r[1] == "100" for r in rows)
+    assert "| t range | S | K = 1 |" in _block(out, "fedwad_speed")
+
+
 def test_main_job_benchmark(run_script, tmp_path):
     """The job runs in a fresh interpreter of its own; its wall time, memory and parts are
     reported, and the parts timed inside the job leave a remainder >= 0 of its wall time."""
