@@ -126,6 +126,7 @@ def test_every_script_has_a_smoke_test():
               "experiments/attacks.py", "experiments/dcfm_2d.py", "experiments/dcfm_digits.py",
               "experiments/distributed_noise_gain.py", "experiments/fedwad_clustering.py",
               "experiments/fedwad_coreset.py", "experiments/ffm_2d.py",
+              "experiments/one_run_audit.py",
               "experiments/secagg_vs_plaintext.py", "experiments/sweep_privacy_utility.py"}
     assert {str(p.relative_to(ROOT)) for p in SCRIPTS} == tested
 
@@ -323,6 +324,15 @@ def test_main_job_benchmark(run_script, tmp_path):
 
 
 # -- experiments/ ---------------------------------------------------------------------------
+
+
+def test_one_run_audit(run_script, tmp_path):
+    docs = tmp_path / "docs"
+    run_script("experiments/one_run_audit.py", "--smoke", "--out", str(tmp_path / "runs"),
+               "--doc", str(docs / "results.md")).check()
+    block = _block(docs / "results.md", "one_run_audit")
+    assert [r[1] for r in _rows(block, "dp")] == ["DP-SGD as built", "**noise switched off**"]
+    assert (tmp_path / "runs" / "dp-broken" / "canaries.safetensors").is_file()
 
 
 def test_attacks(run_script, tmp_path):

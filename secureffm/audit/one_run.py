@@ -154,12 +154,3 @@ def one_run_audit(run_dir: Path, beta: float = 0.05) -> dict[str, float]:
     return {**best, "epsilon_accounted": accounted, "delta": delta, "beta": beta,
             "canaries": float(m), "included": float(included.sum())}
 
-
-if __name__ == "__main__":  # python -m secureffm.audit.one_run RUN_DIR [BETA]
-    import sys
-
-    try:
-        print(json.dumps(one_run_audit(Path(sys.argv[1]), *map(float, sys.argv[2:3])),
-                         indent=1))
-    except (IndexError, SecureFFMError) as err:
-        sys.exit(f"usage: python -m secureffm.audit.one_run RUN_DIR [BETA]: {err}")

@@ -16,6 +16,7 @@ from scipy.optimize import linprog
 from scipy.sparse import lil_matrix
 from scipy.stats import binom
 
+from secureffm.audit.attacks import run_attack
 from secureffm.audit.one_run import (
     GUESS_FRACTIONS,
     epsilon_lower_bound,
@@ -23,6 +24,7 @@ from secureffm.audit.one_run import (
     one_run_audit,
     p_value,
 )
+from secureffm.cli import main
 from secureffm.config import RunConfig
 from secureffm.data.pairs import get_pair
 from secureffm.errors import ConfigError, SecureFFMError
@@ -252,6 +254,9 @@ def test_an_audit_run_says_so_and_audits_end_to_end(small_config, method):
     assert report["guesses"] in {2 * max(1, math.ceil(f * 30)) for f in GUESS_FRACTIONS}
     assert report["epsilon_accounted"] > 0 and report["delta"] == 1e-4
     assert 0 <= report["epsilon_lower_bound"] <= report["epsilon_accounted"]
+    if method == "vanilla":  # the same audit as `secureffm audit --attack one-run RUN_DIR`
+        assert run_attack(out, "one-run") == report
+        assert main(["audit", "--attack", "one-run", str(out)]) == 0
 
 
 def _no_noise(self) -> np.ndarray:
