@@ -167,14 +167,8 @@ def _attacks_done(folder: Path) -> dict:
 def _attack_function(names: tuple[str, ...]):
     """``secureffm.audit.attacks.run_attack(run_dir, name) -> {metric: value}``, after
     checking every name in ``names`` is a known attack."""
-    try:
-        from ..audit.attacks import ATTACKS, run_attack
-    except ModuleNotFoundError as err:
-        if err.name != "secureffm.audit.attacks":
-            raise
-        raise SecureFFMError(f"attacks = {list(names)!r}: module secureffm.audit.attacks "
-                             "(run_attack) is missing from this version of secureffm, so no "
-                             "attack can run; remove 'attacks' from the sweep file") from None
+    from ..audit.attacks import ATTACKS, run_attack
+
     unknown = [name for name in names if name not in ATTACKS]
     if unknown:
         raise SecureFFMError(f"attacks = {list(names)!r}: {unknown[0]!r} is not an attack of "

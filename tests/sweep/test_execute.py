@@ -99,6 +99,24 @@ def test_an_unknown_attack_is_refused_before_any_cell(tmp_path):
     assert not spec.root.exists()
 
 
+def test_a_sweep_runs_the_attacks_it_asks_for_and_reuses_them(tmp_path):
+    """Utility and empirical leakage side by side: one DP cell planted with canaries, the
+    one-run audit's bound in the CSV beside the accounted epsilon; a second call runs neither
+    the cell nor its attack again."""
+    text = 'attacks = ["one-run"]\n' + TINY.replace("epsilons = [inf]", "epsilons = [8]").replace(
+        "seeds = [0, 1]", "seeds = [0]").replace("rounds = 2", "rounds = 3\ncanaries = 20")
+    spec = load_sweep(_sweep_file(tmp_path, text))
+    first = run_sweep(spec, print)
+    (row,) = first.rows
+    assert 0 <= float(row["one-run_epsilon_lower_bound"]) <= float(
+        row["one-run_epsilon_accounted"]) <= 8.0 + 1e-6
+    assert float(row["one-run_canaries"]) == 20
+    attacks = spec.root / spec.cells()[0].name / "attacks.json"
+    stamp = attacks.stat().st_mtime_ns
+    again = run_sweep(spec, print)
+    assert again.ran == [] and attacks.stat().st_mtime_ns == stamp and again.rows == first.rows
+
+
 def test_a_failed_cell_does_not_stop_the_others(tmp_path, capsys):
     """vanilla sends gradients, which `sealed` (dp-sealed at inf) cannot protect: that run is
     refused as it starts; the plaintext cell after it still runs, and the command exits 2."""
