@@ -347,7 +347,7 @@ def test_dp_main_job(run_script, tmp_path):
     block = _block(docs / "results.md", "dp_main_job")
     assert block in result.stdout
     rows = [[c.strip() for c in line.strip("|").split("|")] for line in block.splitlines()
-            if line.startswith("| ") and not line.startswith("| setting")]
+            if line.startswith("| ") and not line.startswith(("| setting", "| ---"))]
     assert [r[0].startswith("main job") for r in rows] == [False, True]
     assert [(r[1], r[2]) for r in rows] == [("dp", "rdp"), ("dp-secagg", "rdp")]
     assert (docs / "figures" / "dp_main_job.png").stat().st_size > 0
