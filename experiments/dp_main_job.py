@@ -2,7 +2,7 @@
 moons at epsilon 8 per client within the job's 3-minute budget on a 2-core CPU.
 
     .venv/bin/python experiments/dp_main_job.py              # the grid, then docs/results.md
-    .venv/bin/python experiments/dp_main_job.py --only final  # one row by label prefix
+    .venv/bin/python experiments/dp_main_job.py --only "main job"  # rows by label prefix
     .venv/bin/python experiments/dp_main_job.py --smoke      # seconds: a check only
 
 Every row trains GOT on two disjoint clients (shards of 10,000) at target epsilon 8 per client,
@@ -10,9 +10,10 @@ delta 1e-5 (the spec's), the whole schedule (every velocity gradient and every d
 calibrated together. Search rows run under `dp` (the same DP stage as `dp-secagg`, without the
 masking, whose sum is exact) and a short evaluation (1,000 points, NFE 1, 2, 32); rows marked
 "main job" run `dp-secagg` with the default evaluation (3,000 points, 7 NFEs and dopri5).
-Rows with accountant "prv" run a copy of the protocol's spec whose dp stage calibrates sigma
-with Opacus' PRV accountant. Runs go to runs/dp_main_job/<label> (``--root``); finished ones
-are reused (delete a folder to re-run it). Writes docs/figures/dp_main_job.png and the table
+A row that changes the dp stage's clip or accountant runs a copy of the protocol's spec with
+those values. Runs go to runs/dp_main_job/<label> (``--root``); finished ones
+are reused (delete a folder to re-run it). Writes docs/figures/dp_main_job.png, the main job's
+trajectories.png as docs/figures/dp_main_job_trajectories.png, and the table
 between the dp_main_job markers of docs/results.md (``--docs``). ``--smoke`` runs two tiny rows
 (3 rounds, 100 evaluation points) under runs/smoke/dp_main_job: its numbers are not results.
 """
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import tomllib
 from pathlib import Path
 
@@ -123,7 +125,7 @@ def _one(changes: dict, kind: dict, root: Path, smoke: bool) -> dict:
            else RunConfig().eval_samples,
            "w2": {n: evaluation["w2"].get(n) for n in ("1", "2", "32")},
            "floor": evaluation["iid_floor"], "train_seconds": metrics["train_seconds"],
-           "rounds": metrics["rounds"]}
+           "rounds": metrics["rounds"], "out": out, "main": kind is MAIN}
     if "clients" in privacy:
         client = max(privacy["clients"].values(), key=lambda c: c["rdp"]["total"])
         row["sigma"] = max(privacy["noise_multiplier"].values())
@@ -143,7 +145,7 @@ def _spent(row: dict) -> str:
 
 
 def _plot(rows: list[dict], path: Path) -> None:
-    fig, ax = plt.subplots(figsize=(9, 0.45 * len(rows) + 1.2))
+    fig, ax = plt.subplots(figsize=(10, 0.45 * len(rows) + 1.2))
     ys = list(range(len(rows)))[::-1]
     ax.barh(ys, [r["w2"]["2"] for r in rows], color=["tab:orange" if "spent" not in r
                                                      else "tab:blue" for r in rows])
@@ -154,7 +156,7 @@ def _plot(rows: list[dict], path: Path) -> None:
     ax.set_xlabel("W2 at NFE 2 (orange: no DP)")
     ax.legend(loc="lower right", fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=120, bbox_inches="tight")  # the long labels stay whole
     plt.close(fig)
 
 
@@ -190,12 +192,17 @@ def main() -> None:
     figures = docs / "figures"
     figures.mkdir(parents=True, exist_ok=True)
     _plot(rows, figures / "dp_main_job.png")
+    for row in rows:  # the main job's own picture, for the README
+        if row["main"]:
+            shutil.copyfile(row["out"] / "trajectories.png",
+                            figures / "dp_main_job_trajectories.png")
     text = ("FFM-GOT, 8gaussians-moons, two disjoint clients, shards of 10,000, target epsilon 8 "
             "per client at delta 1e-5 (gradient and dual_update composed). The main job "
             "before: " + ", ".join(f"{k} {v:g}" for k, v in BEFORE.items()) + ". 'training s' "
             "is wall time on a shared 2-core machine (compare within similar load only). "
             "Written by `experiments/dp_main_job.py`.\n\n" + table
-            + "\n\n![W2 at NFE 2 by setting](figures/dp_main_job.png)\n")
+            + "\n\n![W2 at NFE 2 by setting](figures/dp_main_job.png)\n"
+            "![the main job's trajectories](figures/dp_main_job_trajectories.png)\n")
     write_block(docs / "results.md", "dp_main_job", text)
     print(text)
 
