@@ -5,6 +5,8 @@ Fig. 2 of Rakotomamonjy et al. (2024), measured in one run.
     .venv/bin/python benchmarks/fedwad.py                          # N up to 10,000
     .venv/bin/python benchmarks/fedwad.py --out docs/benchmarks.md # also write the tables
     .venv/bin/python benchmarks/fedwad.py --sizes 30 --figure /tmp/f.png  # seconds: a check
+    .venv/bin/python benchmarks/fedwad.py --speed --out docs/benchmarks.md  # the S x K grid
+    .venv/bin/python benchmarks/fedwad.py --speed --quick                   # N = 1000 (2D)
 
 Data: mu = N samples of N(0, I_d), nu = N (ratio 1:1) or N/3 (1:3) samples of N(m, I_d) with
 |m| = 2 along the diagonal, so the population W_2 is 2 (the closed form). Methods: exact W_2
@@ -18,6 +20,17 @@ is FedWAD's time over exact W's in that cell; errors are |estimate / reference -
 closed form (as the paper) and against exact W. The figure goes to docs/figures/fedwad_fig2.png
 (``--figure``). ``--sizes`` replaces the N values (the default test suite runs N = 30 to check
 that the script works).
+
+``--speed`` runs the S x K grid instead (issue 22): N = 5,000 in 2D (two Gaussians, N(0, I) vs
+N(m, I) with |m| = 2, and a Gaussian vs a three-component mixture) and N = 1,000 in 50-D (two
+Gaussians), S in {100, 200, 500, 1000}, K in {1..5}, t ~ U(0.05, 0.95) (the default) and
+U(0.3, 0.7), one K = 5 run per cell whose first K iterations are the K-iteration run (the bound of
+xi^(K) comes from iteration K + 1's interpolation, the same solve a final distance makes). Time
+is the critical path with the two clients in parallel, measured per party in one process
+(``FedWADResult.seconds``: CPU seconds of the slower client per iteration, then the server's,
+then the slower client's distance to xi^(K)); exact W is ``ot.emd2`` on the same samples, CPU
+seconds, in the same run. Errors are of the best evaluated bound (the reported distance) and, in
+brackets, of the last iterate's.
 """
 
 from __future__ import annotations
@@ -46,6 +59,13 @@ DIMS = (2, 50)
 RATIOS = (1, 3)
 SUPPORTS = (2, 10, 100)
 SHIFT = 2.0
+SPEED_SUPPORTS = (100, 200, 500, 1000)
+SPEED_K = 5
+SPEED_T = ((0.05, 0.95), (0.3, 0.7))
+SPEED_SETS = (("two Gaussians", 2, 5000), ("Gaussian vs mixture", 2, 5000),
+              ("two Gaussians", 50, 1000))
+QUICK_SPEED_SETS = (("two Gaussians", 2, 1000), ("Gaussian vs mixture", 2, 1000),
+                    ("two Gaussians", 50, 300))
 FIGURE = Path("docs/figures/fedwad_fig2.png")
 
 
@@ -70,6 +90,59 @@ def _measure(x, y, config: FedWADConfig | None, seed: int) -> tuple[float, float
     else:
         value = fedwad(x, y, config, np.random.default_rng(seed)).distance
     return value, time.perf_counter() - start
+
+
+def _speed_data(name: str, dim: int, n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """N draws of N(0, I_d), and N of N(m, I_d) (|m| = 2) or of a three-component mixture."""
+    rng = np.random.default_rng([seed, n, dim, len(name)])
+    x = rng.standard_normal((n, dim))
+    if name == "two Gaussians":
+        return x, rng.standard_normal((n, dim)) + SHIFT / np.sqrt(dim)
+    centers = np.zeros((3, dim))
+    centers[:, 0], centers[:, 1] = (-2.0, 0.0, 3.0), (1.5, -1.0, 0.5)
+    return x, 0.5 * rng.standard_normal((n, dim)) + centers[rng.integers(0, 3, n)]
+
+
+def speed(sets, seed: int = 0) -> list[dict]:
+    """One row per (data set, t range, S): exact W's CPU seconds and, for K = 1..SPEED_K, the
+    critical-path seconds and the errors of the best and of the last bound against exact W."""
+    rows = []
+    for name, dim, n in tqdm(sets, desc="FedWAD S x K grid", unit="set", file=sys.stderr):
+        x, y = _speed_data(name, dim, n, seed)
+        start = time.process_time()
+        exact = emd_cost(ground_cost(x, y, 2)) ** 0.5
+        w_seconds = time.process_time() - start
+        for t_range in SPEED_T:
+            for s in SPEED_SUPPORTS:
+                if s > n:
+                    continue
+                found = fedwad(x, y, FedWADConfig(iterations=SPEED_K, support_size=s,
+                                                  t_range=t_range, seed=seed))
+                bounds = np.array(found.iterates)
+                rows.append({"set": name, "dim": dim, "n": n, "t": t_range, "S": s,
+                             "exact": exact, "w_seconds": w_seconds,
+                             "best": np.minimum.accumulate(bounds) / exact - 1,
+                             "last": bounds / exact - 1,
+                             "ratio": np.array(found.seconds) / w_seconds})
+    return rows
+
+
+def speed_tables(rows: list[dict]) -> str:
+    out = []
+    for name, dim, n in dict.fromkeys((r["set"], r["dim"], r["n"]) for r in rows):
+        part = [r for r in rows if (r["set"], r["dim"], r["n"]) == (name, dim, n)]
+        out.append(f"**{name}, d = {dim}, N = {n:,} vs {n:,}** (exact W_2 {part[0]['exact']:.4f}"
+                   f" in {part[0]['w_seconds']:.2f} s CPU; each cell: critical-path time over "
+                   "exact W's, error of the best bound vs exact W, last iterate's in brackets)\n")
+        out.append("| t range | S | " + " | ".join(f"K = {k}" for k in range(1, SPEED_K + 1))
+                   + " |")
+        out.append("| --- " * (SPEED_K + 2) + "|")
+        for r in part:
+            cells = [f"{r['ratio'][k]:.2f}x, {r['best'][k]:.2%} ({r['last'][k]:.2%})"
+                     for k in range(1, SPEED_K + 1)]
+            out.append(f"| {r['t'][0]:g}-{r['t'][1]:g} | {r['S']} | " + " | ".join(cells) + " |")
+        out.append("")
+    return "\n".join(out)
 
 
 def run(sizes, repeats: int, exact_max: int) -> dict:
@@ -155,8 +228,24 @@ def main() -> None:
     parser.add_argument("--figure", type=Path, default=FIGURE)
     parser.add_argument("--sizes", type=int, nargs="+",
                         help=f"N values (default {SIZES}; {QUICK_SIZES} with --quick)")
+    parser.add_argument("--speed", action="store_true",
+                        help="the S x K grid with critical-path times instead (--sizes: N of "
+                             "every set)")
     args = parser.parse_args()
     torch.set_num_threads(1)
+    if args.speed:
+        sets = QUICK_SPEED_SETS if args.quick else SPEED_SETS
+        if args.sizes:
+            sets = tuple((name, dim, args.sizes[0]) for name, dim, _ in sets)
+        text = speed_tables(speed(sets))
+        print(text)
+        if args.out:
+            flags = " --quick" if args.quick else ""
+            flags += f" --sizes {args.sizes[0]}" if args.sizes else ""
+            note = (f"Measured by `benchmarks/fedwad.py --speed{flags}`, one process, one "
+                    "thread, CPU seconds.\n\n")
+            write_block(args.out, "fedwad_speed", note + text, title="# Benchmarks")
+        return
     sizes = tuple(args.sizes) if args.sizes else QUICK_SIZES if args.quick else SIZES
     results = run(sizes, args.repeats, args.exact_max)
     text = tables(results, sizes, args.exact_max)

@@ -78,7 +78,7 @@ SIZES = {
 # nfe=(1,): the run's own sample sheet is a 1-step preview; this script samples for the metrics.
 COMMON = dict(data="colored-digits", clients=10, coverage=0.5, dirichlet_alpha=0.1, dcfm_rounds=3,
               batch_size=64, hidden=256, lr=2e-3, ema_decay=0.98, nfe=(1,), device="cpu",
-              progress=False)
+              progress=False, eval_samples=100, eval_classifier_epochs=0)  # scored here
 EVAL_NFE = 20  # Euler steps of the evaluated samples
 EVALUATOR = 2_000_000  # party index of this script's sampling generator
 ROOT = Path(__file__).resolve().parents[1]

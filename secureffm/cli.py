@@ -28,6 +28,8 @@ _HELP = {
     "target_epsilon": "DP budget per client at --delta; sigma is calibrated to it (0: spec's)",
     "delta": "DP delta (0: the protocol spec's)",
     "noise_multiplier": "DP noise multiplier sigma instead of calibrating (0: spec's)",
+    "canaries": "AUDIT RUN: plant this many gradient canaries (fair coins) in the clients' "
+                "shards for the one-run DP audit; the coins go to canaries.safetensors",
     "data": "source-target pair, e.g. 8gaussians-moons, uniform-8gaussians",
     "partition": "disjoint | iid | dirichlet",
     "rounds": "communication rounds (one global step each)",
@@ -91,6 +93,10 @@ def build_parser() -> argparse.ArgumentParser:
     fedwad = sub.add_parser("fedwad", help="FedWAD: W_p between clients' data sets; the server "
                             "sees only interpolating measures (docs/fedwad.md)")
     add_fedwad_arguments(fedwad)
+    sweep = sub.add_parser("sweep", help="a grid of methods x protocols x epsilons x seeds from "
+                           "a sweep file: resumable, sweep.csv and the privacy-utility frontier "
+                           "(docs/sweep.md)")
+    add_sweep_arguments(sweep)
     keys = sub.add_parser("flower-keys", help="provision each party's key file and the pinned "
                           "parties.json for a Flower deployment (docs/flower.md)")
     keys.add_argument("folder", help="an empty folder for server.key, client-i.key, "
@@ -160,21 +166,66 @@ def _run(args: argparse.Namespace) -> None:
         print("W2 by NFE: " + ", ".join(f"{k}: {v:.3f}" for k, v in evaluation["w2"].items()))
     if "missing_mode_fraction" in evaluation:  # DCFM on modes2d
         print(f"missing-mode fraction: {evaluation['missing_mode_fraction']:.3f}")
+    if "compositional_accuracy_novel" in evaluation:  # DCFM on colored digits or MNIST
+        print("compositional accuracy: novel {:.3f}, held {:.3f}; Frechet distance ({}): novel "
+              "{:.3g}, held {:.3g}".format(
+                  evaluation["compositional_accuracy_novel"],
+                  evaluation["compositional_accuracy_held"], evaluation["features"]["kind"],
+                  evaluation["frechet_novel"], evaluation["frechet_held"]))
+
+
+def add_sweep_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options of ``secureffm sweep``."""
+    parser.add_argument("file", help="sweep file (TOML: [grid], [run], root, workers, attacks)")
+    parser.add_argument("--workers", type=int, help="runs at a time (default: the file's)")
+    parser.add_argument("--root", help="folder of the runs, sweep.csv and frontier.png "
+                        "(default: the file's)")
+    parser.add_argument("--smoke", action="store_true", help="tiny runs of the first seed, one "
+                        "worker, under runs/smoke/<file name> unless --root: checks that the "
+                        "sweep goes through; the numbers are not results")
+
+
+def _sweep(args: argparse.Namespace) -> None:
+    from pathlib import Path
+
+    from .sweep import load_sweep, run_sweep, smoke_spec, summary_table
+
+    overrides = {k: v for k, v in (("workers", args.workers), ("root", args.root))
+                 if v is not None}
+    spec = load_sweep(args.file, overrides)
+    if args.smoke:
+        spec = smoke_spec(spec, Path(args.root or Path("runs", "smoke", Path(args.file).stem)))
+    result = run_sweep(spec)
+    print(summary_table(result.rows))
+    print(f"sweep.csv: {result.csv}\nfrontier: {result.figure}")
 
 
 def add_audit_arguments(parser: argparse.ArgumentParser) -> None:
     """The options of ``secureffm audit``."""
-    action = parser.add_mutually_exclusive_group(required=True)
+    parser.add_argument("run_dir", nargs="?", metavar="RUN_DIR",
+                        help="with --threat-model or --attack: the run folder to audit")
+    parser.add_argument("--threat-model", metavar="NAME",
+                        help="a threat_models/ name or .toml path: a verdict per claim (PASS, "
+                             "FAIL, NOT COVERED), audit.md and audit_epsilon.png written into "
+                             "RUN_DIR, exit 1 when a claim fails (docs/audit.md)")
+    action = parser.add_mutually_exclusive_group()
     action.add_argument("--verify", metavar="RUN_DIR",
                         help="run folder holding messages.jsonl and parties.json")
     action.add_argument("--pin", metavar="RUN_DIR",
                         help="print the run's pin (head, parties.json hash, key fingerprints) "
                              "as JSON, to keep apart from the folder")
     parser.add_argument("--expect-head", metavar="HASH",
-                        help="with --verify: the head (sha256 of the closing line) kept apart")
+                        help="with --verify or --threat-model: the head (sha256 of the "
+                             "closing line) kept apart")
     parser.add_argument("--parties", metavar="PINNED_JSON",
-                        help="with --verify: a pin file from --pin, or a copy of parties.json "
-                             "kept apart from the run folder")
+                        help="with --verify or --threat-model: a pin file from --pin, or a "
+                             "copy of parties.json kept apart from the run folder")
+    action.add_argument("--attack", action="append", metavar="NAME",
+                        help="run an attack on what the server of RUN_DIR logged (a run made "
+                             "with --keep-payloads; repeatable): inversion, membership, "
+                             "fedwad-reconstruction (docs/audit.md)")
+    parser.add_argument("--attack-option", action="append", default=[], metavar="KEY=VALUE",
+                        help="with --attack: an option of the attack (e.g. steps=200)")
 
 
 def _pin_from_args(args: argparse.Namespace) -> RunPin:
@@ -191,10 +242,48 @@ def _pin_from_args(args: argparse.Namespace) -> RunPin:
     return replace(pin, head=head)
 
 
+def _attack_options(pairs: list[str]) -> dict:
+    """KEY=VALUE pairs as keyword options; a VALUE that reads as JSON (a number, true) is one."""
+    options = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise SecureFFMError(f"--attack-option {pair!r}: write KEY=VALUE, e.g. steps=200")
+        try:
+            options[key] = json.loads(value)
+        except json.JSONDecodeError:
+            options[key] = value
+    return options
+
+
+def _attacks(args: argparse.Namespace) -> int:
+    """Run each --attack on RUN_DIR and print {name: results} as JSON."""
+    from .audit.attacks import run_attack
+
+    if not args.run_dir:
+        raise SecureFFMError("--attack needs the run folder: secureffm audit --attack NAME "
+                             "RUN_DIR")
+    options = _attack_options(args.attack_option)
+    found = {name: run_attack(args.run_dir, name, **options) for name in args.attack}
+    print(json.dumps(found, indent=1))
+    return 0
+
+
 def audit_command(args: argparse.Namespace) -> int:
-    """Print the verdict or the pin; 0 intact, 1 tampered, 2 when the folder or pin cannot be
-    read or the options do not fit."""
+    """Print the verdict(s), the pin or the attacks' results; 0 intact (every claim PASS or NOT
+    COVERED; or attacked), 1 tampered (a claim FAILs), 2 when the folder, pin or threat model
+    cannot be read or the options do not fit."""
     try:
+        if args.attack:
+            if args.threat_model:
+                raise SecureFFMError("--attack and --threat-model are separate audits; run one "
+                                     "at a time")
+            return _attacks(args)
+        if args.threat_model:
+            return _claims(args)
+        if args.run_dir is not None or not (args.verify or args.pin):
+            raise SecureFFMError("give --verify RUN_DIR, --pin RUN_DIR, RUN_DIR --threat-model "
+                                 "NAME, or --attack NAME RUN_DIR")
         if args.pin:
             if args.expect_head or args.parties:
                 raise SecureFFMError("--expect-head and --parties go with --verify, not --pin")
@@ -206,6 +295,22 @@ def audit_command(args: argparse.Namespace) -> int:
         return 2
     print(report.summary())
     return 0 if report.ok else 1
+
+
+def _claims(args: argparse.Namespace) -> int:
+    """``secureffm audit RUN_DIR --threat-model NAME``: print and write the claims report."""
+    from .audit.claims import audit_claims
+    from .audit.report import write_report
+    from .audit.threat import load_adversary
+
+    if args.run_dir is None or args.verify or args.pin:
+        raise SecureFFMError("--threat-model takes the run folder as RUN_DIR: secureffm audit "
+                             "RUN_DIR --threat-model NAME")
+    report = audit_claims(args.run_dir, load_adversary(args.threat_model), _pin_from_args(args))
+    print(report.summary())
+    for path in write_report(report):
+        print(f"wrote {path}")
+    return 1 if report.failed else 0
 
 
 def add_fedwad_arguments(parser: argparse.ArgumentParser) -> None:
@@ -288,14 +393,26 @@ def fedwad_command(args: argparse.Namespace) -> None:
     print(f"run folder: {done.out}")
     print(pin_message(done.out, done.pin, args.pin_to))
     if "distance" in done.result:
-        line = f"FedWAD W_{args.p}: {done.result['distance']:.6g}"
+        line = f"FedWAD W_{args.p} <= {done.result['distance']:.6g} (an upper bound)"
         if "exact" in done.result:
-            line += (f" (exact {done.result['exact']:.6g}, relative error "
-                     f"{done.result['max_relative_error']:.2%})")
+            line += (f"; exact {done.result['exact']:.6g}, relative error "
+                     f"{done.result['max_relative_error']:.2%}")
         print(line)
+        print(_vouch(done.result["accuracy"]))
     else:
         print(f"FedWAD W_{args.p} between clients {', '.join(done.result['clients'])}:")
         print(np.array2string(np.array(done.result["matrix"]), precision=4))
+        print("Each entry is an upper bound on W_p whose gap the server does not know; to "
+              f"tighten: --support above {args.support} and --iterations (docs/fedwad.md).")
+
+
+def _vouch(accuracy: dict) -> str:
+    """The lines saying what a FedWAD result can vouch for and how to tighten it."""
+    falling = accuracy["still_falling"]
+    trend = ("" if falling is None else
+             f" The best bound fell {falling:.2%} over the later half of the iterations.")
+    return (f"Its gap to W_p is not known to the server: {accuracy['support']} atoms set an "
+            f"error floor (docs/fedwad.md).{trend} To tighten: {accuracy['tighten']}.")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -307,6 +424,8 @@ def main(argv: list[str] | None = None) -> int:
             return audit_command(args)
         elif args.command == "fedwad":
             fedwad_command(args)
+        elif args.command == "sweep":
+            _sweep(args)
         elif args.command == "flower-keys":
             _flower_keys(args)
         elif args.command == "flower-app":

@@ -23,9 +23,11 @@ __all__ = ["RunConfig", "load_config", "config_from_dict", "write_config", "conf
 METHODS = ("vanilla", "lot", "got", "icfm", "otcfm")
 # DCFM and its baselines (secureffm/runs/dcfm.py) run on conditional data sets only.
 DCFM_METHODS = ("dcfm-a", "dcfm-b", "fedflow", "fedflow-l", "ddm", "ddm-l")
-DCFM_DATA = ("modes2d", "colored-digits")
+DCFM_DATA = ("modes2d", "colored-digits", "colored-mnist")
 # Readings of DCFM-B's teacher paths (secureffm.methods.dcfm.TEACHERS, which a test holds equal).
 DCFM_TEACHERS = ("observed", "marginal", "anchored")
+# DCFM's expert network: "auto" is the U-Net on Colored MNIST, the MLP elsewhere.
+DCFM_NETWORKS = ("auto", "mlp", "unet")
 PARTITIONS = ("disjoint", "iid", "dirichlet")
 ENGINES = ("inprocess", "flower")
 WEIGHTINGS = ("size", "uniform")
@@ -46,6 +48,9 @@ class RunConfig:
     target_epsilon: float = 0.0
     delta: float = 0.0
     noise_multiplier: float = 0.0
+    # One-run DP audit (FFM vanilla/got under a dp protocol): plant this many gradient canaries,
+    # each in a client's shard by a fair coin; the run is then an audit run (docs/audit.md).
+    canaries: int = 0
     data: str = "8gaussians-moons"
     clients: int = 2
     partition: str = "disjoint"
@@ -98,7 +103,10 @@ class RunConfig:
     # DCFM-B teacher paths (docs/dcfm.md): "observed" (Eq. 15 as it reads), "marginal" (also
     # unobserved y, Eq. 5 over marginals), "anchored" (also unobserved y, Eq. 5 anchored on an
     # observed combination)
-    dcfm_teacher: str = "marginal"
+    dcfm_teacher: str = "anchored"
+    # DCFM's experts, students and global models: "mlp" (width ``hidden``), "unet" (the U-Net
+    # settings below, images only) or "auto" (the U-Net on colored-mnist, else the MLP)
+    dcfm_network: str = "auto"
     fedflow_rounds: int = 200
     fedflow_local_steps: int = 10
     ci_weight: float = 1.0  # lambda of Eq. (10), (14), (17); the +L baselines use it too
@@ -107,7 +115,11 @@ class RunConfig:
     p_uncond: float = 0.1
     guidance: float = 1.0  # w_i of Eq. (5), every attribute, when sampling
     coverage: float = 0.5  # fraction of combinations observed (colored-digits)
-    # FFM on images (data cifar10, mnist, colored-mnist from local files; shapes, synthetic).
+    # Epochs of the evaluator's attribute classifier that scores DCFM's images (compositional
+    # accuracy, Frechet distance); 0 skips those scores (samples.png only)
+    eval_classifier_epochs: int = 4
+    # FFM on images (data cifar10, mnist, colored-mnist from local files; shapes, synthetic;
+    # digits, scikit-learn's 8 x 8).
     data_dir: str = ""  # where cifar10 / mnist files are; nothing is ever downloaded
     image_size: int = 32  # side of the synthetic shapes images
     unet_width: int = 32  # U-Net base width (the paper's CIFAR-10 run: 128)
@@ -156,6 +168,12 @@ class RunConfig:
         return {k: list(v) if isinstance(v, tuple) else v for k, v in data.items()}
 
     @property
+    def dcfm_unet(self) -> bool:
+        """Whether DCFM's models are U-Nets (``dcfm_network``; auto: on colored-mnist)."""
+        return self.dcfm_network == "unet" or (self.dcfm_network == "auto"
+                                               and self.data == "colored-mnist")
+
+    @property
     def images(self) -> bool:
         """True when the run trains on image data (:data:`~secureffm.data.images.IMAGE_DATA`)."""
         return self.data in IMAGE_DATA
@@ -184,6 +202,7 @@ def _validate(c: RunConfig) -> None:
         need(getattr(c, key) > 0, key, "must be > 0")
     for key in ("target_epsilon", "noise_multiplier"):
         need(getattr(c, key) >= 0, key, "must be >= 0 (0 keeps the protocol's value)")
+    need(c.canaries >= 0, "canaries", "must be >= 0 (0: no canaries, a production run)")
     need(0 <= c.delta < 1, "delta", "must be in [0, 1) (0 keeps the protocol's value)")
     need(0.0 <= c.ema_decay < 1.0, "ema_decay", "must be in [0, 1); 0 disables the average")
     need(len(c.nfe) > 0 and all(int(n) >= 1 for n in c.nfe), "nfe", "list positive step counts")
@@ -207,11 +226,15 @@ def _validate_images(c: RunConfig, need) -> None:
             need(not getattr(c, key), key, f"applies to image data ({', '.join(IMAGE_DATA)}) "
                  f"only, not {c.data!r}")
         return
-    need(c.method in IMAGE_METHODS, "method", f"data {c.data!r} is images: use one of "
-         f"{', '.join(IMAGE_METHODS)} (the centralized baselines train the 2D MLP only)")
+    if c.method in DCFM_METHODS:  # colored-mnist, the one image set of DCFM_DATA
+        for key in ("resume", "sample_every", "checkpoint_every"):
+            need(not getattr(c, key), key, "applies to FFM image runs, not DCFM's")
+    else:
+        need(c.method in IMAGE_METHODS, "method", f"data {c.data!r} is images: use one of "
+             f"{', '.join(IMAGE_METHODS)} (the centralized baselines train the 2D MLP only)")
     need(c.engine == "inprocess", "engine", "image runs use the in-process engine")
     factor = 2 ** (len(c.unet_mult) - 1)
-    side = {"cifar10": 32, "mnist": 28, "colored-mnist": 28}.get(c.data, c.image_size)
+    side = {"cifar10": 32, "mnist": 28, "colored-mnist": 28, "digits": 8}.get(c.data, c.image_size)
     need(side % factor == 0, "unet_mult", f"{len(c.unet_mult)} resolutions halve the "
          f"{side} x {side} images {len(c.unet_mult) - 1} times: {side} is not divisible by "
          f"{factor}; use fewer levels")
@@ -224,12 +247,22 @@ def _validate_dcfm(c: RunConfig, need) -> None:
         need(getattr(c, key) >= 1, key, "must be a positive integer")
     need(c.dcfm_teacher in DCFM_TEACHERS, "dcfm_teacher",
          f"must be one of {', '.join(DCFM_TEACHERS)} (docs/dcfm.md)")
+    need(c.dcfm_network in DCFM_NETWORKS, "dcfm_network",
+         f"must be one of {', '.join(DCFM_NETWORKS)}")
+    need(c.dcfm_network != "unet" or c.data != "modes2d", "dcfm_network",
+         "the U-Net takes images; modes2d is 2D points: use mlp or auto")
+    factor = 2 ** (len(c.unet_mult) - 1)
+    need(not c.dcfm_unet or c.data != "colored-digits" or 8 % factor == 0, "unet_mult",
+         f"{len(c.unet_mult)} resolutions halve colored-digits' 8 x 8 images "
+         f"{len(c.unet_mult) - 1} times; use at most 4 levels")
     need(c.ci_weight >= 0, "ci_weight", "must be >= 0 (0 disables the CI penalty)")
     for key in ("p_full", "p_marginal", "p_uncond"):
         need(0 <= getattr(c, key) <= 1, key, "must be a probability in [0, 1]")
     need(abs(c.p_full + c.p_marginal + c.p_uncond - 1) < 1e-9, "p_uncond",
          "p_full + p_marginal + p_uncond must sum to 1")
     need(0 < c.coverage <= 1, "coverage", "must be in (0, 1]")
+    need(c.eval_classifier_epochs >= 0, "eval_classifier_epochs",
+         "must be >= 0 (0 skips the image scores)")
 
 
 def _coerce(name: str, value: Any, default: Any) -> Any:

@@ -31,10 +31,9 @@ def test_a_bad_option_exits_2_naming_it(argv, fragment, capsys, tmp_path, monkey
     assert fragment in capsys.readouterr().err
 
 
-def test_audit_needs_verify_or_pin(capsys):
-    with pytest.raises(SystemExit) as exit_:
-        main(["audit"])
-    assert exit_.value.code == 2 and "--verify" in capsys.readouterr().err
+def test_audit_needs_verify_pin_or_a_threat_model(capsys):
+    assert main(["audit"]) == 2
+    assert "--threat-model" in capsys.readouterr().err
 
 
 def test_flower_keys_and_app_write_what_a_deployment_needs(tmp_path, capsys, monkeypatch):

@@ -26,6 +26,7 @@ from pathlib import Path
 import pytest
 
 from secureffm.config import load_config
+from secureffm.sweep import load_sweep
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPTS = sorted([*ROOT.glob("benchmarks/*.py"), *ROOT.glob("experiments/*.py")])
@@ -122,17 +123,22 @@ def test_every_script_has_a_smoke_test():
               "benchmarks/fedwad.py",
               "benchmarks/he.py", "benchmarks/images.py", "benchmarks/main_job.py",
               "benchmarks/secagg.py", "benchmarks/secagg_rounds.py",
-              "experiments/dcfm_2d.py", "experiments/dcfm_digits.py",
+              "experiments/attacks.py", "experiments/dcfm_2d.py", "experiments/dcfm_digits.py",
               "experiments/distributed_noise_gain.py", "experiments/dp_main_job.py",
               "experiments/fedwad_clustering.py",
               "experiments/fedwad_coreset.py", "experiments/ffm_2d.py",
+              "experiments/one_run_audit.py",
               "experiments/secagg_vs_plaintext.py", "experiments/sweep_privacy_utility.py"}
     assert {str(p.relative_to(ROOT)) for p in SCRIPTS} == tested
 
 
 @pytest.mark.parametrize("config", sorted(ROOT.glob("experiments/*.toml")), ids=lambda p: p.name)
 def test_experiment_config_loads(config):
-    assert load_config(config, {}).data
+    """Run configs load as runs; sweep files (a [grid] table) as sweeps, every cell checked."""
+    if "[grid]" in config.read_text():
+        assert load_sweep(config).cells()
+    else:
+        assert load_config(config, {}).data
 
 
 # -- benchmarks/ ----------------------------------------------------------------------------
@@ -288,6 +294,18 @@ def test_fedwad_benchmark(run_script, tmp_path):
     assert "| N | W (POT) s |" in _block(out, "fedwad")
 
 
+def test_fedwad_speed_grid(run_script, tmp_path):
+    out = tmp_path / "benchmarks.md"
+    result = run_script("benchmarks/fedwad.py", "--speed", "--sizes", "110", "--out",
+                        str(out)).check()
+    for header in ("**two Gaussians, d = 2", "**Gaussian vs mixture, d = 2",
+                   "**two Gaussians, d = 50"):
+        assert header in result.stdout
+    rows = _rows(result.stdout, "0.05-0.95") + _rows(result.stdout, "0.3-0.7")
+    assert len(rows) == 6 and all(len(r) == 7 and r[1] == "100" for r in rows)
+    assert "| t range | S | K = 1 |" in _block(out, "fedwad_speed")
+
+
 def test_main_job_benchmark(run_script, tmp_path):
     """The job runs in a fresh interpreter of its own; its wall time, memory and parts are
     reported, and the parts timed inside the job leave a remainder >= 0 of its wall time."""
@@ -307,6 +325,27 @@ def test_main_job_benchmark(run_script, tmp_path):
 
 
 # -- experiments/ ---------------------------------------------------------------------------
+
+
+def test_one_run_audit(run_script, tmp_path):
+    docs = tmp_path / "docs"
+    run_script("experiments/one_run_audit.py", "--smoke", "--out", str(tmp_path / "runs"),
+               "--doc", str(docs / "results.md")).check()
+    block = _block(docs / "results.md", "one_run_audit")
+    assert [r[1] for r in _rows(block, "dp")] == ["DP-SGD as built", "**noise switched off**"]
+    assert (tmp_path / "runs" / "dp-broken" / "canaries.safetensors").is_file()
+
+
+def test_attacks(run_script, tmp_path):
+    docs = tmp_path / "docs"
+    result = run_script("experiments/attacks.py", "--smoke", "--protocols", "plaintext",
+                        "--runs", str(tmp_path / "runs"), "--doc", str(docs / "results.md")
+                        ).check()
+    block = _block(docs / "results.md", "attacks")
+    assert block.split("\n\n")[1] in result.stdout  # the table
+    assert [r[1] for r in _rows(block, "plaintext")] == ["1 (1)", "4 (4)"]
+    for batch in (1, 4):
+        assert (docs / "figures" / f"attacks_inversion_plaintext_b{batch}.png").stat().st_size
 
 
 def test_dcfm_2d(run_script, tmp_path):

@@ -13,6 +13,9 @@ Every loader returns an :class:`ImageSet`: images ``x`` [N, C, H, W] float32 sca
   ``.gz``, in the folder given or its ``MNIST/raw/`` (torchvision's layout).
 - ``colored-mnist`` (3 x 28 x 28, 100 classes digit * 10 + color): MNIST digits in the ten colors
   of :mod:`.colored_digits` (DCFM paper, Sec. 6.1), one seeded, balanced color per image.
+- ``digits`` (1 x 8 x 8, 10 classes, no file): scikit-learn's bundled digits (pixels 0..16
+  scaled to [-1, 1]), split 75/25 into train and test, stratified and seeded; small enough for
+  the attack tests of :mod:`secureffm.audit.attacks`.
 - ``shapes`` (3 x S x S, 10 classes, no file): a seeded synthetic set with CIFAR's shape: a
   smooth random color background and one filled disk or square of a random color, position
   and size; the class is the shape (disk 0-4, square 5-9) and the color's hue bin (5 bins).
@@ -32,10 +35,12 @@ from ..errors import SecureFFMError
 from .toy2d import Distribution, normals
 
 __all__ = ["ImageSet", "ImagePair", "MissingDataError", "IMAGE_DATA", "load_cifar10",
-           "load_mnist", "load_colored_mnist", "make_shapes", "load_images", "gaussian_images",
-           "image_pair", "image_shape", "read_idx", "mnist_intensity", "mnist_arrays"]
+           "load_mnist", "load_colored_mnist", "make_shapes", "load_digit_images", "load_images",
+           "gaussian_images", "image_pair", "image_shape", "read_idx", "mnist_intensity",
+           "mnist_arrays"]
 
-IMAGE_DATA = ("cifar10", "mnist", "colored-mnist", "shapes")
+IMAGE_DATA = ("cifar10", "mnist", "colored-mnist", "shapes", "digits")
+DIGITS_TEST_FRACTION = 0.25
 SHAPES_TRAIN, SHAPES_TEST = 20_000, 2_000  # images of the synthetic set per split
 
 CIFAR_RECORD = 1 + 3 * 32 * 32
@@ -239,12 +244,31 @@ def make_shapes(count: int, size: int = 32, seed: int = 0) -> ImageSet:
     return ImageSet(x.float().contiguous(), labels)
 
 
+def load_digit_images(split: str = "train", seed: int = 0, count: int | None = None) -> ImageSet:
+    """scikit-learn's digits as images [N, 1, 8, 8] in [-1, 1] (pixel v in 0..16 -> v / 8 - 1)
+    and digits [N]: the ``split`` of a stratified cut seeded by ``seed`` (shuffled), its first
+    ``count`` images when given (the whole split has 1,347 train and 450 test images)."""
+    from sklearn.model_selection import train_test_split
+
+    from .digits import load_digit_arrays
+
+    if split not in ("train", "test"):
+        raise MissingDataError(f"split = {split!r} is unknown; use 'train' or 'test'")
+    x, y = load_digit_arrays()
+    parts = train_test_split(x, y, test_size=DIGITS_TEST_FRACTION, stratify=y,
+                             random_state=seed)
+    x, y = (parts[0], parts[2]) if split == "train" else (parts[1], parts[3])
+    x, y = x[:count], y[:count]
+    return ImageSet(torch.from_numpy(2.0 * x - 1.0).reshape(-1, 1, 8, 8), torch.from_numpy(y))
+
+
 def load_images(name: str, data_dir: str | Path | None = None, split: str = "train",
                 seed: int = 0, image_size: int = 32, count: int | None = None) -> ImageSet:
     """The ``split`` ("train" or "test") of image data set ``name`` (one of
-    :data:`IMAGE_DATA`). ``seed`` colors Colored MNIST; ``image_size`` and ``count`` (default
-    :data:`SHAPES_TRAIN` / :data:`SHAPES_TEST`) size ``shapes``, whose train and test images
-    come from different seeds derived from ``seed``."""
+    :data:`IMAGE_DATA`). ``seed`` colors Colored MNIST and cuts digits; ``image_size`` and
+    ``count`` (default :data:`SHAPES_TRAIN` / :data:`SHAPES_TEST`) size ``shapes``, whose train
+    and test images come from different seeds derived from ``seed``; ``count`` also caps the
+    digits' train split (so clients x shard_size sizes a digits run's training data)."""
     if name == "cifar10":
         return load_cifar10(data_dir, split)
     if name == "mnist":
@@ -252,6 +276,8 @@ def load_images(name: str, data_dir: str | Path | None = None, split: str = "tra
     if name == "colored-mnist":
         colored = load_colored_mnist(data_dir, split, seed)
         return ImageSet(colored.x, colored.labels[:, 0] * 10 + colored.labels[:, 1])
+    if name == "digits":
+        return load_digit_images(split, seed, count if split == "train" else None)
     if name == "shapes":
         if split not in ("train", "test"):
             raise MissingDataError(f"split = {split!r} is unknown; use 'train' or 'test'")
@@ -264,7 +290,7 @@ def load_images(name: str, data_dir: str | Path | None = None, split: str = "tra
 def image_shape(name: str, image_size: int = 32) -> tuple[int, int, int]:
     """(C, H, W) of image data set ``name`` without reading it (``image_size``: shapes')."""
     shapes = {"cifar10": (3, 32, 32), "mnist": (1, 28, 28), "colored-mnist": (3, 28, 28),
-              "shapes": (3, image_size, image_size)}
+              "shapes": (3, image_size, image_size), "digits": (1, 8, 8)}
     if name not in shapes:
         raise MissingDataError(f"data = {name!r} is not an image data set; use one of "
                                f"{', '.join(IMAGE_DATA)}")
@@ -288,8 +314,8 @@ def gaussian_images(shape: tuple[int, ...]) -> Distribution:
 def image_pair(name: str, data_dir: str | Path | None = None, seed: int = 0,
                image_size: int = 32, train_count: int | None = None,
                test_count: int | None = None) -> ImagePair:
-    """Source N(0, I) and the train and test images of ``name`` (the counts size ``shapes``
-    only; the files' sets are read whole)."""
+    """Source N(0, I) and the train and test images of ``name`` (the counts size ``shapes``,
+    ``train_count`` caps ``digits``' train split; the files' sets are read whole)."""
     train = load_images(name, data_dir, "train", seed, image_size, train_count)
     test = load_images(name, data_dir, "test", seed, image_size, test_count)
     classes = 100 if name == "colored-mnist" else 10

@@ -103,5 +103,9 @@ class Channel(Protocol):
                        sensitivity: dict[str, float], size: int) -> NoiseGeometry | None:
         """How distributed DP noise on ``kind`` adds up in the aggregate (None without it)."""
 
+    def note(self, round_: int, event: str, detail: str, fields: dict) -> None:
+        """The server signs an event of its own into the log (e.g. what its DP ledger charged),
+        with structured ``fields`` (JSON-able) an audit reads."""
+
     def close(self) -> str | None:
         """End the run's log with the server's closing record; returns the log's head."""

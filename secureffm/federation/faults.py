@@ -41,7 +41,8 @@ SERVER_DEVIATIONS = {"substitute_keys": "keys", "split_view": "consistency",
 ACTIONS = ("drop", "lose", "corrupt", "replay", "delay", "unknown_sender",
            *SERVER_DEVIATIONS)
 _FAULT_KEYS = {"action", "party", "phase", "recipient", "rounds"}
-_MODEL_KEYS = {"name", "description", "faults"}
+# ``adversary``: what the audit holds the run to (secureffm/audit/threat.py); not the engine's.
+_MODEL_KEYS = {"name", "description", "faults", "adversary"}
 
 
 @dataclass(frozen=True)

@@ -55,7 +55,7 @@ from ..errors import ConfigError, DataError, ProtocolError
 from ..federation.channel import Channel, Task, TaskRefused, task_count
 from ..federation.message import SERVER, Payload
 from ..federation.parties import Client
-from ..models.conditional import ConditionalVelocityMLP, null_labels
+from ..models.conditional import ConditionalUNet, ConditionalVelocityMLP, null_labels
 from ..models.params import flat_params, load_flat_params
 from ..privacy.accounting import calibrate_noise, epsilon
 from ..privacy.dpsgd import DPGradient, PlainGradient, poisson_rate, poisson_rows
@@ -64,7 +64,8 @@ from ..privacy.settings import DPSettings
 from .flow_matching import sample_path
 from .global_model import GlobalModel
 
-__all__ = ["Masking", "mask_labels", "attribute_only", "compose", "slot_velocities",
+__all__ = ["Masking", "mask_labels", "expert_network",
+           "attribute_only", "compose", "slot_velocities",
            "combination_index", "all_combinations", "attribute_holders", "random_route",
            "ExampleDraws", "example_width", "split_uniforms", "expert_losses", "student_losses",
            "ComposedField", "TEACHERS", "anchors", "anchored_velocity",
@@ -383,7 +384,7 @@ def anchored_velocity(experts: Sequence[nn.Module], x: torch.Tensor, t: torch.Te
 @torch.no_grad()
 def teacher_paths(experts: Sequence[nn.Module], counts: torch.Tensor,
                   cardinalities: Sequence[int], shape: tuple[int, ...], paths: int, steps: int,
-                  generator: torch.Generator, device: torch.device, teacher: str = "marginal"):
+                  generator: torch.Generator, device: torch.device, teacher: str = "anchored"):
     """Points on teacher paths for DCFM-B (Eq. 15), by the reading ``teacher`` (docs/dcfm.md):
 
     - ``observed``: Eq. (15) as it reads: y uniform over the combinations some expert holds,
@@ -466,12 +467,13 @@ class DCFMSettings:
 
     ``method``: dcfm-a | dcfm-b | ddm[-l] | fedflow[-l]. The data: example ``shape``, the
     attributes' ``cardinalities`` and ``nominal_size``, the public nominal shard size (q =
-    ``batch_size`` / nominal_size under DP). The expert: a conditional MLP of width ``hidden``
-    trained with Adam at ``lr`` (EMA ``ema_decay`` except for FedFlow), labels masked as
-    ``masking``, CI weight ``ci_weight``. The schedule: ``local_steps`` of stage I, then
-    ``dcfm_rounds`` rounds of ``dcfm_steps`` (DCFM-A), or ``fedflow_rounds`` of
-    ``fedflow_local_steps`` (FedFlow). ``seed``: the run's published seed, which draws the public
-    initial weights (:func:`initial_model`).
+    ``batch_size`` / nominal_size under DP). The expert: ``network`` "mlp", a conditional MLP
+    of width ``hidden``, or "unet", a conditional U-Net (``unet_width``, ``unet_mult``,
+    ``unet_blocks``, ``unet_attention``; images only), trained with Adam at ``lr`` (EMA
+    ``ema_decay`` except for FedFlow), labels masked as ``masking``, CI weight ``ci_weight``.
+    The schedule: ``local_steps`` of stage I, then ``dcfm_rounds`` rounds of ``dcfm_steps``
+    (DCFM-A), or ``fedflow_rounds`` of ``fedflow_local_steps`` (FedFlow). ``seed``: the run's
+    published seed, which draws the public initial weights (:func:`initial_model`).
     """
 
     method: str
@@ -490,6 +492,11 @@ class DCFMSettings:
     fedflow_rounds: int
     fedflow_local_steps: int
     seed: int
+    network: str = "mlp"
+    unet_width: int = 32
+    unet_mult: tuple[int, ...] = (1, 2, 2)
+    unet_blocks: int = 1
+    unet_attention: tuple[int, ...] = ()
 
     @property
     def fedflow(self) -> bool:
@@ -505,9 +512,17 @@ class DCFMSettings:
         """The CI weight of stage I and of FedFlow's local steps (0 for the plain baselines)."""
         return 0.0 if self.method in ("ddm", "fedflow") else self.ci_weight
 
+    @property
+    def architecture(self) -> dict:
+        """The expert network's arguments of :func:`expert_network` besides shape and
+        cardinalities (what a checkpoint keeps to rebuild it)."""
+        return {"network": self.network, "hidden": self.hidden, "unet_width": self.unet_width,
+                "unet_mult": self.unet_mult, "unet_blocks": self.unet_blocks,
+                "unet_attention": self.unet_attention}
+
     def factory(self) -> nn.Module:
         """A fresh expert (its weights from the global torch generator)."""
-        return ConditionalVelocityMLP(self.shape, self.cardinalities, self.hidden)
+        return expert_network(self.shape, self.cardinalities, **self.architecture)
 
     def planned_steps(self) -> int:
         """DP-SGD steps per client over the whole run (what sigma is calibrated for)."""
@@ -515,6 +530,17 @@ class DCFMSettings:
             return self.fedflow_rounds * self.fedflow_local_steps
         extra = self.dcfm_rounds * self.dcfm_steps if self.method == "dcfm-a" else 0
         return self.local_steps + extra
+
+
+def expert_network(shape: tuple[int, ...], cardinalities: tuple[int, ...], network: str,
+                   hidden: int, unet_width: int, unet_mult, unet_blocks: int,
+                   unet_attention) -> nn.Module:
+    """A fresh conditional velocity v(x, t, y) (weights from the global torch generator):
+    ``network`` "unet" (images [C, H, W]) or "mlp" (width ``hidden``)."""
+    if network == "unet":
+        return ConditionalUNet(shape, cardinalities, unet_width, tuple(unet_mult), unet_blocks,
+                               tuple(unet_attention))
+    return ConditionalVelocityMLP(shape, cardinalities, hidden)
 
 
 def initial_model(settings: DCFMSettings, index: int) -> nn.Module:
@@ -838,7 +864,7 @@ class DCFMB:
     send it to every client as a ``model`` message."""
 
     def __init__(self, settings: DCFMSettings, clients: int, device: torch.device,
-                 generator: torch.Generator, teacher: str = "marginal"):
+                 generator: torch.Generator, teacher: str = "anchored"):
         """``clients``: n, which places the student in the public initialisation
         (:func:`initial_model` 2n); ``teacher``: the reading of Eq. (15)'s teacher paths
         (:func:`teacher_paths`)."""

@@ -16,6 +16,7 @@ Arrays are float64 numpy (POT's boundary); supports are [S, d], weights [S] summ
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -27,7 +28,8 @@ from ..ot import emd_cost, emd_plan
 
 __all__ = ["Measure", "FedWADConfig", "FedWADResult", "interpolate", "interpolate_with_distance",
            "wasserstein",
-           "ground_cost", "initial_measure", "check_samples", "draw_t", "add_noise", "fedwad"]
+           "ground_cost", "initial_measure", "check_samples", "draw_t", "add_noise", "fedwad",
+           "accuracy"]
 
 
 @dataclass(frozen=True)
@@ -123,6 +125,10 @@ class FedWADResult:
     ``iterates``: the bound at each evaluated iterate, in order; ``evaluated``: which iterates
     (k of xi^(k), 0 = the initial measure). ``best``: k of the smallest bound, and ``measure``
     that xi^(k). ``trace``: per iteration k >= 1, A^(k) of Theorem 2 when computed, else empty.
+    ``seconds``: per evaluated iterate, the CPU seconds of the critical path until its bound was
+    known, as if the two clients worked in parallel: per iteration the slower client's
+    interpolation (which gives the bound of the xi it received), then the server's; at the end
+    the slower client's final distance (:func:`fedwad` only; empty through the channel).
     """
 
     distance: float
@@ -131,6 +137,7 @@ class FedWADResult:
     best: int
     measure: Measure
     trace: tuple[float, ...] = field(default=())
+    seconds: tuple[float, ...] = field(default=())
 
 
 def check_samples(x, name: str) -> np.ndarray:
@@ -227,7 +234,8 @@ def fedwad(x, y, config: FedWADConfig, rng: np.random.Generator | None = None,
 
     ``rng``: one generator for all parties (default: seeded with ``config.seed``); ``init``:
     xi^(0) instead of a Gaussian draw. Every iterate xi^(0..K) is evaluated; the result keeps the
-    smallest bound. ``trace``: also compute A^(k) of Theorem 2 (two extra OT solves per k).
+    smallest bound. ``trace``: also compute A^(k) of Theorem 2 (two extra OT solves per k, not
+    counted in ``seconds``). Each party's work is timed (CPU seconds) for ``seconds``.
     """
     mu = Measure.uniform(check_samples(x, "the first data set"))
     nu = Measure.uniform(check_samples(y, "the second data set"))
@@ -239,19 +247,56 @@ def fedwad(x, y, config: FedWADConfig, rng: np.random.Generator | None = None,
     if xi.dim != mu.dim:
         raise DataError(f"the initial measure has dimension {xi.dim}, the data {mu.dim}")
     p, exact, tol = config.p, config.exact, config.prune_tol
-    measures, bounds, a_trace = [xi], [], []
+    measures, bounds, a_trace, seconds, path = [xi], [], [], [], 0.0
     for _ in range(config.iterations):
-        xi_mu, d_mu = interpolate_with_distance(mu, xi, draw_t(config, rng), p, exact, tol)
-        xi_nu, d_nu = interpolate_with_distance(nu, xi, draw_t(config, rng), p, exact, tol)
+        (xi_mu, d_mu), a = _timed(interpolate_with_distance, mu, xi, draw_t(config, rng), p,
+                                  exact, tol)
+        (xi_nu, d_nu), b = _timed(interpolate_with_distance, nu, xi, draw_t(config, rng), p,
+                                  exact, tol)
         bounds.append(d_mu + d_nu)
+        seconds.append(path + max(a, b))
+        start = time.process_time()
         xi_mu = add_noise(xi_mu, config.noise_std, rng)
         xi_nu = add_noise(xi_nu, config.noise_std, rng)
         xi = interpolate(xi_mu, xi_nu, draw_t(config, rng), p, exact, tol)
+        path += max(a, b) + time.process_time() - start
         measures.append(xi)
         if trace:
             a_trace.append(wasserstein(mu, xi_mu, p) + wasserstein(xi_mu, xi, p)
                            + wasserstein(xi, xi_nu, p) + wasserstein(xi_nu, nu, p))
-    bounds.append(wasserstein(mu, xi, p) + wasserstein(xi, nu, p))
+    d_mu, a = _timed(wasserstein, mu, xi, p)
+    d_nu, b = _timed(wasserstein, xi, nu, p)
+    bounds.append(d_mu + d_nu)
+    seconds.append(path + max(a, b))
     best = int(np.argmin(bounds))
     return FedWADResult(float(bounds[best]), tuple(bounds), tuple(range(len(bounds))), best,
-                        measures[best], tuple(a_trace))
+                        measures[best], tuple(a_trace), tuple(seconds))
+
+
+def _timed(function, *args):
+    """(function(*args), CPU seconds it took)."""
+    start = time.process_time()
+    return function(*args), time.process_time() - start
+
+
+def accuracy(result: FedWADResult, config: FedWADConfig) -> dict:
+    """What the bounds a server learned can vouch for about ``result``, and how to tighten it.
+
+    ``upper_bound``: always true: the distance is W_p(mu, xi) + W_p(xi, nu) >= W_p(mu, nu),
+    each term an exact OT cost. ``still_falling``: how far the best bound fell over the later
+    half of the evaluated iterates, relative to it (None with one bound, as under
+    randomized-t); above about 1e-3, more iterations lower it. The gap to W_p itself is not
+    known: S atoms set an error floor that iterations do not remove (docs/fedwad.md, "What a
+    result vouches for").
+    ``tighten``: the settings to raise.
+    """
+    bounds = result.iterates
+    falling = None
+    if len(bounds) > 1:
+        falling = float(min(bounds[: (len(bounds) + 1) // 2]) / result.distance - 1)
+    advice = [f"--support above {config.support_size} (up to the smaller client's rows: S sets "
+              "an error floor)"]
+    if falling is None or falling > 1e-3:
+        advice.append(f"--iterations above {config.iterations}")
+    return {"upper_bound": True, "still_falling": falling, "support": result.measure.size,
+            "tighten": " and ".join(advice) + ", or --check-exact where the data may be pooled"}

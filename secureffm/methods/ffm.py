@@ -32,8 +32,9 @@ from ..models.params import load_flat_params
 from ..models.unet import UNet
 from ..ot import c_transform
 from ..privacy.accounting import check_delta, epsilon, smallest_multiplier
+from ..privacy.canaries import canary_sum
 from ..privacy.dpsgd import DPGradient, PlainGradient, poisson_rate, poisson_rows
-from ..privacy.ledger import LedgerEntry, PrivacyLedger
+from ..privacy.ledger import CHARGED, LedgerEntry, PrivacyLedger, charged_fields
 from ..privacy.settings import DistributedNoise, DPSettings
 from ..privacy.skellam import SkellamStep, skellam_epsilon
 from .couplings import ExactOTCoupling, IndependentCoupling, SemiDualCoupling
@@ -197,7 +198,10 @@ class FFMClient:
     """FFM's client side: what a client computes in a round with its own shard and secret
     streams (:class:`~secureffm.federation.exchange.Task` ``ffm.velocity`` and ``ffm.dual``,
     args ``{"round": r}``), from public settings only, so a client's own process builds the
-    same program. Its replicas and DP state live in ``client.state``, set up on first use."""
+    same program. Its replicas and DP state live in ``client.state``, set up on first use.
+
+    ``canaries`` (an audit run, set by :meth:`plant`): client id -> directions [k, P] of the
+    gradient canaries included in that client's shard."""
 
     TASKS = ("ffm.velocity", "ffm.dual")
 
@@ -207,6 +211,7 @@ class FFMClient:
         self.dp = dp
         self.pair = pair
         self.device = device
+        self.canaries: dict[str, torch.Tensor] = {}
         self.sigma = 0.0
         if dp is not None and dp.noise != "distributed":  # distributed: secagg adds noise
             self.sigma = local_noise_multiplier(settings, dp)
@@ -220,6 +225,16 @@ class FFMClient:
         if task.name == "ffm.velocity":
             return self._velocity(client, round_)
         return self._dual(client, round_)
+
+    def plant(self, canaries: dict[str, torch.Tensor]) -> None:
+        """An audit run (:mod:`secureffm.privacy.canaries`): client id -> directions [k, P] of
+        the gradient canaries in that client's shard. Each is Poisson-sampled at rate q every
+        velocity step, from the client's secret dp stream, and adds clip * u to the clipped sum
+        (beside the DP noise). DP only: without it there is no guarantee to audit."""
+        if self.dp is None:
+            raise ConfigError("canaries audit a DP guarantee: use a protocol with a dp stage "
+                              "(dp, dp-secagg, dp-secagg-distributed)")
+        self.canaries = dict(canaries)
 
     def setup(self, client: Client) -> None:
         """The client's replicas (their initial weights do not matter: every task loads the
@@ -317,6 +332,10 @@ class FFMClient:
         self._sync(client)
         losses = self.velocity_losses(client, round_, self._rows(client))
         grad = client.state["velocity_grad"](losses, len(losses))
+        planted = self.canaries.get(client.id)
+        if planted is not None and len(planted):  # an audit run: beside the DP noise
+            grad = grad + canary_sum(planted, client.state["rate"], self.dp.clip,
+                                     client.state["dp_rng"]) / np.float32(self.settings.batch_size)
         client.state["last_loss"] = float(losses.detach().mean()) if len(losses) else 0.0
         if not self.settings.dual_round(round_):
             self._done_with_model(client)
@@ -442,19 +461,30 @@ class FederatedFlowMatching:
 
     def _record(self, asked: list[str], kind: str, round_: int) -> None:
         """Ledger entries for the clients asked to compute ``kind`` (each may have released
-        it: a client that was offline then is counted too, which only overstates)."""
-        if self.ledger is None:
+        it: a client that was offline then is counted too, which only overstates), also signed
+        into the log as a ``charged`` event, from which an audit recomputes epsilon."""
+        if self.ledger is None or not asked:
             return
+        entries = []
         for cid in asked:
             multiplier = self.noise_multipliers[cid]
             if not self.distributed:
-                self.ledger.record(LedgerEntry(cid, kind, round_, self.rate, multiplier,
-                                               self.dp.clip))
+                entries.append(LedgerEntry(cid, kind, round_, self.rate, multiplier,
+                                           self.dp.clip))
                 continue
             l2, l1 = self.geometry[kind].sensitivity[cid]
-            self.ledger.record(LedgerEntry(
+            entries.append(LedgerEntry(
                 cid, kind, round_, self.rate, multiplier, self.dp.clip, mechanism="skellam",
                 l2=l2, l1=l1, variance=self.geometry[kind].sum_variance(multiplier)))
+        self._charge(entries, kind, round_)
+
+    def _charge(self, entries: list[LedgerEntry], kind: str, round_: int) -> None:
+        """Record ``entries`` (of one ``kind`` and round) in the ledger and sign them into
+        the log."""
+        for entry in entries:
+            self.ledger.record(entry)
+        self.channel.note(round_, CHARGED, f"DP ledger: {len(entries)} client(s) charged for "
+                          f"their {kind}", charged_fields(kind, entries, self.dp))
 
     # -- rounds --------------------------------------------------------------------------
 
@@ -522,7 +552,10 @@ class FederatedFlowMatching:
             if model.ema is not None:
                 model.ema.load_state_dict(saved["ema"])
         if self.ledger is not None:
-            for entry in state.get("ledger", {}).get("entries", []):
-                self.ledger.record(LedgerEntry(**entry))
+            spent: dict[tuple[int, str], list[LedgerEntry]] = {}
+            for entry in (LedgerEntry(**e) for e in state.get("ledger", {}).get("entries", [])):
+                spent.setdefault((entry.round, entry.kind), []).append(entry)
+            for (spent_round, kind), entries in spent.items():  # this log's charges too
+                self._charge(entries, kind, spent_round)
         if self.potential is not None:
             self.channel.broadcast(round_, "global_potential", {"phi": self.potential.flat()})

@@ -19,12 +19,16 @@ from pathlib import Path
 import torch
 
 from ..errors import ConfigError
-from .attribute_classifier import classifier_features, train_attribute_classifier
+from .attribute_classifier import (
+    AttributeClassifier,
+    classifier_features,
+    train_attribute_classifier,
+)
 from .frechet import feature_stats, frechet_distance
 
 __all__ = ["ImageFeatures", "image_features", "inception_features", "fid"]
 
-NOT_COMPARABLE = ("Frechet distance on the features of a classifier trained on this run's "
+NOT_COMPARABLE = ("Frechet distance on the features of a classifier trained on the data set's "
                   "training images, not Inception-v3: NOT comparable with published FID values")
 
 
@@ -78,10 +82,12 @@ def inception_features(weights: str | Path, device: torch.device) -> ImageFeatur
 
 def image_features(train: torch.Tensor, labels: torch.Tensor, classes: int,
                    fid_weights: str = "", device: torch.device | str = "cpu", seed: int = 0,
-                   epochs: int = 4, progress: bool = False) -> ImageFeatures:
+                   epochs: int = 4, progress: bool = False,
+                   classifier: AttributeClassifier | None = None) -> ImageFeatures:
     """The FID feature extractor: Inception when ``fid_weights`` is given and pytorch-fid
-    imports, else a classifier of ``classes`` classes trained (seeded, on the CPU) on images
-    ``train`` [N, C, H, W] with ``labels`` [N]; the note says why Inception was not used."""
+    imports, else ``classifier``'s features or, without one, those of a classifier of
+    ``classes`` classes trained (seeded) on images ``train`` [N, C, H, W] with ``labels`` [N];
+    the note says why Inception was not used."""
     why = "no --fid-weights given"
     if fid_weights:
         try:
@@ -89,8 +95,9 @@ def image_features(train: torch.Tensor, labels: torch.Tensor, classes: int,
         except (ImportError, RuntimeError, OSError) as err:  # torchvision's import fails here
             first = str(err).strip().splitlines()[0] if str(err).strip() else ""
             why = f"pytorch-fid could not run ({type(err).__name__}: {first})"
-    model = train_attribute_classifier(train, labels[:, None], (classes,), epochs=epochs,
-                                       seed=seed, progress=progress, device=device)
+    model = classifier or train_attribute_classifier(
+        train, labels[:, None], (classes,), epochs=epochs, seed=seed, progress=progress,
+        device=device)
     return ImageFeatures("classifier", False, f"{NOT_COMPARABLE}; {why}",
                          lambda x: classifier_features(model, x.to(device)).cpu())
 

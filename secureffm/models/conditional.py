@@ -1,4 +1,5 @@
-"""A velocity field conditioned on k discrete attributes, each of which may be "null".
+"""Velocity fields conditioned on k discrete attributes, each of which may be "null": an MLP
+for points and small images, a U-Net for images.
 
 Labels are long tensors [B, k] with values 0..cardinality_j - 1; the extra index
 ``cardinality_j`` is the null token of attribute j (the attribute is masked out), so
@@ -12,7 +13,9 @@ import math
 import torch
 from torch import nn
 
-__all__ = ["ConditionalVelocityMLP", "null_labels"]
+from .unet import UNet
+
+__all__ = ["ConditionalVelocityMLP", "ConditionalUNet", "null_labels"]
 
 
 def null_labels(batch: int, cardinalities: tuple[int, ...], device=None) -> torch.Tensor:
@@ -53,3 +56,29 @@ class ConditionalVelocityMLP(nn.Module):
         parts = [x.reshape(batch, -1), torch.sin(angles), torch.cos(angles)]
         parts += [table(y[:, j]) for j, table in enumerate(self.embeddings)]
         return self.net(torch.cat(parts, dim=1)).reshape(batch, *self.shape)
+
+
+class ConditionalUNet(nn.Module):
+    """v_theta(x, t, y) for images: [B, C, H, W] x [B] x [B, k] -> [B, C, H, W].
+
+    A :class:`~.unet.UNet` (``base_width``, ``channel_mult``, ``blocks``, ``attention``) whose
+    time embedding gets the sum of one learned embedding per attribute added (attribute j: a
+    table of |Y_j| + 1 rows, the last the null token), as class-conditional diffusion U-Nets
+    condition on labels. Embedding, Linear, Conv2d and GroupNorm only: Opacus clips each
+    example's gradient."""
+
+    def __init__(self, shape: tuple[int, int, int], cardinalities: tuple[int, ...],
+                 base_width: int = 32, channel_mult: tuple[int, ...] = (1, 2, 2),
+                 blocks: int = 1, attention: tuple[int, ...] = ()):
+        super().__init__()
+        channels, size, _ = shape
+        self.shape = tuple(shape)
+        self.cardinalities = tuple(int(c) for c in cardinalities)
+        self.unet = UNet(channels, base_width, channel_mult=channel_mult, blocks=blocks,
+                         attention=attention, image_size=size)
+        self.embeddings = nn.ModuleList(nn.Embedding(c + 1, self.unet.embedding_dim)
+                                        for c in self.cardinalities)
+
+    def forward(self, x: torch.Tensor, t: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        condition = sum(table(y[:, j]) for j, table in enumerate(self.embeddings))
+        return self.unet(x, t, condition)

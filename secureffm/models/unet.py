@@ -120,12 +120,22 @@ class UNet(nn.Module):
         self.out = nn.Sequential(nn.GroupNorm(groups, w), nn.SiLU(),
                                  nn.Conv2d(w, channels, 3, padding=1))
 
-    def forward(self, x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+    @property
+    def embedding_dim(self) -> int:
+        """Width of the time embedding every block receives (4 x base width)."""
+        return 4 * self.base_width
+
+    def forward(self, x: torch.Tensor, t: torch.Tensor,
+                condition: torch.Tensor | None = None) -> torch.Tensor:
+        """``condition``: an optional [B, embedding_dim] embedding added to the time embedding
+        (a class or attribute embedding, :class:`~.conditional.ConditionalUNet`)."""
         if x.shape[-2] % self.factor or x.shape[-1] % self.factor:
             raise ValueError(f"UNet needs H and W divisible by {self.factor}, got "
                              f"{tuple(x.shape[-2:])}")
         t = t.reshape(-1).expand(x.shape[0]).to(x.dtype)
         emb = self.time(time_embedding(t, self.base_width).to(x.dtype))
+        if condition is not None:
+            emb = emb + condition.to(emb.dtype)
         h, skips = self.conv_in(x), []
         for level, layers in enumerate(self.encoder):
             for layer in layers:

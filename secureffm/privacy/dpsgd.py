@@ -187,6 +187,13 @@ class DPGradient:
                     (coefficients * losses).sum().backward()
                 finally:
                     self.forward_module.enable_hooks()
+        else:  # an empty Poisson batch ran forward only: drop what Opacus' hooks kept of it,
+            # or the next forward reads as a second use of every layer (parameter tying)
+            for module in self.forward_module.modules():
+                if getattr(module, "activations", None):
+                    module.activations = []
+            for p in self.params:
+                p._forward_counter = 0
         return self._noisy_mean()
 
     def _noisy_mean(self) -> np.ndarray:

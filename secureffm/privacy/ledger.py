@@ -6,9 +6,13 @@ from collections import defaultdict
 from dataclasses import asdict, dataclass, replace
 
 from .accounting import Schedule, epsilon
+from .settings import DPSettings
 from .skellam import SkellamStep, skellam_epsilon
 
-__all__ = ["LedgerEntry", "PrivacyLedger"]
+__all__ = ["LedgerEntry", "PrivacyLedger", "CHARGED", "charged_fields", "charged_entries"]
+
+# The log event in which the server records what the ledger charged for one aggregation.
+CHARGED = "charged"
 
 
 @dataclass(frozen=True)
@@ -119,3 +123,24 @@ class PrivacyLedger:
 
     def state_dict(self) -> dict:
         return {"delta": self.delta, "entries": [asdict(e) for e in self.entries]}
+
+
+def charged_fields(kind: str, entries: list[LedgerEntry], settings: DPSettings) -> dict:
+    """The structured fields of a ``charged`` log event: the ``entries`` of one aggregation of
+    ``kind`` (client -> the mechanism it ran: rate q, multiplier, clip, steps, and the Skellam
+    sensitivities and variance in quantization levels) and what accounting needs besides
+    (``delta``, ``accountant``, ``target_epsilon``; ``noise`` and ``colluders``: how the noise
+    is split). An audit rebuilds the entries with :func:`charged_entries`."""
+    skip = {"client", "kind", "round"}
+    return {"of_kind": kind, "delta": settings.delta, "accountant": settings.accountant,
+            "target_epsilon": settings.target_epsilon, "noise": settings.noise,
+            "colluders": settings.colluders,
+            "charged": {e.client: {k: v for k, v in asdict(e).items() if k not in skip}
+                        for e in entries}}
+
+
+def charged_entries(record: dict) -> list[LedgerEntry]:
+    """The ledger entries a ``charged`` log record states (see :func:`charged_fields`).
+    Raises KeyError or TypeError on a record without them."""
+    return [LedgerEntry(client, record["of_kind"], record["round"], **fields)
+            for client, fields in record["charged"].items()]

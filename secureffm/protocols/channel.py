@@ -214,6 +214,10 @@ class ProtectedChannel:
                         gathered[peer].append(author)
         return gathered
 
+    def note(self, round_: int, event: str, detail: str, fields: dict) -> None:
+        """See :meth:`Channel.note`: an event about every party (``*``), phase ``aggregate``."""
+        self.transport.record(self.server.event(round_, "aggregate", event, "*", detail, fields))
+
     def close(self) -> str | None:
         """End the run's log with the server's signed closing record; returns its head."""
         return self.transport.close(self.server)

@@ -42,6 +42,7 @@ from ..methods.dcfm import (  # noqa: E402
     Masking,
     all_combinations,
     attribute_holders,
+    expert_network,
     expert_noise_multiplier,
     initial_model,
     random_route,
@@ -49,7 +50,6 @@ from ..methods.dcfm import (  # noqa: E402
 from ..methods.dcfm_baselines import FedFlow, RouterField  # noqa: E402
 from ..methods.ffm import client_weights  # noqa: E402
 from ..metrics.sampling import integrate  # noqa: E402
-from ..models.conditional import ConditionalVelocityMLP  # noqa: E402
 from ..privacy.accounting import check_delta  # noqa: E402
 from ..privacy.dpsgd import poisson_rate  # noqa: E402
 from ..privacy.ledger import PrivacyLedger  # noqa: E402
@@ -115,8 +115,9 @@ def _per_mode(config: RunConfig) -> int:
 
 def conditional_data(config: RunConfig) -> ConditionalData:
     """``modes2d``: clients x shard_size points over the three observed modes; partition
-    ``disjoint`` is the paper's non-IID split. ``colored-digits``: the bundled digits at total
-    coverage ``coverage``, partition ``iid`` or ``dirichlet``."""
+    ``disjoint`` is the paper's non-IID split. ``colored-digits`` (the bundled 8 x 8 digits) and
+    ``colored-mnist`` (MNIST's training images from ``data_dir``): total coverage ``coverage``,
+    partition ``iid`` or ``dirichlet``."""
     if config.data == "modes2d":
         from ..data.modes2d import CARDINALITIES, MISSING, modes2d_shards
 
@@ -124,10 +125,12 @@ def conditional_data(config: RunConfig) -> ConditionalData:
                                 config.seed, config.dirichlet_alpha)
         return ConditionalData(shards, CARDINALITIES, torch.tensor([MISSING]))
     from ..data.colored_digits import federated_colored_digits
+    from ..data.images import mnist_intensity
 
+    gray = mnist_intensity(config.data_dir) if config.data == "colored-mnist" else None
     split = federated_colored_digits(config.clients, config.coverage, config.partition,
                                      config.dirichlet_alpha, config.seed,
-                                     min_size=config.batch_size)
+                                     min_size=config.batch_size, images=gray)
     return ConditionalData([(s.x, s.labels) for s in split.clients], split.cardinalities,
                            split.novel)
 
@@ -161,7 +164,8 @@ def dcfm_settings(config: RunConfig, facts: DataFacts,
         c.method, facts.shape, facts.cardinalities, facts.nominal_size, c.hidden, c.lr,
         c.ema_decay, c.batch_size, Masking(c.p_full, c.p_marginal, c.p_uncond), c.ci_weight,
         c.local_steps, c.dcfm_rounds, c.dcfm_steps, c.fedflow_rounds, c.fedflow_local_steps,
-        c.seed)
+        c.seed, "unet" if c.dcfm_unet else "mlp", c.unet_width, c.unet_mult, c.unet_blocks,
+        c.unet_attention)
     dp = resolve_dp(config, protocol, (settings.kind,))
     if dp is not None:
         check_delta(dp.delta, facts.nominal_size)
@@ -266,22 +270,79 @@ def _train(config: RunConfig, settings: DCFMSettings, channel: Channel,
 
 def _evaluate(config: RunConfig, facts: DataFacts, sampler: DCFMSampler,
               device: torch.device) -> tuple[dict, dict]:
-    """Samples of every combination (``eval_samples`` each on modes2d, 8 on images) and, on
-    modes2d, the fraction of each combination's samples within 3 std of its mode."""
+    """Samples of every combination at the largest NFE (``eval_samples`` each on modes2d; on
+    images ``eval_samples`` over all combinations, at least one each) and, on modes2d, the
+    fraction of each combination's samples within 3 std of its mode; on images the
+    compositional accuracy and Frechet distance of novel and held combinations
+    (:func:`_image_scores`)."""
     generator = party_generator(config.seed, EVALUATOR, device)
-    n = config.eval_samples if config.data == "modes2d" else 8
+    combinations = all_combinations(facts.cardinalities)
+    n = (config.eval_samples if config.data == "modes2d"
+         else max(1, config.eval_samples // len(combinations)))
     samples = {tuple(y.tolist()): sampler.sample(y, n, generator, max(config.nfe)).cpu()
-               for y in all_combinations(facts.cardinalities)}
+               for y in combinations}
     report: dict = {"nfe": max(config.nfe), "samples_per_combination": n}
-    if config.data == "modes2d":
-        from ..data.modes2d import MISSING, OBSERVED, in_mode_fraction
+    if config.data != "modes2d":
+        if config.eval_classifier_epochs:
+            report.update(_image_scores(config, facts, samples, device))
+        return report, samples
+    from ..data.modes2d import MISSING, OBSERVED, in_mode_fraction
 
-        fractions = {f"{a},{b}": in_mode_fraction(x, (a, b)) for (a, b), x in samples.items()}
-        report["in_mode_fraction"] = fractions
-        report["missing_mode_fraction"] = fractions["{},{}".format(*MISSING)]
-        report["observed_mode_fraction"] = float(np.mean(
-            [fractions["{},{}".format(*y)] for y in OBSERVED]))
+    fractions = {f"{a},{b}": in_mode_fraction(x, (a, b)) for (a, b), x in samples.items()}
+    report["in_mode_fraction"] = fractions
+    report["missing_mode_fraction"] = fractions["{},{}".format(*MISSING)]
+    report["observed_mode_fraction"] = float(np.mean(
+        [fractions["{},{}".format(*y)] for y in OBSERVED]))
     return report, samples
+
+
+def _evaluator_images(config: RunConfig, split: str):
+    """The evaluator's colored images of ``split`` (outside the federation, every
+    combination): the bundled digits in all ten colors, or MNIST from ``data_dir`` in one
+    balanced color per image."""
+    if config.data == "colored-mnist":
+        from ..data.images import load_colored_mnist
+
+        return load_colored_mnist(config.data_dir, split, config.seed)
+    from ..data.colored_digits import load_colored_digits
+
+    return load_colored_digits(split)
+
+
+def _image_scores(config: RunConfig, facts: DataFacts, samples: dict,
+                  device: torch.device) -> dict:
+    """The DCFM paper's Table 1 scores of generated images ``samples`` {(digit, color): [n, C,
+    H, W]}: an attribute classifier (one head per attribute) trained on the evaluator's
+    training images gives the compositional accuracy (both attributes as requested) of novel
+    and held combinations, and the Frechet distance to the evaluator's test images of those
+    combinations, on Inception features with ``fid_weights`` where pytorch-fid runs, else on
+    the classifier's (labelled not comparable with published FID). Samples are clipped to the
+    pixel range [-1, 1] first, as saving them as images would."""
+    from ..metrics.attribute_classifier import attribute_accuracy, compositional_accuracy
+    from ..metrics.attribute_classifier import train_attribute_classifier as train
+    from ..metrics.fid import fid, image_features
+
+    training, test = _evaluator_images(config, "train"), _evaluator_images(config, "test")
+    classifier = train(training.x, training.labels, facts.cardinalities,
+                       config.eval_classifier_epochs, seed=config.seed,
+                       progress=config.progress, device=device)
+    features = image_features(training.x, training.labels, 0, config.fid_weights, device,
+                              classifier=classifier)
+    novel = {tuple(y) for y in facts.novel.tolist()}
+    report: dict = {"features": features.describe(), "classifier_test_accuracy": dict(zip(
+        ("digit", "color"), attribute_accuracy(classifier, test.x.to(device),
+                                               test.labels.to(device)), strict=True))}
+    for name, wanted in (("novel", True), ("held", False)):
+        combos = [y for y in samples if (y in novel) == wanted]
+        if not combos:
+            continue
+        x = torch.cat([samples[y] for y in combos]).nan_to_num(0.0).clamp(-1.0, 1.0)
+        labels = torch.tensor(combos).repeat_interleave(len(samples[combos[0]]), dim=0)
+        keep = (test.labels[:, None, :] == torch.tensor(combos)[None]).all(-1).any(-1)
+        report[f"compositional_accuracy_{name}"] = compositional_accuracy(
+            classifier, x.to(device), labels.to(device))
+        report[f"frechet_{name}"] = fid(features, x, test.x[keep])
+    return report
 
 
 def _plot_samples(path: Path, facts: DataFacts,
@@ -306,21 +367,38 @@ def _plot_samples(path: Path, facts: DataFacts,
             if ax.get_legend_handles_labels()[0]:
                 ax.legend(markerscale=5, fontsize=7, loc="upper left")
     else:
-        combos = list(samples)
-        cols = min(4, len(next(iter(samples.values()))))
-        side = math.ceil(math.sqrt(len(combos)))
-        fig, axes = plt.subplots(side, side, figsize=(1.6 * side, 1.6 * side), squeeze=False)
-        for ax in axes.flat:
-            ax.axis("off")
-        for ax, combo in zip(axes.flat, combos, strict=False):
-            row = samples[combo][:cols]
-            tiles = ((row[:, :3].clamp(-1, 1) + 1) / 2).permute(0, 2, 3, 1)
-            ax.imshow(torch.cat(list(tiles), dim=1).numpy())
-            ax.set_title(str(combo), fontsize=6, color="red" if combo in novel else "black")
-        fig.suptitle(title, fontsize=9)
+        fig, ax = plt.subplots(figsize=(9, 8))
+        ax.imshow(_mosaic(samples, facts.cardinalities, novel).numpy())
+        k1, k2 = facts.cardinalities
+        height, width = 1 / k1, 1 / k2
+        ax.set_xticks([(j + 0.5) * ax.get_xlim()[1] * width for j in range(k2)], range(k2))
+        ax.set_yticks([(i + 0.5) * ax.get_ylim()[0] * height for i in range(k1)], range(k1))
+        ax.set_xlabel("attribute 2 (color)")
+        ax.set_ylabel("attribute 1 (digit)")
+        ax.set_title(f"{title}\nred frame: a novel combination (no client holds it)", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def _mosaic(samples: dict, cardinalities: tuple[int, ...], novel: set,
+            per_cell: int = 2) -> torch.Tensor:
+    """One RGB image [k1 (H + 4), k2 (per_cell W + 4), 3] in [0, 1]: cell (i, j) holds the first
+    ``per_cell`` samples of combination (i, j) side by side, framed red when it is novel and
+    gray when held."""
+    k1, k2 = cardinalities
+    first = next(iter(samples.values()))
+    per_cell = min(per_cell, len(first))
+    _, h, w = first.shape[1:]
+    cell_h, cell_w = h + 4, per_cell * w + 4
+    out = torch.ones(k1 * cell_h, k2 * cell_w, 3)
+    for (i, j), x in samples.items():
+        frame = torch.tensor([0.9, 0.1, 0.1] if (i, j) in novel else [0.6, 0.6, 0.6])
+        top, left = i * cell_h, j * cell_w
+        out[top + 1:top + cell_h - 1, left + 1:left + cell_w - 1] = frame
+        tiles = ((x[:per_cell, :3].nan_to_num(0.0).clamp(-1, 1) + 1) / 2).permute(0, 2, 3, 1)
+        out[top + 2:top + 2 + h, left + 2:left + 2 + per_cell * w] = torch.cat(list(tiles), 1)
+    return out
 
 
 def run_dcfm(config: RunConfig, connect: Connect | None = None) -> RunResult:
@@ -385,6 +463,7 @@ def run_dcfm(config: RunConfig, connect: Connect | None = None) -> RunResult:
     (out / "privacy.json").write_text(json.dumps(privacy, indent=2))
     (out / "metrics.json").write_text(json.dumps(metrics, indent=2))
     torch.save({"config": config.to_dict(), "kind": sampler.kind,
+                "architecture": settings.architecture,
                 "models": [m.state_dict() for m in sampler.models],
                 "counts": sampler.counts.cpu(), "cardinalities": facts.cardinalities,
                 "shape": facts.shape}, out / "checkpoint.pt")
@@ -398,10 +477,12 @@ def load_dcfm(run_dir: str | Path, device: str = "cpu") -> DCFMSampler:
     """The sampler of a finished DCFM-family run (its experts, student or global model)."""
     checkpoint = load_checkpoint(Path(run_dir) / "checkpoint.pt", device)
     config = checkpoint["config"]
+    architecture = checkpoint.get("architecture") or {  # runs before the U-Net experts
+        "network": "mlp", "hidden": config["hidden"], "unet_width": 0, "unet_mult": (),
+        "unet_blocks": 0, "unet_attention": ()}
     models = []
     for state in checkpoint["models"]:
-        model = ConditionalVelocityMLP(checkpoint["shape"], checkpoint["cardinalities"],
-                                       config["hidden"])
+        model = expert_network(checkpoint["shape"], checkpoint["cardinalities"], **architecture)
         model.load_state_dict(state)
         models.append(model.to(device).eval().requires_grad_(False))
     return DCFMSampler(checkpoint["kind"], models, checkpoint["counts"].to(device),

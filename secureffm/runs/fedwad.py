@@ -28,7 +28,7 @@ from ..errors import ConfigError, DataError
 from ..federation.channel import Channel
 from ..federation.log import MessageLog
 from ..federation.parties import new_clients, secret_randomness
-from ..methods.fedwad import FedWADConfig, check_samples, ground_cost
+from ..methods.fedwad import FedWADConfig, accuracy, check_samples, ground_cost
 from ..methods.fedwad_federated import FedWADClient, federated_distance, pairwise_distances
 from ..ot import emd_cost
 from ..protocols.protocol import Protocol, load_protocol
@@ -220,7 +220,7 @@ def run_fedwad(run: FedWADRun, connect: Connect | None = None) -> FedWADRunResul
             found = federated_distance(channel, geodesic, ids[0], ids[1], run.fedwad, dim=dim)
             result.update(distance=found.distance, iterates=list(found.iterates),
                           evaluated=list(found.evaluated), best=found.best,
-                          support=found.measure.size)
+                          support=found.measure.size, accuracy=accuracy(found, run.fedwad))
         else:
             matrix = pairwise_distances(channel, geodesic, run.fedwad, progress=run.progress,
                                         dim=dim)

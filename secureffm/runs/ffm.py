@@ -37,6 +37,7 @@ from ..metrics.evaluate import evaluate_flow, potential_health
 from ..metrics.fid import fid, image_features
 from ..metrics.sampling import integrate, trajectories
 from ..plots import plot_trajectories, plot_w2_nfe
+from ..privacy.canaries import AUDIT_NOTICE, CANARY_FILE, draw_canaries, save_canaries
 from ..protocols.protocol import Protocol, load_protocol
 from ..protocols.statement import privacy_statement
 from ..runtime import party_generator, resolve_device
@@ -85,13 +86,17 @@ def _image_shards(pair: ImagePair, config: RunConfig) -> list[torch.Tensor]:
     return shards
 
 
-def _build(config: RunConfig, device: torch.device, log: MessageLog, connect: Connect | None):
+def _build(config: RunConfig, device: torch.device, log: MessageLog, connect: Connect | None,
+           out: Path):
     """The data pair, the shards the server may plot (None when the clients run elsewhere:
-    then it holds none), and the trainer."""
+    then it holds none), and the trainer; with ``config.canaries``, the clients' planted
+    canaries, saved to ``out``/canaries.safetensors."""
     pair = (image_pair(config.data, config.data_dir, config.seed, config.image_size,
                        config.clients * config.shard_size, config.eval_samples)
             if config.images else get_pair(config.data))
     protocol = load_protocol(config.protocol)
+    if config.canaries:
+        _check_canaries(config, protocol, connect)
     if config.method in CENTRALIZED:
         config.require_no_dp_options(protocol.name)
         if protocol.spec.stages:
@@ -115,9 +120,29 @@ def _build(config: RunConfig, device: torch.device, log: MessageLog, connect: Co
     clients = new_clients([shard.to(device) for shard in shards], config.deterministic_seed)
     faults = load_threat_model(config.threat_model) if config.threat_model else None
     dp = resolve_dp(config, protocol, settings.sent_kinds)
-    channel = open_channel(protocol, clients, log, faults, config.deterministic_seed,
-                           FFMClient(settings, dp, pair, device))
-    return pair, shards, FederatedFlowMatching(settings, dp, pair, channel, device)
+    program = FFMClient(settings, dp, pair, device)
+    channel = open_channel(protocol, clients, log, faults, config.deterministic_seed, program)
+    trainer = FederatedFlowMatching(settings, dp, pair, channel, device)
+    if config.canaries:
+        canaries = draw_canaries(config.canaries, len(clients),
+                                 torch.from_numpy(trainer.velocity.flat()))
+        program.plant({c.id: canaries.of_client(i).to(device) for i, c in enumerate(clients)})
+        save_canaries(canaries, out / CANARY_FILE)
+    return pair, shards, trainer
+
+
+def _check_canaries(config: RunConfig, protocol: Protocol, connect: Connect | None) -> None:
+    """Refuse canaries where the one-run audit does not apply."""
+    if config.method not in ("vanilla", "got") or config.images:
+        raise ConfigError(f"canaries = {config.canaries} applies to FFM 'vanilla' or 'got' on "
+                          f"2D data (the DP-SGD clients), not method {config.method!r} on "
+                          f"{config.data!r}; drop --canaries")
+    if not any(stage.name == "dp" for stage in protocol.stages):
+        raise ConfigError(f"canaries = {config.canaries}: protocol {protocol.name!r} has no dp "
+                          "stage, so there is no guarantee to audit; use dp or dp-secagg")
+    if connect is not None:
+        raise ConfigError("canaries are planted by the in-process engine only; use --engine "
+                          "inprocess for an audit run")
 
 
 def _close_log(log: MessageLog, trainer) -> str | None:
@@ -145,8 +170,11 @@ def _privacy(config: RunConfig, trainer, rounds_run: int) -> dict:
         accounting = trainer.ledger.report(trainer.dp.target_epsilon, trainer.dp.accountant)
         accounting.update(noise_multiplier=trainer.noise_multipliers, clip=trainer.dp.clip,
                           rounds_run=rounds_run)
-    return privacy_statement(trainer.channel.protocol, kinds, secret_randomness=randomness,
-                             nominal_records=config.shard_size, accounting=accounting)
+    statement = privacy_statement(trainer.channel.protocol, kinds, secret_randomness=randomness,
+                                  nominal_records=config.shard_size, accounting=accounting)
+    if config.canaries:
+        statement["audit_run"] = {"canaries": config.canaries, "notice": AUDIT_NOTICE}
+    return statement
 
 
 def run_ffm(config: RunConfig, connect: Connect | None = None) -> RunResult:
@@ -171,7 +199,7 @@ def run_ffm(config: RunConfig, connect: Connect | None = None) -> RunResult:
     log = MessageLog(out / "messages.jsonl", keep_payloads=config.keep_payloads)
     trainer = None
     try:
-        pair, shards, trainer = _build(config, device, log, connect)
+        pair, shards, trainer = _build(config, device, log, connect, out)
         first = 1
         if resumed is not None:
             trainer.load_state_dict(resumed["state"], resumed["round"])
@@ -248,6 +276,8 @@ def run_ffm(config: RunConfig, connect: Connect | None = None) -> RunResult:
         "aborted_aggregations": aborted,
         "curves": curves,
     }
+    if config.canaries:
+        metrics["audit_run"] = {"canaries": config.canaries, "notice": AUDIT_NOTICE}
     if config.images:
         metrics.update(periodic.summary(budget - first + 1, train_seconds))
         metrics["seconds_per_round"] = train_seconds / max(budget - first + 1, 1)

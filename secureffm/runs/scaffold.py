@@ -56,7 +56,8 @@ JOURNALS_DIR = "journals"
 # before a new run.
 RUN_ARTIFACTS = ("config.toml", "metrics.json", "result.json", "privacy.json", "messages.jsonl",
                  "parties.json", "payloads.bin", "checkpoint.pt", "trajectories.png",
-                 "w2_nfe.png", "samples.png")
+                 "w2_nfe.png", "samples.png", "audit.md", "audit_epsilon.png",
+                 "canaries.safetensors")
 
 
 def prepare_run_folder(out: Path, overwrite: bool) -> Path:

@@ -134,6 +134,15 @@ def test_an_identity_built_from_a_key_signs_with_that_key():
     assert verify_signature(identity.public, private.sign(b"m"), b"m")
 
 
+@settings(max_examples=100, deadline=None)
+@given(seed=st.binary(min_size=32, max_size=32), data=st.binary(max_size=400))
+def test_libsodium_signing_gives_openssls_signature_bytes(seed, data):
+    """Identity signs with libsodium; Ed25519 is deterministic (RFC 8032), so the bytes must be
+    those cryptography's OpenSSL signer makes from the same key: an independent reference."""
+    private = Ed25519PrivateKey.from_private_bytes(seed)
+    assert Identity(private).sign(data) == private.sign(data)
+
+
 def _openssl_verifies(public: bytes, signature: bytes, data: bytes) -> bool:
     """cryptography's (OpenSSL's) verdict, the reference verify_signature is checked against."""
     try:

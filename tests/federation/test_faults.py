@@ -65,7 +65,8 @@ def test_a_malformed_threat_model_is_refused_naming_the_key(tmp_path, body, frag
 
 def test_a_threat_model_is_found_by_name_or_path_and_unknown_names_list_the_shipped():
     with pytest.raises(ConfigError, match="unknown threat model 'gremlins'; shipped: "
-                                          "drop-after-sharing, faulty-uploads"):
+                                          "colluding-clients, drop-after-sharing, "
+                                          "eavesdropper, faulty-uploads"):
         load_threat_model("gremlins")
     with pytest.raises(ConfigError, match="'missing.toml' does not exist"):
         load_threat_model("missing.toml")
@@ -76,8 +77,12 @@ def test_every_shipped_threat_model_loads_as_written():
     defaults."""
     folder = resources.files("secureffm.specs") / "threat_models"
     names = sorted(p.name[:-5] for p in folder.iterdir() if p.name.endswith(".toml"))
-    assert names == ["drop-after-sharing", "faulty-uploads", "lose-shares-delivery",
-                     "malicious-server"]
+    assert names == ["colluding-clients", "drop-after-sharing", "eavesdropper",
+                     "faulty-uploads", "folder-writer", "honest-but-curious-server",
+                     "lose-shares-delivery", "malicious-server"]
+    for audit_only in ("colluding-clients", "eavesdropper", "folder-writer",
+                       "honest-but-curious-server"):  # an [adversary] table, no faults
+        assert load_threat_model(audit_only).faults == ()
     deviations = load_threat_model("malicious-server")
     assert [(f.action, f.party, f.phase, f.recipient, f.rounds) for f in deviations.faults] == [
         ("substitute_keys", "server", "keys", "client-2", (1,)),

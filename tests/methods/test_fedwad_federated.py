@@ -167,8 +167,12 @@ def test_cli_writes_a_run_folder_that_audits(tmp_path, data, capsys):
     code = main(["fedwad", *files, "--iterations", "5", "--protocol", "fedwad-private",
                  "--check-exact", "--out", str(out)])
     assert code == 0
-    assert "FedWAD W_2" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "FedWAD W_2 <=" in printed and "(an upper bound)" in printed
+    assert "To tighten: --support above 100" in printed
     result = json.loads((out / "result.json").read_text())
+    assert result["accuracy"]["upper_bound"] is True
+    assert result["accuracy"]["still_falling"] is None  # fedwad-private: one bound
     assert result["exact"] == pytest.approx(pot_w2(*data), rel=1e-9)
     assert result["distance"] >= result["exact"] * (1 - 1e-9)
     assert (out / "config.toml").is_file()

@@ -8,6 +8,8 @@ import pytest
 import torch
 from PIL import Image
 
+from secureffm.audit.claims import audit_claims
+from secureffm.audit.threat import load_adversary
 from secureffm.config import RunConfig
 from secureffm.errors import ConfigError
 from secureffm.methods import ffm as ffm_method
@@ -74,6 +76,10 @@ def test_resume_continues_from_the_checkpoint_and_keeps_the_ledger(tmp_path):
     privacy = json.loads((second.out / "privacy.json").read_text())
     schedule = privacy["clients"]["client-1"]["schedule"]["gradient"]
     assert sum(steps for *_, steps in schedule) == 5  # 4 rounds before the resume + 1 after
+    # the resumed run's log charges the 4 rounds before it too: the audit's epsilon is the whole
+    report = audit_claims(second.out, load_adversary("honest-but-curious-server"))
+    assert report.epsilon["client-1"]["total"] == pytest.approx(
+        privacy["clients"]["client-1"]["rdp"]["total"], rel=1e-9)
     with pytest.raises(ConfigError, match="unet_width = 16 but the checkpoint's run used 8"):
         run(_config(tmp_path, "third", method="vanilla", protocol="dp", rounds=6,
                     noise_multiplier=NOISE, unet_width=16,
