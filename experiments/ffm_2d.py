@@ -51,6 +51,10 @@ LABELS = {"vanilla": "FFM-vanilla", "lot": "FFM-LOT", "got": "FFM-GOT",
           "got-phi1e-3": "FFM-GOT, phi lr 1e-3", "icfm": "I-CFM (centralized)",
           "otcfm": "OT-CFM (centralized)"}
 ROOT = Path(__file__).resolve().parents[1]
+# The run defaults are the DP main job's (issue 22); this experiment keeps the settings its
+# table was made with: the FFM paper's App. C.1 (batch 256, Adam 1e-3, EMA 0.999, phi lr 1e-4
+# every 5 rounds).
+PAPER = dict(batch_size=256, lr=1e-3, ema_decay=0.999, potential_lr=1e-4, potential_every=5)
 # --smoke: the smallest runs that still go through every step of the script.
 SMOKE = dict(rounds=2, eval_samples=100, batch_size=64, trajectories=20)
 
@@ -63,7 +67,7 @@ def _one(job: tuple[str, int, dict]) -> dict:
     if (out / "metrics.json").exists():
         return json.loads((out / "metrics.json").read_text())
     overrides = {k: v for k, v in settings.items() if k != "root"}
-    config = load_config(None, {**overrides, **extra, "method": method, "seed": seed,
+    config = load_config(None, {**PAPER, **overrides, **extra, "method": method, "seed": seed,
                                 "out": str(out), "progress": False})
     print(f"start {variant} seed {seed}", flush=True)
     metrics = run(config).metrics

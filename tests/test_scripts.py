@@ -124,7 +124,8 @@ def test_every_script_has_a_smoke_test():
               "benchmarks/he.py", "benchmarks/images.py", "benchmarks/main_job.py",
               "benchmarks/secagg.py", "benchmarks/secagg_rounds.py",
               "experiments/attacks.py", "experiments/dcfm_2d.py", "experiments/dcfm_digits.py",
-              "experiments/distributed_noise_gain.py", "experiments/fedwad_clustering.py",
+              "experiments/distributed_noise_gain.py", "experiments/dp_main_job.py",
+              "experiments/fedwad_clustering.py",
               "experiments/fedwad_coreset.py", "experiments/ffm_2d.py",
               "experiments/one_run_audit.py",
               "experiments/secagg_vs_plaintext.py", "experiments/sweep_privacy_utility.py"}
@@ -376,6 +377,19 @@ def test_dcfm_digits(run_script, tmp_path):
     assert len(_rows(result.stdout, "real training images (floor)")) == 1
     assert (runs / "dcfm_digits_novel.png").stat().st_size > 0
     assert not (docs / "results.md").exists()  # a smoke run's numbers are not results
+
+
+def test_dp_main_job(run_script, tmp_path):
+    docs = tmp_path / "docs"
+    result = run_script("experiments/dp_main_job.py", "--smoke", "--root", str(tmp_path / "runs"),
+                        "--docs", str(docs)).check()
+    block = _block(docs / "results.md", "dp_main_job")
+    assert block in result.stdout
+    rows = [[c.strip() for c in line.strip("|").split("|")] for line in block.splitlines()
+            if line.startswith("| ") and not line.startswith(("| setting", "| ---"))]
+    assert [r[0].startswith("main job") for r in rows] == [False, True]
+    assert [(r[1], r[2]) for r in rows] == [("dp", "rdp"), ("dp-secagg", "rdp")]
+    assert (docs / "figures" / "dp_main_job.png").stat().st_size > 0
 
 
 def test_distributed_noise_gain(run_script, tmp_path):

@@ -157,7 +157,10 @@ class DPGradient:
                     for a, g in pairs:
                         for b, h in pairs:
                             squared += (g * h).sum(1) * ((a * b).sum(1) + bias)
-                coefficients = (self.clip / (squared.sqrt() + 1e-6)).clamp(max=1.0)
+                # Passes that nearly cancel (GOT's dual at x0_j close to x*_j) can round a
+                # squared norm of about 0 below 0: clamp it, or its sqrt is NaN.
+                norms = squared.clamp(min=0.0).sqrt()
+                coefficients = (self.clip / (norms + 1e-6)).clamp(max=1.0)
                 for m, pairs in passes.items():
                     clipped = [(a, g * coefficients[:, None]) for a, g in pairs]
                     m.weight.grad = sum(g.T @ a for a, g in clipped)

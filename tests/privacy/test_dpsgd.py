@@ -140,6 +140,24 @@ def test_linear_mode_clips_a_loss_with_two_passes_per_example_like_one_example_a
                                atol=1e-6 * float(expected.norm()))
 
 
+def test_linear_mode_is_finite_when_an_examples_two_passes_nearly_cancel():
+    """GOT's dual loss -(f(x0_j) - f(x*_j) + c) with x*_j close to x0_j: the cross terms sum to
+    about 0 and float rounding took some below 0, whose sqrt was NaN (a client's dual_update was
+    then rejected and the round's aggregation aborted, issue 22). Such an example's gradient is
+    about 0 and must count as at most clip."""
+    from secureffm.models.mlp import PotentialMLP
+
+    torch.manual_seed(0)
+    model = PotentialMLP(2, 128)
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(4096, 2, generator=g) * 10
+    near = x + torch.randn(4096, 2, generator=g) * 1e-3
+    dp = DPGradient(model, 1.0, 0.0, 4096, torch.Generator())
+    got = dp(-(dp.forward_module(x) - dp.forward_module(near)), 4096)
+    assert np.isfinite(got).all()
+    assert np.linalg.norm(got) <= 1.0 + 1e-6  # 4096 examples of at most clip 1, over 4096
+
+
 def test_linear_mode_refuses_passes_whose_rows_are_not_the_examples():
     torch.manual_seed(0)
     model = VelocityMLP(2, 8)

@@ -38,10 +38,12 @@ def test_short_run_of_every_method_writes_the_run_folder(small_config, method):
 
 
 def test_training_reduces_w2(small_config, tmp_path):
-    before = run(small_config(method="icfm", rounds=1, ema_decay=0.0, shard_size=2000,
-                              eval_samples=1000, nfe=(8,), out=str(tmp_path / "before")))
-    after = run(small_config(method="icfm", rounds=600, ema_decay=0.0, shard_size=2000,
-                             eval_samples=1000, nfe=(8,), out=str(tmp_path / "after")))
+    # The live model (no EMA) at lr 1e-3: at the main job's lr 5e-3 a batch of 64 leaves it
+    # too noisy for this bound after 600 rounds.
+    common = dict(method="icfm", ema_decay=0.0, lr=1e-3, shard_size=2000, eval_samples=1000,
+                  nfe=(8,))
+    before = run(small_config(rounds=1, out=str(tmp_path / "before"), **common))
+    after = run(small_config(rounds=600, out=str(tmp_path / "after"), **common))
     assert after.metrics["eval"]["w2"]["8"] < 0.5 * before.metrics["eval"]["w2"]["8"]
 
 
