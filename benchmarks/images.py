@@ -102,7 +102,7 @@ def measure(args, method: str, protocol: str, root: Path) -> Measured:
     if device.type == "cuda":
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(device)
-    _, _, trainer = _build(config, device, log, None)
+    _, _, trainer = _build(config, device, log, None, Path(config.out))
     endpoints = list(trainer.channel.endpoints.values())
     timed = _Timed(endpoints[0].program, device)  # the clients' program, timed
     for endpoint in endpoints:
