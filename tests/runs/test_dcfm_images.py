@@ -54,7 +54,8 @@ def _config(tmp_path, mnist_dir, method: str, **changes) -> RunConfig:
 
 @pytest.mark.parametrize("method, protocol", [
     ("dcfm-a", "sealed"), pytest.param("dcfm-b", "plaintext", marks=pytest.mark.slow),
-    ("fedflow", "plaintext"), ("ddm", "plaintext")])
+    pytest.param("fedflow", "plaintext", marks=pytest.mark.slow),
+    pytest.param("ddm", "plaintext", marks=pytest.mark.slow)])
 def test_each_method_trains_conditional_unets_on_colored_mnist_and_scores_them(
         tmp_path, mnist_dir, method, protocol):
     result = run(_config(tmp_path, mnist_dir, method, protocol=protocol))

@@ -99,6 +99,7 @@ def test_an_unknown_attack_is_refused_before_any_cell(tmp_path):
     assert not spec.root.exists()
 
 
+@pytest.mark.slow
 def test_a_sweep_runs_the_attacks_it_asks_for_and_reuses_them(tmp_path):
     """Utility and empirical leakage side by side: one DP cell planted with canaries, the
     one-run audit's bound in the CSV beside the accounted epsilon; a second call runs neither
