@@ -155,8 +155,12 @@ def test_fedwad_reconstruction_exact_in_the_clear_and_up_to_t_without_it(tmp_pat
     if protocol == "plaintext":
         assert found["t_recovered"] == 1 and found["w2_reconstruction"] < 1e-6
     else:
+        # A guess t_g of the secret t leaves each point |t - t_g| / (1 - t_g) of its gap to xi
+        # away: never exact, closer than xi, closer than mu itself only when t > 1/3 (t is
+        # uniform on [0.2, 0.8] here, so that last order is not asserted).
         assert found["t_recovered"] == 0
-        assert 0.05 < found["w2_reconstruction"] < found["w2_measure"] < found["w2_server"]
+        assert 0.01 < found["w2_reconstruction"] < found["w2_server"]
+        assert found["w2_measure"] < found["w2_server"]
 
 
 def test_secureffm_audit_attack_prints_each_attack_s_results(tmp_path, capsys):
