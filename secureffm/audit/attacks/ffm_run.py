@@ -23,8 +23,8 @@ from ...errors import SecureFFMError
 from ...federation.parties import new_client
 from ...methods.ffm import FFMClient, FFMSettings, image_velocity
 from ...protocols.protocol import load_protocol
-from ...runs.ffm import _image_shards
-from ...runs.scaffold import load_checkpoint, resolve_dp
+from ...runs.ffm import _image_shards, load_velocity
+from ...runs.scaffold import resolve_dp
 from .view import ServerView
 
 __all__ = ["ImageRun", "ClientStep", "load_image_run"]
@@ -67,16 +67,7 @@ class ImageRun:
     def released(self) -> torch.nn.Module:
         """The model the run released: checkpoint.pt's EMA when kept, else its live weights
         (loaded with weights_only=True), in eval mode."""
-        checkpoint = load_checkpoint(self.folder / "checkpoint.pt")
-        saved = checkpoint["state"]["velocity"]
-        model = self.network()
-        if saved["ema"] is not None:
-            prefix = "module."
-            model.load_state_dict({k[len(prefix):]: v for k, v in saved["ema"].items()
-                                   if k.startswith(prefix)})
-        else:
-            model.load_state_dict(saved["module"])
-        return model.eval()
+        return load_velocity(self.folder)
 
     def theta(self, client: str, round_: int) -> np.ndarray:
         """The global model [P] the server broadcast to ``client`` in ``round_`` (the logged
