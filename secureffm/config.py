@@ -18,7 +18,8 @@ from .data.images import IMAGE_DATA
 from .data.pairs import PAIRS
 from .errors import ConfigError
 
-__all__ = ["RunConfig", "load_config", "config_from_dict", "write_config", "config_fields"]
+__all__ = ["RunConfig", "load_config", "read_toml", "config_from_dict", "write_config",
+           "config_fields"]
 
 METHODS = ("vanilla", "lot", "got", "icfm", "otcfm")
 # DCFM and its baselines (secureffm/runs/dcfm.py) run on conditional data sets only.
@@ -308,17 +309,23 @@ def config_from_dict(values: dict[str, Any], base: RunConfig | None = None) -> R
     return dataclasses.replace(base, **changes)
 
 
+def read_toml(path: str | Path, what: str) -> dict[str, Any]:
+    """The TOML file at ``path`` as a table; a missing or malformed file is a ConfigError that
+    calls it a ``what`` file."""
+    path = Path(path)
+    try:
+        return tomllib.loads(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"{what} file {str(path)!r} does not exist") from None
+    except tomllib.TOMLDecodeError as err:
+        raise ConfigError(f"{what} file {str(path)!r} is not valid TOML: {err}") from None
+
+
 def load_config(path: str | Path | None, overrides: dict[str, Any] | None = None) -> RunConfig:
     """Read ``path`` (TOML, flat keys) if given, then apply ``overrides`` (the CLI's options)."""
     config = RunConfig()
     if path is not None:
-        path = Path(path)
-        try:
-            values = tomllib.loads(path.read_text())
-        except FileNotFoundError:
-            raise ConfigError(f"config file {str(path)!r} does not exist") from None
-        except tomllib.TOMLDecodeError as err:
-            raise ConfigError(f"config file {str(path)!r} is not valid TOML: {err}") from None
+        values = read_toml(path, "config")
         nested = [k for k, v in values.items() if isinstance(v, dict)]
         if nested:
             raise ConfigError(f"config file {str(path)!r}: tables are not used, move the keys "

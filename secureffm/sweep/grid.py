@@ -24,12 +24,11 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..config import METHODS, RunConfig, config_from_dict
+from ..config import METHODS, RunConfig, config_from_dict, read_toml
 from ..errors import ConfigError, SecureFFMError
 from ..protocols.protocol import load_protocol
 from ..specs import check_keys
@@ -105,12 +104,7 @@ def load_sweep(path: str | Path, overrides: dict[str, Any] | None = None) -> Swe
     """Read the sweep file at ``path``; ``overrides`` replace its top-level keys and, for the
     ``grid`` and ``run`` tables, single keys inside them (a script's options)."""
     path = Path(path)
-    try:
-        values = tomllib.loads(path.read_text())
-    except FileNotFoundError:
-        raise ConfigError(f"sweep file {str(path)!r} does not exist") from None
-    except tomllib.TOMLDecodeError as err:
-        raise ConfigError(f"sweep file {str(path)!r} is not valid TOML: {err}") from None
+    values = read_toml(path, "sweep")
     for key, value in (overrides or {}).items():
         if key in ("grid", "run"):
             values[key] = {**values.get(key, {}), **value}
