@@ -39,7 +39,7 @@ from secureffm.config import RunConfig
 from secureffm.errors import SecureFFMError
 from secureffm.federation.log import MessageLog
 from secureffm.reporting import markdown_table, write_block
-from secureffm.runs.ffm import _build
+from secureffm.runs.ffm import build_run
 from secureffm.runtime import resolve_device
 
 __all__ = ["main"]
@@ -102,7 +102,7 @@ def measure(args, method: str, protocol: str, root: Path) -> Measured:
     if device.type == "cuda":
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(device)
-    _, _, trainer = _build(config, device, log, None, Path(config.out))
+    _, _, trainer = build_run(config, device, log, None, Path(config.out))
     endpoints = list(trainer.channel.endpoints.values())
     timed = _Timed(endpoints[0].program, device)  # the clients' program, timed
     for endpoint in endpoints:

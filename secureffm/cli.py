@@ -6,6 +6,7 @@ import argparse
 import json
 import sys
 from dataclasses import MISSING, replace
+from pathlib import Path
 
 import numpy as np
 
@@ -269,10 +270,19 @@ def _attacks(args: argparse.Namespace) -> int:
     return 0
 
 
+def _run_folder(path: str | None) -> str | None:
+    """A run folder given as itself or as its log, ``RUN_DIR/messages.jsonl``."""
+    if path is not None and Path(path).name == "messages.jsonl" and Path(path).is_file():
+        return str(Path(path).parent)
+    return path
+
+
 def audit_command(args: argparse.Namespace) -> int:
     """Print the verdict(s), the pin or the attacks' results; 0 intact (every claim PASS or NOT
     COVERED; or attacked), 1 tampered (a claim FAILs), 2 when the folder, pin or threat model
-    cannot be read or the options do not fit."""
+    cannot be read or the options do not fit. RUN_DIR may also be given as its messages.jsonl."""
+    for name in ("run_dir", "verify", "pin"):
+        setattr(args, name, _run_folder(getattr(args, name)))
     try:
         if args.attack:
             if args.threat_model:

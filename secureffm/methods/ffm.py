@@ -275,7 +275,7 @@ class FFMClient:
 
     # -- one task ---------------------------------------------------------------------
 
-    def _rows(self, client: Client) -> torch.Tensor:
+    def batch_rows(self, client: Client) -> torch.Tensor:
         """Indices [b] of this step's examples: Poisson sampling under DP (rate q, the secret
         dp stream), else a uniform mini-batch."""
         if self.dp is None:
@@ -322,15 +322,15 @@ class FFMClient:
         return -(f(x0) + c_transform(f, pool, client.data[rows], c.ctransform_steps,
                                      c.ctransform_lr))
 
-    def _sync(self, client: Client) -> None:
+    def sync_replicas(self, client: Client) -> None:
         """Load the latest broadcast parameters into the client's replicas."""
         load_flat_params(client.state["velocity"], client.inbox["global_model"]["theta"])
         if "global_potential" in client.inbox:
             load_flat_params(client.state["potential"], client.inbox["global_potential"]["phi"])
 
     def _velocity(self, client: Client, round_: int) -> dict[str, np.ndarray]:
-        self._sync(client)
-        losses = self.velocity_losses(client, round_, self._rows(client))
+        self.sync_replicas(client)
+        losses = self.velocity_losses(client, round_, self.batch_rows(client))
         grad = client.state["velocity_grad"](losses, len(losses))
         planted = self.canaries.get(client.id)
         if planted is not None and len(planted):  # an audit run: beside the DP noise
@@ -349,8 +349,8 @@ class FFMClient:
         client.inbox.pop("global_model", None)
 
     def _dual(self, client: Client, round_: int) -> dict[str, np.ndarray]:
-        self._sync(client)
-        losses = self.dual_losses(client, round_, self._rows(client))
+        self.sync_replicas(client)
+        losses = self.dual_losses(client, round_, self.batch_rows(client))
         grad = client.state["dual_grad"](losses, len(losses))
         client.state["last_dual"] = float(-losses.detach().mean()) if len(losses) else 0.0
         self._done_with_model(client)

@@ -52,7 +52,7 @@ from .scaffold import (
     run_folder,
 )
 
-__all__ = ["run_ffm", "load_velocity", "Connect"]
+__all__ = ["run_ffm", "build_run", "image_shards", "load_velocity", "Connect"]
 
 # The channel to clients that run elsewhere, given the protocol and the server's log.
 Connect = Callable[[Protocol, MessageLog], Channel]
@@ -70,7 +70,7 @@ RESUMABLE = frozenset({"rounds", "out", "overwrite", "resume", "progress", "devi
                        "adaptive_tol", "trajectories", "data_dir"})
 
 
-def _image_shards(pair: ImagePair, config: RunConfig) -> list[torch.Tensor]:
+def image_shards(pair: ImagePair, config: RunConfig) -> list[torch.Tensor]:
     """The training images split over the clients by class (disjoint, iid, dirichlet), seeded
     by the public seed: one CPU tensor [N_i, C, H, W] per client."""
     labels = pair.train.labels.numpy()
@@ -86,8 +86,8 @@ def _image_shards(pair: ImagePair, config: RunConfig) -> list[torch.Tensor]:
     return shards
 
 
-def _build(config: RunConfig, device: torch.device, log: MessageLog, connect: Connect | None,
-           out: Path):
+def build_run(config: RunConfig, device: torch.device, log: MessageLog, connect: Connect | None,
+              out: Path):
     """The data pair, the shards the server may plot (None when the clients run elsewhere:
     then it holds none), and the trainer; with ``config.canaries``, the clients' planted
     canaries, saved to ``out``/canaries.safetensors."""
@@ -111,7 +111,7 @@ def _build(config: RunConfig, device: torch.device, log: MessageLog, connect: Co
         dp = resolve_dp(config, protocol, settings.sent_kinds)
         return pair, None, FederatedFlowMatching(settings, dp, pair, connect(protocol, log),
                                                  device)
-    shards = (_image_shards(pair, config) if config.images else
+    shards = (image_shards(pair, config) if config.images else
               make_shards(pair, config.clients, config.shard_size, config.partition, config.seed,
                           alpha=config.dirichlet_alpha, min_size=config.batch_size))
     if config.method in CENTRALIZED:
@@ -199,7 +199,7 @@ def run_ffm(config: RunConfig, connect: Connect | None = None) -> RunResult:
     log = MessageLog(out / "messages.jsonl", keep_payloads=config.keep_payloads)
     trainer = None
     try:
-        pair, shards, trainer = _build(config, device, log, connect, out)
+        pair, shards, trainer = build_run(config, device, log, connect, out)
         first = 1
         if resumed is not None:
             trainer.load_state_dict(resumed["state"], resumed["round"])

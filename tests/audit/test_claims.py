@@ -129,6 +129,10 @@ def test_plaintext_updates_reach_the_adversary_readable(plaintext, model, reader
     assert verdicts["epsilon"].status == NOT_COVERED  # no DP, no charged records
     assert cli_main(["audit", str(plaintext), "--threat-model", model]) == 1
     assert "FAIL: no client's gradient" in capsys.readouterr().out
+    log = str(plaintext / "messages.jsonl")  # the folder named by its log (DESIGN.md's form)
+    assert cli_main(["audit", log, "--threat-model", model]) == 1
+    assert "FAIL: no client's gradient" in capsys.readouterr().out
+    assert cli_main(["audit", "--verify", log]) == 0
 
 
 def test_stages_relabelled_as_masked_do_not_hide_a_clear_payload(plaintext, tmp_path):

@@ -181,7 +181,7 @@ def test_a_vanilla_term_depends_on_its_own_row_only(tmp_path):
     ffm = _ffm(tmp_path)
     client = ffm.channel.clients[0]
     ffm.channel.broadcast(1, "global_model", {"theta": ffm.velocity.flat()})
-    _program(ffm)._sync(client)
+    _program(ffm).sync_replicas(client)
     alone = _program(ffm).velocity_losses(client, 1, torch.tensor([3]))
     batch = _program(ffm).velocity_losses(client, 1, torch.tensor([8, 3, 1]))
     assert torch.allclose(batch[1], alone[0], rtol=1e-6)

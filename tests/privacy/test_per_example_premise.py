@@ -48,7 +48,7 @@ def _federation(tmp_path, name: str, data: torch.Tensor, method: str) -> Federat
     ffm = FederatedFlowMatching(settings, dp, get_pair(config.data), channel,
                                 torch.device("cpu"))
     channel.broadcast(1, "global_model", {"theta": ffm.velocity.flat()})
-    program._sync(client)
+    program.sync_replicas(client)
     return ffm
 
 

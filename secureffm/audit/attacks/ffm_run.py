@@ -23,7 +23,7 @@ from ...errors import SecureFFMError
 from ...federation.parties import new_client
 from ...methods.ffm import FFMClient, FFMSettings, image_velocity
 from ...protocols.protocol import load_protocol
-from ...runs.ffm import _image_shards, load_velocity
+from ...runs.ffm import image_shards, load_velocity
 from ...runs.scaffold import resolve_dp
 from .view import ServerView
 
@@ -104,8 +104,8 @@ class ImageRun:
                 continue
             theta = self.theta(client, round_)
             party.inbox["global_model"] = {"theta": theta}
-            program._sync(party)  # what FFMClient._velocity does, keeping rows, x0 and t
-            rows = program._rows(party)
+            program.sync_replicas(party)  # what FFMClient._velocity does, keeping rows, x0 and t
+            rows = program.batch_rows(party)
             x0, t = program.example_noise(party, round_, "gradient", rows)
             losses = program.velocity_losses(party, round_, rows)
             gradient = party.state["velocity_grad"](losses, len(losses))
@@ -126,4 +126,4 @@ def load_image_run(folder: str | Path) -> ImageRun:
     view = ServerView.read(folder)
     pair = image_pair(config.data, config.data_dir, config.seed, config.image_size,
                       config.clients * config.shard_size, config.eval_samples)
-    return ImageRun(folder, config, pair, _image_shards(pair, config), view)
+    return ImageRun(folder, config, pair, image_shards(pair, config), view)
