@@ -30,7 +30,7 @@ for method in vanilla got; do
   SECONDS=0
   timeout "${TRAIN_TIMEOUT:-100}" python3 -m secureffm run --method "$method" --data shapes --clients 3 \
     --partition dirichlet --dirichlet-alpha 1.0 --shard-size 4000 --batch-size 128 \
-    --rounds "${ROUNDS:-800}" --unet-width 32 --unet-mult 1,2,2,2 --unet-blocks 2 \
+    --rounds "${ROUNDS:-800}" --unet-layout guided --unet-width 32 --unet-mult 1,2,2,2 --unet-blocks 2 \
     --unet-attention 16 --lr 2e-4 --ema-decay 0.999 --candidates 128 --potential-every 5 \
     --ctransform-steps 5 --ctransform-lr 0.5 --eval-samples 2000 --nfe 1,4,16 \
     --sample-every 200 --checkpoint-every 200 --device auto --insecure-deterministic \

@@ -2,6 +2,7 @@
 at batch 128 per client, on whatever device runs it.
 
     .venv/bin/python benchmarks/images.py                      # the paper's CIFAR-10 U-Net
+    .venv/bin/python benchmarks/images.py --layout compact     # its arguments, compact layout
     .venv/bin/python benchmarks/images.py --width 32 --mult 1,2,2 --blocks 1 --attention none
     .venv/bin/python benchmarks/images.py --data-dir ~/data     # real CIFAR-10 (binary version)
     .venv/bin/python benchmarks/images.py --out docs/benchmarks.md
@@ -86,7 +87,8 @@ def _config(args, method: str, protocol: str, root: Path) -> RunConfig:
         data_dir=args.data_dir or "", image_size=args.size, clients=3, partition="dirichlet",
         dirichlet_alpha=1.0, shard_size=args.shard, batch_size=args.batch, rounds=1_000_000,
         unet_width=args.width, unet_mult=args.mult, unet_blocks=args.blocks,
-        unet_attention=args.attention, lr=2e-4, ema_decay=0.9999, candidates=args.batch,
+        unet_attention=args.attention, unet_layout=args.layout, lr=2e-4, ema_decay=0.9999,
+        candidates=args.batch,
         potential_every=5, ctransform_steps=0 if dp else 5, ctransform_lr=0.5,
         potential_lr=1e-4, noise_multiplier=1.0 if dp else 0.0, eval_samples=args.batch,
         device=args.device, progress=False, insecure_deterministic=True,
@@ -135,7 +137,7 @@ def _device_name(device: torch.device) -> str:
 
 def report(args, results: dict[tuple[str, str], Measured]) -> str:
     device = resolve_device(args.device)
-    shape = (f"U-Net width {args.width}, mult {','.join(map(str, args.mult))}, "
+    shape = (f"{args.layout} U-Net width {args.width}, mult {','.join(map(str, args.mult))}, "
              f"{args.blocks} block(s), attention at {args.attention or 'none'}")
     data = "CIFAR-10" if args.data_dir else f"synthetic shapes {args.size}x{args.size}"
     precision = "bf16 autocast" if device.type == "cuda" else "float32"
@@ -182,6 +184,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--mult", default="1,2,2,2", help="U-Net width multipliers")
     parser.add_argument("--blocks", type=int, default=2, help="residual blocks per resolution")
     parser.add_argument("--attention", default="16", help="attention resolutions, or none")
+    parser.add_argument("--layout", default="guided", choices=("guided", "compact"),
+                        help="U-Net layout (guided: the paper's, 35.75M at the defaults)")
     parser.add_argument("--batch", type=int, default=128, help="batch per client")
     parser.add_argument("--rounds", type=int, default=20, help="timed rounds (multiple of 5)")
     parser.add_argument("--warmup", type=int, default=5, help="untimed rounds first")

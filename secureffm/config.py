@@ -17,6 +17,7 @@ import tomli_w
 from .data.images import IMAGE_DATA
 from .data.pairs import PAIRS
 from .errors import ConfigError
+from .models.unet import LAYOUTS
 
 __all__ = ["RunConfig", "load_config", "read_toml", "config_from_dict", "write_config",
            "config_fields"]
@@ -127,6 +128,7 @@ class RunConfig:
     unet_mult: tuple[int, ...] = (1, 2, 2)  # width multiplier per resolution (paper: 1,2,2,2)
     unet_blocks: int = 1  # residual blocks per resolution (paper: 2)
     unet_attention: tuple[int, ...] = ()  # resolutions with self-attention (paper: 16)
+    unet_layout: str = "compact"  # compact | guided (the paper's: torchcfm's, 35.75M at 128)
     precision: str = "auto"  # auto: bf16 autocast for images on CUDA, else float32
     sample_every: int = 0  # rounds between sample grids (samples/); 0: only at the end
     checkpoint_every: int = 0  # rounds between checkpoints (checkpoint.pt); 0: only at the end
@@ -220,6 +222,7 @@ def _validate_images(c: RunConfig, need) -> None:
     need(c.unet_width >= 8 and c.unet_width % 8 == 0, "unet_width",
          "must be a positive multiple of 8 (the U-Net's GroupNorm has 8 groups)")
     need(c.unet_blocks >= 1, "unet_blocks", "must be a positive integer")
+    need(c.unet_layout in LAYOUTS, "unet_layout", f"choose one of {', '.join(LAYOUTS)}")
     need(len(c.unet_mult) >= 1 and all(m >= 1 for m in c.unet_mult), "unet_mult",
          "list positive width multipliers, one per resolution, e.g. 1,2,2,2")
     if not c.images:

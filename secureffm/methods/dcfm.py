@@ -469,11 +469,12 @@ class DCFMSettings:
     attributes' ``cardinalities`` and ``nominal_size``, the public nominal shard size (q =
     ``batch_size`` / nominal_size under DP). The expert: ``network`` "mlp", a conditional MLP
     of width ``hidden``, or "unet", a conditional U-Net (``unet_width``, ``unet_mult``,
-    ``unet_blocks``, ``unet_attention``; images only), trained with Adam at ``lr`` (EMA
-    ``ema_decay`` except for FedFlow), labels masked as ``masking``, CI weight ``ci_weight``.
-    The schedule: ``local_steps`` of stage I, then ``dcfm_rounds`` rounds of ``dcfm_steps``
-    (DCFM-A), or ``fedflow_rounds`` of ``fedflow_local_steps`` (FedFlow). ``seed``: the run's
-    published seed, which draws the public initial weights (:func:`initial_model`).
+    ``unet_blocks``, ``unet_attention``, ``unet_layout``; images only), trained with Adam at
+    ``lr`` (EMA ``ema_decay`` except for FedFlow), labels masked as ``masking``, CI weight
+    ``ci_weight``. The schedule: ``local_steps`` of stage I, then ``dcfm_rounds`` rounds of
+    ``dcfm_steps`` (DCFM-A), or ``fedflow_rounds`` of ``fedflow_local_steps`` (FedFlow).
+    ``seed``: the run's published seed, which draws the public initial weights
+    (:func:`initial_model`).
     """
 
     method: str
@@ -497,6 +498,7 @@ class DCFMSettings:
     unet_mult: tuple[int, ...] = (1, 2, 2)
     unet_blocks: int = 1
     unet_attention: tuple[int, ...] = ()
+    unet_layout: str = "compact"
 
     @property
     def fedflow(self) -> bool:
@@ -518,7 +520,7 @@ class DCFMSettings:
         cardinalities (what a checkpoint keeps to rebuild it)."""
         return {"network": self.network, "hidden": self.hidden, "unet_width": self.unet_width,
                 "unet_mult": self.unet_mult, "unet_blocks": self.unet_blocks,
-                "unet_attention": self.unet_attention}
+                "unet_attention": self.unet_attention, "unet_layout": self.unet_layout}
 
     def factory(self) -> nn.Module:
         """A fresh expert (its weights from the global torch generator)."""
@@ -534,12 +536,13 @@ class DCFMSettings:
 
 def expert_network(shape: tuple[int, ...], cardinalities: tuple[int, ...], network: str,
                    hidden: int, unet_width: int, unet_mult, unet_blocks: int,
-                   unet_attention) -> nn.Module:
+                   unet_attention, unet_layout: str = "compact") -> nn.Module:
     """A fresh conditional velocity v(x, t, y) (weights from the global torch generator):
-    ``network`` "unet" (images [C, H, W]) or "mlp" (width ``hidden``)."""
+    ``network`` "unet" (images [C, H, W]; checkpoints before ``unet_layout`` are compact) or
+    "mlp" (width ``hidden``)."""
     if network == "unet":
         return ConditionalUNet(shape, cardinalities, unet_width, tuple(unet_mult), unet_blocks,
-                               tuple(unet_attention))
+                               tuple(unet_attention), unet_layout)
     return ConditionalVelocityMLP(shape, cardinalities, hidden)
 
 

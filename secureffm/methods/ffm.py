@@ -29,7 +29,7 @@ from ..federation.parties import Client
 from ..models.dp_layers import dp_unsupported_layers
 from ..models.mlp import PotentialMLP, VelocityMLP
 from ..models.params import load_flat_params
-from ..models.unet import UNet
+from ..models.unet import make_unet
 from ..ot import c_transform
 from ..privacy.accounting import check_delta, epsilon, smallest_multiplier
 from ..privacy.canaries import canary_sum
@@ -91,7 +91,8 @@ class FFMSettings:
     planned rounds (DP calibrates sigma for them). ``batch_size`` B; ``shard_size``: the public
     nominal shard size (q = B / shard_size under DP). ``weighting``: size | uniform. The
     velocity MLP: ``hidden``, ``lr``, ``ema_decay``; on images the U-Net: ``unet_width``,
-    ``unet_mult``, ``unet_blocks``, ``unet_attention`` (see :class:`~secureffm.models.UNet`).
+    ``unet_mult``, ``unet_blocks``, ``unet_attention``, ``unet_layout`` (see
+    :func:`~secureffm.models.unet.make_unet`).
     GOT's potential: ``potential_hidden``, ``potential_lr``, updated every ``potential_every``
     rounds, ``candidates`` K, and the c-transform's ``ctransform_steps`` and ``ctransform_lr``.
     ``precision``: auto (bf16 autocast of the velocity's forward for images on CUDA, else
@@ -117,6 +118,7 @@ class FFMSettings:
     unet_mult: tuple[int, ...]
     unet_blocks: int
     unet_attention: tuple[int, ...]
+    unet_layout: str
     precision: str
 
     @classmethod
@@ -141,11 +143,12 @@ def velocity_network(settings: FFMSettings, pair: DataPair | ImagePair) -> torch
     return VelocityMLP(pair.dim, settings.hidden)
 
 
-def image_velocity(settings: FFMSettings, shape: tuple[int, int, int]) -> UNet:
+def image_velocity(settings: FFMSettings, shape: tuple[int, int, int]) -> torch.nn.Module:
     """The U-Net of ``settings`` for images of ``shape`` (C, H, W)."""
     channels, size, _ = shape
-    return UNet(channels, settings.unet_width, channel_mult=settings.unet_mult,
-                blocks=settings.unet_blocks, attention=settings.unet_attention, image_size=size)
+    return make_unet(settings.unet_layout, channels, base_width=settings.unet_width,
+                     channel_mult=settings.unet_mult, blocks=settings.unet_blocks,
+                     attention=settings.unet_attention, image_size=size)
 
 
 def potential_network(settings: FFMSettings, pair: DataPair | ImagePair) -> torch.nn.Module:

@@ -13,7 +13,7 @@ import math
 import torch
 from torch import nn
 
-from .unet import UNet
+from .unet import make_unet
 
 __all__ = ["ConditionalVelocityMLP", "ConditionalUNet", "null_labels"]
 
@@ -61,7 +61,8 @@ class ConditionalVelocityMLP(nn.Module):
 class ConditionalUNet(nn.Module):
     """v_theta(x, t, y) for images: [B, C, H, W] x [B] x [B, k] -> [B, C, H, W].
 
-    A :class:`~.unet.UNet` (``base_width``, ``channel_mult``, ``blocks``, ``attention``) whose
+    A U-Net of ``layout`` (:func:`~.unet.make_unet`: ``base_width``, ``channel_mult``,
+    ``blocks``, ``attention``) whose
     time embedding gets the sum of one learned embedding per attribute added (attribute j: a
     table of |Y_j| + 1 rows, the last the null token), as class-conditional diffusion U-Nets
     condition on labels. Embedding, Linear, Conv2d and GroupNorm only: Opacus clips each
@@ -69,13 +70,14 @@ class ConditionalUNet(nn.Module):
 
     def __init__(self, shape: tuple[int, int, int], cardinalities: tuple[int, ...],
                  base_width: int = 32, channel_mult: tuple[int, ...] = (1, 2, 2),
-                 blocks: int = 1, attention: tuple[int, ...] = ()):
+                 blocks: int = 1, attention: tuple[int, ...] = (), layout: str = "compact"):
         super().__init__()
         channels, size, _ = shape
         self.shape = tuple(shape)
         self.cardinalities = tuple(int(c) for c in cardinalities)
-        self.unet = UNet(channels, base_width, channel_mult=channel_mult, blocks=blocks,
-                         attention=attention, image_size=size)
+        self.unet = make_unet(layout, channels, base_width=base_width,
+                              channel_mult=channel_mult, blocks=blocks, attention=attention,
+                              image_size=size)
         self.embeddings = nn.ModuleList(nn.Embedding(c + 1, self.unet.embedding_dim)
                                         for c in self.cardinalities)
 

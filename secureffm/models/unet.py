@@ -1,6 +1,9 @@
-"""A time-conditioned U-Net for images, trainable under DP-SGD (Opacus): from a small one for
-tests to the FFM paper's CIFAR-10 shape (App. C.2: base width 128, channel multipliers
-(1, 2, 2, 2), 2 residual blocks per resolution, attention with 4 heads at 16 x 16)."""
+"""Time-conditioned U-Nets for images, trainable under DP-SGD (Opacus), in two layouts:
+``compact`` (:class:`UNet`: one skip per level, the small one tests and benchmarks use) and
+``guided`` (:class:`GuidedUNet`: guided diffusion's layout, which torchcfm's U-Net and so the
+FFM paper use). The paper's CIFAR-10 arguments (App. C.2: base width 128, channel multipliers
+(1, 2, 2, 2), 2 residual blocks per resolution, attention with 4 heads at 16 x 16) are
+:data:`PAPER_CIFAR`; under the guided layout they give the paper's 35.75M parameters."""
 
 from __future__ import annotations
 
@@ -9,11 +12,11 @@ import math
 import torch
 from torch import nn
 
-__all__ = ["UNet", "time_embedding", "PAPER_CIFAR"]
+__all__ = ["UNet", "GuidedUNet", "make_unet", "LAYOUTS", "time_embedding", "PAPER_CIFAR"]
 
 PAPER_CIFAR = {"base_width": 128, "channel_mult": (1, 2, 2, 2), "blocks": 2,
                "attention": (16,), "heads": 4}
-"""The FFM paper's CIFAR-10 U-Net (App. C.2) in this class's arguments."""
+"""The FFM paper's CIFAR-10 U-Net (App. C.2) in the U-Nets' arguments (its layout: guided)."""
 
 
 def time_embedding(t: torch.Tensor, dim: int) -> torch.Tensor:
@@ -80,7 +83,8 @@ class UNet(nn.Module):
     validator passes) and no parameter is used twice per forward.
 
     The default (``channel_mult`` (1, 2, 2), one block, no attention) is the small U-Net the DP
-    benchmarks use; :data:`PAPER_CIFAR` is the FFM paper's CIFAR-10 shape.
+    benchmarks use; with :data:`PAPER_CIFAR` it has 20.1M parameters, where the paper's
+    (guided) layout has 35.75M: see :class:`GuidedUNet`.
     """
 
     def __init__(self, channels: int, base_width: int = 32, groups: int = 8,
@@ -148,3 +152,121 @@ class UNet(nn.Module):
             for layer in layers:
                 h = layer(h, emb)
         return self.out(h)
+
+
+class _Unit(nn.Module):
+    """A residual block, then self-attention when ``attend``: [B, cin, H, W] -> [B, cout, H, W]."""
+
+    def __init__(self, cin: int, cout: int, emb: int, groups: int, attend: bool, heads: int):
+        super().__init__()
+        self.block = _Block(cin, cout, emb, groups)
+        self.attention = _Attention(cout, heads, groups) if attend else None
+
+    def forward(self, x: torch.Tensor, emb: torch.Tensor) -> torch.Tensor:
+        h = self.block(x, emb)
+        return h if self.attention is None else self.attention(h, emb)
+
+
+class GuidedUNet(nn.Module):
+    """Velocity v_theta(x, t) for images in guided diffusion's layout (Dhariwal and Nichol,
+    2021), the U-Net torchcfm trains and the FFM paper uses: x [B, C, H, W], t [B] -> [B, C, H, W].
+
+    The same arguments and blocks as :class:`UNet`, arranged as that code does: the encoder
+    keeps a skip after its input convolution, after every residual block (each followed by
+    attention at a resolution in ``attention``) and after every stride-2 convolution; a middle
+    block (residual, attention, residual) at the lowest resolution; the decoder runs
+    ``blocks + 1`` residual blocks per level, each on its input concatenated with one skip, and
+    upsamples (nearest, then a 3 x 3 convolution) between levels. The last convolution of each
+    residual block, each attention's output projection and the output convolution start at
+    zero, as in that code, so v_theta = 0 at initialization. :data:`PAPER_CIFAR` gives
+    35,746,307 parameters (the paper: 35.75 million).
+    """
+
+    def __init__(self, channels: int, base_width: int = 32, groups: int = 8,
+                 channel_mult: tuple[int, ...] = (1, 2, 2), blocks: int = 1,
+                 attention: tuple[int, ...] = (), heads: int = 4, image_size: int = 32):
+        super().__init__()
+        if len(channel_mult) < 1 or blocks < 1:
+            raise ValueError("GuidedUNet needs at least one level and one block per level")
+        w, emb = base_width, 4 * base_width
+        self.base_width = base_width
+        self.factor = 2 ** (len(channel_mult) - 1)
+        self.time = nn.Sequential(nn.Linear(w, emb), nn.SiLU(), nn.Linear(emb, emb))
+        self.conv_in = nn.Conv2d(channels, w, 3, padding=1)
+        skips, width = [w], w  # the width of each skip, in the order the encoder keeps them
+        self.encoder, self.down = nn.ModuleList(), nn.ModuleList()
+        for level, mult in enumerate(channel_mult):
+            units = nn.ModuleList()
+            for _ in range(blocks):
+                units.append(_Unit(width, w * mult, emb, groups,
+                                   image_size >> level in attention, heads))
+                width = w * mult
+                skips.append(width)
+            self.encoder.append(units)
+            if level < len(channel_mult) - 1:
+                self.down.append(nn.Conv2d(width, width, 3, 2, padding=1))
+                skips.append(width)
+        self.middle = nn.ModuleList([_Unit(width, width, emb, groups, True, heads),
+                                     _Unit(width, width, emb, groups, False, heads)])
+        self.decoder, self.up = nn.ModuleList(), nn.ModuleList()
+        for level in range(len(channel_mult) - 1, -1, -1):
+            units = nn.ModuleList()
+            for _ in range(blocks + 1):
+                units.append(_Unit(width + skips.pop(), w * channel_mult[level], emb, groups,
+                                   image_size >> level in attention, heads))
+                width = w * channel_mult[level]
+            self.decoder.append(units)
+            if level > 0:
+                self.up.append(nn.Sequential(nn.Upsample(scale_factor=2.0),
+                                             nn.Conv2d(width, width, 3, padding=1)))
+        self.out = nn.Sequential(nn.GroupNorm(groups, w), nn.SiLU(),
+                                 nn.Conv2d(w, channels, 3, padding=1))
+        zeroed = [self.out[2]] + [m.conv2 for m in self.modules() if isinstance(m, _Block)]
+        zeroed += [m.proj for m in self.modules() if isinstance(m, _Attention)]
+        for layer in zeroed:
+            nn.init.zeros_(layer.weight)
+            nn.init.zeros_(layer.bias)
+
+    @property
+    def embedding_dim(self) -> int:
+        """Width of the time embedding every block receives (4 x base width)."""
+        return 4 * self.base_width
+
+    def forward(self, x: torch.Tensor, t: torch.Tensor,
+                condition: torch.Tensor | None = None) -> torch.Tensor:
+        """``condition``: as :meth:`UNet.forward`."""
+        if x.shape[-2] % self.factor or x.shape[-1] % self.factor:
+            raise ValueError(f"GuidedUNet needs H and W divisible by {self.factor}, got "
+                             f"{tuple(x.shape[-2:])}")
+        t = t.reshape(-1).expand(x.shape[0]).to(x.dtype)
+        emb = self.time(time_embedding(t, self.base_width).to(x.dtype))
+        if condition is not None:
+            emb = emb + condition.to(emb.dtype)
+        h = self.conv_in(x)
+        skips = [h]
+        for level, units in enumerate(self.encoder):
+            for unit in units:
+                h = unit(h, emb)
+                skips.append(h)
+            if level < len(self.down):
+                h = self.down[level](h)
+                skips.append(h)
+        for unit in self.middle:
+            h = unit(h, emb)
+        for level, units in enumerate(self.decoder):
+            for unit in units:
+                h = unit(torch.cat([h, skips.pop()], dim=1), emb)
+            if level < len(self.up):
+                h = self.up[level](h)
+        return self.out(h)
+
+
+LAYOUTS = {"compact": UNet, "guided": GuidedUNet}
+"""The U-Net layouts by name (``unet_layout`` in a run config)."""
+
+
+def make_unet(layout: str, channels: int, **arguments) -> nn.Module:
+    """A U-Net of ``layout`` (a key of :data:`LAYOUTS`) with :class:`UNet`'s ``arguments``."""
+    if layout not in LAYOUTS:
+        raise ValueError(f"unet layout {layout!r}: choose one of {', '.join(LAYOUTS)}")
+    return LAYOUTS[layout](channels, **arguments)

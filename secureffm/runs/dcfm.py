@@ -165,7 +165,7 @@ def dcfm_settings(config: RunConfig, facts: DataFacts,
         c.ema_decay, c.batch_size, Masking(c.p_full, c.p_marginal, c.p_uncond), c.ci_weight,
         c.local_steps, c.dcfm_rounds, c.dcfm_steps, c.fedflow_rounds, c.fedflow_local_steps,
         c.seed, "unet" if c.dcfm_unet else "mlp", c.unet_width, c.unet_mult, c.unet_blocks,
-        c.unet_attention)
+        c.unet_attention, c.unet_layout)
     dp = resolve_dp(config, protocol, (settings.kind,))
     if dp is not None:
         check_delta(dp.delta, facts.nominal_size)

@@ -5,7 +5,7 @@ import numpy as np
 import torch
 
 from secureffm.methods.flow_matching import flow_matching_loss
-from secureffm.models.unet import PAPER_CIFAR, UNet, _Attention
+from secureffm.models.unet import PAPER_CIFAR, UNet, _Attention, make_unet
 from secureffm.privacy import DPGradient
 
 
@@ -29,3 +29,70 @@ def test_dp_clips_each_example_through_attention():
     losses = flow_matching_loss(dp.forward_module, x0, x1, torch.rand(6, generator=g))
     grad = dp(1e4 * losses, 6)
     assert np.isfinite(grad).all() and 0 < np.linalg.norm(grad) <= 0.01 + 1e-6
+
+
+def _guided_count(channels: int, width: int, mult: tuple[int, ...], blocks: int,
+                  attention_levels: set[int]) -> int:
+    """Parameters of guided diffusion's UNetModel (Dhariwal and Nichol's code, which torchcfm
+    copies), counted layer by layer from that code's structure: an independent reference."""
+    def conv(cin, cout, k):
+        return cin * cout * k * k + cout
+
+    def res(cin, cout, emb):  # in_layers, emb_layers, out_layers, skip_connection
+        return 2 * cin + conv(cin, cout, 3) + emb * cout + cout + 2 * cout + conv(
+            cout, cout, 3) + (0 if cin == cout else conv(cin, cout, 1))
+
+    def attn(c):  # norm, qkv (conv1d), proj_out (conv1d)
+        return 2 * c + conv(c, 3 * c, 1) + conv(c, c, 1)
+
+    emb = 4 * width
+    total = width * emb + emb + emb * emb + emb + conv(channels, width, 3)
+    chans, ch = [width], width
+    for level, m in enumerate(mult):
+        for _ in range(blocks):
+            total += res(ch, m * width, emb) + (attn(m * width) if level in attention_levels
+                                                else 0)
+            ch = m * width
+            chans.append(ch)
+        if level < len(mult) - 1:
+            total += conv(ch, ch, 3)
+            chans.append(ch)
+    total += 2 * res(ch, ch, emb) + attn(ch)
+    for level in reversed(range(len(mult))):
+        for i in range(blocks + 1):
+            total += res(ch + chans.pop(), mult[level] * width, emb)
+            ch = mult[level] * width
+            total += attn(ch) if level in attention_levels else 0
+            if level and i == blocks:
+                total += conv(ch, ch, 3)
+    return total + 2 * ch + conv(ch, channels, 3)
+
+
+def test_guided_layout_has_the_papers_35_75m_parameters():
+    """The FFM paper's CIFAR-10 U-Net: 35.75 million parameters (its App. C.2), in guided
+    diffusion's layout; the compact layout with the same arguments has fewer."""
+    guided = make_unet("guided", 3, **PAPER_CIFAR)
+    count = sum(p.numel() for p in guided.parameters())
+    assert count == _guided_count(3, 128, (1, 2, 2, 2), 2, {1}) == 35_746_307
+    assert round(count / 1e6, 2) == 35.75
+    assert sum(p.numel() for p in UNet(3, **PAPER_CIFAR).parameters()) == 20_125_955
+
+
+def test_guided_layout_starts_at_zero_and_learns_every_layer():
+    """Zero-initialized output layers (as guided diffusion): v = 0 at first, and one gradient
+    step reaches every parameter, so the skips and the middle block are wired in."""
+    torch.manual_seed(0)
+    model = make_unet("guided", 3, base_width=16, channel_mult=(1, 2), blocks=1,
+                      attention=(4,), image_size=8)
+    assert _guided_count(3, 16, (1, 2), 1, {1}) == sum(p.numel() for p in model.parameters())
+    x = torch.randn(4, 3, 8, 8)
+    assert torch.count_nonzero(model(x, torch.rand(4))) == 0
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    for _ in range(3):  # zeros pass no gradient backwards at first: a few steps open the path
+        optimizer.zero_grad()
+        (model(x, torch.rand(4)) - x).square().mean().backward()
+        optimizer.step()
+    optimizer.zero_grad()
+    (model(x, torch.rand(4)) - x).square().mean().backward()
+    silent = [n for n, p in model.named_parameters() if p.grad is None or not p.grad.any()]
+    assert silent == []

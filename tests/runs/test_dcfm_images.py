@@ -52,13 +52,14 @@ def _config(tmp_path, mnist_dir, method: str, **changes) -> RunConfig:
     return RunConfig(**values)
 
 
-@pytest.mark.parametrize("method, protocol", [
-    ("dcfm-a", "sealed"), pytest.param("dcfm-b", "plaintext", marks=pytest.mark.slow),
-    pytest.param("fedflow", "plaintext", marks=pytest.mark.slow),
-    pytest.param("ddm", "plaintext", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("method, protocol, layout", [
+    ("dcfm-a", "sealed", "guided"),
+    pytest.param("dcfm-b", "plaintext", "compact", marks=pytest.mark.slow),
+    pytest.param("fedflow", "plaintext", "compact", marks=pytest.mark.slow),
+    pytest.param("ddm", "plaintext", "compact", marks=pytest.mark.slow)])
 def test_each_method_trains_conditional_unets_on_colored_mnist_and_scores_them(
-        tmp_path, mnist_dir, method, protocol):
-    result = run(_config(tmp_path, mnist_dir, method, protocol=protocol))
+        tmp_path, mnist_dir, method, protocol, layout):
+    result = run(_config(tmp_path, mnist_dir, method, protocol=protocol, unet_layout=layout))
     evaluation = result.metrics["eval"]
     for name in ("novel", "held"):
         assert 0.0 <= evaluation[f"compositional_accuracy_{name}"] <= 1.0
@@ -66,6 +67,8 @@ def test_each_method_trains_conditional_unets_on_colored_mnist_and_scores_them(
     assert evaluation["features"]["comparable_with_published_fid"] is False
     sampler = load_dcfm(result.out)  # the checkpoint rebuilds the U-Nets (weights_only)
     assert all(isinstance(m, ConditionalUNet) for m in sampler.models)
+    assert {type(m.unet).__name__ for m in sampler.models} == {  # the layout it trained
+        {"guided": "GuidedUNet", "compact": "UNet"}[layout]}
     x = sampler.sample([3, 4], 2, torch.Generator().manual_seed(0), nfe=2)
     assert x.shape == (2, 3, 28, 28) and torch.isfinite(x).all()
 

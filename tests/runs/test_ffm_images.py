@@ -13,7 +13,7 @@ from secureffm.audit.threat import load_adversary
 from secureffm.config import RunConfig
 from secureffm.errors import ConfigError
 from secureffm.methods import ffm as ffm_method
-from secureffm.models.unet import UNet
+from secureffm.models.unet import UNet, make_unet
 from secureffm.runs import run
 from secureffm.runs.ffm import load_velocity
 from secureffm.runs.scaffold import load_checkpoint
@@ -86,11 +86,15 @@ def test_resume_continues_from_the_checkpoint_and_keeps_the_ledger(tmp_path):
                     resume=str(first.out / "checkpoint.pt")))
 
 
-def test_dp_sgd_on_the_unet_with_bf16_autocast(tmp_path):
+@pytest.mark.parametrize("layout", ["compact", "guided"])
+def test_dp_sgd_on_the_unet_with_bf16_autocast(tmp_path, layout):
     """Opacus' ghost clipping on conv + GroupNorm + attention layers, under bf16 autocast (as
-    on CUDA; here on the CPU)."""
+    on CUDA; here on the CPU), in both U-Net layouts."""
     result = run(_config(tmp_path, method="got", protocol="dp-secagg", noise_multiplier=NOISE,
-                         precision="bf16", unet_attention=(4,), rounds=2))
+                         precision="bf16", unet_attention=(4,), rounds=2, unet_layout=layout))
+    params = make_unet(layout, 3, base_width=8, channel_mult=(1, 2), attention=(4,),
+                       image_size=8)
+    assert result.metrics["parameters"]["velocity"] == sum(p.numel() for p in params.parameters())
     assert result.metrics["precision"] == "bf16-autocast"
     masked = [r for r in _deliveries(result.out, "gradient") if r["phase"] == "masked_input"]
     assert len(masked) == 4  # 2 clients x 2 rounds, masked by secure aggregation
@@ -117,3 +121,5 @@ def test_image_options_are_checked():
         RunConfig(resume="x.pt")
     with pytest.raises(ConfigError, match="multiple of 8"):
         RunConfig(data="shapes", unet_width=12)
+    with pytest.raises(ConfigError, match="unet_layout.*compact, guided"):
+        RunConfig(data="shapes", unet_layout="paper")
