@@ -74,6 +74,8 @@ _HELP = {
     "unet_mult": "U-Net width multipliers, one per resolution (paper: 1,2,2,2)",
     "unet_blocks": "U-Net residual blocks per resolution (paper: 2)",
     "unet_attention": "resolutions with self-attention, in pixels (paper: 16)",
+    "lr_warmup": "FFM: rounds over which the velocity's lr rises linearly (paper's CIFAR-10: "
+                 "5000; 0: none)",
     "unet_layout": "compact (one skip per level) | guided (the paper's torchcfm U-Net: 35.75M "
                    "parameters at width 128, mult 1,2,2,2, 2 blocks, attention 16)",
     "precision": "auto (bf16 autocast for images on CUDA) | fp32 | bf16",

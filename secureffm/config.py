@@ -66,6 +66,7 @@ class RunConfig:
     rounds: int = 1_000
     batch_size: int = 1_024
     lr: float = 5e-3
+    lr_warmup: int = 0  # FFM velocity: rounds of linear lr warm-up (the paper's CIFAR-10: 5000)
     hidden: int = 64
     weighting: str = "size"
     ema_decay: float = 0.99
@@ -208,6 +209,7 @@ def _validate(c: RunConfig) -> None:
     need(c.canaries >= 0, "canaries", "must be >= 0 (0: no canaries, a production run)")
     need(0 <= c.delta < 1, "delta", "must be in [0, 1) (0 keeps the protocol's value)")
     need(0.0 <= c.ema_decay < 1.0, "ema_decay", "must be in [0, 1); 0 disables the average")
+    need(c.lr_warmup >= 0, "lr_warmup", "must be >= 0 rounds (0: no warm-up)")
     need(len(c.nfe) > 0 and all(int(n) >= 1 for n in c.nfe), "nfe", "list positive step counts")
     need(c.batch_size <= c.shard_size, "batch_size", "cannot exceed shard_size")
     need(c.threads >= 1, "threads", "must be a positive number of CPU threads")

@@ -27,7 +27,7 @@ class CentralizedFlowMatching:
         self.party = pooled
         self.device = device
         self.velocity = GlobalModel(VelocityMLP(pair.dim, settings.hidden).to(device),
-                                    settings.lr, settings.ema_decay)
+                                    settings.lr, settings.ema_decay, settings.lr_warmup)
         self.coupling = IndependentCoupling() if settings.method == "icfm" else ExactOTCoupling()
 
     def train_round(self, round_: int) -> dict[str, float]:

@@ -90,7 +90,8 @@ class FFMSettings:
     ``method``: vanilla | lot | got (federated), icfm | otcfm (centralized). ``rounds``: the
     planned rounds (DP calibrates sigma for them). ``batch_size`` B; ``shard_size``: the public
     nominal shard size (q = B / shard_size under DP). ``weighting``: size | uniform. The
-    velocity MLP: ``hidden``, ``lr``, ``ema_decay``; on images the U-Net: ``unet_width``,
+    velocity MLP: ``hidden``, ``lr`` (raised linearly over ``lr_warmup`` rounds, 0: none),
+    ``ema_decay``; on images the U-Net: ``unet_width``,
     ``unet_mult``, ``unet_blocks``, ``unet_attention``, ``unet_layout`` (see
     :func:`~secureffm.models.unet.make_unet`).
     GOT's potential: ``potential_hidden``, ``potential_lr``, updated every ``potential_every``
@@ -107,6 +108,7 @@ class FFMSettings:
     weighting: str
     hidden: int
     lr: float
+    lr_warmup: int
     ema_decay: float
     potential_hidden: int
     potential_lr: float
@@ -373,7 +375,7 @@ class FederatedFlowMatching:
         self.channel = channel
         self.device = device
         self.velocity = GlobalModel(velocity_network(settings, pair).to(device),
-                                    settings.lr, settings.ema_decay)
+                                    settings.lr, settings.ema_decay, settings.lr_warmup)
         self.potential = None
         if settings.method == "got":
             self.potential = GlobalModel(potential_network(settings, pair).to(device),
@@ -550,10 +552,7 @@ class FederatedFlowMatching:
         if self.potential is not None:
             pairs.append((self.potential, state["potential"]))
         for model, saved in pairs:
-            model.module.load_state_dict(saved["module"])
-            model.optimizer.load_state_dict(saved["optimizer"])
-            if model.ema is not None:
-                model.ema.load_state_dict(saved["ema"])
+            model.load_state_dict(saved)
         if self.ledger is not None:
             spent: dict[tuple[int, str], list[LedgerEntry]] = {}
             for entry in (LedgerEntry(**e) for e in state.get("ledger", {}).get("entries", [])):

@@ -8,6 +8,7 @@ follows ema <- d ema + (1 - d) p.
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 from torch import nn
 
@@ -54,4 +55,33 @@ def test_without_an_ema_the_live_module_is_evaluated():
     model = GlobalModel(_module(), lr=0.1)
     assert model.averaged is model.module
     state = model.state_dict()
-    assert state["ema"] is None and set(state) == {"module", "optimizer", "ema"}
+    assert state["ema"] is None and set(state) == {"module", "optimizer", "ema", "schedule"}
+
+
+def _steps(model: GlobalModel, count: int) -> list[float]:
+    """The size of each of ``count`` steps along a constant gradient (Adam's step is then
+    its learning rate, to eps)."""
+    sizes = []
+    for _ in range(count):
+        before = model.flat()
+        model.apply(np.ones(before.size, dtype=np.float32))
+        sizes.append(float(np.abs(model.flat() - before).mean()))
+    return sizes
+
+
+def test_the_warm_up_raises_the_learning_rate_linearly_and_survives_a_restart():
+    """Step s moves by lr * min(1, (s + 1) / W); a model rebuilt from the state after two
+    steps goes on at the third step's rate, not from the start of the ramp."""
+    model = GlobalModel(_module(), lr=0.01, warmup=4)
+    np.testing.assert_allclose(_steps(model, 5), [0.0025, 0.005, 0.0075, 0.01, 0.01],
+                               rtol=1e-3)
+    first = GlobalModel(_module(), lr=0.01, warmup=4)
+    _steps(first, 2)
+    restarted = GlobalModel(_module(), lr=0.01, warmup=4)
+    restarted.load_state_dict(first.state_dict())
+    np.testing.assert_allclose(_steps(restarted, 2), [0.0075, 0.01], rtol=1e-3)
+    old = {k: v for k, v in GlobalModel(_module(), lr=0.01).state_dict().items()
+           if k != "schedule"}  # saved before warm-ups existed
+    GlobalModel(_module(), lr=0.01).load_state_dict(old)
+    with pytest.raises(ValueError, match="warm-up"):
+        restarted.load_state_dict(old)

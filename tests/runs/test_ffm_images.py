@@ -58,18 +58,20 @@ def test_each_method_trains_the_unet_through_the_channel(tmp_path, method):
 
 def test_resume_continues_from_the_checkpoint_and_keeps_the_ledger(tmp_path):
     first = run(_config(tmp_path, "first", method="vanilla", protocol="dp", rounds=4,
-                        checkpoint_every=2, noise_multiplier=NOISE))
+                        checkpoint_every=2, noise_multiplier=NOISE, lr_warmup=8))
     saved = load_checkpoint(first.out / "checkpoint.pt")
     assert saved["round"] == 4
     before = torch.cat([v.flatten() for v in saved["state"]["velocity"]["module"].values()])
     second = run(_config(tmp_path, "second", method="vanilla", protocol="dp", rounds=5,
-                         noise_multiplier=NOISE, resume=str(first.out / "checkpoint.pt")))
+                         noise_multiplier=NOISE, lr_warmup=8,
+                         resume=str(first.out / "checkpoint.pt")))
     assert second.metrics["resumed_from"]["round"] == 4 and second.metrics["rounds"] == 5
     after = load_checkpoint(second.out / "checkpoint.pt")
     assert after["round"] == 5
     theta = torch.cat([v.flatten() for v in after["state"]["velocity"]["module"].values()])
     step = (theta - before).abs().max()
     assert 0 < step < 2e-2  # one Adam step (lr 1e-3) from the checkpoint, not a fresh start
+    assert after["state"]["velocity"]["schedule"]["last_epoch"] == 5  # the warm-up went on
     fresh = torch.cat([p.detach().flatten() for p in
                        UNet(3, 8, channel_mult=(1, 2), image_size=8).parameters()])
     assert (fresh - before).abs().max() > 10 * step
@@ -82,7 +84,7 @@ def test_resume_continues_from_the_checkpoint_and_keeps_the_ledger(tmp_path):
         privacy["clients"]["client-1"]["rdp"]["total"], rel=1e-9)
     with pytest.raises(ConfigError, match="unet_width = 16 but the checkpoint's run used 8"):
         run(_config(tmp_path, "third", method="vanilla", protocol="dp", rounds=6,
-                    noise_multiplier=NOISE, unet_width=16,
+                    noise_multiplier=NOISE, unet_width=16, lr_warmup=8,
                     resume=str(first.out / "checkpoint.pt")))
 
 
