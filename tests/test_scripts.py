@@ -26,6 +26,7 @@ from pathlib import Path
 import pytest
 
 from secureffm.config import load_config
+from secureffm.models.unet import make_unet
 from secureffm.sweep import load_sweep
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -270,10 +271,12 @@ def test_images_benchmark(run_script, tmp_path):
     result = run_script("benchmarks/images.py", "--quick", "--threads", "1",
                         "--out", str(out)).check()
     assert "Device: CPU" in result.stdout
+    quick = make_unet("guided", 3, base_width=8, channel_mult=(1, 2), image_size=8)
+    guided = sum(p.numel() for p in quick.parameters())  # the paper's layout, at --quick's size
     for method, protocol in (("vanilla", "plaintext"), ("got", "plaintext"),
                              ("vanilla", "dp"), ("got", "dp")):
         [row] = [r for r in _rows(result.stdout, method) if r[1] == protocol]
-        assert row[2] == "11,411" and float(row[3]) > 0, row  # parameters, median round ms
+        assert row[2] == f"{guided:,}" and float(row[3]) > 0, row  # parameters, round ms
     for ratio in ("GOT / vanilla, plain", "GOT / vanilla, dp", "dp / plain, vanilla",
                   "dp / plain, GOT"):
         [row] = _rows(result.stdout, ratio)
