@@ -61,8 +61,8 @@ class GlobalModel:
         kept; states saved before warm-ups existed have none)."""
         self.module.load_state_dict(state["module"])
         self.optimizer.load_state_dict(state["optimizer"])
-        for name, kept in (("EMA", self.ema), ("warm-up", self.schedule)):
-            saved = state.get("ema" if name == "EMA" else "schedule")
+        for key, name, kept in (("ema", "EMA", self.ema), ("schedule", "warm-up", self.schedule)):
+            saved = state.get(key)
             if (kept is None) != (saved is None):
                 raise ValueError(f"the saved state and this model disagree on keeping a {name}")
             if kept is not None:

@@ -62,10 +62,9 @@ class ConditionalUNet(nn.Module):
     """v_theta(x, t, y) for images: [B, C, H, W] x [B] x [B, k] -> [B, C, H, W].
 
     A U-Net of ``layout`` (:func:`~.unet.make_unet`: ``base_width``, ``channel_mult``,
-    ``blocks``, ``attention``) whose
-    time embedding gets the sum of one learned embedding per attribute added (attribute j: a
-    table of |Y_j| + 1 rows, the last the null token), as class-conditional diffusion U-Nets
-    condition on labels. Embedding, Linear, Conv2d and GroupNorm only: Opacus clips each
+    ``blocks``, ``attention``) whose time embedding gets the sum of one learned embedding per
+    attribute added (attribute j: a table of |Y_j| + 1 rows, the last the null token), as
+    class-conditional diffusion U-Nets condition on labels. Embedding, Linear, Conv2d and GroupNorm only: Opacus clips each
     example's gradient."""
 
     def __init__(self, shape: tuple[int, int, int], cardinalities: tuple[int, ...],
