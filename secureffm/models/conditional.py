@@ -64,8 +64,8 @@ class ConditionalUNet(nn.Module):
     A U-Net of ``layout`` (:func:`~.unet.make_unet`: ``base_width``, ``channel_mult``,
     ``blocks``, ``attention``) whose time embedding gets the sum of one learned embedding per
     attribute added (attribute j: a table of |Y_j| + 1 rows, the last the null token), as
-    class-conditional diffusion U-Nets condition on labels. Embedding, Linear, Conv2d and GroupNorm only: Opacus clips each
-    example's gradient."""
+    class-conditional diffusion U-Nets condition on labels. Embedding, Linear, Conv2d and
+    GroupNorm only: Opacus clips each example's gradient."""
 
     def __init__(self, shape: tuple[int, int, int], cardinalities: tuple[int, ...],
                  base_width: int = 32, channel_mult: tuple[int, ...] = (1, 2, 2),
