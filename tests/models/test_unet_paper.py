@@ -1,7 +1,10 @@
 """The U-Net's levels, blocks and attention: the FFM paper's CIFAR-10 layout, and DP-SGD's
 per-example clipping through its attention layers."""
 
+import copy
+
 import numpy as np
+import pytest
 import torch
 
 from secureffm.methods.flow_matching import flow_matching_loss
@@ -19,9 +22,11 @@ def test_paper_layout_has_attention_only_at_16_and_keeps_the_shape():
     assert sum(p.numel() for p in UNet(3).parameters()) == 456_963  # the default is unchanged
 
 
-def test_dp_clips_each_example_through_attention():
+@pytest.mark.parametrize("layout", ["compact", "guided"])
+def test_dp_clips_each_example_through_attention(layout):
     torch.manual_seed(0)
-    model = UNet(3, 8, channel_mult=(1, 2), attention=(4,), image_size=8)
+    model = make_unet(layout, 3, base_width=8, channel_mult=(1, 2), attention=(4,),
+                      image_size=8)
     g = torch.Generator().manual_seed(0)
     x0, x1 = torch.randn(6, 3, 8, 8, generator=g), torch.randn(6, 3, 8, 8, generator=g)
     dp = DPGradient(model, clip=0.01, noise_multiplier=0.0, expected_batch=6,
@@ -96,3 +101,27 @@ def test_guided_layout_starts_at_zero_and_learns_every_layer():
     (model(x, torch.rand(4)) - x).square().mean().backward()
     silent = [n for n, p in model.named_parameters() if p.grad is None or not p.grad.any()]
     assert silent == []
+
+
+def test_dp_on_the_guided_layout_is_the_mean_of_each_examples_clipped_gradient():
+    """Opacus' ghost clipping through the guided layout's skips, middle block and attention
+    equals the reference computed one example at a time with plain autograd (no noise)."""
+    torch.manual_seed(0)
+    model = make_unet("guided", 3, base_width=8, channel_mult=(1, 2), attention=(4,),
+                      image_size=8)
+    for parameter in model.parameters():  # off the zero start, so every layer has a gradient
+        parameter.data.add_(0.05 * torch.randn_like(parameter))
+    reference = copy.deepcopy(model)
+    g = torch.Generator().manual_seed(0)
+    x0, x1 = torch.randn(5, 3, 8, 8, generator=g), torch.randn(5, 3, 8, 8, generator=g)
+    t, clip = torch.rand(5, generator=g), 2.6  # per-example norms 2.4-3.1: some clipped
+    expected = []
+    for i in range(5):
+        reference.zero_grad()
+        flow_matching_loss(reference, x0[i:i + 1], x1[i:i + 1], t[i:i + 1]).sum().backward()
+        grad = torch.cat([p.grad.reshape(-1) for p in reference.parameters()])
+        expected.append(grad * min(1.0, clip / float(grad.norm())))
+    dp = DPGradient(model, clip=clip, noise_multiplier=0.0, expected_batch=5,
+                    generator=torch.Generator().manual_seed(1))
+    got = dp(flow_matching_loss(dp.forward_module, x0, x1, t), 5)
+    np.testing.assert_allclose(got, (sum(expected) / 5).numpy(), rtol=1e-4, atol=1e-7)
