@@ -210,6 +210,8 @@ def _validate(c: RunConfig) -> None:
     need(0 <= c.delta < 1, "delta", "must be in [0, 1) (0 keeps the protocol's value)")
     need(0.0 <= c.ema_decay < 1.0, "ema_decay", "must be in [0, 1); 0 disables the average")
     need(c.lr_warmup >= 0, "lr_warmup", "must be >= 0 rounds (0: no warm-up)")
+    need(not c.lr_warmup or c.method not in DCFM_METHODS, "lr_warmup",
+         "warms up FFM's velocity; DCFM and its baselines do not take it (leave it 0)")
     need(len(c.nfe) > 0 and all(int(n) >= 1 for n in c.nfe), "nfe", "list positive step counts")
     need(c.batch_size <= c.shard_size, "batch_size", "cannot exceed shard_size")
     need(c.threads >= 1, "threads", "must be a positive number of CPU threads")

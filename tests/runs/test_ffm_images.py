@@ -125,3 +125,5 @@ def test_image_options_are_checked():
         RunConfig(data="shapes", unet_width=12)
     with pytest.raises(ConfigError, match="unet_layout.*compact, guided"):
         RunConfig(data="shapes", unet_layout="paper")
+    with pytest.raises(ConfigError, match="lr_warmup.*DCFM"):
+        RunConfig(method="dcfm-a", data="modes2d", lr_warmup=10)
