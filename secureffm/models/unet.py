@@ -68,7 +68,39 @@ class _Attention(nn.Module):
         return x + out.transpose(1, 2).reshape(b, c, h, w)
 
 
-class UNet(nn.Module):
+class _TimeConditioned(nn.Module):
+    """What both layouts share: the checks of their arguments and of an input's size, and the
+    time embedding [B, 4 base_width] (sinusoidal, then Linear, SiLU, Linear), to which an
+    optional condition embedding is added."""
+
+    def __init__(self, name: str, base_width: int, channel_mult: tuple[int, ...], blocks: int):
+        super().__init__()
+        if len(channel_mult) < 1 or blocks < 1:
+            raise ValueError(f"{name} needs at least one level and one block per level")
+        self.name, self.base_width = name, base_width
+        self.factor = 2 ** (len(channel_mult) - 1)
+        emb = self.embedding_dim
+        self.time = nn.Sequential(nn.Linear(base_width, emb), nn.SiLU(), nn.Linear(emb, emb))
+
+    @property
+    def embedding_dim(self) -> int:
+        """Width of the time embedding every block receives (4 x base width)."""
+        return 4 * self.base_width
+
+    def embed(self, x: torch.Tensor, t: torch.Tensor,
+              condition: torch.Tensor | None) -> torch.Tensor:
+        """The embedding [B, embedding_dim] of times ``t`` [B] (or a scalar) for the images
+        ``x`` [B, C, H, W], plus ``condition`` when given; raises ValueError unless H and W
+        are divisible by 2^(levels - 1)."""
+        if x.shape[-2] % self.factor or x.shape[-1] % self.factor:
+            raise ValueError(f"{self.name} needs H and W divisible by {self.factor}, got "
+                             f"{tuple(x.shape[-2:])}")
+        t = t.reshape(-1).expand(x.shape[0]).to(x.dtype)
+        emb = self.time(time_embedding(t, self.base_width).to(x.dtype))
+        return emb if condition is None else emb + condition.to(emb.dtype)
+
+
+class UNet(_TimeConditioned):
     """Velocity v_theta(x, t) for images: x [B, C, H, W], t [B] (or a scalar) -> [B, C, H, W].
 
     Levels i = 0 .. L-1 (L = len(channel_mult)) at resolutions H / 2^i with widths
@@ -90,14 +122,9 @@ class UNet(nn.Module):
     def __init__(self, channels: int, base_width: int = 32, groups: int = 8,
                  channel_mult: tuple[int, ...] = (1, 2, 2), blocks: int = 1,
                  attention: tuple[int, ...] = (), heads: int = 4, image_size: int = 32):
-        super().__init__()
-        if len(channel_mult) < 1 or blocks < 1:
-            raise ValueError("UNet needs at least one level and one block per level")
-        w, emb = base_width, 4 * base_width
+        super().__init__("UNet", base_width, channel_mult, blocks)
+        w, emb = base_width, self.embedding_dim
         widths = [w * m for m in channel_mult]
-        self.base_width = base_width
-        self.factor = 2 ** (len(widths) - 1)
-        self.time = nn.Sequential(nn.Linear(w, emb), nn.SiLU(), nn.Linear(emb, emb))
         self.conv_in = nn.Conv2d(channels, w, 3, padding=1)
 
         def stage(cin: int, cout: int, level: int) -> nn.ModuleList:
@@ -124,22 +151,11 @@ class UNet(nn.Module):
         self.out = nn.Sequential(nn.GroupNorm(groups, w), nn.SiLU(),
                                  nn.Conv2d(w, channels, 3, padding=1))
 
-    @property
-    def embedding_dim(self) -> int:
-        """Width of the time embedding every block receives (4 x base width)."""
-        return 4 * self.base_width
-
     def forward(self, x: torch.Tensor, t: torch.Tensor,
                 condition: torch.Tensor | None = None) -> torch.Tensor:
         """``condition``: an optional [B, embedding_dim] embedding added to the time embedding
         (a class or attribute embedding, :class:`~.conditional.ConditionalUNet`)."""
-        if x.shape[-2] % self.factor or x.shape[-1] % self.factor:
-            raise ValueError(f"UNet needs H and W divisible by {self.factor}, got "
-                             f"{tuple(x.shape[-2:])}")
-        t = t.reshape(-1).expand(x.shape[0]).to(x.dtype)
-        emb = self.time(time_embedding(t, self.base_width).to(x.dtype))
-        if condition is not None:
-            emb = emb + condition.to(emb.dtype)
+        emb = self.embed(x, t, condition)
         h, skips = self.conv_in(x), []
         for level, layers in enumerate(self.encoder):
             for layer in layers:
@@ -167,7 +183,7 @@ class _Unit(nn.Module):
         return h if self.attention is None else self.attention(h, emb)
 
 
-class GuidedUNet(nn.Module):
+class GuidedUNet(_TimeConditioned):
     """Velocity v_theta(x, t) for images in guided diffusion's layout (Dhariwal and Nichol,
     2021), the U-Net torchcfm trains and the FFM paper uses: x [B, C, H, W], t [B] -> [B, C, H, W].
 
@@ -185,13 +201,8 @@ class GuidedUNet(nn.Module):
     def __init__(self, channels: int, base_width: int = 32, groups: int = 8,
                  channel_mult: tuple[int, ...] = (1, 2, 2), blocks: int = 1,
                  attention: tuple[int, ...] = (), heads: int = 4, image_size: int = 32):
-        super().__init__()
-        if len(channel_mult) < 1 or blocks < 1:
-            raise ValueError("GuidedUNet needs at least one level and one block per level")
-        w, emb = base_width, 4 * base_width
-        self.base_width = base_width
-        self.factor = 2 ** (len(channel_mult) - 1)
-        self.time = nn.Sequential(nn.Linear(w, emb), nn.SiLU(), nn.Linear(emb, emb))
+        super().__init__("GuidedUNet", base_width, channel_mult, blocks)
+        w, emb = base_width, self.embedding_dim
         self.conv_in = nn.Conv2d(channels, w, 3, padding=1)
         skips, width = [w], w  # the width of each skip, in the order the encoder keeps them
         self.encoder, self.down = nn.ModuleList(), nn.ModuleList()
@@ -227,21 +238,10 @@ class GuidedUNet(nn.Module):
             nn.init.zeros_(layer.weight)
             nn.init.zeros_(layer.bias)
 
-    @property
-    def embedding_dim(self) -> int:
-        """Width of the time embedding every block receives (4 x base width)."""
-        return 4 * self.base_width
-
     def forward(self, x: torch.Tensor, t: torch.Tensor,
                 condition: torch.Tensor | None = None) -> torch.Tensor:
         """``condition``: as :meth:`UNet.forward`."""
-        if x.shape[-2] % self.factor or x.shape[-1] % self.factor:
-            raise ValueError(f"GuidedUNet needs H and W divisible by {self.factor}, got "
-                             f"{tuple(x.shape[-2:])}")
-        t = t.reshape(-1).expand(x.shape[0]).to(x.dtype)
-        emb = self.time(time_embedding(t, self.base_width).to(x.dtype))
-        if condition is not None:
-            emb = emb + condition.to(emb.dtype)
+        emb = self.embed(x, t, condition)
         h = self.conv_in(x)
         skips = [h]
         for level, units in enumerate(self.encoder):
