@@ -18,7 +18,6 @@ import numpy as np
 import torch
 from sklearn.cluster import SpectralClustering
 from torch import nn
-from tqdm import tqdm
 
 from ..errors import ConfigError, DataError, ProtocolError
 from ..federation.channel import Channel, Task, TaskRefused
@@ -26,6 +25,7 @@ from ..federation.message import Payload
 from ..federation.parties import Client
 from ..models.params import flat_params, load_flat_params
 from ..privacy.settings import DPSettings
+from ..progress import progress_bar
 from .fedwad_federated import client_labels, sample_dim
 
 __all__ = ["AFFINITIES", "cluster_clients", "Classifier", "FedAvgConfig", "fedavg",
@@ -199,8 +199,9 @@ def clustered_fedavg(clients: list[Client], assignment: np.ndarray,
         raise DataError(f"assignment has shape {assignment.shape}; need one cluster index per "
                         f"client, shape ({len(clients)},)")
     clusters = sorted(set(int(k) for k in assignment))
-    bar = tqdm(total=config.rounds * len(clusters), desc=f"FedAvg x {len(clusters)} cluster(s)",
-               disable=not show_progress, unit="round", leave=False)
+    bar = progress_bar(total=config.rounds * len(clusters),
+                       desc=f"FedAvg x {len(clusters)} cluster(s)", disable=not show_progress,
+                       unit="round", leave=False)
     models: dict[str, Classifier] = {}
     for k in clusters:
         members = [c for c, a in zip(clients, assignment, strict=True) if a == k]

@@ -48,7 +48,6 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 from torch import nn
-from tqdm import tqdm
 
 from ..data.toy2d import normals
 from ..errors import ConfigError, DataError, ProtocolError
@@ -61,6 +60,7 @@ from ..privacy.accounting import calibrate_noise, epsilon
 from ..privacy.dpsgd import DPGradient, PlainGradient, poisson_rate, poisson_rows
 from ..privacy.ledger import LedgerEntry, PrivacyLedger
 from ..privacy.settings import DPSettings
+from ..progress import progress_bar
 from .flow_matching import sample_path
 from .global_model import GlobalModel
 
@@ -688,8 +688,8 @@ class LocalExpert:
               holders: Sequence[torch.Tensor] | None = None) -> float:
         """Local steps 0..``steps`` - 1 of ``round_`` (``peers``: DCFM-A's experts, this one's
         first, and their ``holders``); returns the mean loss over the last 10% of steps."""
-        bar = tqdm(range(steps), desc=f"{desc} {self.client.id}", disable=not progress,
-                   unit="step", dynamic_ncols=True, leave=False)
+        bar = progress_bar(range(steps), desc=f"{desc} {self.client.id}", disable=not progress,
+                           unit="step", dynamic_ncols=True, leave=False)
         history = [self.step(round_, step, ci_weight, peers, 0, holders) for step in bar]
         return float(np.mean(history[-max(1, steps // 10):])) if history else 0.0
 
@@ -887,8 +887,9 @@ class DCFMB:
         s = self.settings
         estimator = PlainGradient(self.student.module)
         history = []
-        for step in tqdm(range(steps), desc="DCFM-B distillation", disable=not progress,
-                         unit="step", dynamic_ncols=True, leave=False):
+        for step in progress_bar(range(steps), desc="DCFM-B distillation",
+                                 disable=not progress, unit="step", dynamic_ncols=True,
+                                 leave=False):
             if step % refresh == 0:
                 bank = teacher_paths(teachers, counts, s.cardinalities, s.shape, bank_paths,
                                      teacher_steps, self.generator, self.device, self.teacher)

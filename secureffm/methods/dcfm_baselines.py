@@ -23,10 +23,10 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 from torch import nn
-from tqdm import tqdm
 
 from ..federation.channel import Channel, Task
 from ..models.params import flat_params, load_flat_params
+from ..progress import progress_bar
 from .dcfm import ExpertLedger
 
 __all__ = ["FedFlow", "router_weights", "RouterField"]
@@ -47,8 +47,8 @@ class FedFlow:
     def run(self, rounds: int, progress: bool) -> int:
         """``rounds`` FedAvg rounds; returns how many aborted (theta then stays put)."""
         aborted = 0
-        bar = tqdm(range(1, rounds + 1), desc="FedFlow rounds", disable=not progress,
-                   unit="round", dynamic_ncols=True)
+        bar = progress_bar(range(1, rounds + 1), desc="FedFlow rounds", disable=not progress,
+                           unit="round", dynamic_ncols=True)
         for round_ in bar:
             result = self.channel.aggregate(
                 round_, "update", Task("fedflow.update", {"round": round_}), self.weights,

@@ -26,13 +26,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import torch
-from tqdm import tqdm
 
 from ..errors import ConfigError, DataError, ProtocolError
 from ..federation.channel import Channel
 from ..federation.parties import Client
 from ..ot import emd_plan
 from ..privacy.settings import GeodesicPrivacy
+from ..progress import progress_bar
 from .fedwad import FedWADConfig, Measure, ground_cost
 from .fedwad_federated import (
     FedWADClient,
@@ -133,8 +133,9 @@ def learn_coreset(channel: Channel, privacy: GeodesicPrivacy | None, initial: np
     points = torch.tensor(initial, requires_grad=True)
     optimizer = torch.optim.Adam([points], lr=config.lr)
     p, round_, losses = config.fedwad.p, 1, []
-    bar = tqdm(range(config.epochs), desc="coreset (exact W)" if exact else "coreset (FedWAD)",
-               disable=not show_progress, unit="epoch", leave=False)
+    bar = progress_bar(range(config.epochs),
+                       desc="coreset (exact W)" if exact else "coreset (FedWAD)",
+                       disable=not show_progress, unit="epoch", leave=False)
     for _ in bar:
         chosen = rng.choice(len(channel.clients), config.clients_per_epoch, replace=False)
         held = Measure.uniform(points.detach().numpy())
@@ -162,5 +163,5 @@ def learn_coreset(channel: Channel, privacy: GeodesicPrivacy | None, initial: np
         torch.stack(terms).mean().backward()
         optimizer.step()
         losses.append(float(np.mean(values)))
-        bar.set_postfix(loss=f"{losses[-1]:.3f}")
+        bar.set_postfix(loss=f"{losses[-1]:.3f}", refresh=False)
     return CoresetResult(points.detach().numpy().copy(), initial, tuple(losses))

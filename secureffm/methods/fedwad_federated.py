@@ -28,13 +28,13 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-from tqdm import tqdm
 
 from ..errors import ConfigError, DataError, MessageError, ProtocolError
 from ..federation.channel import Channel, Compute, Task, TaskRefused
 from ..federation.message import SERVER, Payload
 from ..federation.parties import Client
 from ..privacy.settings import GeodesicPrivacy
+from ..progress import progress_bar
 from .fedwad import (
     FedWADConfig,
     FedWADResult,
@@ -444,8 +444,8 @@ def pairwise_distances(channel: Channel, privacy: GeodesicPrivacy | None,
                           f"{len(ids)}")
     pairs = [(i, j) for i in range(len(ids)) for j in range(i + 1, len(ids))]
     matrix = np.zeros((len(ids), len(ids)))
-    for n, (i, j) in enumerate(tqdm(pairs, desc="FedWAD pairs", unit="pair",
-                                    disable=not progress, dynamic_ncols=True)):
+    for n, (i, j) in enumerate(progress_bar(pairs, desc="FedWAD pairs", unit="pair",
+                                            disable=not progress, dynamic_ncols=True)):
         result = federated_distance(channel, privacy, ids[i], ids[j], config,
                                     round_ + n * rounds_per_distance(config), dim=dim)
         matrix[i, j] = matrix[j, i] = result.distance

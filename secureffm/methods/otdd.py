@@ -32,7 +32,6 @@ from itertools import combinations
 import numpy as np
 import torch
 from sklearn.manifold import ClassicalMDS
-from tqdm import tqdm
 
 from ..errors import DataError, ProtocolError
 from ..federation.channel import Channel, Task, TaskRefused
@@ -40,6 +39,7 @@ from ..federation.message import SERVER, Payload
 from ..federation.parties import Client, new_clients
 from ..ot import emd_cost, squared_distances
 from ..privacy.settings import GeodesicPrivacy
+from ..progress import progress_bar
 from .fedwad import FedWADConfig
 from .fedwad_federated import (
     EMBEDDING,
@@ -205,8 +205,8 @@ def federated_otdd(channel: Channel, privacy: GeodesicPrivacy | None, config: Fe
     # 2. class-to-class distances across clients, by FedWAD between class subsets
     cross = [(a, b) for a, b in combinations(labels_of, 2) if a[0] != b[0]]
     round_ = 2
-    for a, b in tqdm(cross, desc="OTDD class distances (FedWAD)", disable=not show_progress,
-                     leave=False):
+    for a, b in progress_bar(cross, desc="OTDD class distances (FedWAD)",
+                             disable=not show_progress, leave=False):
         sides = [Rows(cid, label=cls) for cid, cls in (a, b)]
         distance = _fedwad(channel, privacy, sides, label_config, round_,
                            "class-to-class distances", dim)
@@ -226,8 +226,8 @@ def federated_otdd(channel: Channel, privacy: GeodesicPrivacy | None, config: Fe
     n = len(clients)
     distances = np.zeros((n, n))
     pairs = list(combinations(range(n), 2))
-    for i, j in tqdm(pairs, desc="OTDD client distances (FedWAD)", disable=not show_progress,
-                     leave=False):
+    for i, j in progress_bar(pairs, desc="OTDD client distances (FedWAD)",
+                             disable=not show_progress, leave=False):
         sides = [Rows(c.id, augment=True) for c in (clients[i], clients[j])]
         distances[i, j] = distances[j, i] = _fedwad(channel, privacy, sides, config, round_,
                                                     "OTDD messages", dim + embedding.shape[1])

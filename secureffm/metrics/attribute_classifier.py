@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import torch
 from torch import nn
-from tqdm.auto import tqdm
+
+from ..progress import progress_bar
 
 __all__ = ["AttributeClassifier", "train_attribute_classifier", "predict", "classifier_features",
            "attribute_accuracy", "compositional_accuracy"]
@@ -57,7 +58,8 @@ def train_attribute_classifier(
     generator = torch.Generator().manual_seed(seed)
     optimizer = torch.optim.Adam(model.parameters(), lr=lr)
     batches = (len(x) + batch_size - 1) // batch_size
-    with tqdm(total=epochs * batches, desc="attribute classifier", disable=not progress) as bar:
+    with progress_bar(total=epochs * batches, desc="attribute classifier",
+                      disable=not progress) as bar:
         for _ in range(epochs):
             for index in torch.randperm(len(x), generator=generator).split(batch_size):
                 batch, wanted = x[index].to(device), labels[index].to(device)

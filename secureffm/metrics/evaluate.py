@@ -15,10 +15,10 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 from torch import nn
-from tqdm import tqdm
 
 from ..data.pairs import DataPair
 from ..ot import half_squared_cost, semidual_assignment, semidual_value
+from ..progress import progress_bar
 from .sampling import integrate, straightness
 from .w2 import w2_many
 
@@ -99,8 +99,8 @@ def evaluate_flow(
     x0 = pair.source.sample(samples, generator, device)[0]
     target = pair.target.sample(samples, generator, device)[0]
     labels = [f"euler-{n}" for n in nfes] + ["adaptive"]
-    bar = tqdm(total=2 * len(labels) + 2, desc="evaluation", unit="step", disable=not progress,
-               dynamic_ncols=True)
+    bar = progress_bar(total=2 * len(labels) + 2, desc="evaluation", unit="step",
+                       disable=not progress, dynamic_ncols=True)
     generated, seconds, started = {}, {}, time.perf_counter()
     for nfe in nfes:
         bar.set_postfix_str(f"sampling at NFE {nfe}")

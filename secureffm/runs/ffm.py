@@ -20,7 +20,6 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from tqdm import tqdm
 
 from ..config import RunConfig, config_from_dict, write_config
 from ..data.images import ImagePair, image_pair, image_shape
@@ -38,6 +37,7 @@ from ..metrics.fid import fid, image_features
 from ..metrics.sampling import integrate, trajectories
 from ..plots import plot_trajectories, plot_w2_nfe
 from ..privacy.canaries import AUDIT_NOTICE, CANARY_FILE, draw_canaries, save_canaries
+from ..progress import progress_bar
 from ..protocols.protocol import Protocol, load_protocol
 from ..protocols.statement import privacy_statement
 from ..runtime import party_generator, resolve_device
@@ -215,8 +215,8 @@ def run_ffm(config: RunConfig, connect: Connect | None = None) -> RunResult:
                   "this noise multiplier; training stops there and keeps the model",
                   file=sys.stderr, flush=True)
         start = time.perf_counter()
-        bar = tqdm(range(first, budget + 1), desc=f"{config.method} rounds",
-                   disable=not config.progress, unit="round", dynamic_ncols=True)
+        bar = progress_bar(range(first, budget + 1), desc=f"{config.method} rounds",
+                           disable=not config.progress, unit="round", dynamic_ncols=True)
         for round_ in bar:
             report = trainer.train_round(round_)
             aborted += int(report.pop("aborted", 0))
@@ -226,7 +226,7 @@ def run_ffm(config: RunConfig, connect: Connect | None = None) -> RunResult:
                 postfix = {**{k: f"{v:.3f}" for k, v in report.items()}, "aborted": aborted}
                 if periodic is not None:
                     postfix["img/s"] = f"{periodic.images_per_second(round_ - first + 1):.0f}"
-                bar.set_postfix(postfix)
+                bar.set_postfix(postfix, refresh=False)  # drawn at the next redraw
             if "dual" in report:
                 curves["dual"].append([round_, report["dual"]])
             if periodic is not None:
