@@ -78,6 +78,33 @@ def one_core() -> str:
     return f"pinned to CPU {cpu}"
 
 
+def wall_rate(run_dir: Path) -> float:
+    """Records per wall-clock second of one ``verify_run`` (the threads' work overlaps)."""
+    start = time.perf_counter()
+    report = verify_run(run_dir)
+    return report.records / (time.perf_counter() - start)
+
+
+def cpus_table(run_dir: Path, cpus: set[int], repeats: int) -> str:
+    """Audits of ``run_dir`` pinned to one CPU and on all of ``cpus`` (the affinity the
+    process started with), alternating, in records per wall second; "" where the platform
+    cannot pin or only one CPU is there."""
+    if not hasattr(os, "sched_setaffinity") or len(cpus) < 2:
+        return ""
+    one, every = [], []
+    for _ in range(repeats):
+        os.sched_setaffinity(0, {min(cpus)})
+        one.append(wall_rate(run_dir))
+        os.sched_setaffinity(0, cpus)
+        every.append(wall_rate(run_dir))
+    os.sched_setaffinity(0, {min(cpus)})
+    rows = [["one CPU (the table above's set-up)", f"{statistics.median(one):,.0f}", "1.00x"],
+            [f"{len(cpus)} CPUs (signatures checked on threads)",
+             f"{statistics.median(every):,.0f}",
+             f"{statistics.median(every) / statistics.median(one):.2f}x"]]
+    return markdown_table(["CPUs", "audit records per wall second", "over one CPU"], rows)
+
+
 def write_log(folder: Path, rounds: int, keep_payloads: bool) -> Path:
     """A real run's folder: GOT under dp-secagg for ``rounds`` rounds, a tiny evaluation."""
     config = RunConfig(method="got", protocol="dp-secagg", rounds=rounds, eval_samples=200,
@@ -202,6 +229,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if args.smoke:
         args.rounds, args.repeats = 3, 1
+    cpus = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else set()
     pinned = one_core()
     with tempfile.TemporaryDirectory() as tmp:
         if args.log is not None:
@@ -229,6 +257,11 @@ def main(argv: list[str] | None = None) -> None:
                             "audit / raw", "other work us/record", "repeats"],
                            [case.row() for case in cases]),
             "",
+            *([f"### The same audit on every CPU: {cases[-1].name}", "",
+               "`verify_signatures` splits a batch's signature checks over threads when the "
+               f"process may use several CPUs; wall-clock medians of {args.repeats} alternating "
+               "audits (a busy machine lowers the second row most).", "", table, ""]
+              if (table := cpus_table(cases[-1].run_dir, cpus, args.repeats)) else []),
             f"### Where an audit's time goes: {cases[-1].name}",
             "",
             profile(cases[-1].run_dir),

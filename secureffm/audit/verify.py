@@ -44,10 +44,11 @@ and the exact form, and whose groups are the signed bytes; any other line (event
 unusual) is checked field by field, encoded again for the exact-form check, and its signed
 bytes cut out of it by :func:`signed_bytes`. Neither serializes the record again. A batch's
 signatures are then verified back to back with libsodium
-(:func:`~secureffm.federation.crypto.verify_signature`; no batch verification there either: a
-loop of bare verifications is the floor the benchmark compares with), and its records' payloads
-and protocol rules checked last, in log order; each pass stops at the first problem, so the
-first bad record is named as when each record is checked in full before the next
+(:func:`~secureffm.federation.crypto.verify_signatures`: one after another on one CPU, in
+chunks on threads when the process may use several; no batch verification there either: a
+loop of bare verifications is the one-CPU floor the benchmark compares with), and its records'
+payloads and protocol rules checked last, in log order; each pass stops at the first problem, so
+the first bad record is named as when each record is checked in full before the next
 (tests/audit/test_verify.py compares every batch size with batches of one line).
 """
 
@@ -66,7 +67,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from ..errors import SecureFFMError
-from ..federation.crypto import verify_signature
+from ..federation.crypto import verify_signatures
 from ..federation.journal import verify_journal
 from ..federation.keyfiles import load_registry
 from ..federation.log import PARTIES_FILE, PAYLOADS_FILE, canonical, genesis
@@ -318,10 +319,7 @@ _Signed = tuple[bytes, bytes, bytes]  # raw public key, signature, message
 
 def _first_forged(signed: list[_Signed]) -> int:
     """The index of the first signature that does not verify; ``len(signed)`` when all do."""
-    for index, (key, signature, message) in enumerate(signed):
-        if not verify_signature(key, signature, message):
-            return index
-    return len(signed)
+    return next((i for i, ok in enumerate(verify_signatures(signed)) if not ok), len(signed))
 
 
 class _Walk:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+from unittest.mock import patch
 
 import pytest
 from cryptography.exceptions import InvalidSignature
@@ -20,6 +21,7 @@ from hypothesis import strategies as st
 from nacl.bindings import crypto_scalarmult_ed25519_base_noclamp
 
 from secureffm.errors import ProtocolError
+from secureffm.federation import crypto
 from secureffm.federation.crypto import (
     Identity,
     agree,
@@ -30,6 +32,7 @@ from secureffm.federation.crypto import (
     public_bytes,
     seal,
     verify_signature,
+    verify_signatures,
 )
 
 # RFC 7748, 6.1: Alice's and Bob's keys and their shared secret.
@@ -177,6 +180,32 @@ def test_signatures_of_our_signer_verify_and_a_flipped_bit_fails_as_with_openssl
     tampered = (inputs["key"], inputs["signature"], inputs["message"])
     assert not verify_signature(*tampered)
     assert not _openssl_verifies(*tampered)
+
+
+@settings(max_examples=25, deadline=None)
+@given(verdicts=st.lists(st.sampled_from(["valid", "message", "signature", "key", "short"]),
+                         max_size=300), cpus=st.integers(1, 6))
+def test_a_batch_gives_each_signature_openssls_verdict_in_order(verdicts, cpus):
+    """verify_signatures splits a large batch over threads: each answer must be that item's
+    own (OpenSSL's verdict), in order, whatever the batch's size, the CPUs and where the bad
+    ones sit."""
+    signers = [Identity() for _ in range(3)]
+    items = []
+    for i, kind in enumerate(verdicts):
+        signer, data = signers[i % 3], f"record {i}".encode()
+        public, signature = signer.public, signer.sign(data)
+        if kind == "message":
+            data += b"!"
+        elif kind == "signature":
+            signature = _tampered(signature, i)
+        elif kind == "key":
+            public = signers[(i + 1) % 3].public
+        elif kind == "short":
+            signature = signature[:63]
+        items.append((public, signature, data))
+    with patch.object(crypto, "_usable_cpus", lambda: cpus):
+        assert verify_signatures(items) == [kind == "valid" for kind in verdicts]
+    assert [kind == "valid" for kind in verdicts] == [_openssl_verifies(*i) for i in items]
 
 
 def test_a_non_canonical_s_fails():
