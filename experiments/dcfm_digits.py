@@ -37,6 +37,7 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import math
 import sys
 import time
 import warnings
@@ -195,11 +196,23 @@ def _folder(size: str, scale: float) -> str:
             + ("" if scale == 1 else f"-x{scale:g}"))
 
 
+def joint_label(sampler: DCFMSampler) -> DCFMSampler:
+    """The same models sampled on the joint label, without Eq. (5): DDM's router over the run's
+    models (one model: its velocity for the full label). Against the run's own sampler it
+    separates what the composition adds from what the models learned."""
+    combinations = math.prod(sampler.cardinalities)
+    counts = (sampler.counts if sampler.counts.shape[0] == len(sampler.models)
+              else torch.ones(len(sampler.models), combinations))
+    return DCFMSampler("router", sampler.models, counts, sampler.cardinalities, sampler.shape)
+
+
 def _grid(jobs: list[tuple[int, str, str]], steps: dict, root: Path,
           classifier: AttributeClassifier, test_set: ColoredDigits, per_combination: int,
-          desc: str = "dcfm_digits") -> tuple[list[dict], dict]:
+          desc: str = "dcfm_digits", joint: bool = False) -> tuple[list[dict], dict]:
     """Train (or reuse) and score each (seed, partition, method) run under ``root``: one row per
-    run (its eval.json) and the novel-combination samples of the first seed's runs."""
+    run (its eval.json) and the novel-combination samples of the first seed's runs. With
+    ``joint``, the row also scores the run's models on the joint label (:func:`joint_label`),
+    columns suffixed ``_joint``."""
     rows, samples = [], {}
     bar = tqdm(jobs, desc=desc, unit="run")
     for seed, partition, method in bar:
@@ -220,7 +233,14 @@ def _grid(jobs: list[tuple[int, str, str]], steps: dict, root: Path,
         row = {"method": method, "partition": partition, "seed": seed,
                **_scores(classifier, reference, generated),
                **{f"diverged_{k}": v[2] for k, v in generated.items()},
-               "train_seconds": train_seconds, "seconds": time.perf_counter() - start}
+               "train_seconds": train_seconds}
+        if joint:
+            generator = party_generator(seed, EVALUATOR, torch.device("cpu"))
+            scored = _scores(classifier, reference,
+                             {k: _sample(joint_label(sampler), v, per_combination, generator)
+                              for k, v in sets.items()})
+            row.update({f"{k}_joint": v for k, v in scored.items()})
+        row["seconds"] = time.perf_counter() - start
         (out / "eval.json").write_text(json.dumps(row, indent=2))
         rows.append(row)
         tqdm.write(" ".join(f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}"
@@ -333,6 +353,9 @@ def _cell(rows: list[dict], key: str, digits: int) -> str:
 PARTITION_LABELS = {"iid": "IID", "dirichlet": "Dir(0.1)"}
 METRICS = (("fd_known", "FD°", 1), ("fd_novel", "FD*", 1), ("ca_known", "CA°", 3),
            ("ca_novel", "CA*", 3))
+# The same models on the joint label (joint_label), in the curve's table.
+JOINT = (("fd_novel_joint", "FD* joint", 1), ("ca_known_joint", "CA° joint", 3),
+         ("ca_novel_joint", "CA* joint", 3))
 
 
 def _settings(steps: dict, seeds: list[int], per_combination: int, accuracy: list[float],
@@ -380,10 +403,14 @@ def curve(args: argparse.Namespace, size: str, seeds: list[int], methods: list[s
     can grow one scale at a time. Writes <runs>/dcfm_digits[-size]-curve.csv, the figure
     dcfm_digits_curve.png (one panel per partition and metric, a line per method, steps per
     client on a log axis), the novel-combination samples of the largest scale
-    (dcfm_digits_curve_novel.png) and the table between the dcfm_digits_curve markers."""
+    (dcfm_digits_curve_novel.png) and the table between the dcfm_digits_curve markers; with a
+    subset of the partitions, each name ends with them (dcfm_digits_curve_dirichlet). Every run
+    is also scored on the joint label (:func:`joint_label`: columns "joint", dashed lines)."""
     scales = sorted(float(v) for v in args.curve.split(","))
     base = args.runs or ROOT / "runs"
     prefix = _folder(size, 1)
+    name = "dcfm_digits_curve" + ("" if len(partitions) == len(PARTITIONS)
+                                  else "_" + "_".join(partitions))
     if args.quick:  # not results: the figures stay with the runs
         figures = base / f"{prefix}-curve"
     figures.mkdir(parents=True, exist_ok=True)
@@ -393,30 +420,31 @@ def curve(args: argparse.Namespace, size: str, seeds: list[int], methods: list[s
         root = base / _folder(size, scale)
         root.mkdir(parents=True, exist_ok=True)
         scored, samples = _grid(jobs, steps, root, classifier, test_set, args.per_combination,
-                                desc=f"dcfm_digits x{scale:g}")
+                                desc=f"dcfm_digits x{scale:g}", joint=True)
         rows += [{"scale": scale, "local_steps": steps["local_steps"], **r} for r in scored]
     floor = _floor(seeds, classifier, train_set, test_set, args.per_combination)
-    with (base / f"{prefix}-curve.csv").open("w", newline="") as handle:
+    with (base / f"{prefix}-{name[12:].replace('_', '-')}.csv").open("w", newline="") as handle:
         writer = csv.DictWriter(handle, fieldnames=list(rows[0]), restval="")
         writer.writeheader()
         writer.writerows(rows + floor)
-    plot_curve(figures / "dcfm_digits_curve.png", rows, floor, methods, partitions)
-    plot_novel_grid(figures / "dcfm_digits_curve_novel.png", samples, methods, partitions,
+    plot_curve(figures / f"{name}.png", rows, floor, methods, partitions)
+    plot_novel_grid(figures / f"{name}_novel.png", samples, methods, partitions,
                     test_set, federated_colored_digits(seed=seeds[0]).novel,
                     args.per_combination)
     head = (["method", "steps per client"]
-            + [f"{PARTITION_LABELS[p]} {label}" for p in partitions for _, label, _ in METRICS]
+            + [f"{PARTITION_LABELS[p]} {label}" for p in partitions
+               for _, label, _ in METRICS + JOINT]
             + ["train s"])
     lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
     for method in methods:
         for scale in scales:
             here = [r for r in rows if r["method"] == method and r["scale"] == scale]
             cells = [_cell([r for r in here if r["partition"] == p], key, digits)
-                     for p in partitions for key, _, digits in METRICS]
+                     for p in partitions for key, _, digits in METRICS + JOINT]
             seconds = mean_std([r["train_seconds"] for r in here])[0]
             lines.append(f"| {LABELS[method]} | {here[0]['local_steps']} | "
                          + " | ".join(cells) + f" | {seconds:.0f} |")
-    real = [_cell(floor, key, digits) for key, _, digits in METRICS]
+    real = [_cell(floor, key, digits) for key, _, digits in METRICS] + ["-"] * len(JOINT)
     lines.append("| real training images (floor) | - | " + " | ".join(real * len(partitions))
                  + " | - |")
     largest = _steps(size, scales[-1])["local_steps"]
@@ -426,20 +454,24 @@ def curve(args: argparse.Namespace, size: str, seeds: list[int], methods: list[s
             "steps per client: stage I (FedFlow: rounds x local steps); DCFM-A adds "
             "dcfm_rounds x dcfm_steps composed steps, DCFM-B's server distils for "
             "distill_steps; "
-            "train s: the training time of one run (mean over partitions and seeds).\n\n"
-            + "\n".join(lines) + "\n\n![learning curves](figures/dcfm_digits_curve.png)\n\n"
+            "train s: the training time of one run (mean over partitions and seeds). "
+            "Columns \"joint\": the same models sampled on the joint label, without Eq. (5) "
+            "(DDM's router over the run's models; FedFlow and DCFM-B: the one model's velocity "
+            "for the full label); for DDM they repeat its own columns.\n\n"
+            + "\n".join(lines) + f"\n\n![learning curves](figures/{name}.png)\n\n"
             f"![novel combinations at {largest} steps per client]"
-            "(figures/dcfm_digits_curve_novel.png)\n")
+            f"(figures/{name}_novel.png)\n")
     if not args.quick:  # a smoke test's numbers are not results
-        write_block(Path(args.docs) / "results.md", "dcfm_digits_curve", text)
+        write_block(Path(args.docs) / "results.md", name, text)
     print(text)
 
 
 def plot_curve(path: Path, rows: list[dict], floor: list[dict], methods: list[str],
                partitions: list[str]) -> None:
     """One row of panels per partition, one panel per metric (CA*, FD*, CA°, FD°), one line per
-    method (mean over seeds) against steps per client on a log axis; the real images' floor
-    dotted."""
+    method (mean over seeds) against steps per client on a log axis; dashed, the same models on
+    the joint label where the rows have it (not for DDM, whose sampler it is); the real images'
+    floor dotted."""
     order = [METRICS[i] for i in (3, 1, 2, 0)]
     fig, axes = plt.subplots(len(partitions), len(order), figsize=(3.3 * len(order),
                              2.9 * len(partitions) + 0.4), squeeze=False)
@@ -451,7 +483,12 @@ def plot_curve(path: Path, rows: list[dict], floor: list[dict], methods: list[st
                 steps = sorted({x["local_steps"] for x in here})
                 ys = [mean_std([x[key] for x in here if x["local_steps"] == s])[0]
                       for s in steps]
-                ax.plot(steps, ys, marker="o", label=LABELS[method])
+                line = ax.plot(steps, ys, marker="o", label=LABELS[method])[0]
+                if f"{key}_joint" in here[0] and method not in ("ddm", "ddm-l"):
+                    ys = [mean_std([x[f"{key}_joint"] for x in here if x["local_steps"] == s])[0]
+                          for s in steps]
+                    ax.plot(steps, ys, linestyle="--", marker=".", color=line.get_color(),
+                            label=f"{LABELS[method]}, joint label")
             ax.axhline(mean_std([x[key] for x in floor])[0], color="0.5", linestyle=":",
                        label="real images")
             ax.set_xscale("log")
@@ -462,7 +499,8 @@ def plot_curve(path: Path, rows: list[dict], floor: list[dict], methods: list[st
                 ax.set_yscale("log")
     axes[0, 0].legend(fontsize=7)
     fig.suptitle("colored digits: learning curves (° known, * novel combinations; CA higher "
-                 "is better, FD lower is better)", fontsize=9)
+                 "is better, FD lower is better; dashed: the same models on the joint label, "
+                 "without Eq. 5)", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -388,13 +388,14 @@ def test_dcfm_digits_curve(run_script, tmp_path):
                         str(docs)).check()
     for folder in ("dcfm_digits-smoke", "dcfm_digits-smoke-x2"):
         assert (runs / folder / "fedflow-dirichlet-s0" / "checkpoint.pt").exists()
-    with (runs / "dcfm_digits-smoke-curve.csv").open() as handle:
+    with (runs / "dcfm_digits-smoke-curve-dirichlet.csv").open() as handle:
         rows = list(csv.DictReader(handle))
     assert [(r["method"], r["partition"], r["local_steps"]) for r in rows] == [
         ("fedflow", "dirichlet", "2"), ("fedflow", "dirichlet", "4"), ("real", "-", "")]
+    assert rows[0]["ca_novel_joint"] != ""
     assert [r[1] for r in _rows(result.stdout, "FedFlow")] == ["2", "4"]
-    assert "Dir(0.1) CA*" in result.stdout and "IID CA*" not in result.stdout
-    for name in ("dcfm_digits_curve.png", "dcfm_digits_curve_novel.png"):
+    assert "Dir(0.1) CA* joint" in result.stdout and "IID CA*" not in result.stdout
+    for name in ("dcfm_digits_curve_dirichlet.png", "dcfm_digits_curve_dirichlet_novel.png"):
         assert (runs / "dcfm_digits-smoke-curve" / name).stat().st_size > 0
     assert not (docs / "results.md").exists()  # a smoke run's numbers are not results
 
