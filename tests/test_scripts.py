@@ -388,6 +388,27 @@ def test_dcfm_digits(run_script, tmp_path):
     assert not (docs / "results.md").exists()  # a smoke run's numbers are not results
 
 
+def test_dcfm_digits_curve(run_script, tmp_path):
+    """--curve trains each scale's runs in the --steps-scale folders (where finished runs are
+    reused), then writes the curve's CSV, table and figures."""
+    runs, docs = tmp_path / "runs", tmp_path / "docs"
+    result = run_script("experiments/dcfm_digits.py", "--smoke", "--curve", "1,2", "--methods",
+                        "fedflow", "--partitions", "dirichlet", "--runs", str(runs), "--docs",
+                        str(docs)).check()
+    for folder in ("dcfm_digits-smoke", "dcfm_digits-smoke-x2"):
+        assert (runs / folder / "fedflow-dirichlet-s0" / "checkpoint.pt").exists()
+    with (runs / "dcfm_digits-smoke-curve-dirichlet.csv").open() as handle:
+        rows = list(csv.DictReader(handle))
+    assert [(r["method"], r["partition"], r["local_steps"]) for r in rows] == [
+        ("fedflow", "dirichlet", "2"), ("fedflow", "dirichlet", "4"), ("real", "-", "")]
+    assert rows[0]["ca_novel_joint"] != ""
+    assert [r[1] for r in _rows(result.stdout, "FedFlow")] == ["2", "4"]
+    assert "Dir(0.1) CA* joint" in result.stdout and "IID CA*" not in result.stdout
+    for name in ("dcfm_digits_curve_dirichlet.png", "dcfm_digits_curve_dirichlet_novel.png"):
+        assert (runs / "dcfm_digits-smoke-curve" / name).stat().st_size > 0
+    assert not (docs / "results.md").exists()  # a smoke run's numbers are not results
+
+
 def test_dp_main_job(run_script, tmp_path):
     docs = tmp_path / "docs"
     result = run_script("experiments/dp_main_job.py", "--smoke", "--root", str(tmp_path / "runs"),
