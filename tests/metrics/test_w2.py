@@ -21,8 +21,8 @@ def test_empirical_w2_matches_gaussian_closed_form():
     m1, m2 = np.array([0.0, 0.0]), np.array([4.0, 3.0])
     c1 = np.array([[1.0, 0.3], [0.3, 0.5]])
     c2 = np.array([[0.5, -0.2], [-0.2, 1.5]])
-    x = rng.multivariate_normal(m1, c1, size=3000)
-    y = rng.multivariate_normal(m2, c2, size=3000)
+    x = rng.multivariate_normal(m1, c1, size=2000)
+    y = rng.multivariate_normal(m2, c2, size=2000)
     exact = gaussian_w2(*(torch.tensor(v) for v in (m1, c1, m2, c2)))
     assert w2(x, y) == pytest.approx(exact, rel=0.02)
 

@@ -30,7 +30,7 @@ def test_delta_must_be_well_below_one_over_the_shard_size():
         check_delta(1e-4, 10_000)
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=20, deadline=None)  # 16 (sigma, q) pairs; the reference is slow
 @given(schedule=st.lists(st.tuples(st.sampled_from([0.4, 0.8, 1.2, 3.0]),
                                    st.sampled_from([0.01, 0.0256, 0.3, 1.0]),
                                    st.integers(0, 5000)), min_size=1, max_size=4),
