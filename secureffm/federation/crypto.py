@@ -134,7 +134,7 @@ def verify_signature(public: bytes, signature: bytes, data: bytes) -> bool:
 # hand-off between threads costs what it saves (measured: batches of 5-90 ran no faster).
 _PER_THREAD = 64
 _MAX_THREADS = 8
-_pool: tuple[int, int, ThreadPoolExecutor] | None = None  # (pid, threads, pool)
+_pool: tuple[int, ThreadPoolExecutor] | None = None  # (the pid that made it, pool)
 
 
 def _usable_cpus() -> int:
@@ -144,13 +144,13 @@ def _usable_cpus() -> int:
     return os.cpu_count() or 1
 
 
-def _verifiers(threads: int) -> ThreadPoolExecutor:
-    """This process's pool of ``threads`` - 1 helper threads (a forked child, or a change of
-    affinity, makes a new one: threads do not survive a fork)."""
+def _verifiers() -> ThreadPoolExecutor:
+    """This process's helper threads (up to seven, started as needed; a forked child makes its
+    own pool: threads do not survive a fork)."""
     global _pool
-    if _pool is None or _pool[:2] != (os.getpid(), threads):
-        _pool = (os.getpid(), threads, ThreadPoolExecutor(threads - 1, "ed25519-verify"))
-    return _pool[2]
+    if _pool is None or _pool[0] != os.getpid():
+        _pool = (os.getpid(), ThreadPoolExecutor(_MAX_THREADS - 1, "ed25519-verify"))
+    return _pool[1]
 
 
 def _verify_each(items: Sequence[tuple[bytes, bytes, bytes]]) -> list[bool]:
@@ -166,7 +166,7 @@ def verify_signatures(items: Sequence[tuple[bytes, bytes, bytes]]) -> list[bool]
         return _verify_each(items)
     bounds = [len(items) * i // threads for i in range(threads + 1)]
     chunks = [items[a:b] for a, b in zip(bounds, bounds[1:], strict=False)]
-    pending = [_verifiers(threads).submit(_verify_each, chunk) for chunk in chunks[1:]]
+    pending = [_verifiers().submit(_verify_each, chunk) for chunk in chunks[1:]]
     verdicts = _verify_each(chunks[0])
     for future in pending:
         verdicts += future.result()
