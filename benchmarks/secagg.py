@@ -47,6 +47,7 @@ from secureffm.protocols import flatten, load_protocol
 from secureffm.protocols.link import Link
 from secureffm.protocols.masking import as_vector, mask_input, masked_payload
 from secureffm.protocols.prg import add_masks, keystream_throughput, word_dtype
+from secureffm.protocols.secagg import KEY_BATCH
 from secureffm.protocols.secagg import MALICIOUS_PHASES as PHASES
 from secureffm.reporting import markdown_table, write_block
 from secureffm.runs.scaffold import open_channel
@@ -244,10 +245,13 @@ def _phasemarkdown_table(results: list[CaseResult]) -> str:
 
 def _adversaries(root: Path, quick: bool, repeats: int, clients: tuple[int, ...] = CLIENTS,
                  sizes: tuple[int, ...] = SIZES) -> str:
-    """Round time and bytes of ``secagg`` (malicious-server variant: signed keys, announced
-    graph, consistency round) and of the same spec with ``adversary = "semi-honest"``, each
-    over a plaintext round, rounds alternating; n in ``clients[1:]`` ({10, 50}), d in ``sizes``
-    ({10^4, 10^6}); n = 50, d = 10^6 skipped with --quick."""
+    """Round time and bytes of ``secagg`` (malicious-server variant: keys signed in batches,
+    announced graph, consistency round) and of the same spec with ``adversary =
+    "semi-honest"``, each over a plaintext round, rounds alternating after one warm-up round
+    each; n in ``clients[1:]`` ({10, 50}), d in ``sizes`` ({10^4, 10^6}); n = 50, d = 10^6
+    skipped with --quick. The malicious warm-up draws every client's keys for KEY_BATCH rounds:
+    its time over the median is spread over KEY_BATCH rounds and added to the malicious round
+    (all of it, cold caches included, so the spread cost is an upper bound)."""
     spec = root / "secagg-semi-honest.toml"
     shipped = (Path(__file__).resolve().parents[1] / "protocols" / "secagg.toml").read_text()
     spec.write_text(shipped.replace('adversary = "malicious"', 'adversary = "semi-honest"'))
@@ -264,7 +268,7 @@ def _adversaries(root: Path, quick: bool, repeats: int, clients: tuple[int, ...]
             count = 1 if n * n * d > 10**8 else repeats
             times: dict[str, list[float]] = {name: [] for name in feds}
             cpu: dict[str, list[float]] = {name: [] for name in feds}
-            feds["plain"].round()  # warm-up: plaintext rounds are cheap, so always
+            warm = {name: fed.round()[0] for name, fed in feds.items()}
             for _ in range(count):
                 for name, fed in feds.items():
                     wall, seconds = fed.round()
@@ -276,17 +280,22 @@ def _adversaries(root: Path, quick: bool, repeats: int, clients: tuple[int, ...]
                 fed.close()
             median = {k: statistics.median(v) for k, v in times.items()}
             mcpu = {k: statistics.median(v) for k, v in cpu.items()}
+            batch = max(0.0, warm["mal"] - median["mal"]) / KEY_BATCH
+            median["mal"] += batch
+            mcpu["mal"] += batch
 
             def ratio(a: str, b: str, median=median, mcpu=mcpu) -> str:
                 return f"**{median[a] / median[b]:.2f}x** ({mcpu[a] / mcpu[b]:.2f}x)"
 
             rows.append([n, _sci(d), f"{1e3 * median['plain']:,.1f}",
                          f"{1e3 * median['semi']:,.1f}", ratio("semi", "plain"),
-                         f"{1e3 * median['mal']:,.1f}", ratio("mal", "plain"),
+                         f"{1e3 * median['mal']:,.1f}", f"{1e3 * batch:.2f}",
+                         ratio("mal", "plain"),
                          ratio("mal", "semi"), f"{sent['semi']:,.0f}",
                          f"{sent['mal']:,.0f}", f"{sent['mal'] / sent['semi']:.4f}x", count])
     return markdown_table(["n", "d", "plaintext ms", "semi-honest ms",
-                   "semi-honest / plaintext, wall (CPU time)", "malicious ms",
+                   "semi-honest / plaintext, wall (CPU time)",
+                   "malicious ms (key batch spread in)", "of which key batch ms",
                    "malicious / plaintext, wall (CPU time)",
                    "malicious / semi-honest, wall (CPU time)", "semi-honest B/client",
                    "malicious B/client", "bytes ratio", "rounds each"], rows)
@@ -626,9 +635,12 @@ def main() -> None:
         "### The malicious-server variant over the semi-honest one",
         "",
         "The shipped `secagg` (`adversary = \"malicious\"`: keys signed by each client's "
-        "identity and checked against the pinned keys, the graph announced as a seed, a "
-        "consistency round of signed survivor sets) against the same spec with "
-        "`adversary = \"semi-honest\"`, rounds alternating; full graph.",
+        f"identity in batches of {KEY_BATCH} rounds and checked against the pinned keys, the "
+        "graph announced as a seed, a consistency round of signed and MACed survivor sets) "
+        "against the same spec with `adversary = \"semi-honest\"`, rounds alternating after "
+        "one warm-up round each; medians. The malicious warm-up drew every client's keys for "
+        f"{KEY_BATCH} rounds: its time over the median, spread over {KEY_BATCH} rounds, is added "
+        "to the malicious round (an upper bound: cold caches count too); full graph.",
         "",
         adversaries,
         "",

@@ -103,13 +103,15 @@ class ClientEndpoint:
     """One client's side: ``client`` (its keys, shard and streams), ``registry`` (the public
     keys it pinned), ``protocol`` (its own copy of the run's protocol, whose parameters it
     trusts rather than the server's word), ``program`` (what runs the method's named
-    computations), and the per-aggregation ``sessions`` its protocol handlers keep."""
+    computations), the per-aggregation ``sessions`` its protocol handlers keep, and what they
+    keep ``lasting`` across aggregations, by (tag, kind) (a batch of signed keys)."""
 
     client: Client
     registry: Registry
     protocol: Any
     program: Program | None = None
     sessions: dict[tuple[int, str], Any] = field(default_factory=dict)
+    lasting: dict[tuple[str, str], Any] = field(default_factory=dict)
     receipts: Receipts = field(init=False)
 
     def __post_init__(self) -> None:
@@ -130,10 +132,13 @@ class ClientEndpoint:
 
     def saved(self) -> dict:
         """What this endpoint keeps between requests besides its client (JSON values): the
-        copies it accepted (for the duplicate check) and its sessions."""
+        copies it accepted (for the duplicate check), its sessions and what lasts across
+        them."""
         return {"seen": [list(key) for key in self.receipts.seen],
                 "sessions": [[round_, kind, session.tag, session.to_json()]
-                             for (round_, kind), session in self.sessions.items()]}
+                             for (round_, kind), session in self.sessions.items()],
+                "lasting": [[tag, kind, kept.to_json()]
+                            for (tag, kind), kept in self.lasting.items()]}
 
     def restore(self, saved: dict) -> None:
         """The inverse of :meth:`saved`."""
@@ -141,6 +146,8 @@ class ClientEndpoint:
             self.receipts.seen = {tuple(key) for key in saved["seen"]}
             self.sessions = {(int(round_), str(kind)): SESSIONS[tag](self, kind, table)
                              for round_, kind, tag, table in saved["sessions"]}
+            self.lasting = {(str(tag), str(kind)): SESSIONS[tag](self, kind, table)
+                            for tag, kind, table in saved.get("lasting", [])}
         except (KeyError, TypeError, ValueError) as err:
             raise MessageError(f"{self.client.id}'s saved sessions do not load: {err}") from None
 

@@ -60,6 +60,7 @@ The round then is exact over the survivors or aborts with a reason (``Aggregate.
 from __future__ import annotations
 
 import hashlib
+import hmac
 import json
 import math
 import random
@@ -89,6 +90,7 @@ from ..privacy.skellam import grid_sensitivity
 from .adversary import repeated_requests
 from .aggregation import check_payload, template_json, template_of, unflatten
 from .endpoint import SESSIONS, Step, client_action
+from .key_batch import PROOF_FIELDS, KeyBatch, check_proof, commit, field_length_ok
 from .link import Call, Link, broadcast_digest, silence
 from .masking import as_vector, masked_payload, parse_masked, unmask_sum
 from .prg import word_dtype
@@ -122,15 +124,18 @@ MALICIOUS_PHASES = ("advertise_keys", "keys", "share_keys", "shares", "masked_in
                     "consistency", "consistency_sign", "unmask_request", "unmask")
 ADVERSARIES = ("malicious", "semi-honest")
 _KEYS = {"stage", "protects", "threshold", "neighbours", "clip", "levels", "bits", "adversary",
-         "setup"}
-_KEY_STATEMENT, _SURVIVOR_STATEMENT = b"secureffm/secagg/keys/v1", b"secureffm/secagg/survivors/v1"
-_VIEW_STATEMENT = b"secureffm/secagg/view/v1"
-_MASK, _CHANNEL, _COMMIT = b"mask-seed", b"share-channel", b"secureffm/self-mask-seed"
+         "setup", "key_batch"}
+_SURVIVOR_STATEMENT, _VIEW_STATEMENT = b"secureffm/secagg/survivors/v1", b"secureffm/secagg/view/v1"
+_MASK, _CHANNEL = b"mask-seed", b"share-channel"
+_MAC_KEY = b"secureffm/secagg/consistency-mac/v1"
 _ADVERTISED = ("b_commit", "c_pk", "s_pk")  # 32 bytes each
 # Under setup = "once" a client advertises no self-mask commitment: it draws a fresh seed per
 # round and commits to it with its masked input (secagg_epoch.py).
 _ADVERTISED_ONCE = ("c_pk", "s_pk")
 SETUPS = ("per-round", "once")
+# Rounds of keys a client signs at once under the malicious variant (key_batch.py): each
+# neighbour verifies one signature per client per 32 rounds instead of one per round.
+KEY_BATCH = 32
 # setup = "once" runs secagg_epoch.aggregate_once, which builds on this module and puts itself
 # here when imported (protocol.py imports every stage module before a protocol is built).
 EPOCH_AGGREGATE: list = []
@@ -165,14 +170,6 @@ def harary_neighbours(ids: list[str], k: int, rng: random.Random) -> dict[str, s
 
 # -- wire formats: each parser raises MessageError naming the problem ---------------------------
 
-def _key_statement(round_: int, kind: str, u: str, keys: dict[str, bytes],
-                   names: tuple[str, ...]) -> bytes:
-    """What client u signs with its long-term identity when it advertises: its fresh keys and
-    commitment (the fields ``names``), bound to this aggregation (round and kind) and to u."""
-    return (_KEY_STATEMENT + json.dumps([round_, kind, u]).encode()
-            + b"".join(keys[name] for name in names))
-
-
 def survivor_statement(round_: int, kind: str, survivors: list[str], parameters: bytes,
                        graph: bytes, broadcasts: bytes) -> bytes:
     """What a survivor signs in the consistency round (and what the audit re-checks): the
@@ -194,8 +191,12 @@ def view_statement(round_: int, kind: str, parameters: bytes, graph: bytes,
     return _VIEW_STATEMENT + json.dumps([round_, kind]).encode() + seen
 
 
-def _commit(seed: bytes) -> bytes:
-    return hashlib.sha256(_COMMIT + seed).digest()
+def consistency_mac(channel: bytes, author: str, recipient: str, statement: bytes) -> bytes:
+    """The 32-byte HMAC-SHA256 by which ``author`` confirms its consistency ``statement`` to
+    ``recipient``, keyed (under a label of its own) by their channel key, which the server
+    cannot know: both ends derived it from keys their identities signed."""
+    key = hmac.digest(channel, _MAC_KEY, "sha256")
+    return hmac.digest(key, json.dumps([author, recipient]).encode() + statement, "sha256")
 
 
 def _matches(which: str, value: int, advertised: dict[str, bytes]) -> bool:
@@ -205,7 +206,7 @@ def _matches(which: str, value: int, advertised: dict[str, bytes]) -> bool:
         return False
     secret = value.to_bytes(32, "big")
     if which == "b":
-        return _commit(secret) == advertised["b_commit"]
+        return commit(secret) == advertised["b_commit"]
     return public_of(private_from_bytes(secret)) == advertised["s_pk"]
 
 
@@ -220,15 +221,17 @@ def _check_point(key: bytes, what: str) -> None:
 
 def _parse_advertisement(data: bytes, u: str, signed: bool,
                          names: tuple[str, ...] = _ADVERTISED) -> dict[str, bytes]:
-    """u's keys and commitment (``names``; and, when ``signed``, its 64-byte signature
-    ``sig``)."""
+    """u's keys and commitment (``names``; and, when ``signed``, the proof that u signed
+    them: key_batch.PROOF_FIELDS)."""
     fields = _payload_bytes(data, u)
-    expected = sorted([*names, *(["sig"] if signed else [])])
-    if sorted(fields) != expected or any(
-            len(v) != (64 if name == "sig" else 32) for name, v in fields.items()):
+    expected = sorted([*names, *(PROOF_FIELDS if signed else ())])
+    if sorted(fields) != expected or not all(
+            field_length_ok(name, v) for name, v in fields.items()):
         raise MessageError(f"{u} advertised fields {sorted(fields)} with lengths "
                            f"{[len(v) for v in fields.values()]}, expected 32 bytes each of "
-                           f"{', '.join(names)}{' and a 64-byte sig' if signed else ''}")
+                           f"{', '.join(names)}" + (" and a key-batch proof (8-byte first, "
+                                                   "path of 32-byte hashes, 32-byte root, "
+                                                   "64-byte sig)" if signed else ""))
     for name in ("c_pk", "s_pk"):
         _check_point(fields[name], f"{u}'s {name}")
     return fields
@@ -262,21 +265,22 @@ def _id_list(value) -> bool:
     return isinstance(value, list) and all(isinstance(i, str) for i in value)
 
 
-def _parse_request(data: bytes, signed: bool) -> tuple[set[str], set[str], dict[str, bytes]]:
-    """(survivors, dropped, survivor -> signature of the survivor set) of an unmask request;
-    signatures only when ``signed`` (the malicious-server variant)."""
+def _parse_request(data: bytes, tables: tuple[str, ...]
+                   ) -> tuple[set[str], set[str], dict[str, dict[str, bytes]]]:
+    """(survivors, dropped, name -> survivor -> bytes for each of the hex ``tables`` the
+    variant relays: ``signatures``, ``macs``) of an unmask request."""
     request = _payload_json(data, SERVER)
-    keys = ["dropped", *(["signatures"] if signed else []), "survivors"]
+    keys = sorted(["dropped", "survivors", *tables])
     if (not isinstance(request, dict) or sorted(request) != keys
             or not (_id_list(request["survivors"]) and _id_list(request["dropped"]))):
         raise MessageError(f"the unmask request is not a table of {', '.join(keys)}")
-    signatures = request.get("signatures", {})
     try:
-        signatures = {w: bytes.fromhex(sig) for w, sig in signatures.items()}
+        read = {name: {w: bytes.fromhex(value) for w, value in request[name].items()}
+                for name in tables}
     except (AttributeError, TypeError, ValueError):
-        raise MessageError("the unmask request's signatures are not hex strings by client id"
-                           ) from None
-    return set(request["survivors"]), set(request["dropped"]), signatures
+        raise MessageError(f"the unmask request's {' or '.join(tables)} are not hex strings by "
+                           "client id") from None
+    return set(request["survivors"]), set(request["dropped"]), read
 
 
 def _parse_survivors(data: bytes) -> list[str]:
@@ -340,6 +344,8 @@ class _ClientSession:
     # share of that round's seed.
     current: int | None = None
     own: Share | None = None
+    # malicious variant: the proof that its identity signed its keys (key_batch.PROOF_FIELDS)
+    proof: dict[str, bytes] = field(default_factory=dict)
     tag = "secagg"  # its kind among the sessions an endpoint keeps (endpoint.SESSIONS)
 
     def to_json(self) -> dict:
@@ -355,7 +361,8 @@ class _ClientSession:
                 "masks_with": list(self.masks_with), "graph": self.graph.hex(),
                 "signed": None if self.signed is None else list(self.signed),
                 "answered": self.answered, "current": self.current,
-                "own": None if self.own is None else share_to_bytes(self.own).hex()}
+                "own": None if self.own is None else share_to_bytes(self.own).hex(),
+                "proof": {name: value.hex() for name, value in self.proof.items()}}
 
     @classmethod
     def from_json(cls, party: Client, registry: Registry, stage: SecAggStage,
@@ -374,7 +381,8 @@ class _ClientSession:
                    bool(table["answered"]),
                    None if table["current"] is None else int(table["current"]),
                    None if table["own"] is None else share_from_bytes(bytes.fromhex(
-                       table["own"])))
+                       table["own"])),
+                   {name: bytes.fromhex(value) for name, value in table["proof"].items()})
 
     @property
     def id(self) -> str:
@@ -392,12 +400,9 @@ class _ClientSession:
 
     def advertisement(self) -> bytes:
         fields = {"c_pk": self.channel.public, "s_pk": self.mask.public,
-                  "b_commit": _commit(self.self_seed)}
+                  "b_commit": commit(self.self_seed)}
         fields = {name: fields[name] for name in self.stage.advertised}
-        if self.malicious:
-            fields["sig"] = self.party.sign(_key_statement(self.round, self.kind, self.id,
-                                                           fields, self.stage.advertised))
-        return _bytes_payload(fields)
+        return _bytes_payload(fields | self.proof)
 
     def take_keys(self, data: bytes, order: dict[str, int]) -> None:
         """Derive channel keys and mask seeds from the server's ``keys`` message; raises
@@ -411,11 +416,12 @@ class _ClientSession:
             kind, _, v = name.partition(":")
             if kind in ("graph_seed", "u1", "params") and self.malicious:
                 continue
-            if (kind not in self.stage.advertised + ("sig",) or v not in order or v == self.id
-                    or len(value) != (64 if kind == "sig" else 32)):
+            if (kind not in self.stage.advertised + PROOF_FIELDS or v not in order
+                    or v == self.id or not field_length_ok(kind, value)):
                 raise MessageError(f"the keys message has field {name!r} ({len(value)} bytes)")
             keys.setdefault(v, {})[kind] = value
-        wanted = {"c_pk", "s_pk"} | ({"sig", *self.stage.advertised} if self.malicious else set())
+        wanted = {"c_pk", "s_pk"} | ({*PROOF_FIELDS, *self.stage.advertised} if self.malicious
+                                     else set())
         if not keys or any(set(k) != wanted for k in keys.values()):
             raise MessageError(f"the keys message lacks one of {', '.join(sorted(wanted))} of "
                                "some neighbour")
@@ -454,9 +460,9 @@ class _ClientSession:
             raise MessageError(f"the keys message carries keys of {sorted(keys)}, but the "
                                f"announced graph gives this client {sorted(expected)}")
         for v, k in keys.items():
-            if v not in self.registry.sign or not verify_signature(
-                    self.registry.sign[v], k["sig"],
-                    _key_statement(self.round, self.kind, v, k, self.stage.advertised)):
+            if v not in self.registry.sign or not check_proof(
+                    self.id, self.registry.sign[v], self.round, self.kind, v, k,
+                    self.stage.advertised):
                 raise MessageError(f"the keys of {v} are not signed by {v}'s pinned identity "
                                    "(substituted or altered in relay)")
 
@@ -517,7 +523,10 @@ class _ClientSession:
                                   broadcast_digest(self.party, self.aggregation))
 
     def sign_survivors(self, data: bytes) -> bytes:
-        """Consistency round: sign the survivor set the server announced (once)."""
+        """Consistency round, once: the reply to the server's survivor set, its statement
+        (:meth:`_statement`) signed with this client's identity (``sig``, for the log and the
+        audit) and MACed for each neighbour v under their channel key (``mac:v``, what v
+        checks before it answers an unmask request)."""
         survivors = _parse_survivors(data)
         if self.signed is not None:
             raise MessageError("asked to sign a second survivor set in this aggregation")
@@ -525,7 +534,10 @@ class _ClientSession:
             raise MessageError("the announced survivor set leaves out this client, which sent "
                                "its masked input")
         self.signed = tuple(sorted(survivors))
-        return self.party.sign(self._statement(survivors))
+        statement = self._statement(survivors)
+        return _bytes_payload({"sig": self.party.sign(statement)} | {
+            f"mac:{v}": consistency_mac(peer.channel, self.id, v, statement)
+            for v, peer in self.peers.items()})
 
     def answer(self, data: bytes) -> bytes:
         """The unmask reply, at most once per aggregation; raises MessageError (a refusal,
@@ -546,14 +558,17 @@ class _ClientSession:
     def admit(self, data: bytes) -> tuple[set[str], set[str]]:
         """The survivors and dropped of an unmask request this client may answer (see
         :meth:`answer`), now marked answered; raises MessageError for one it may not."""
-        survivors, gone, signatures = _parse_request(data, self.malicious)
+        once = self.stage.setup == "once"
+        tables = () if not self.malicious else ("signatures",) if once else ("macs",
+                                                                             "signatures")
+        survivors, gone, read = _parse_request(data, tables)
         group = set(self.masks_with) | {self.id}  # whom it masked with, and itself
         needed = self.stage.shares_needed(len(self.peers) + 1)
         problem = ("it already answered an unmask request in this aggregation" if self.answered
                    else self._request_problem(survivors, gone, group, needed))
         if not problem and self.malicious:
-            problem = (self._view_problem(survivors, signatures) if self.stage.setup == "once"
-                       else self._consistency_problem(survivors, group, signatures))
+            problem = (self._view_problem(survivors, read["signatures"]) if once
+                       else self._consistency_problem(survivors, group, read["macs"]))
         if problem:
             raise MessageError(problem)
         self.answered = True
@@ -593,7 +608,10 @@ class _ClientSession:
         return ""
 
     def _consistency_problem(self, survivors: set[str], group: set[str],
-                             signatures: dict[str, bytes]) -> str:
+                             macs: dict[str, bytes]) -> str:
+        """Why the request's survivors may not be answered: not the set this client signed, or
+        a survivor's MAC of its view (the statement it signed) is missing or not the one this
+        client's view gives (:func:`consistency_mac`)."""
         if self.signed is None:
             return "it signed no survivor set in this aggregation"
         if survivors != set(self.signed) & group:
@@ -602,9 +620,9 @@ class _ClientSession:
                     "with and itself)")
         statement = self._statement(list(self.signed))
         for w in sorted(survivors - {self.id}):  # its own it made itself
-            if w not in signatures or not verify_signature(self.registry.sign[w], signatures[w],
-                                                           statement):
-                return (f"{w} did not sign the survivor set, parameters, graph and broadcasts "
+            if not hmac.compare_digest(macs.get(w, b""), consistency_mac(
+                    self.peers[w].channel, w, self.id, statement)):
+                return (f"{w} did not confirm the survivor set, parameters, graph and broadcasts "
                         "this client saw (a split view, another broadcast, or it left)")
         return ""
 
@@ -645,6 +663,8 @@ class SecAggStage:
     ``threshold``: shares needed to rebuild a secret, an integer or a fraction of |S(u)|.
     ``neighbours``: 0 masks with every other client (Bonawitz), k > 0 with k random
     neighbours (SecAgg+). ``clip``, ``levels``, ``bits``: the quantizer of each w_u x_u.
+    ``key_batch`` (malicious variant, per-round set-up): rounds of keys a client signs at once
+    (key_batch.py; 1 signs every round's).
     """
 
     name = "secagg"
@@ -652,13 +672,15 @@ class SecAggStage:
     can_protect = frozenset({"gradient", "dual_update", "update", "scalar"})
 
     def __init__(self, protects: tuple[str, ...], threshold: float, neighbours: int,
-                 quantizer: Quantizer, adversary: str = "malicious", setup: str = "per-round"):
+                 quantizer: Quantizer, adversary: str = "malicious", setup: str = "per-round",
+                 key_batch: int = KEY_BATCH):
         self.protects = protects
         self.threshold = threshold
         self.neighbours = neighbours
         self.quantizer = quantizer
         self.adversary = adversary
         self.setup = setup
+        self.key_batch = key_batch
 
     @property
     def phases(self) -> tuple[str, ...]:
@@ -715,7 +737,16 @@ class SecAggStage:
                                 "shares in every aggregation, Bonawitz et al.) or 'once' (keys "
                                 "agreed once per kind, masks derived per round: fewer messages "
                                 "for many rounds of small models; docs/protocols.md)")
-        return cls(protects, threshold, neighbours, quantizer, adversary, setup)
+        key_batch = table.get("key_batch", KEY_BATCH)
+        if "key_batch" in table and (adversary, setup) != ("malicious", "per-round"):
+            raise ProtocolError(f"{source}: key_batch applies only to keys signed every round "
+                                "(adversary = 'malicious', setup = 'per-round'); remove it")
+        if isinstance(key_batch, bool) or not isinstance(key_batch, int) or not (
+                1 <= key_batch <= 1024 and key_batch & (key_batch - 1) == 0):
+            raise ProtocolError(f"{source}: key_batch = {key_batch!r}; give a power of two from "
+                                "1 (every round's keys signed on their own) to 1024 (rounds "
+                                "of keys a client signs at once)")
+        return cls(protects, threshold, neighbours, quantizer, adversary, setup, key_batch)
 
     # -- parameters ------------------------------------------------------------------------
 
@@ -799,8 +830,8 @@ class SecAggStage:
         if len(u3) < needed:
             return abort(f"only {len(u3)} masked inputs arrived, threshold is {needed}")
         gone = [u for u in u2 if u not in masked]
-        signatures = self._consistency(r, u3) if self.adversary == "malicious" else {}
-        revealed = self._unmask(r, u3, gone, signatures)
+        confirmations = self._consistency(r, u3) if self.adversary == "malicious" else {}
+        revealed = self._unmask(r, u3, gone, confirmations)
         rebuilt, reason = self._rebuild(r, u3, gone, revealed)
         if reason:
             return abort(reason)
@@ -843,9 +874,9 @@ class SecAggStage:
         """The server's check of u's advertisement (the clients check the signature again
         against their own pinned keys)."""
         fields = _parse_advertisement(data, u, self.adversary == "malicious", self.advertised)
-        if "sig" in fields and not verify_signature(
-                r.link.transport.registry.sign[u], fields["sig"],
-                _key_statement(r.link.round, r.link.kind, u, fields, self.advertised)):
+        if "sig" in fields and not check_proof(SERVER, r.link.transport.registry.sign[u],
+                                               r.link.round, r.link.kind, u, fields,
+                                               self.advertised):
             raise MessageError(f"{u}'s keys are not signed by its pinned identity")
         return fields
 
@@ -853,7 +884,8 @@ class SecAggStage:
         """Phase 2's message to u: its neighbours' keys; under the malicious-server variant
         also their commitments and signatures, the graph's seed and U1, and the parameters."""
         signed = tuple(name for name in self.advertised if name not in ("c_pk", "s_pk"))
-        fields = ("c_pk", "s_pk") + ((*signed, "sig") if self.adversary == "malicious" else ())
+        fields = ("c_pk", "s_pk") + ((*signed, *PROOF_FIELDS) if self.adversary == "malicious"
+                                     else ())
         message = {f"{kind}:{v}": r.advertised[v][kind] for v in sorted(r.graph[u])
                    for kind in fields}
         if self.adversary == "malicious":
@@ -917,45 +949,54 @@ class SecAggStage:
                 r.dropped[v] = str(err)
         return masked
 
-    def _consistency(self, r: _Round, u3: list[str]) -> dict[str, bytes]:
+    def _consistency(self, r: _Round, u3: list[str]) -> dict[str, dict[str, bytes]]:
         """Phases consistency and consistency_sign (malicious-server variant): each survivor
-        signs the survivor set U3 with what it saw. Returns survivor -> signature, relayed
-        unverified: each client checks them against its own view."""
+        signs the survivor set U3 with what it saw, and MACs that statement for each
+        neighbour. Returns survivor -> {"sig": signature, neighbour: MAC}, relayed unverified:
+        each client checks the MACs addressed to it against its own view."""
         announcement = _json_payload({"survivors": u3})
         replies = r.link.exchange("consistency", "consistency_sign", "secagg.sign",
                                   {v: Call(announcement) for v in u3})
-        signatures = {}
+        confirmations = {}
         for v in u3:
             if v not in replies or replies[v].data is None:
                 continue
+            expected = sorted(["sig", *(f"mac:{w}" for w in r.graph[v])])
             try:
                 fields = _payload_bytes(replies[v].data, v)
-                if sorted(fields) != ["sig"] or len(fields["sig"]) != 64:
-                    raise MessageError(f"{v}'s consistency reply is not one 64-byte sig")
+                if sorted(fields) != expected or any(
+                        len(value) != (64 if name == "sig" else 32)
+                        for name, value in fields.items()):
+                    raise MessageError(f"{v}'s consistency reply is not a 64-byte sig and a "
+                                       "32-byte MAC for each of its neighbours")
             except MessageError as err:
                 r.reject("consistency_sign", v, str(err))
                 continue
-            signatures[v] = fields["sig"]
-        return signatures
+            confirmations[v] = {name.partition(":")[2] or name: value
+                                for name, value in fields.items()}
+        return confirmations
 
     def _request(self, r: _Round, v: str, u3: list[str], gone: list[str],
-                 signatures: dict[str, bytes]) -> bytes:
+                 confirmations: dict[str, dict[str, bytes]]) -> bytes:
         """Phase 6's message to v, among the clients v masked with and v itself: the
         survivors, the dropped, and (malicious-server variant) each survivor's consistency
-        signature."""
+        signature (for the audit) and its MAC for v (what v checks)."""
         group = r.routed[v] | {v}
         survivors = [u for u in u3 if u in group]
         request = {"survivors": survivors, "dropped": [u for u in gone if u in r.routed[v]]}
         if self.adversary == "malicious":
-            request["signatures"] = {u: signatures[u].hex() for u in survivors
-                                     if u in signatures}
+            confirmed = [u for u in survivors if u in confirmations]
+            request["signatures"] = {u: confirmations[u]["sig"].hex() for u in confirmed}
+            request["macs"] = {u: confirmations[u][v].hex() for u in confirmed
+                               if v in confirmations[u]}
         return _json_payload(request)
 
     def _unmask(self, r: _Round, u3: list[str], gone: list[str],
-                signatures: dict[str, bytes]) -> dict[tuple[str, str], dict[str, Share]]:
+                confirmations: dict[str, dict[str, bytes]]
+                ) -> dict[tuple[str, str], dict[str, Share]]:
         """Phases 6-7. Returns (which, peer) -> holder -> share, from the well-formed replies."""
         revealed: dict[tuple[str, str], dict[str, Share]] = {}
-        requests = [(v, self._request(r, v, u3, gone, signatures), "") for v in u3]
+        requests = [(v, self._request(r, v, u3, gone, confirmations), "") for v in u3]
         rounds = [{v: Call(data) for v, data, _ in requests}]
         rounds += [{v: Call(data, origin=origin)}  # a deviation: asked again
                    for v, data, origin in repeated_requests(r.link.deviations, r.link.round,
@@ -1106,9 +1147,29 @@ def _client_advertise(step: Step) -> bytes:
     for key in [k for k, s in sessions.items() if k[0] < step.request.round and (
             k[1] == step.request.kind or not _keeps_epoch(s))]:
         del sessions[key]  # an older aggregation's: a request for it is refused from now on
-    return step.session(lambda: _ClientSession(step.client, step.endpoint.registry, stage,
-                                               step.request.round, step.request.kind)
-                        ).advertisement()
+    return step.session(lambda: _new_session(step, stage)).advertisement()
+
+
+def _new_session(step: Step, stage: SecAggStage) -> _ClientSession:
+    """Fresh keys for the request's aggregation; under the malicious variant they come with
+    the proof that the client's identity signed them: the next round of its batch of
+    ``stage.key_batch`` rounds of this kind (one round under setup = "once"), a new batch when
+    the last one is spent."""
+    round_, kind = step.request.round, step.request.kind
+    registry = step.endpoint.registry
+    if stage.adversary != "malicious":
+        return _ClientSession(step.client, registry, stage, round_, kind)
+    batches = step.endpoint.lasting
+    batch = batches.get((KeyBatch.tag, kind))
+    taken = None if batch is None else batch.take(round_)
+    if taken is None:
+        size = stage.key_batch if stage.setup == "per-round" else 1
+        batch = batches[(KeyBatch.tag, kind)] = KeyBatch.new(step.client, kind, round_, size,
+                                                             stage.advertised)
+        taken = batch.take(round_)
+    channel, mask, seed, proof = taken
+    return _ClientSession(step.client, registry, stage, round_, kind, channel, mask, seed,
+                          proof=proof)
 
 
 def _load_session(endpoint, kind: str, table: dict) -> _ClientSession:
@@ -1117,6 +1178,7 @@ def _load_session(endpoint, kind: str, table: dict) -> _ClientSession:
 
 
 SESSIONS[_ClientSession.tag] = _load_session
+SESSIONS[KeyBatch.tag] = lambda endpoint, kind, table: KeyBatch.from_json(table)
 
 
 def taken_keys(step: Step) -> _ClientSession | None:
@@ -1203,11 +1265,10 @@ def report_clipped(step: Step, clipped: int, size: int, quantizer: Quantizer) ->
 def _client_sign(step: Step) -> bytes | None:
     """Consistency round: sign the announced survivor set with what this client saw."""
     try:
-        signature = _session(step).sign_survivors(step.data)
+        return _session(step).sign_survivors(step.data)
     except MessageError as err:
         step.reject(SERVER, f"refused: {err}")
         return None
-    return _bytes_payload({"sig": signature})
 
 
 @client_action("secagg.answer")

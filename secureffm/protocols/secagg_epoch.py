@@ -80,6 +80,7 @@ from ..federation.message import SERVER, deserialize_payload, serialize_payload
 from ..privacy.settings import DistributedNoise
 from .aggregation import check_payload, template_json, unflatten
 from .endpoint import Step, client_action
+from .key_batch import commit
 from .link import Call, Link, silence
 from .masking import mask_input, unmask_sum
 from .prg import word_dtype
@@ -87,7 +88,6 @@ from .secagg import (
     EPOCH_AGGREGATE,
     SecAggStage,
     _ClientSession,
-    _commit,
     _context,
     _order,
     _Round,
@@ -435,7 +435,7 @@ def _rebuild_seeds(stage: SecAggStage, r: _RoundState, u3: list[str],
         holders = sorted(usable, key=r.epoch.order.get)
         try:
             found = decode([usable[v] for v in holders], t,
-                           partial(_committed, commit=r.commits[u]))
+                           partial(_committed, commitment=r.commits[u]))
         except ProtocolError as err:
             reason = reason or (f"the shares of {u}'s round seed from {', '.join(holders)} do "
                                 f"not rebuild the seed it committed to ({err}); the masked sum "
@@ -450,9 +450,9 @@ def _rebuild_seeds(stage: SecAggStage, r: _RoundState, u3: list[str],
     return seeds, reason
 
 
-def _committed(value: int, commit: bytes) -> bool:
-    """Whether the rebuilt ``value`` is the 32-byte seed whose commitment is ``commit``."""
-    return value < 2**256 and _commit(value.to_bytes(32, "big")) == commit
+def _committed(value: int, commitment: bytes) -> bool:
+    """Whether the rebuilt ``value`` is the 32-byte seed whose commitment is ``commitment``."""
+    return value < 2**256 and commit(value.to_bytes(32, "big")) == commitment
 
 
 EPOCH_AGGREGATE.append(aggregate_once)
@@ -535,7 +535,7 @@ def _client_mask(step: Step) -> bytes | None:
                            _context(round_, kind, u, v), secrets.token_bytes(12))
                       for v in peers)
     fields = {"y": y,
-              "b_commit": np.frombuffer(_commit(seed), dtype=np.uint8),
+              "b_commit": np.frombuffer(commit(seed), dtype=np.uint8),
               "peers": np.frombuffer(json.dumps(peers).encode(), np.uint8),
               "shares": np.frombuffer(sealed, dtype=np.uint8)}
     if session.malicious:

@@ -77,7 +77,7 @@ def test_an_invented_survivor_is_refused(events):
 def test_another_model_to_one_client_fails_the_consistency_signatures(events):
     refused = _refusals(events[4])
     assert set(refused) == {"client-1", "client-2", "client-3"}
-    assert all("did not sign the survivor set, parameters, graph and broadcasts" in why
+    assert all("did not confirm the survivor set, parameters, graph and broadcasts" in why
                for why in refused.values())
     assert _outcome(events[4]) == "aborted"
 

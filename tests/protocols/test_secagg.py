@@ -24,6 +24,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from scipy.stats import chisquare
 
+import secureffm.protocols.key_batch as key_batch
 import secureffm.protocols.secagg as secagg
 from secureffm.errors import MessageError, ProtocolError
 from secureffm.federation import Client, MessageLog, deserialize_payload
@@ -31,6 +32,7 @@ from secureffm.federation.crypto import agree, open_sealed, private_bytes, priva
 from secureffm.federation.faults import Fault, FaultPlan
 from secureffm.federation.parties import Registry
 from secureffm.protocols import load_protocol
+from secureffm.protocols.key_batch import PROOF_FIELDS
 from secureffm.protocols.prg import add_masks, expand_seed, word_dtype
 from secureffm.protocols.quantize import Quantizer
 from secureffm.protocols.secagg import SecAggStage, harary_neighbours
@@ -393,7 +395,7 @@ def test_the_relaying_server_cannot_read_the_shares(tmp_path, monkeypatch):
         splits.append((secret, shares))
         return shares
 
-    monkeypatch.setattr(secagg, "new_key_pair", pair_spy)
+    monkeypatch.setattr(key_batch, "new_key_pair", pair_spy)
     monkeypatch.setattr(secagg, "split_bytes", split_spy)
     n = 4
     clients = make_clients(n)
@@ -405,8 +407,10 @@ def test_the_relaying_server_cannot_read_the_shares(tmp_path, monkeypatch):
     result = run_round(channel, updates, weights)
     log.close()
     assert result.included == ids[:3]
-    channel = {cid: pairs[2 * i] for i, cid in enumerate(ids)}  # made in this order per client
-    mask = {cid: pairs[2 * i + 1] for i, cid in enumerate(ids)}
+    # each client draws a batch of KEY_BATCH rounds' (channel, mask) pairs; round 1 is its first
+    drawn = 2 * secagg.KEY_BATCH
+    channel = {cid: pairs[drawn * i] for i, cid in enumerate(ids)}
+    mask = {cid: pairs[drawn * i + 1] for i, cid in enumerate(ids)}
     owner = {private_bytes(mask[cid].private): cid for cid in ids}
     key_shares = {owner[s]: shares for s, shares in splits if s in owner}
     seed_shares = {cid: shares for cid, (_, shares) in
@@ -649,8 +653,10 @@ def test_secagg_plus_with_four_neighbours_is_exact_and_sends_four_keys(tmp_path)
         assert {"graph_seed", "u1"} <= set(keys)  # the announced graph (malicious variant)
         keys = {name: key for name, key in keys.items() if ":" in name}
         neighbours = {name.split(":", 1)[1] for name in keys}
-        assert len(keys) == 16 and len(neighbours) == 4 and record["recipient"] not in neighbours
-        assert {name.split(":", 1)[0] for name in keys} == {"c_pk", "s_pk", "b_commit", "sig"}
+        fields = {"c_pk", "s_pk", "b_commit", *PROOF_FIELDS}
+        assert len(keys) == 4 * len(fields) and len(neighbours) == 4
+        assert record["recipient"] not in neighbours
+        assert {name.split(":", 1)[0] for name in keys} == fields
         for name, key in keys.items():  # the server forwards each peer's own keys
             which, v = name.split(":", 1)
             assert np.array_equal(key, advertised[v][which])

@@ -26,7 +26,6 @@ an expected failure.
 
 from __future__ import annotations
 
-import hashlib
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -35,6 +34,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+import secureffm.protocols.key_batch as key_batch
 import secureffm.protocols.secagg as secagg
 from secureffm.audit.verify import verify_run
 from secureffm.errors import ProtocolError
@@ -288,7 +288,7 @@ class ServerView:
     def seed_of(self, u: str, shares: list[Share]) -> bytes | None:
         """u's self-mask seed b_u from ``shares`` (checked against u's commitment), or None."""
         commit = self.advertised[u]["b_commit"]
-        return self._rebuild(shares, lambda b: hashlib.sha256(secagg._COMMIT + b).digest()
+        return self._rebuild(shares, lambda b: key_batch.commit(b)
                              == commit)
 
     def mask_key_of(self, u: str, shares: list[Share]) -> bytes | None:

@@ -35,7 +35,7 @@ from secureffm.federation import (
 from secureffm.federation.faults import Fault, FaultPlan, load_threat_model
 from secureffm.federation.message import serialize_payload
 from secureffm.privacy.settings import DistributedNoise
-from secureffm.protocols import ProtectedChannel, load_protocol, secagg
+from secureffm.protocols import ProtectedChannel, key_batch, load_protocol, secagg
 from secureffm.protocols.link import Link
 from secureffm.protocols.shamir import PRIME, share_from_bytes, share_to_bytes
 from secureffm.runs.scaffold import open_channel
@@ -156,7 +156,10 @@ def resigned(change):
         fields = {k: v.tobytes() for k, v in deserialize_payload(data).items()}
         change(fields)
         names = tuple(n for n in secagg._ADVERTISED if n in fields)  # per-round: all three
-        fields["sig"] = party.sign(secagg._key_statement(round_, kind, party.id, fields, names))
+        leaf = key_batch._leaf(key_batch.key_statement(round_, kind, party.id, fields, names))
+        statement = key_batch._root_statement(kind, party.id, round_, 0, leaf)  # one round
+        fields |= {"first": round_.to_bytes(8, "big"), "path": b"", "root": leaf,
+                   "sig": party.sign(statement)}
         return serialize_payload({k: np.frombuffer(v, dtype=np.uint8)
                                   for k, v in fields.items()})
     tamper.signs = True

@@ -20,8 +20,9 @@ import secureffm.protocols.secagg_epoch as epoch
 from secureffm.audit.verify import verify_run
 from secureffm.errors import ProtocolError
 from secureffm.federation import deserialize_payload, serialize_payload
+from secureffm.protocols.key_batch import commit
 from secureffm.protocols.prg import expand_seed
-from secureffm.protocols.secagg import _commit, epoch_session
+from secureffm.protocols.secagg import epoch_session
 from secureffm.protocols.secagg_epoch import round_label, round_seed
 from secureffm.protocols.shamir import decode, share_from_bytes
 from secureffm.protocols.wire import bytes_payload, payload_bytes
@@ -44,7 +45,8 @@ def reconstruct(fed, handed: dict[str, bytes] | None = None) -> np.ndarray | Non
     mask whose round seed a peer revealed (or ``handed``: peer -> seed, the control); None
     when a secret is missing."""
     got = deserialize_payload(dict(fed.server.received("masked_input"))[VICTIM])
-    y, commit, peers = got["y"], got["b_commit"].tobytes(), json.loads(got["peers"].tobytes())
+    y, committed = got["y"], got["b_commit"].tobytes()
+    peers = json.loads(got["peers"].tobytes())
     replies = [(s, json.loads(payload_bytes(d, s)["json"]))
                for s, d in fed.server.received("unmask")]
     shares = [share_from_bytes(bytes.fromhex(r["b"][VICTIM])) for _, r in replies
@@ -52,8 +54,8 @@ def reconstruct(fed, handed: dict[str, bytes] | None = None) -> np.ndarray | Non
     seeds = {s: bytes.fromhex(r["k"][VICTIM]) for s, r in replies if VICTIM in r["k"]}
     seeds |= handed or {}
     try:
-        seed = decode(shares, 3, lambda v: v < 2**256 and _commit(v.to_bytes(32, "big"))
-                      == commit).secret.to_bytes(32, "big")
+        seed = decode(shares, 3, lambda v: v < 2**256 and commit(v.to_bytes(32, "big"))
+                      == committed).secret.to_bytes(32, "big")
     except ProtocolError:  # fewer than t shares, or none that match the commitment
         return None
     if set(seeds) != set(peers):
