@@ -80,7 +80,6 @@ from ..federation.crypto import (
     private_bytes,
     private_from_bytes,
     seal,
-    verify_signature,
 )
 from ..federation.crypto import public_bytes as public_of
 from ..federation.message import SERVER
@@ -559,15 +558,14 @@ class _ClientSession:
         """The survivors and dropped of an unmask request this client may answer (see
         :meth:`answer`), now marked answered; raises MessageError for one it may not."""
         once = self.stage.setup == "once"
-        tables = () if not self.malicious else ("signatures",) if once else ("macs",
-                                                                             "signatures")
-        survivors, gone, read = _parse_request(data, tables)
+        survivors, gone, read = _parse_request(
+            data, ("macs", "signatures") if self.malicious else ())
         group = set(self.masks_with) | {self.id}  # whom it masked with, and itself
         needed = self.stage.shares_needed(len(self.peers) + 1)
         problem = ("it already answered an unmask request in this aggregation" if self.answered
                    else self._request_problem(survivors, gone, group, needed))
         if not problem and self.malicious:
-            problem = (self._view_problem(survivors, read["signatures"]) if once
+            problem = (self._view_problem(survivors, read["macs"]) if once
                        else self._consistency_problem(survivors, group, read["macs"]))
         if problem:
             raise MessageError(problem)
@@ -590,21 +588,27 @@ class _ClientSession:
                     f"itself, threshold {needed}")
         return ""
 
-    def view_signature(self) -> bytes:
-        """Under setup = "once" (malicious variant): this client's signature of what it saw
-        in the round it masks in."""
-        return self.party.sign(view_statement(
-            self.aggregation, self.kind, self.stage.parameters(), self.graph,
-            broadcast_digest(self.party, self.aggregation)))
+    def _view(self) -> bytes:
+        """Under setup = "once": the statement of what this client saw in the round it masks
+        in (:func:`view_statement`)."""
+        return view_statement(self.aggregation, self.kind, self.stage.parameters(), self.graph,
+                              broadcast_digest(self.party, self.aggregation))
 
-    def _view_problem(self, survivors: set[str], signatures: dict[str, bytes]) -> str:
-        statement = view_statement(self.aggregation, self.kind, self.stage.parameters(),
-                                   self.graph, broadcast_digest(self.party, self.aggregation))
+    def view_confirmation(self, peers: list[str]) -> tuple[bytes, bytes]:
+        """Under setup = "once" (malicious variant): this client's signature of its view (for
+        the log and the audit) and its MACs of it for ``peers``, in that order, concatenated
+        (what each of them checks: :func:`consistency_mac`)."""
+        view = self._view()
+        return self.party.sign(view), b"".join(
+            consistency_mac(self.peers[v].channel, self.id, v, view) for v in peers)
+
+    def _view_problem(self, survivors: set[str], macs: dict[str, bytes]) -> str:
+        view = self._view()
         for w in sorted(survivors - {self.id}):
-            if w not in signatures or not verify_signature(self.registry.sign[w], signatures[w],
-                                                           statement):
-                return (f"{w} did not sign the parameters, graph and broadcasts this client "
-                        "saw this round (another broadcast, or not its signature)")
+            if not hmac.compare_digest(macs.get(w, b""), consistency_mac(
+                    self.peers[w].channel, w, self.id, view)):
+                return (f"{w} did not confirm the parameters, graph and broadcasts this client "
+                        "saw this round (another broadcast, or not its MAC)")
         return ""
 
     def _consistency_problem(self, survivors: set[str], group: set[str],

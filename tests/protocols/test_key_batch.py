@@ -222,3 +222,32 @@ def test_the_audit_names_an_answer_given_without_the_survivors_signatures(tmp_pa
     channel.close()
     report = verify_run(tmp_path)
     assert not report.ok and "valid signature" in report.summary(), report.summary()
+
+
+def test_under_setup_once_a_reflected_view_mac_is_refused(tmp_path, monkeypatch):
+    """Adversary: a server that relays to client-1, as client-2's MAC of its view, the MAC
+    client-1 made of its own view for client-2 (setup = "once": the views travel with the
+    masked inputs). client-1 refuses, naming client-2; other holders answer in its place and
+    the round stays exact."""
+    import secureffm.protocols.secagg_epoch as epoch
+    real = epoch._request
+
+    def tampered(stage, r, v, u3, gone, views):
+        if v == "client-1":
+            signature, macs = views["client-2"]
+            views = views | {"client-2": (signature, macs | {
+                "client-1": views["client-1"][1]["client-2"]})}
+        return real(stage, r, v, u3, gone, views)
+
+    monkeypatch.setattr(epoch, "_request", tampered)
+    clients = make_clients(5)
+    ids = [c.id for c in clients]
+    channel, log = make_channel(tmp_path, clients, write_spec(tmp_path, setup="once"))
+    updates, weights = uniform_updates(5, 4), {cid: 1.0 for cid in ids}
+    result = run_round(channel, updates, weights)
+    log.close()
+    assert any("client-2 did not confirm the parameters, graph and broadcasts" in why
+               for why in _refusals(tmp_path, "client-1")), _refusals(tmp_path, "client-1")
+    assert result.included == ids
+    tol = tolerance(secagg.Quantizer(8.0, LEVELS, 32), weights, ids, 5)
+    assert np.abs(result.payload[KIND] - plain_mean(updates, weights, ids)).max() <= tol

@@ -343,15 +343,14 @@ def test_clients_restored_from_their_saved_state_go_on_with_the_same_set_up(tmp_
 
 def test_the_audit_names_an_answer_given_without_the_survivors_signatures(tmp_path,
                                                                           monkeypatch):
-    """Adversary: a server whose relayed view signatures are garbage, and a client that
-    answers anyway (its check switched off: a compromised client, or a log rewritten by the
-    server's key holder). The audit re-checks every answered request against what the log
-    shows the client saw, and names it."""
+    """Adversary: a server that relays the survivors' view MACs (which the holders check)
+    but garbage in place of their view signatures (which only the audit can check). The
+    holders answer; the audit re-checks every answered request against what the log shows the
+    client saw, and names it."""
     import secureffm.protocols.secagg_epoch as epoch
-    monkeypatch.setattr(secagg._ClientSession, "_view_problem", lambda self, *a: "")
     real = epoch._request
-    monkeypatch.setattr(epoch, "_request", lambda stage, r, v, u3, gone, sigs: real(
-        stage, r, v, u3, gone, {u: bytes(64) for u in sigs}))
+    monkeypatch.setattr(epoch, "_request", lambda stage, r, v, u3, gone, views: real(
+        stage, r, v, u3, gone, {u: (bytes(64), macs) for u, (_, macs) in views.items()}))
     channel, log, ids = _epoch_federation(tmp_path)
     assert run_rounds(channel, [uniform_updates(5, 4)], {c: 1.0 for c in ids})[0].included
     channel.close()

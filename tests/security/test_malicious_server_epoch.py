@@ -142,8 +142,8 @@ def test_a_different_broadcast_to_one_client_is_refused_by_its_peers(tmp_path):
     """Adversary: model inconsistency (Pasquini et al., CCS 2022). The global model's gate
     is 0 for every client but the victim, to whom the server sends 1, so that the aggregate
     would be the victim's update alone. Each client signs the digest of the broadcasts it
-    took with its masked input; the holders find the victim's signature is not of their view
-    and refuse, and the round aborts with the sum masked."""
+    took with its masked input and MACs it for each peer; the holders find the victim's MAC is
+    not of their view and refuse, and the round aborts with the sum masked."""
     fed = epoch_federation(tmp_path)
     gate = {"gate": np.zeros(1, dtype=np.float32)}
     honest = serialize_payload(gate)
@@ -157,5 +157,5 @@ def test_a_different_broadcast_to_one_client_is_refused_by_its_peers(tmp_path):
     report = verify_run(tmp_path)  # the audit names the broadcast as well
     assert not report.ok and "another global_model" in report.summary()
     assert fed.client_refusals(), "no client refused"
-    assert any("did not sign the parameters, graph and broadcasts" in e["detail"]
+    assert any("did not confirm the parameters, graph and broadcasts" in e["detail"]
                for e in fed.client_refusals())
