@@ -4,8 +4,7 @@ Under the malicious-server variant of secure aggregation (secagg.py) every recip
 that a client's fresh per-round keys (c_pk, s_pk, and the commitment to its self-mask seed)
 were signed by that client's pinned identity. Signing each round's keys costs every neighbour
 one verification per round. Here a client draws the keys of its next ``size`` rounds of one
-kind at once (``size`` a power of two; secagg.py doubles it from one batch to the next, from
-1 up to the stage's ``key_batch``), hashes each round's key statement into a leaf of a
+kind at once (``size`` a power of two), hashes each round's key statement into a leaf of a
 Merkle tree and signs only the root, bound to (kind, client, first round, depth). Each round's
 advertisement carries that round's keys, the root, its signature and the leaf's
 authentication path; a verifier recomputes the root from the keys it was given (log2(size)

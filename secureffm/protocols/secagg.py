@@ -1156,10 +1156,9 @@ def _client_advertise(step: Step) -> bytes:
 
 def _new_session(step: Step, stage: SecAggStage) -> _ClientSession:
     """Fresh keys for the request's aggregation; under the malicious variant they come with
-    the proof that the client's identity signed them: the next round of its batch of this
-    kind, or a new batch when the last one is spent, twice as long as the last, up to
-    ``stage.key_batch`` rounds (the first covers one round, so a short run signs little in
-    advance; always one round under setup = "once")."""
+    the proof that the client's identity signed them: the next round of its batch of
+    ``stage.key_batch`` rounds of this kind (one round under setup = "once"), a new batch when
+    the last one is spent."""
     round_, kind = step.request.round, step.request.kind
     registry = step.endpoint.registry
     if stage.adversary != "malicious":
@@ -1168,8 +1167,7 @@ def _new_session(step: Step, stage: SecAggStage) -> _ClientSession:
     batch = batches.get((KeyBatch.tag, kind))
     taken = None if batch is None else batch.take(round_)
     if taken is None:
-        size = 1 if batch is None or stage.setup == "once" else min(stage.key_batch,
-                                                                    2 * len(batch.secrets))
+        size = stage.key_batch if stage.setup == "per-round" else 1
         batch = batches[(KeyBatch.tag, kind)] = KeyBatch.new(step.client, kind, round_, size,
                                                              stage.advertised)
         taken = batch.take(round_)

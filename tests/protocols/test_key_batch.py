@@ -129,13 +129,12 @@ def _count_root_checks(monkeypatch) -> list[int]:
     return calls
 
 
-@pytest.mark.parametrize(("size", "batches"), [(1, 7), (4, 3)])
-def test_each_party_checks_each_batch_signature_once(tmp_path, monkeypatch, size, batches):
-    """Seven exact rounds of 4 clients: with key_batch = 4 each client signs batches of 1, 2
-    and 4 rounds (rounds 1, 2-3, 4-7), and the server and each client check each peer's root
-    signature once per batch (4 + 4 x 3 per batch); with key_batch = 1, once per round."""
+@pytest.mark.parametrize("size", [1, 4])
+def test_each_party_checks_each_batch_signature_once(tmp_path, monkeypatch, size):
+    """Three exact rounds of 4 clients: with key_batch = 4 the server and each client check
+    each peer's root signature once (4 + 4 x 3), with key_batch = 1 once per round."""
     calls = _count_root_checks(monkeypatch)
-    n, rounds = 4, 7
+    n, rounds = 4, 3
     clients = make_clients(n)
     ids = [c.id for c in clients]
     channel, log = make_channel(tmp_path, clients, write_spec(tmp_path, key_batch=size),
@@ -151,6 +150,7 @@ def test_each_party_checks_each_batch_signature_once(tmp_path, monkeypatch, size
         if r == 1:  # a restarted client keeps its batch (what a Flower node does)
             channel.endpoints = {cid: restarted(e) for cid, e in channel.endpoints.items()}
     log.close()
+    batches = 1 if size == 4 else rounds
     assert calls[0] == batches * (n + n * (n - 1))
     assert len(set(_advertised_roots(tmp_path))) == batches * n
 

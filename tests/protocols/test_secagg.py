@@ -407,8 +407,10 @@ def test_the_relaying_server_cannot_read_the_shares(tmp_path, monkeypatch):
     result = run_round(channel, updates, weights)
     log.close()
     assert result.included == ids[:3]
-    channel = {cid: pairs[2 * i] for i, cid in enumerate(ids)}  # made in this order per client
-    mask = {cid: pairs[2 * i + 1] for i, cid in enumerate(ids)}  # (its first key batch: 1 round)
+    # each client draws a batch of KEY_BATCH rounds' (channel, mask) pairs; round 1 is its first
+    drawn = 2 * secagg.KEY_BATCH
+    channel = {cid: pairs[drawn * i] for i, cid in enumerate(ids)}
+    mask = {cid: pairs[drawn * i + 1] for i, cid in enumerate(ids)}
     owner = {private_bytes(mask[cid].private): cid for cid in ids}
     key_shares = {owner[s]: shares for s, shares in splits if s in owner}
     seed_shares = {cid: shares for cid, (_, shares) in
