@@ -6,10 +6,13 @@ from __future__ import annotations
 
 import hashlib
 import json
+from tempfile import TemporaryDirectory
 
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import secureffm.protocols.key_batch as key_batch
 import secureffm.protocols.secagg as secagg
@@ -17,6 +20,7 @@ from secureffm.audit.verify import verify_run
 from secureffm.errors import ProtocolError
 from secureffm.federation import Client, deserialize_payload
 from secureffm.federation.crypto import private_bytes
+from secureffm.federation.faults import Fault
 from secureffm.protocols import load_protocol
 from secureffm.protocols.key_batch import KeyBatch, check_proof, commit, key_statement
 from tests.protocols.test_endpoint import restarted
@@ -251,3 +255,33 @@ def test_under_setup_once_a_reflected_view_mac_is_refused(tmp_path, monkeypatch)
     assert result.included == ids
     tol = tolerance(secagg.Quantizer(8.0, LEVELS, 32), weights, ids, 5)
     assert np.abs(result.payload[KIND] - plain_mean(updates, weights, ids)).max() <= tol
+
+
+@settings(max_examples=12, deadline=None, database=None)
+@given(size=st.sampled_from([2, 4]),
+       drops=st.lists(st.tuples(st.integers(1, 6), st.integers(0, 4),
+                                st.sampled_from(["advertise_keys", "share_keys", "masked_input",
+                                                 "consistency_sign", "unmask"])),
+                      max_size=4))
+def test_rounds_across_key_batches_are_exact_or_abort_under_dropouts(size, drops):
+    """Six rounds of 5 clients whose keys come from batches of 2 or 4 rounds (so rounds cross
+    batch boundaries), with clients dropping in random rounds and phases: every round either
+    aborts or is the exact mean of the clients it counts, and a round nobody drops in counts
+    everyone (a client that dropped takes its next round's keys from its batch)."""
+    ids = [f"client-{i}" for i in range(1, 6)]
+    faults = [Fault("drop", ids[c], phase, (r,)) for r, c, phase in drops]
+    weights = {cid: 1.0 for cid in ids}
+    with TemporaryDirectory() as tmp:
+        channel, log = make_channel(tmp, make_clients(5), write_spec(tmp, key_batch=size),
+                                    faults)
+        for r in range(1, 7):
+            updates = uniform_updates(5, 4, seed=r)
+            result = channel.aggregate(r, KIND, lambda c, u=updates: {KIND: u[c.id]}, weights,
+                                       {KIND: ((4,), np.dtype(np.float32))})
+            if not any(round_ == r for round_, _, _ in drops):
+                assert result.included == ids
+            if result.payload is not None:
+                tol = tolerance(secagg.Quantizer(8.0, LEVELS, 32), weights, result.included, 5)
+                want = plain_mean(updates, weights, result.included)
+                assert np.abs(result.payload[KIND] - want).max() <= tol
+        log.close()
