@@ -131,8 +131,9 @@ def field_length_ok(name: str, value: bytes) -> bool:
 @dataclass
 class KeyBatch:
     """A client's keys for rounds ``first`` to ``first + size - 1`` of one ``kind``:
-    ``secrets[i]`` (channel key, mask key, self-mask seed; None once taken or skipped) and the
-    public ``leaves``, ``root`` and its ``signature``. Only its own client holds it."""
+    ``secrets[i]`` (channel key, mask key, self-mask seed; None once taken or skipped), the
+    public ``leaves`` (one hash per round) and the ``signature`` of their root. Only its own
+    client holds it."""
 
     kind: str
     first: int
