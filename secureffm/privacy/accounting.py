@@ -25,17 +25,26 @@ ACCOUNTANTS = ("rdp", "prv")
 
 def epsilon(schedule: Schedule, delta: float, accountant: str = "rdp") -> float:
     """epsilon at ``delta`` of the composed ``schedule`` (0 for an empty schedule)."""
-    steps = [(s, q, n) for s, q, n in schedule if n > 0]
+    steps = tuple((float(s), float(q), int(n)) for s, q, n in schedule if n > 0)
     if not steps:
         return 0.0
     if accountant not in ACCOUNTANTS:
         raise ConfigError(f"accountant = {accountant!r}; choose one of {', '.join(ACCOUNTANTS)}")
+    return _epsilon(steps, float(delta), accountant)
+
+
+@lru_cache(maxsize=1024)
+def _epsilon(steps: tuple[tuple[float, float, int], ...], delta: float,
+             accountant: str) -> float:
+    """:func:`epsilon` of a non-empty schedule, remembered: a ledger's report asks for the
+    same schedule for every client with the same sample rates, and PRV's answer (which also
+    sizes its grid with Opacus' RDP accountant) takes about a second each."""
     if accountant == "rdp":  # RDPAccountant.get_epsilon's sum, one step's RDP computed once
-        rdp = sum([_step_rdp(float(s), float(q)) * int(n) for s, q, n in steps])
+        rdp = sum([_step_rdp(s, q) * n for s, q, n in steps])
         return float(rdp_analysis.get_privacy_spent(orders=RDPAccountant.DEFAULT_ALPHAS,
                                                     rdp=rdp, delta=delta)[0])
     acc = PRVAccountant()
-    acc.history = [(float(s), float(q), int(n)) for s, q, n in steps]
+    acc.history = list(steps)
     return float(acc.get_epsilon(delta))
 
 
