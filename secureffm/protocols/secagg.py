@@ -127,6 +127,9 @@ _KEYS = {"stage", "protects", "threshold", "neighbours", "clip", "levels", "bits
 _SURVIVOR_STATEMENT, _VIEW_STATEMENT = b"secureffm/secagg/survivors/v1", b"secureffm/secagg/view/v1"
 _MASK, _CHANNEL = b"mask-seed", b"share-channel"
 _MAC_KEY = b"secureffm/secagg/consistency-mac/v1"
+# A client's confirmation of what it saw (malicious variant): its signature (for the log and
+# the audit) and its MAC of the same statement for each neighbour, by neighbour id.
+Confirmation = tuple[bytes, dict[str, bytes]]
 _ADVERTISED = ("b_commit", "c_pk", "s_pk")  # 32 bytes each
 # Under setup = "once" a client advertises no self-mask commitment: it draws a fresh seed per
 # round and commits to it with its masked input (secagg_epoch.py).
@@ -953,11 +956,11 @@ class SecAggStage:
                 r.dropped[v] = str(err)
         return masked
 
-    def _consistency(self, r: _Round, u3: list[str]) -> dict[str, dict[str, bytes]]:
+    def _consistency(self, r: _Round, u3: list[str]) -> dict[str, Confirmation]:
         """Phases consistency and consistency_sign (malicious-server variant): each survivor
         signs the survivor set U3 with what it saw, and MACs that statement for each
-        neighbour. Returns survivor -> {"sig": signature, neighbour: MAC}, relayed unverified:
-        each client checks the MACs addressed to it against its own view."""
+        neighbour. Returns survivor -> (signature, neighbour -> MAC), relayed unverified: each
+        client checks the MACs addressed to it against its own view."""
         announcement = _json_payload({"survivors": u3})
         replies = r.link.exchange("consistency", "consistency_sign", "secagg.sign",
                                   {v: Call(announcement) for v in u3})
@@ -976,12 +979,13 @@ class SecAggStage:
             except MessageError as err:
                 r.reject("consistency_sign", v, str(err))
                 continue
-            confirmations[v] = {name.partition(":")[2] or name: value
-                                for name, value in fields.items()}
+            confirmations[v] = (fields["sig"], {name.removeprefix("mac:"): value
+                                                for name, value in fields.items()
+                                                if name != "sig"})
         return confirmations
 
     def _request(self, r: _Round, v: str, u3: list[str], gone: list[str],
-                 confirmations: dict[str, dict[str, bytes]]) -> bytes:
+                 confirmations: dict[str, Confirmation]) -> bytes:
         """Phase 6's message to v, among the clients v masked with and v itself: the
         survivors, the dropped, and (malicious-server variant) each survivor's consistency
         signature (for the audit) and its MAC for v (what v checks)."""
@@ -990,13 +994,13 @@ class SecAggStage:
         request = {"survivors": survivors, "dropped": [u for u in gone if u in r.routed[v]]}
         if self.adversary == "malicious":
             confirmed = [u for u in survivors if u in confirmations]
-            request["signatures"] = {u: confirmations[u]["sig"].hex() for u in confirmed}
-            request["macs"] = {u: confirmations[u][v].hex() for u in confirmed
-                               if v in confirmations[u]}
+            request["signatures"] = {u: confirmations[u][0].hex() for u in confirmed}
+            request["macs"] = {u: confirmations[u][1][v].hex() for u in confirmed
+                               if v in confirmations[u][1]}
         return _json_payload(request)
 
     def _unmask(self, r: _Round, u3: list[str], gone: list[str],
-                confirmations: dict[str, dict[str, bytes]]
+                confirmations: dict[str, Confirmation]
                 ) -> dict[tuple[str, str], dict[str, Share]]:
         """Phases 6-7. Returns (which, peer) -> holder -> share, from the well-formed replies."""
         revealed: dict[tuple[str, str], dict[str, Share]] = {}

@@ -89,6 +89,7 @@ from .masking import mask_input, unmask_sum
 from .prg import word_dtype
 from .secagg import (
     EPOCH_AGGREGATE,
+    Confirmation,
     SecAggStage,
     _ClientSession,
     _context,
@@ -159,7 +160,7 @@ class _RoundState:
     masked: dict[str, np.ndarray] = field(default_factory=dict)
     commits: dict[str, bytes] = field(default_factory=dict)
     # malicious variant: each member's view signature and its MACs of the view by peer
-    views: dict[str, tuple[bytes, dict[str, bytes]]] = field(default_factory=dict)
+    views: dict[str, Confirmation] = field(default_factory=dict)
     sealed: dict[str, dict[str, bytes]] = field(default_factory=dict)  # author -> holder -> share
 
     def reject(self, phase: str, party: str, reason: str) -> None:
@@ -288,7 +289,7 @@ def _masked_inputs(stage: SecAggStage, r: _RoundState, compute: Compute,
 
 def _parse_masked(data: bytes, v: str, size: int, wire: np.dtype, peers: list[str],
                   signed: bool
-                  ) -> tuple[np.ndarray, bytes, dict[str, bytes], tuple | None]:
+                  ) -> tuple[np.ndarray, bytes, dict[str, bytes], Confirmation | None]:
     """v's masked input: ``y`` (shape ``[size]``, words ``wire``), ``b_commit`` (32 bytes),
     ``peers`` (the JSON list of whom it masked with: exactly the ``peers`` it was asked, in
     that order), ``shares`` (its sealed seed shares for them, in that order, concatenated)
@@ -348,7 +349,7 @@ def _unmask_holders(stage: SecAggStage, r: _RoundState, u3: list[str], gone: lis
 
 
 def _request(stage: SecAggStage, r: _RoundState, v: str, u3: list[str], gone: list[str],
-             views: dict[str, tuple[bytes, dict[str, bytes]]]) -> bytes:
+             views: dict[str, Confirmation]) -> bytes:
     """The unmask request to v: ``json``, among the clients v masked with and v itself, the
     survivors, the dropped and (malicious variant) the survivors' view signatures (for the
     audit) and their MACs for v (what v checks); ``shares``, the sealed seed shares for v of
@@ -365,7 +366,7 @@ def _request(stage: SecAggStage, r: _RoundState, v: str, u3: list[str], gone: li
 
 
 def _unmask(stage: SecAggStage, r: _RoundState, u3: list[str], gone: list[str],
-            views: dict[str, tuple[bytes, dict[str, bytes]]]
+            views: dict[str, Confirmation]
             ) -> tuple[dict[str, bytes], dict[tuple[str, str], bytes], str]:
     """Phases unmask_request and unmask: (survivor -> its seed b_u^r, (survivor v, dropped u)
     -> k_uv^r, the reason to abort or "")."""

@@ -190,10 +190,11 @@ def test_a_survivor_confirmation_cannot_be_made_up_from_other_macs(tmp_path, mon
 
     def tampered(self, r, v, u3, gone, confirmations):
         if v == "client-1":
-            made = (confirmations["client-1"]["client-2"] if forgery == "reflected"
-                    else confirmations["client-3"]["client-1"])
+            made = (confirmations["client-1"][1]["client-2"] if forgery == "reflected"
+                    else confirmations["client-3"][1]["client-1"])
+            signature, macs = confirmations["client-2"]
             confirmations = confirmations | {
-                "client-2": confirmations["client-2"] | {"client-1": made}}
+                "client-2": (signature, macs | {"client-1": made})}
         return real(self, r, v, u3, gone, confirmations)
 
     monkeypatch.setattr(secagg.SecAggStage, "_request", tampered)
@@ -218,7 +219,7 @@ def test_the_audit_names_an_answer_given_without_the_survivors_signatures(tmp_pa
     and names it."""
     real = secagg.SecAggStage._request
     monkeypatch.setattr(secagg.SecAggStage, "_request", lambda self, r, v, u3, gone, c: real(
-        self, r, v, u3, gone, {u: m | {"sig": bytes(64)} for u, m in c.items()}))
+        self, r, v, u3, gone, {u: (bytes(64), macs) for u, (_, macs) in c.items()}))
     clients = make_clients(4)
     channel, log = make_channel(tmp_path, clients, write_spec(tmp_path), keep_payloads=True)
     ids = [c.id for c in clients]
