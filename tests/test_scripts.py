@@ -148,18 +148,19 @@ def test_experiment_config_loads(config):
 def test_audit_benchmark(run_script, tmp_path):
     out = tmp_path / "benchmarks.md"
     result = run_script("benchmarks/audit.py", "--smoke", "--out", str(out)).check()
-    records = {}
+    records, signatures = {}, {}
     for kept in ("not kept", "kept"):
         [row] = _rows(result.stdout, f"GOT, dp-secagg, 3 rounds, payloads {kept}")
-        records[kept], payloads = int(row[1]), int(row[2])
+        records[kept], signatures[kept], payloads = int(row[1]), int(row[2]), int(row[3])
         assert records[kept] > 60 and (0 < payloads < records[kept]) == (kept == "kept")
-        assert all(float(row[i].replace(",", "")) > 0 for i in (3, 4, 5, 6))  # rates, ratio
+        assert 0 < signatures[kept] < records[kept] / 10  # links: about one per party
+        assert all(float(row[i].replace(",", "")) > 0 for i in range(4, 10))  # rates, ratios
     profile = _section(result.stdout, "### Where an audit's time goes")  # of the last log
-    # one verification (libsodium's C call) per record, and (payloads kept) the audit's re-check
-    # of the consistency signatures each answering client held
+    # the chains' last signatures, and (payloads kept) the audit's re-check of the consistency
+    # signatures each answering client held
     [verified] = [int(line.split("|")[2]) for line in profile.splitlines()
                   if line.startswith("| `_sodium.crypto_sign_open` |")]
-    assert verified > records["kept"]
+    assert verified > signatures["kept"]
     cpus = len(getattr(os, "sched_getaffinity", lambda _: ())(0))
     if cpus > 1:  # the threads' table: both logs, each pinned and on every CPU
         every = _section(result.stdout, "### The same audits on every CPU")
@@ -170,7 +171,7 @@ def test_audit_benchmark(run_script, tmp_path):
     old_log = ROOT / "tests" / "fixtures" / "audit_log"  # --log: a finished run folder
     result = run_script("benchmarks/audit.py", "--log", str(old_log), "--repeats", "1").check()
     [row] = _rows(result.stdout, str(old_log))
-    assert row[1:3] == ["60", "55"]
+    assert row[1:4] == ["60", "60", "55"]  # written before links: every signature verified
 
 
 def test_secagg_benchmark(tmp_path):

@@ -21,10 +21,12 @@ The checks, in order, for each line of ``messages.jsonl`` (stopping at the first
 2. ``seq`` equals the line's index (0-based);
 3. ``prev`` equals the sha256 of the previous line's exact bytes (of parties.json for the first);
 4. ``sender`` is a party of ``parties.json``;
-5. ``sig`` is the sender's Ed25519 signature of :func:`~secureffm.federation.log.canonical`
-   (the record's content: every field but sig, seq, prev and offset, which the sender
-   cannot know when it signs); the closing record's signed ``chain`` equals its ``prev``, so
-   the closer's signature pins the place of every record before it;
+5. the record is its sender's: ``sig`` is the sender's Ed25519 signature of
+   :func:`~secureffm.federation.log.canonical` (the record's content: every field but sig, seq,
+   prev and offset, which the sender cannot know when it signs), or (with ``links``, the
+   default) a record of the same sender that is itself the sender's carries the sha256 of that
+   content as its signed ``last`` (:func:`verify_run`); the closing record's signed ``chain``
+   equals its ``prev``, so the closer's signature pins the place of every record before it;
 6. a record with ``offset`` needs ``payloads.bin`` (its absence fails), and the ``bytes`` stored
    there hash to ``sha256``; message records carry offsets all or none;
 7. the protocol rules of :class:`~secureffm.audit.rules.ProtocolRules`;
@@ -42,8 +44,10 @@ Speed (``benchmarks/audit.py``, docs/benchmarks.md): the log is streamed in batc
 writer emits it matches one regular expression (``_MESSAGE_LINE``) whose match proves check 1
 and the exact form, and whose groups are the signed bytes; any other line (events, anything
 unusual) is checked field by field, encoded again for the exact-form check, and its signed
-bytes cut out of it by :func:`signed_bytes`. Neither serializes the record again. A batch's
-signatures are then verified back to back with libsodium
+bytes cut out of it by :func:`signed_bytes`. Neither serializes the record again. Each signed
+link is matched to the sender's records still pending (one sha256 of the signed bytes per
+record), and the signatures of the records no link names are then verified back to back with
+libsodium
 (:func:`~secureffm.federation.crypto.verify_signatures`: one after another on one CPU, in
 chunks on threads when the process may use several; no batch verification there either: a
 loop of bare verifications is the one-CPU floor the benchmark compares with), and its records'
@@ -71,7 +75,7 @@ from ..federation.crypto import verify_signatures
 from ..federation.journal import verify_journal
 from ..federation.keyfiles import load_registry
 from ..federation.log import PARTIES_FILE, PAYLOADS_FILE, canonical, genesis
-from ..federation.message import UNSIGNED_FIELDS
+from ..federation.message import UNSIGNED_FIELDS, link_of
 from .pin import PartyKeys, RunPin, is_hex, load_parties, pin_of
 from .rules import ProtocolRules
 
@@ -135,7 +139,8 @@ _UNSIGNED_ITEM = re.compile(rb',"(?:%s)":(?:[0-9]+|"[0-9a-f]*")' % b"|".join(
 _STRING = rb'"[ !#-\[\]-~]*"'
 _COUNT = rb"(?:0|[1-9][0-9]*)"
 _MESSAGE_LINE = re.compile(b"".join([
-    rb'(\{"bytes":', _COUNT, rb',"kind":(?!"event")', _STRING, rb")",
+    rb'(\{"bytes":', _COUNT, rb',"kind":(?!"event")', _STRING,
+    rb'(?:,"last":"[0-9a-f]{64}")?)',
     rb'(?:,"offset":', _COUNT, rb")?",
     rb'((?:,"origin":', _STRING, rb')?,"phase":', _STRING, rb")",
     rb',"prev":"[0-9a-f]{64}"',
@@ -179,6 +184,8 @@ class AuditReport:
     the closing line, once verified. ``pinned``: what was compared with a pin ("keys", "head").
     ``checks``: each protocol rule over many records -> what it checked, or why not done.
     ``randomness``: where the parties' secret streams came from, as config.toml states it.
+    ``linked``: records authenticated by their signer's next record's signed back link
+    (``last``) instead of their own signature (see :func:`verify_run`).
     """
 
     ok: bool
@@ -192,6 +199,7 @@ class AuditReport:
     pinned: tuple[str, ...] = ()
     checks: dict[str, str] = field(default_factory=dict)
     randomness: str = ""
+    linked: int = 0
 
     @property
     def scope(self) -> str:
@@ -203,7 +211,9 @@ class AuditReport:
         if self.ok:
             out = [f"OK: log intact: {self.records} records chained and signed by known parties "
                    "and obeying the protocol rules", f"proves: {self.scope}",
-                   f"head: {self.head}"]
+                   f"head: {self.head}",
+                   f"signatures: {self.records - self.linked} verified; {self.linked} records "
+                   "authenticated by their signer's next signed record, which holds their hash"]
         else:
             bad = self.first_bad
             assert bad is not None
@@ -251,6 +261,8 @@ def _check_fields(record: Any, line: int) -> str | None:
         return f"line {line}: field 'offset' must be a non-negative integer"
     if record["bytes"] < 0:
         return f"line {line}: field 'bytes' must be non-negative"
+    if "last" in record and not is_hex(record["last"], 64):
+        return f"line {line}: field 'last' is not 64 lowercase hex digits"
     digest, prev, sig = record["sha256"], record["prev"], record["sig"]
     if not (len(digest) == len(prev) == 64 and len(sig) == 128
             and _HEX.fullmatch(digest + prev + sig)):  # one pass; else name the bad field
@@ -315,6 +327,10 @@ def _closing_chain(record: dict) -> str | None:
 BATCH = 256
 
 _Signed = tuple[bytes, bytes, bytes]  # raw public key, signature, message
+_Due = tuple[_Signed, int, int, str]  # a signature to verify, its record's seq, line and sender
+# Lines after which a record no link named has its own signature verified (links in a log
+# written in signing order name a record within a few messages of its sender).
+WINDOW = 4096
 
 
 def _first_forged(signed: list[_Signed]) -> int:
@@ -326,10 +342,27 @@ class _Walk:
     """State while reading one log front to back: the previous line's hash, the parties'
     raw Ed25519 public keys, the payload file, whether message records carry
     offsets, the protocol rules, and what verified so far: ``records``, ``payloads`` checked,
-    ``kinds`` and ``events`` counted, the 1-based line of the closing record and the head."""
+    ``kinds`` and ``events`` counted, the 1-based line of the closing record and the head.
+
+    With ``links``, a record's signature is verified only when no other record of the same
+    sender links to it (carries the sha256 of its signed bytes as ``last``). Links need not
+    follow log order (a party may sign several messages before the log writes them):
+    ``pending`` holds, per sender, the records no link named yet (by their link), ``ahead`` the
+    links named before their record appeared (with the line that named them); ``due`` the
+    records whose signatures must be verified: those still unnamed :data:`WINDOW` lines later,
+    a second copy of a pending record, and at the closing record every record still pending.
+    ``linked`` counts the records a link authenticated. A link is signed by its record, so the
+    links form chains that cannot loop (a record would hold the hash of a record holding its
+    own hash), and each chain starts at a record no link names, whose signature is verified:
+    every record is authenticated by its own signature or a chain of its sender's signatures."""
 
     def __init__(self, parties: dict[str, PartyKeys], parties_text: bytes,
-                 payloads: BinaryIO | None):
+                 payloads: BinaryIO | None, links: bool = True):
+        self.links = links
+        self.pending: dict[str, dict[str, _Due]] = {}
+        self.ahead: dict[str, dict[str, int]] = {}
+        self.due: list[_Due] = []
+        self.linked = 0
         self.keys = {party: keys.sign for party, keys in parties.items()}
         self.payload_file = payloads
         self.prev = genesis(parties_text)
@@ -361,8 +394,12 @@ class _Walk:
             if first is not None:
                 break
             read.append((record, self.prev))
-            signed.append((self.keys[record["sender"]], bytes.fromhex(record["sig"]), message))
-        forged = _first_forged(signed)
+            item = (self.keys[record["sender"]], bytes.fromhex(record["sig"]), message)
+            if self.links:
+                self._link(record, item, start + offset + 1)
+            else:
+                signed.append(item)
+        forged = len(read) if self.links else _first_forged(signed)
         if forged < len(read):
             record = read[forged][0]
             first = AuditFinding(record["seq"], start + forged + 1, (
@@ -376,7 +413,50 @@ class _Walk:
                 return AuditFinding(record["seq"], line, problem)
             if self.closed_at is not None and offset + 1 < len(texts):
                 return _after_close(line + 1, line)
+        if first is None and self.links:
+            first = self._verify_due(start + len(texts), final=self.closed_at is not None)
         return first
+
+    def _link(self, record: dict, item: _Signed, line: int) -> None:
+        """Note the link ``record`` carries and whether a link named it (``item``: what verifying
+        its signature needs, ``item[2]`` its signed bytes)."""
+        sender = record["sender"]
+        pending = self.pending.setdefault(sender, {})
+        ahead = self.ahead.setdefault(sender, {})
+        last = record.get("last")
+        if last is not None:
+            if pending.pop(last, None) is not None:
+                self.linked += 1
+            else:
+                ahead[last] = line
+        link = link_of(item[2])
+        due = (item, record["seq"], line, sender)
+        if ahead.pop(link, None) is not None:
+            self.linked += 1
+        elif link in pending:
+            self.due.append(due)  # a second copy (a replay): its signature is checked
+        else:
+            pending[link] = due
+
+    def _verify_due(self, line: int, final: bool) -> AuditFinding | None:
+        """Queue the records pending since before ``line - WINDOW`` (all of them when
+        ``final``) and verify the queue once a batch's worth is there, or when ``final``; the
+        first signature that does not verify, or None."""
+        for sender, pending in self.pending.items():
+            self.due += [due for due in pending.values() if final or due[2] < line - WINDOW]
+            self.pending[sender] = {} if final else {
+                link: due for link, due in pending.items() if due[2] >= line - WINDOW}
+            self.ahead[sender] = {} if final else {
+                link: at for link, at in self.ahead[sender].items() if at >= line - WINDOW}
+        if not self.due or not (final or len(self.due) >= BATCH):
+            return None
+        due, self.due = sorted(self.due, key=itemgetter(1)), []
+        forged = _first_forged([item for item, _, _, _ in due])
+        if forged == len(due):
+            return None
+        _, seq, line, sender = due[forged]
+        return AuditFinding(seq, line, f"record {seq}: signature does not verify with "
+                            f"{sender}'s key (a signed field was edited, or another key signed it)")
 
     def _read(self, index: int, text: bytes) -> tuple[Any, bytes, AuditFinding | None]:
         """Line ``index`` parsed, its signed bytes, and the first problem of its form, its place
@@ -469,9 +549,19 @@ def _after_close(line: int, closed_at: int) -> AuditFinding:
                         f"{closed_at})")
 
 
-def verify_run(run_dir: str | Path, pin: RunPin | None = None) -> AuditReport:
+def verify_run(run_dir: str | Path, pin: RunPin | None = None, *,
+               links: bool = True) -> AuditReport:
     """Check ``RUN_DIR/messages.jsonl`` against ``RUN_DIR/parties.json`` (and payloads.bin),
     and against ``pin`` (kept apart from the folder) when given.
+
+    ``links``: authenticate a record through its signer's next record when that one carries
+    the hash of its signed bytes (``last``) and is itself authenticated, verifying only the
+    signatures at the end of each such chain (about one per sender when every message was
+    logged): the same records are authenticated as by verifying each signature, at the cost of
+    a sha256 per record (the bytes a link names are what the sender signed, so only the signer
+    can make a record its link matches), but a ``sig`` field that a link makes unnecessary is
+    not read. A log with any problem is audited again record by record (``links=False``, every
+    signature verified in log order), so the first problem reported is the same either way.
 
     Raises SecureFFMError when parties.json or messages.jsonl is missing or unreadable; every
     problem inside the log, or with respect to the pin, is reported in the returned report.
@@ -491,7 +581,7 @@ def verify_run(run_dir: str | Path, pin: RunPin | None = None) -> AuditReport:
     with ExitStack() as stack:
         log = stack.enter_context(log_path.open("rb"))
         payloads = stack.enter_context(payload_path.open("rb")) if payload_path.is_file() else None
-        walk = _Walk(parties, parties_text, payloads)
+        walk = _Walk(parties, parties_text, payloads, links)
         while finding is None and (texts := [raw.removesuffix(b"\n")
                                              for raw in islice(log, BATCH)]):
             finding = walk.batch(lines, texts)
@@ -507,12 +597,14 @@ def verify_run(run_dir: str | Path, pin: RunPin | None = None) -> AuditReport:
     checks = walk.rules.status()
     if finding is None and (run_dir / JOURNALS_DIR).is_dir():
         finding, checks[JOURNALS_RULE] = _journals(run_dir / JOURNALS_DIR, log_path)
+    if finding is not None and links:
+        return verify_run(run_dir, pin, links=False)
     pinned = tuple(name for name, value in (("keys", pin.fingerprints), ("head", pin.head))
                    if value is not None)
     return AuditReport(ok=finding is None, records=walk.records, first_bad=finding,
                        events=dict(walk.events), kinds=dict(walk.kinds), payloads=walk.payloads,
                        lines=lines, head=walk.head if finding is None else None, pinned=pinned,
-                       checks=checks, randomness=_randomness(run_dir))
+                       checks=checks, randomness=_randomness(run_dir), linked=walk.linked)
 
 
 JOURNALS_DIR = "journals"

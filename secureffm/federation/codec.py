@@ -17,7 +17,7 @@ from .message import Envelope
 
 __all__ = ["encode_request", "decode_request", "encode_reply", "decode_reply"]
 
-_HEADER = ("kind", "sender", "recipient", "round", "phase", "stages", "origin")
+_HEADER = ("kind", "sender", "recipient", "round", "phase", "stages", "origin", "last")
 
 
 def _frame(header: dict, data: bytes) -> bytes:
@@ -48,7 +48,7 @@ def _envelope(table: dict, data: bytes, what: str) -> Envelope:
         return Envelope(str(table["kind"]), str(table["sender"]), str(table["recipient"]),
                         int(table["round"]), str(table["phase"]), data,
                         tuple(str(s) for s in table["stages"]), str(table["origin"]),
-                        bytes.fromhex(table["sig"]))
+                        bytes.fromhex(table["sig"]), str(table["last"]))
     except (KeyError, TypeError, ValueError) as err:
         raise MessageError(f"the {what}'s envelope is malformed: {err}") from None
 

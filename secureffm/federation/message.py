@@ -15,7 +15,7 @@ from safetensors.numpy import save as _save
 from ..errors import MessageError
 
 __all__ = ["Payload", "Envelope", "serialize_payload", "deserialize_payload", "SERVER",
-           "canonical", "UNSIGNED_FIELDS"]
+           "canonical", "link_of", "UNSIGNED_FIELDS"]
 
 Payload = dict[str, np.ndarray]
 SERVER = "server"
@@ -43,6 +43,12 @@ UNSIGNED_FIELDS = frozenset({"sig", "seq", "prev", "offset"})
 RELAY_PHASE = "relay"
 
 
+def link_of(signed: bytes) -> str:
+    """The back link to a record whose signer signed ``signed`` (its :func:`canonical` bytes):
+    their hex sha256, what the signer's next record carries as ``last``."""
+    return hashlib.sha256(signed).hexdigest()
+
+
 def canonical(record: dict) -> bytes:
     """The bytes a party signs for a record: sorted-key compact JSON of its content (every
     field but :data:`UNSIGNED_FIELDS`)."""
@@ -58,7 +64,10 @@ class Envelope:
     ``origin``: the client that wrote a payload the server relays in :data:`RELAY_PHASE` (""
     when it is the sender's, as in every other phase);
     ``sig``: the sender's Ed25519 signature of :func:`canonical` of :meth:`header` (made by the
-    sending party before the transport sees the message; empty until signed).
+    sending party before the transport sees the message; empty until signed);
+    ``last``: hex sha256 of the bytes its sender signed for the record it signed before this one
+    ("" for its first): a signed back link that lets an audit authenticate the earlier record
+    without verifying its signature (:func:`link_of`, docs/log-format.md).
     """
 
     kind: str
@@ -70,6 +79,7 @@ class Envelope:
     stages: tuple[str, ...] = field(default=())
     origin: str = ""
     sig: bytes = b""
+    last: str = ""
 
     @cached_property
     def sha256(self) -> str:
@@ -89,4 +99,6 @@ class Envelope:
                   "stages": list(self.stages), "bytes": len(self.data), "sha256": self.sha256}
         if self.origin:
             record["origin"] = self.origin
+        if self.last:
+            record["last"] = self.last
         return record

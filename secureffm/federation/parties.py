@@ -26,7 +26,7 @@ import torch
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
 
 from .crypto import Identity, KeyPair, new_key_pair
-from .message import SERVER, Envelope, Payload, canonical
+from .message import SERVER, Envelope, Payload, canonical, link_of
 
 __all__ = ["Party", "Client", "ClientInfo", "Registry", "SecretStreams", "new_client",
            "new_clients", "new_server", "secret_randomness", "keyed_uniforms",
@@ -135,6 +135,8 @@ class Party:
     ``memory``: what the party's protocol stages keep between messages (for example the
     counters of sealed messages it sent and accepted), never shared.
     ``streams``: where the party's secret random streams come from.
+    ``last``: :func:`~secureffm.federation.message.link_of` the bytes it signed for its latest
+    message or event, which its next one carries ("" before its first).
     """
 
     id: str
@@ -142,9 +144,16 @@ class Party:
     sealing: KeyPair = field(default_factory=new_key_pair, repr=False, kw_only=True)
     memory: dict[str, Any] = field(default_factory=dict, repr=False, kw_only=True)
     streams: SecretStreams = field(default_factory=SecretStreams, repr=False, kw_only=True)
+    last: str = field(default="", repr=False, kw_only=True)
 
     def sign(self, data: bytes) -> bytes:
         return self.identity.sign(data)
+
+    def _sign_record(self, content: bytes) -> bytes:
+        """Sign the canonical bytes of a message or event record and remember their link."""
+        sig = self.sign(content)
+        self.last = link_of(content)
+        return sig
 
     def envelope(self, round_: int, phase: str, kind: str, recipient: str, data: bytes,
                  stages: tuple[str, ...] = (), origin: str = "",
@@ -152,10 +161,11 @@ class Party:
         """A delivery from this party, signed by it (over :meth:`Envelope.header`).
         ``digest``: the hex SHA-256 of ``data`` when the party already computed it (the same
         bytes sent to several recipients are hashed once)."""
-        unsigned = Envelope(kind, self.id, recipient, round_, phase, data, stages, origin)
+        unsigned = Envelope(kind, self.id, recipient, round_, phase, data, stages, origin,
+                            last=self.last)
         if digest is not None:
             unsigned.__dict__["sha256"] = digest  # what Envelope.sha256 caches
-        return unsigned.signed(self.sign(canonical(unsigned.header())))
+        return unsigned.signed(self._sign_record(canonical(unsigned.header())))
 
     def event(self, round_: int, phase: str, event: str, about: str, detail: str,
               fields: dict | None = None) -> dict:
@@ -165,7 +175,9 @@ class Party:
         record = {"round": round_, "phase": phase, "kind": "event", "sender": self.id,
                   "recipient": "log", "stages": [], "bytes": 0, "sha256": EMPTY_SHA256,
                   "event": event, "party": about, "detail": detail, **(fields or {})}
-        record["sig"] = self.sign(canonical(record)).hex()
+        if self.last:
+            record["last"] = self.last
+        record["sig"] = self._sign_record(canonical(record)).hex()
         return record
 
 

@@ -2,6 +2,7 @@
 fresh process keeps them for the client, on the client's own node, never at the server).
 
 What a client carries over: its secret-stream key, its training generator and protocol stream,
+the link to the last record it signed (so that its next message links to it),
 its memory of the broadcasts it accepted, of its sealed-message counters and of its CKKS key
 (the secret context's bytes), its inbox, the peers' payloads it gathered, the plain values
 (and lists of them) and generators of its method's state (objects in ``client.state`` are
@@ -101,7 +102,7 @@ def client_state(client: Client) -> tuple[dict, dict[str, np.ndarray]]:
               "sealed": client.memory.get("sealed"),
               "ckks_epoch": client.memory["ckks"]["epoch"] if "ckks" in client.memory else None,
               "gathered": {kind: round_ for kind, (round_, _) in client.gathered.items()},
-              "state": state, "kept": kept}
+              "last": client.last, "state": state, "kept": kept}
     return header, arrays
 
 
@@ -124,6 +125,7 @@ def restore_client(client: Client, header: dict, arrays: dict[str, np.ndarray]) 
             client.memory["ckks"] = {"epoch": int(header["ckks_epoch"]),
                                      "secret": arrays["memory/ckks"].tobytes()}
         client.gathered = {kind: (int(round_), {}) for kind, round_ in header["gathered"].items()}
+        client.last = str(header["last"])
         for key, entry in header["state"].items():
             if "generator" in entry:
                 client.state[key].set_state(torch.from_numpy(arrays[f"state/{key}"]))

@@ -680,7 +680,8 @@ def _respelled(line: str, how: str, at: int, char: str) -> str:
 
 
 @given(st.fixed_dictionaries(_MESSAGE_VALUES, optional={
-    "offset": st.integers(-1, 10**20), "origin": _TEXT, "extra": _VALUES}),
+    "offset": st.integers(-1, 10**20), "origin": _TEXT, "extra": _VALUES,
+    "last": st.text(_HEX, min_size=63, max_size=65) | _TEXT}),
     st.dictionaries(st.sampled_from(sorted(_MESSAGE_VALUES)), _VALUES | _TEXT, max_size=1),
     st.sampled_from([True, True, True, False]), st.lists(_RESPELL, max_size=2))
 @settings(max_examples=600, deadline=None)

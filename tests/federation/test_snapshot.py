@@ -93,6 +93,18 @@ def test_plain_values_broadcast_memory_and_inbox_come_back():
             np.testing.assert_array_equal(copy.inbox[kind][name], array)
 
 
+def test_a_restored_client_links_its_next_message_to_the_last_one_it_signed():
+    """The audit authenticates a client's record through the link its next record carries
+    (docs/log-format.md); a client restarted from its saved state keeps that link."""
+    original = used_client()
+    original.envelope(1, "upload", "gradient", SERVER, b"x")
+    copy = rebuilt()
+    restore_client(copy, *unpack(pack(*client_state(original))))
+    assert copy.last == original.last != ""
+    assert (copy.envelope(2, "upload", "gradient", SERVER, b"y").header()
+            == original.envelope(2, "upload", "gradient", SERVER, b"y").header())
+
+
 def test_method_objects_are_not_carried():
     original = used_client()
     header, arrays = client_state(original)

@@ -231,10 +231,10 @@ def test_a_server_that_alters_a_relayed_key_is_refused_by_its_recipient(tmp_path
 # -- what reaches the server ---------------------------------------------------------------------
 
 def _numbers(record) -> list[float]:
-    """Every number in a log record but its hashes and signatures (hex): its JSON numbers and
+    """Every number in a log record but its hashes, links and signatures (hex): its JSON numbers and
     those written in its strings."""
     if isinstance(record, dict):
-        return [x for k, v in record.items() if k not in ("sha256", "prev", "sig")
+        return [x for k, v in record.items() if k not in ("sha256", "prev", "sig", "last")
                 for x in _numbers(v)]
     if isinstance(record, list):
         return [x for v in record for x in _numbers(v)]
