@@ -3,7 +3,7 @@
 Pairwise-mask secure aggregation (:mod:`.secagg`) sends, per client, one vector of words
 ``y = q + e + sum PRG(plus) - sum PRG(minus) mod 2**bits``: ``q`` the stochastic quantization
 of ``scale * x`` (:class:`~secureffm.protocols.quantize.Quantizer`), ``e`` optional integer
-noise (distributed DP), the masks AES-256-CTR keystreams of 32-byte seeds
+noise (distributed DP), the masks AES-128-CTR keystreams of 32-byte seeds
 (:mod:`~secureffm.protocols.prg`). :func:`mask_input` computes it chunk by chunk: each chunk is
 quantized, noised and masked while it is in cache, instead of one pass over the whole vector
 per step. Addition modulo the word size commutes, so the words are those of quantizing, adding

@@ -1,10 +1,18 @@
 """Cryptographic PRG that expands a 32-byte seed into a mask vector in Z_{2^bits}.
 
-The keystream is AES-256 in counter mode (NIST SP 800-38A) from ``cryptography``, keyed by the
-seed, with the 128-bit counter block starting at zero (big-endian, incremented per 16-byte
-block). A zero initial counter is safe because each seed keys one stream only: seeds are fresh
-HKDF outputs per pair (or per client) and round. AES-CTR runs at about 2x ChaCha20's speed on
-CPUs with AES instructions (measured on this machine: 4.3-7.1 GB/s against 1.3-3.3 GB/s).
+The keystream is AES-128 in counter mode (NIST SP 800-38A) from ``cryptography``: the seed's
+first 16 bytes are the key, its last 16 the initial 128-bit counter block (big-endian,
+incremented per 16-byte block, modulo 2**128), so every byte of the seed moves the stream. Each
+seed keys one stream only: seeds are fresh HKDF outputs per pair (or per client) and round, or
+32 bytes of OS entropy, so a (key, counter) pair repeats only if two independent seeds share
+their key half (probability 2**-128 per pair of seeds).
+
+Why 128-bit keys: every pair seed comes from an X25519 agreement, about 128 bits of security
+(the level NIST pairs with AES-128), so a 256-bit key adds nothing an attacker on the pair
+secrets would meet first; the first 16 bytes of a uniform 32-byte seed are a uniform 128-bit
+key. Measured here: AES-128-CTR 6.5 GB/s against AES-256-CTR's 5.1 (one core, 4 MB buffers),
+1.29x on the keystream that is most of a secure round (docs/benchmarks.md). AES-CTR runs at
+about 2x ChaCha20's speed on CPUs with AES instructions.
 
 Masks are words of :func:`word_dtype` (``bits``): entry ``i`` is keystream bytes
 ``w i .. w i + w - 1`` (``w`` = 4 for ``bits <= 32``, else 8) read as a little-endian
@@ -29,7 +37,7 @@ __all__ = ["SEED_BYTES", "Keystream", "MaskStreams", "add_masks", "expand_seed",
            "keystream_throughput", "word_dtype"]
 
 SEED_BYTES = 32
-_COUNTER = bytes(16)  # the initial counter block
+_KEY_BYTES = 16  # AES-128: the seed's first 16 bytes key the stream, the rest start the counter
 # One stream is at most 2**32 blocks of 16 bytes (64 GiB): there AES-CTR is distinguishable
 # from random with advantage about q**2 / 2**129 = 2**-65 (no two counter blocks repeat).
 _MAX_BYTES = 2**32 * 16
@@ -55,12 +63,14 @@ def _check_seed(seed: bytes) -> bytes:
     return bytes(seed)
 
 
-def _encryptor(key: bytes) -> CipherContext:
-    return Cipher(algorithms.AES(key), modes.CTR(_COUNTER)).encryptor()
+def _encryptor(seed: bytes) -> CipherContext:
+    """AES-128-CTR keyed by the first 16 bytes of the 32-byte ``seed``, its counter starting at
+    the last 16."""
+    return Cipher(algorithms.AES(seed[:_KEY_BYTES]), modes.CTR(seed[_KEY_BYTES:])).encryptor()
 
 
 class Keystream:
-    """The AES-256-CTR keystream of one 32-byte seed, read front to back into arrays."""
+    """The AES-128-CTR keystream of one 32-byte seed, read front to back into arrays."""
 
     def __init__(self, seed: bytes):
         self._cipher = _encryptor(_check_seed(seed))
@@ -161,7 +171,7 @@ def expand_seed(seed: bytes, length: int, bits: int) -> np.ndarray:
 
 def keystream_throughput(nbytes: int = 64 * 2**20, repeats: int = 3,
                          clock: Callable[[], float] = time.perf_counter) -> float:
-    """Raw AES-256-CTR keystream speed in bytes per second (best of ``repeats``, one thread).
+    """Raw AES-128-CTR keystream speed in bytes per second (best of ``repeats``, one thread).
 
     Encrypts ``nbytes`` zero bytes into a preallocated buffer in one call, so allocation is not
     timed: the ceiling that masking (:func:`add_masks`) can be compared against. ``clock``:

@@ -13,7 +13,7 @@ stochastic rounding in fixed point with ``F = min(32, 64 - bitlength(L - 1))`` f
 ``q = floor(v) + 1`` with probability ``frac(v)`` truncated to ``F`` bits, so ``E[q] = v`` up to
 ``2**-F`` of a step (none where float64 holds ``v`` to ``F`` bits or fewer, as for
 ``v >= 2**(53 - F)``), and ``q * s - c`` estimates the clipped update. ``r`` is read from an
-AES-256-CTR keystream (:mod:`.prg`) keyed by 32 bytes drawn from the caller's generator. The
+AES-128-CTR keystream (:mod:`.prg`) keyed by 32 bytes drawn from the caller's generator. The
 server's unmasked total is ``sum_i q_i``; it equals the true integer sum as long as
 ``n * (L - 1) < 2**bits`` (:meth:`Quantizer.check`). Clipping biases the sum;
 :meth:`Quantizer.quantize_into` counts the entries it changes.

@@ -23,7 +23,7 @@ from secureffm.protocols.masking import (
 )
 from secureffm.protocols.prg import MaskStreams, word_dtype
 from secureffm.protocols.quantize import Quantizer
-from tests.protocols.keystream_reference import aes_ctr_keystream
+from tests.protocols.keystream_reference import mask_keystream
 
 _SEEDS = st.binary(min_size=32, max_size=32)
 _BITS = [1, 7, 16, 31, 32, 33, 48, 63, 64]
@@ -32,7 +32,7 @@ _BITS = [1, 7, 16, 31, 32, 33, 48, 63, 64]
 def _stream_words(seed: bytes, size: int, width: int) -> np.ndarray:
     """The first ``size`` keystream words of ``seed`` (``width`` bytes each, little-endian) as
     Python integers in an object array, from the independent reference keystream."""
-    raw = aes_ctr_keystream(seed, width * size)
+    raw = mask_keystream(seed, width * size)
     return np.array([int.from_bytes(raw[width * i: width * i + width], "little")
                      for i in range(size)], dtype=object)
 
@@ -42,7 +42,7 @@ def reference_masked(x: np.ndarray, quantizer: Quantizer, key: bytes, scale: flo
                      ) -> tuple[list[int], int]:
     """The plain composition, whole vectors and Python integers: quantize ``scale * x`` in
     float64 (``V = min((clip(scale x) + c) * lift, (L - 1) 2**F)``, ``q = (floor(V) + r) >> F``
-    with ``r`` the top F bits of 32-bit keystream word i of AES-256-CTR(key)), add the noise,
+    with ``r`` the top F bits of 32-bit keystream word i of AES-128-CTR(key[:16])), add the noise,
     add each plus seed's keystream words, subtract each minus seed's, all mod ``2**bits``."""
     bits, frac, c = quantizer.bits, quantizer.fraction_bits, quantizer.clip
     lift = 2.0**frac * ((quantizer.levels - 1) / (2 * c))

@@ -1,4 +1,4 @@
-"""Seed expansion: AES-256-CTR keystream (NIST SP 800-38A), little-endian words, uniform, hides
+"""Seed expansion: AES-128-CTR keystream (NIST SP 800-38A), little-endian words, uniform, hides
 updates."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from secureffm.errors import ProtocolError
 from secureffm.protocols import prg
 from secureffm.protocols.prg import add_masks, expand_seed, keystream_throughput, word_dtype
 from secureffm.protocols.quantize import Quantizer, add_mod, sub_mod
-from tests.protocols.keystream_reference import aes_ctr_keystream
+from tests.protocols.keystream_reference import aes_ctr_keystream, mask_keystream
 
 # NIST SP 800-38A, F.5.5 (CTR-AES256.Encrypt): key, initial counter, plaintext, ciphertext.
 SP800_KEY = bytes.fromhex("603deb1015ca71be2b73aef0857d77811f352c073b6108d72d9810a30914dff4")
@@ -33,13 +33,34 @@ def _chi2_p(words: np.ndarray, bits: int) -> tuple[float, float]:
                  for v in (top, low))
 
 
-def test_the_reference_keystream_matches_the_nist_vector():
-    stream = aes_ctr_keystream(SP800_KEY, 32, SP800_COUNTER)
-    assert bytes(a ^ b for a, b in zip(stream, SP800_PLAIN, strict=True)) == SP800_CIPHER
+# F.5.1 (CTR-AES128.Encrypt), same counter and plaintext: the masks' cipher.
+SP800_KEY_128 = bytes.fromhex("2b7e151628aed2a6abf7158809cf4f3c")
+SP800_CIPHER_128 = bytes.fromhex("874d6191b620e3261bef6864990db6ce9806f66b7970fdff8617187bb9fffdff")
+
+
+@pytest.mark.parametrize("key, cipher", [(SP800_KEY, SP800_CIPHER),
+                                         (SP800_KEY_128, SP800_CIPHER_128)])
+def test_the_reference_keystream_matches_the_nist_vectors(key, cipher):
+    stream = aes_ctr_keystream(key, 32, SP800_COUNTER)
+    assert bytes(a ^ b for a, b in zip(stream, SP800_PLAIN, strict=True)) == cipher
+
+
+def test_a_mask_seed_keys_aes_128_and_starts_its_counter():
+    """The first half of a seed is the key, the second the initial counter block: a seed whose
+    counter half is one block further gives the same stream one block (4 words) later, and a
+    counter at 2**128 - 1 wraps to zero as the reference does."""
+    seed = bytes(range(32))
+    later = seed[:16] + (int.from_bytes(seed[16:], "big") + 1).to_bytes(16, "big")
+    np.testing.assert_array_equal(expand_seed(later, 8, 32), expand_seed(seed, 12, 32)[4:])
+    wrapping = seed[:16] + b"\xff" * 16
+    stream = mask_keystream(wrapping, 32)
+    assert [int(w) for w in expand_seed(wrapping, 8, 32)] == [
+        int.from_bytes(stream[4 * i: 4 * i + 4], "little") for i in range(8)]
+    assert stream[16:] == mask_keystream(seed[:16] + bytes(16), 16)
 
 
 def test_expand_seed_reads_the_keystream_as_little_endian_words():
-    stream = aes_ctr_keystream(bytes(32), 128)
+    stream = mask_keystream(bytes(32), 128)
     words = expand_seed(bytes(32), 16, 64)  # bits > 32: 8 keystream bytes per word
     assert words.dtype == np.uint64 and words.shape == (16,)
     assert [int(w) for w in words] == [int.from_bytes(stream[8 * i: 8 * i + 8], "little")
@@ -57,7 +78,7 @@ def test_expand_seed_matches_the_reference_keystream_over_blocks(bits):
     seed = bytes(np.random.default_rng(bits).integers(0, 256, 32, dtype=np.uint8))
     width = 4 if bits <= 32 else 8
     length = 37  # words: over 9 (4-byte) or 18 (8-byte) 16-byte blocks and part of the next
-    stream = aes_ctr_keystream(seed, width * length)
+    stream = mask_keystream(seed, width * length)
     want = [int.from_bytes(stream[width * i: width * i + width], "little") % 2**bits
             for i in range(length)]
     got = expand_seed(seed, length, bits)
@@ -137,7 +158,7 @@ def reference_masked(q: list[int], plus: list[bytes], minus: list[bytes], bits: 
     width, out = (4 if bits <= 32 else 8), list(q)
     for seeds, sign in ((plus, 1), (minus, -1)):
         for seed in seeds:
-            stream = aes_ctr_keystream(seed, width * len(q))
+            stream = mask_keystream(seed, width * len(q))
             for i in range(len(q)):
                 out[i] += sign * int.from_bytes(stream[width * i: width * i + width], "little")
     return [v % 2**bits for v in out]

@@ -13,7 +13,7 @@ from secureffm.errors import ProtocolError
 from secureffm.protocols import quantize as quantize_module
 from secureffm.protocols.prg import word_dtype
 from secureffm.protocols.quantize import Quantizer, add_mod, required_bits, sub_mod
-from tests.protocols.keystream_reference import aes_ctr_keystream
+from tests.protocols.keystream_reference import mask_keystream
 
 
 def test_quantize_is_unbiased_and_has_the_rounding_variance():
@@ -192,10 +192,10 @@ def reference_quantize(quant: Quantizer, x: list[float], scale: float, key: byte
     """The fixed-point rounding of the module docstring written out per element with Python
     floats and integers: v = (clip(scale x) + c) * 2**F (L - 1) / (2 c), capped at (L - 1) 2**F;
     q = (floor(v) + r) >> F with r the top F bits of 32-bit little-endian keystream word i of
-    AES-256-CTR(key); and the count of clipped entries."""
+    AES-128-CTR(key[:16]); and the count of clipped entries."""
     frac, c = quant.fraction_bits, quant.clip
     lift, top = 2.0**frac * ((quant.levels - 1) / (2 * c)), float(quant.levels - 1) * 2.0**frac
-    stream = aes_ctr_keystream(key, 4 * len(x))
+    stream = mask_keystream(key, 4 * len(x))
     out, clipped = [], 0
     for i, value in enumerate(x):
         scaled = value * scale
