@@ -58,7 +58,8 @@ SIZES = (10**4, 10**6)
 MASKINGS = (("full", "secagg"), ("SecAgg+ k=8", "secagg-plus"))
 KIND = "gradient"
 # Masking work of a case: n * (degree + 1) * d mask words. Up to _LIGHT, secagg gets an
-# untimed warm-up and --repeats rounds; up to _HEAVY, half as many rounds; above, one.
+# untimed warm-up and --repeats rounds; up to _HEAVY, a warm-up and half as many rounds (the
+# first round draws each client's batch of keys for KEY_BATCH rounds); above, one cold round.
 # Plaintext always gets a warm-up and --repeats rounds (it is cheap).
 _LIGHT, _HEAVY = 10**8, 10**9
 # Which direction each phase travels (the server never sends and receives in one phase).
@@ -177,7 +178,7 @@ def _run_case(root: Path, n: int, d: int, masking: str, protocol: str,
     work = n * (degree + 1) * d
     secure_repeats = 1 if work > _HEAVY else max(1, repeats // 2) if work > _LIGHT else repeats
     plain.round()  # warm-up: plaintext rounds are cheap, so always
-    if work <= _LIGHT:
+    if work <= _HEAVY:
         secure.round()
     result = CaseResult(n, d, masking, degree)
     for i in range(max(repeats, secure_repeats)):  # alternate: both see the same load
@@ -322,7 +323,7 @@ def _adversaries(root: Path, quick: bool, repeats: int, clients: tuple[int, ...]
 
 
 def _throughput(d: int, repeats: int) -> str:
-    """Raw AES-256-CTR keystream against adding one mask and one client's whole masking step,
+    """Raw AES-128-CTR keystream against adding one mask and one client's whole masking step,
     in CPU time (``time.process_time``: on a busy machine wall time also counts the time other
     processes hold the core). Every repeat times each item once, back to back; each item's
     time is its best over the repeats, and a fraction of raw is a ratio of bests.
@@ -382,11 +383,11 @@ def _throughput(d: int, repeats: int) -> str:
             step["fused", k].append(timed(lambda k=k: fused_step(k)))
     best = min
     api = keystream_throughput(clock=time.process_time) / 1e6
-    rows = [[f"raw AES-256-CTR keystream, {mb:g} MB (one mask of {_sci(d)} {wire} words) into a "
+    rows = [[f"raw AES-128-CTR keystream, {mb:g} MB (one mask of {_sci(d)} {wire} words) into a "
              f"preallocated buffer (`keystream_throughput({wire.itemsize} * d, 1, "
              "time.process_time)`)",
              f"{1e3 * best(raw):.2f}", f"{mb / best(raw):,.0f}", "1.00"],
-            ["raw AES-256-CTR, `keystream_throughput()` defaults (64 MiB, best of 3, CPU time), "
+            ["raw AES-128-CTR, `keystream_throughput()` defaults (64 MiB, best of 3, CPU time), "
              "once", "", f"{api:,.0f}", ""],
             [f"`add_masks(y, [seed])`: one mask added in place, {_sci(d)} words",
              f"{1e3 * best(one):.2f}", f"{mb / best(one):,.0f}", f"{best(raw) / best(one):.2f}"],
@@ -411,7 +412,7 @@ def _throughput(d: int, repeats: int) -> str:
 
 # (bucket, test on (file, function name)); the first that matches takes the function's own time.
 _BUCKETS: list[tuple[str, Callable[[str, str], bool]]] = [
-    ("AES-256-CTR keystream (`update_into`: masks, unmasking, rounding stream)",
+    ("AES-128-CTR keystream (`update_into`: masks, unmasking, rounding stream)",
      lambda f, fn: "update_into" in fn),
     ("`MaskStreams.add_into` own time (in-place add or subtract of each keystream chunk)",
      lambda f, fn: f.endswith("prg.py")),
@@ -632,8 +633,9 @@ def main() -> None:
         "",
         "One `channel.aggregate` call; `compute` returns a precomputed random float32 vector, "
         "so model compute is excluded. Plaintext and secagg rounds alternate; each side is "
-        "the median of its rounds after one untimed warm-up (none for secagg in the heavy "
-        "cases, which run fewer rounds)"
+        "the median of its rounds after one untimed warm-up (none for secagg in the heaviest "
+        "case, n = 50 on the full graph at d = 10^6, which runs one cold round; heavy cases "
+        "run fewer rounds)"
         + ("; n = 50, d = 10^6 skipped (`--quick`)." if args.quick else "."),
         "",
         _roundmarkdown_table(results),
