@@ -11,6 +11,7 @@ import pytest
 
 from secureffm.audit import verify as verify_module
 from secureffm.audit import verify_run
+from secureffm.cli import main as cli_main
 from secureffm.federation import SERVER, MessageLog, Party, Registry
 from secureffm.federation.log import canonical
 from secureffm.federation.message import link_of
@@ -143,6 +144,8 @@ def test_a_linked_records_signature_field_is_not_read(run):
     reclose(run, records)
     assert verify_run(run.path).ok
     assert_first_bad(verify_run(run.path, links=False), k, k + 1, "signature does not verify")
+    assert cli_main(["audit", "--verify", str(run.path)]) == 0
+    assert cli_main(["audit", "--verify", str(run.path), "--every-signature"]) == 1
 
 
 def test_the_writer_links_each_record_to_the_one_its_party_signed_before(tmp_path):

@@ -530,6 +530,7 @@ def test_the_run_pins_both_keys_of_every_party(runs):
 
 @pytest.mark.parametrize("argv, message", [
     (["--pin", "{run}", "--expect-head", "ab"], "go with --verify"),
+    (["--pin", "{run}", "--every-signature"], "--every-signature goes with --verify"),
     (["--verify", "{run}", "--expect-head", "ab"], "is not a sha256"),
     (["--verify", "{run}", "--parties", "{run}/messages.jsonl"], "is not valid JSON"),
     (["--verify", "{run}", "--parties", "{run}/nothing.json"], "nothing.json is missing"),
