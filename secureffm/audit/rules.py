@@ -37,6 +37,7 @@ are reported as not done, never as passed.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from collections.abc import Mapping
 
@@ -350,7 +351,10 @@ class ProtocolRules:
         return None
 
 
+@functools.lru_cache(maxsize=4096)
 def _verifies(key: bytes, signature_hex, statement: bytes) -> bool:
+    """Whether ``signature_hex`` is ``key``'s signature of ``statement``; remembered, since the
+    server relays one survivor's signature of one view to each holder it asks."""
     try:
         signature = bytes.fromhex(signature_hex)
     except (TypeError, ValueError):
