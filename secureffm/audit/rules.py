@@ -351,14 +351,20 @@ class ProtocolRules:
         return None
 
 
-@functools.lru_cache(maxsize=4096)
 def _verifies(key: bytes, signature_hex, statement: bytes) -> bool:
-    """Whether ``signature_hex`` is ``key``'s signature of ``statement``; remembered, since the
-    server relays one survivor's signature of one view to each holder it asks."""
+    """Whether ``signature_hex`` (a relayed JSON value: anything) is ``key``'s signature of
+    ``statement``, in hex."""
     try:
         signature = bytes.fromhex(signature_hex)
     except (TypeError, ValueError):
         return False
+    return _verified(key, signature, statement)
+
+
+@functools.lru_cache(maxsize=4096)
+def _verified(key: bytes, signature: bytes, statement: bytes) -> bool:
+    """:func:`verify_signature`, remembered: the server relays one survivor's signature of one
+    view to each holder it asks."""
     return verify_signature(key, signature, statement)
 
 

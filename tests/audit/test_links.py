@@ -4,6 +4,7 @@ of the same sender that links to it, verifying one signature at the end of each 
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 
@@ -15,6 +16,7 @@ from secureffm.cli import main as cli_main
 from secureffm.federation import SERVER, MessageLog, Party, Registry
 from secureffm.federation.log import canonical
 from secureffm.federation.message import link_of
+from secureffm.protocols.wire import json_payload, payload_json
 from tests.audit.test_verify import Run, assert_first_bad, build_run, dump, rechain, resign
 
 
@@ -177,3 +179,28 @@ def test_a_malformed_link_is_named(run):
     reclose(run, records)
     assert_first_bad(verify_run(run.path), k, k + 1,
                      f"line {k + 1}: field 'last' is not 64 lowercase hex digits")
+
+
+def test_a_relayed_signature_that_is_not_a_string_is_named(run):
+    """Adversary: the server's key holder who can write the run folder. It rewrites an unmask
+    request so that a survivor's relayed signature is a JSON list, re-signs the request,
+    rechains and re-closes. The audit names the answer as held without that survivor's valid
+    signature, as for any bad signature; it must not crash on the value (the rules remember
+    the signatures they verified, keyed by their bytes)."""
+    records = run.records()
+    k = next(r["seq"] for r in records if r["phase"] == "unmask_request")
+    payloads = run.path / "payloads.bin"
+    blob = payloads.read_bytes()
+    record = records[k]
+    request = payload_json(blob[record["offset"]:record["offset"] + record["bytes"]], SERVER)
+    survivor = sorted(request["signatures"])[0]
+    request["signatures"][survivor] = [1, 2]
+    data = json_payload(request)
+    records[k] = resign(record | {"offset": len(blob), "bytes": len(data),
+                                  "sha256": hashlib.sha256(data).hexdigest()},
+                        run.keys[SERVER])
+    payloads.write_bytes(blob + data)
+    reclose(run, records)
+    report = verify_run(run.path)
+    assert not report.ok
+    assert f"without {survivor}'s valid signature" in report.first_bad.problem
