@@ -13,7 +13,7 @@ import json
 from ..errors import MessageError
 from .channel import Task
 from .exchange import Incoming, Reply, Request
-from .message import Envelope
+from .message import Envelope, is_link
 
 __all__ = ["encode_request", "decode_request", "encode_reply", "decode_reply"]
 
@@ -45,6 +45,8 @@ def _envelope(table: dict, data: bytes, what: str) -> Envelope:
     try:
         if table["bytes"] != len(data):
             raise ValueError(f"{len(data)} bytes follow, the header says {table['bytes']}")
+        if table["last"] != "" and not is_link(table["last"]):
+            raise ValueError(f"last {table['last']!r} is neither empty nor a sha256 in hex")
         return Envelope(str(table["kind"]), str(table["sender"]), str(table["recipient"]),
                         int(table["round"]), str(table["phase"]), data,
                         tuple(str(s) for s in table["stages"]), str(table["origin"]),
@@ -134,6 +136,9 @@ def decode_reply(frame: bytes, sender: str) -> Reply:
     if not isinstance(events, list) or not all(isinstance(e, dict) and e.get("sender") == sender
                                                for e in events):
         raise MessageError(f"the reply of {sender} carries events that are not its own")
+    if not all(is_link(e["last"]) for e in events if "last" in e):
+        raise MessageError(f"the reply of {sender} carries an event whose last is not a sha256 "
+                           "in hex")
     envelope = (_envelope(header["envelope"], data, f"reply of {sender}")
                 if "envelope" in header else None)
     if envelope is not None and envelope.sender != sender:

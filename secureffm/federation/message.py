@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 
@@ -15,7 +16,7 @@ from safetensors.numpy import save as _save
 from ..errors import MessageError
 
 __all__ = ["Payload", "Envelope", "serialize_payload", "deserialize_payload", "SERVER",
-           "canonical", "link_of", "UNSIGNED_FIELDS"]
+           "canonical", "is_link", "link_of", "UNSIGNED_FIELDS"]
 
 Payload = dict[str, np.ndarray]
 SERVER = "server"
@@ -41,6 +42,15 @@ UNSIGNED_FIELDS = frozenset({"sig", "seq", "prev", "offset"})
 
 # The one phase in which the server forwards a payload another party wrote (``origin``).
 RELAY_PHASE = "relay"
+
+
+_LINK = re.compile("[0-9a-f]{64}")
+
+
+def is_link(value: object) -> bool:
+    """Whether ``value`` can be a record's ``last``: 64 lowercase hex digits (a record without
+    one omits the field; an envelope holds "")."""
+    return isinstance(value, str) and _LINK.fullmatch(value) is not None
 
 
 def link_of(signed: bytes) -> str:

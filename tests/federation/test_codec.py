@@ -149,7 +149,10 @@ def test_a_request_header_missing_a_field_or_of_the_wrong_type_is_refused():
     for change in [lambda h: h.pop("action"), lambda h: h.pop("seq"),
                    lambda h: h.update(round="three"), lambda h: h.update(args=[1]),
                    lambda h: h["envelope"].pop("sig"),
-                   lambda h: h["envelope"].update(sig="not hex")]:
+                   lambda h: h["envelope"].update(sig="not hex"),
+                   lambda h: h["envelope"].pop("last"),
+                   lambda h: h["envelope"].update(last="zz"),
+                   lambda h: h["envelope"].update(last="A" * 64)]:
         header = header_of(encoded)
         change(header)
         with pytest.raises(MessageError, match="malformed"):
@@ -165,6 +168,21 @@ def test_a_reply_whose_events_name_another_sender_is_refused():
             decode_reply(frame({"events": events}), "client-1")
     with pytest.raises(MessageError, match="not its own"):
         decode_reply(frame({}), "client-1")  # no events list at all
+
+
+def test_a_reply_whose_links_are_not_sha256_hex_is_refused():
+    """Adversary: a malicious client node whose reply carries a ``last`` the log's format
+    cannot hold (its own signature over it is valid). Logged, it would fail the audit of an
+    honest server's log; the reply is refused on receipt instead, naming the client."""
+    envelope = CLIENT.envelope(3, "masked_input", "gradient", SERVER, b"y")
+    header = header_of(encode_reply(Reply(envelope)))
+    header["envelope"]["last"] = "not a hash"
+    with pytest.raises(MessageError, match="reply of client-1's envelope is malformed: last"):
+        decode_reply(frame(header, b"y"), "client-1")
+    event = CLIENT.event(3, "masked_input", "clipped", "client-1", "own")
+    event = {**event, "last": "x" * 64}
+    with pytest.raises(MessageError, match="an event whose last is not a sha256"):
+        decode_reply(frame({"events": [event]}), "client-1")
 
 
 def test_a_reply_whose_envelope_names_another_sender_is_refused():
