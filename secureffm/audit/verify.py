@@ -213,7 +213,7 @@ class AuditReport:
                    "and obeying the protocol rules", f"proves: {self.scope}",
                    f"head: {self.head}",
                    f"signatures: {self.records - self.linked} verified; {self.linked} records "
-                   "authenticated by their signer's next signed record, which holds their hash"]
+                   "authenticated by another signed record of their signer that holds their hash"]
         else:
             bad = self.first_bad
             assert bad is not None
