@@ -9,13 +9,16 @@ what is wrong.
 from __future__ import annotations
 
 import json
+import re
 
 from ..errors import MessageError
 from .channel import Task
 from .exchange import Incoming, Reply, Request
 from .message import Envelope, is_link
+from .parties import EMPTY_SHA256
 
-__all__ = ["encode_request", "decode_request", "encode_reply", "decode_reply"]
+__all__ = ["encode_request", "decode_request", "encode_reply", "decode_reply",
+           "client_event_problem", "CLIENT_EVENTS"]
 
 _HEADER = ("kind", "sender", "recipient", "round", "phase", "stages", "origin", "last")
 
@@ -136,11 +139,52 @@ def decode_reply(frame: bytes, sender: str) -> Reply:
     if not isinstance(events, list) or not all(isinstance(e, dict) and e.get("sender") == sender
                                                for e in events):
         raise MessageError(f"the reply of {sender} carries events that are not its own")
-    if not all(is_link(e["last"]) for e in events if "last" in e):
-        raise MessageError(f"the reply of {sender} carries an event whose last is not a sha256 "
-                           "in hex")
     envelope = (_envelope(header["envelope"], data, f"reply of {sender}")
                 if "envelope" in header else None)
     if envelope is not None and envelope.sender != sender:
         raise MessageError(f"the reply of {sender} carries a message of {envelope.sender}")
     return Reply(envelope, tuple(events))
+
+
+CLIENT_EVENTS = ("rejected", "clipped")  # the events a client raises (Party.event)
+# The fields of a client's event that have one value only, and the optional ones.
+_FIXED = {"kind": "event", "recipient": "log", "stages": [], "bytes": 0, "sha256": EMPTY_SHA256}
+_OPTIONAL = ("last", "refused")
+_SIGNATURE = re.compile("[0-9a-f]{128}")
+
+
+def _count(value) -> bool:
+    return type(value) is int and value >= 0
+
+
+def client_event_problem(event: dict, round_: int, parties) -> str | None:
+    """None when ``event`` (from a client's reply to a request of round ``round_``; its sender
+    already checked) has exactly the shape :meth:`~secureffm.federation.parties.Party.event`
+    gives a client's event, else which field is wrong. ``parties``: the registered party ids.
+
+    Stricter than the audit's field checks, so that what passes here also passes there once
+    the log places it: a malicious client cannot sign a record that crashes the server's log
+    or makes an honest server's log fail its audit."""
+    checks = {
+        **{name: (lambda v, fixed=fixed: v == fixed and type(v) is type(fixed), repr(fixed))
+           for name, fixed in _FIXED.items()},
+        "round": (lambda v: type(v) is int and v == round_, f"{round_} (the request's round)"),
+        "sender": (lambda v: type(v) is str, "a string"),  # the replying client's: decode_reply
+        "phase": (lambda v: type(v) is str, "a string"),
+        "event": (lambda v: v in CLIENT_EVENTS, f"one of {', '.join(CLIENT_EVENTS)}"),
+        "party": (lambda v: type(v) is str and v in parties, "a registered party"),
+        "detail": (lambda v: type(v) is str, "a string"),
+        "sig": (lambda v: type(v) is str and _SIGNATURE.fullmatch(v) is not None,
+                "128 lowercase hex digits"),
+        "last": (is_link, "the sha256 of its previous record, in hex"),
+        "refused": (_count, "a record's seq"),
+    }
+    for name, (valid, words) in checks.items():
+        if name not in event:
+            if name not in _OPTIONAL:
+                return f"{name!r} is missing"
+        elif not valid(event[name]):
+            return f"{name!r} is {event[name]!r}, not {words}"
+    for name in sorted(event.keys() - checks.keys()):
+        return f"{name!r} is not a field of a client's event"
+    return None

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from ..errors import MessageError, ProtocolError
-from .codec import decode_reply, encode_request
+from .codec import client_event_problem, decode_reply, encode_request
 from .crypto import verify_signature
 from .exchange import Incoming, Receipts, Refusal, Request
 from .log import MessageLog
@@ -106,6 +106,9 @@ class RemoteTransport(LoggedEvents):
                                    f"{request.kind} of round {request.round}, phase "
                                    f"{request.reply_phase} to the server")
             for event in reply.events:
+                problem = client_event_problem(event, request.round, self.registry.sign)
+                if problem is not None:
+                    raise MessageError(f"it carries an event whose {problem}")
                 if not verify_signature(self.registry.sign[cid],
                                         bytes.fromhex(str(event.get("sig", ""))),
                                         canonical(event)):

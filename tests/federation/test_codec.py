@@ -18,7 +18,14 @@ from hypothesis import strategies as st
 
 from secureffm.errors import MessageError
 from secureffm.federation.channel import Task
-from secureffm.federation.codec import decode_reply, decode_request, encode_reply, encode_request
+from secureffm.federation.codec import (
+    CLIENT_EVENTS,
+    client_event_problem,
+    decode_reply,
+    decode_request,
+    encode_reply,
+    encode_request,
+)
 from secureffm.federation.exchange import Incoming, Reply, Request
 from secureffm.federation.message import SERVER, Envelope
 from secureffm.federation.parties import Party
@@ -179,10 +186,24 @@ def test_a_reply_whose_links_are_not_sha256_hex_is_refused():
     header["envelope"]["last"] = "not a hash"
     with pytest.raises(MessageError, match="reply of client-1's envelope is malformed: last"):
         decode_reply(frame(header, b"y"), "client-1")
-    event = CLIENT.event(3, "masked_input", "clipped", "client-1", "own")
-    event = {**event, "last": "x" * 64}
-    with pytest.raises(MessageError, match="an event whose last is not a sha256"):
-        decode_reply(frame({"events": [event]}), "client-1")
+
+
+def test_the_events_an_honest_client_raises_have_the_shape_a_client_event_must_have():
+    """The receipt check of client events (tests/federation/test_remote.py plays the
+    malicious clients it refuses) lets through every event an honest client signs: each kind
+    a client raises, with and without a refused seq and a link."""
+    parties = {"client-1", "client-2", SERVER}
+    events = [Party("client-3").event(3, "masked_input", "clipped", "client-3", "first")]
+    CLIENT.envelope(3, "masked_input", "gradient", SERVER, b"y")  # a record to link to
+    events += [CLIENT.event(3, "broadcast", event, "server", "why", fields)
+               for event in CLIENT_EVENTS for fields in (None, {"refused": 12})]
+    assert "last" not in events[0] and all("last" in e for e in events[1:])
+    assert [client_event_problem(e, 3, parties | {"client-3"}) for e in events] == \
+        [None] * len(events)
+    assert client_event_problem({**events[1], "last": "x" * 64}, 3, parties) == (
+        f"'last' is {'x' * 64!r}, not the sha256 of its previous record, in hex")
+    assert client_event_problem(events[1], 4, parties) == (
+        "'round' is 3, not 4 (the request's round)")
 
 
 def test_a_reply_whose_envelope_names_another_sender_is_refused():

@@ -34,7 +34,7 @@ from secureffm.federation.codec import decode_reply, decode_request, encode_repl
 from secureffm.federation.exchange import Reply
 from secureffm.federation.faults import Fault, FaultPlan
 from secureffm.federation.log import MessageLog
-from secureffm.federation.message import SERVER
+from secureffm.federation.message import SERVER, canonical
 from secureffm.federation.parties import Client, ClientInfo, Party, Registry, new_server
 from secureffm.federation.remote import RemoteTransport
 from secureffm.protocols import ProtectedChannel, load_protocol
@@ -401,3 +401,67 @@ def test_a_client_that_answers_nothing_is_offline_for_the_rest_of_the_round(tmp_
     assert run.result.included == others
     report = run.audit()
     assert report.ok, report.summary()
+
+
+def own_event(**changes):
+    """client-2 adds to its reply an event in its own name, signed by its own key over the
+    content as changed (``None`` removes a field): a well-signed record of a shape no honest
+    client raises."""
+
+    def change(request, frame, endpoints):
+        party = endpoints[ADVERSARY].client
+        event = party.event(request.round, "masked_input", "rejected", "client-1",
+                            "client-1 sent garbage")
+        del event["sig"]
+        for name, value in changes.items():
+            if value is None:
+                event.pop(name)
+            else:
+                event[name] = value
+        event["sig"] = party.sign(canonical(event)).hex()
+        return reframe(frame, lambda header: header["events"].append(event))
+
+    return change
+
+
+MALFORMED_EVENTS = [  # the change, the field named, what the unchecked server does with it
+    ({"bytes": -1}, "bytes", "audit"),            # 'bytes' must be non-negative
+    ({"detail": ["a", "list"]}, "detail", "audit"),  # 'detail' must be a string
+    ({"event": "closed", "records": 0, "chain": "0" * 64}, "event", "audit"),  # a closing record
+    ({"event": "aggregated", "included": [], "of_kind": KIND}, "event", "audit"),  # the server's
+    ({"party": "nobody"}, "party", "audit"),      # party not in parties.json
+    ({"offset": 0}, "offset", "audit"),           # a payload the log does not hold
+    ({"event": None}, "event", "audit"),          # a record missing a field
+    ({"round": "1"}, "round", "crash"),           # the log compares rounds
+    ({"kind": KIND}, "kind", "logged"),           # an event posing as a gradient message
+    ({"refused": -3}, "refused", "logged"),       # a refusal of no record's seq
+    ({"round": 7}, "round", "logged"),            # an accusation dated in a later round
+]
+
+
+@pytest.mark.parametrize("changes,field,unchecked", MALFORMED_EVENTS,
+                         ids=[f"{f}-{i}" for i, (_, f, _) in enumerate(MALFORMED_EVENTS)])
+def test_a_well_signed_event_of_a_shape_no_client_raises_is_refused(tmp_path, monkeypatch,
+                                                                    changes, field, unchecked):
+    """Adversary: a malicious client (a Flower node) signs, with its own key, an event whose
+    fields no honest client writes, and adds it to its reply. Unchecked (events checked for
+    sender and signature only), the honest server crashes, or logs a record that makes its
+    log fail the audit, or logs a record in the client's name that no honest client signs;
+    checked, the reply is refused by name on receipt, the round is exact over the others,
+    and the log passes the audit."""
+    tamper = at("secagg.mask", own_event(**changes))
+    with monkeypatch.context() as patch:
+        patch.setattr(remote_module, "client_event_problem", lambda *args: None)
+        if unchecked == "crash":
+            with pytest.raises(TypeError):
+                remote(tmp_path / "unchecked", "secagg", tamper=tamper)
+        else:
+            run = remote(tmp_path / "unchecked", "secagg", tamper=tamper)
+            assert run.audit().ok is (unchecked == "logged")
+            assert [e for e in run.events
+                    if e["sender"] == ADVERSARY and all(e.get(k) == v for k, v in changes.items()
+                                                        if v is not None)]
+    run = remote(tmp_path, "secagg", tamper=tamper)
+    assert_refused(run, f"carries an event whose {field!r}")
+    assert not [e for e in run.events if e["sender"] == ADVERSARY]
+    assert_exact_without_adversary(run, tmp_path)
