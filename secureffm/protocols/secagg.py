@@ -80,6 +80,7 @@ from ..federation.crypto import (
     private_bytes,
     private_from_bytes,
     seal,
+    verify_signature,
 )
 from ..federation.crypto import public_bytes as public_of
 from ..federation.message import SERVER
@@ -568,8 +569,8 @@ class _ClientSession:
         problem = ("it already answered an unmask request in this aggregation" if self.answered
                    else self._request_problem(survivors, gone, group, needed))
         if not problem and self.malicious:
-            problem = (self._view_problem(survivors, read["macs"]) if once
-                       else self._consistency_problem(survivors, group, read["macs"]))
+            problem = (self._view_problem(survivors, read) if once
+                       else self._consistency_problem(survivors, group, read))
         if problem:
             raise MessageError(problem)
         self.answered = True
@@ -605,20 +606,22 @@ class _ClientSession:
         return self.party.sign(view), b"".join(
             consistency_mac(self.peers[v].channel, self.id, v, view) for v in peers)
 
-    def _view_problem(self, survivors: set[str], macs: dict[str, bytes]) -> str:
+    def _view_problem(self, survivors: set[str], read: dict[str, dict[str, bytes]]) -> str:
         view = self._view()
         for w in sorted(survivors - {self.id}):
-            if not hmac.compare_digest(macs.get(w, b""), consistency_mac(
+            if not hmac.compare_digest(read["macs"].get(w, b""), consistency_mac(
                     self.peers[w].channel, w, self.id, view)):
                 return (f"{w} did not confirm the parameters, graph and broadcasts this client "
                         "saw this round (another broadcast, or not its MAC)")
-        return ""
+        return self._signature_problem(survivors, read["signatures"], view)
 
     def _consistency_problem(self, survivors: set[str], group: set[str],
-                             macs: dict[str, bytes]) -> str:
+                             read: dict[str, dict[str, bytes]]) -> str:
         """Why the request's survivors may not be answered: not the set this client signed, or
         a survivor's MAC of its view (the statement it signed) is missing or not the one this
-        client's view gives (:func:`consistency_mac`)."""
+        client's view gives (:func:`consistency_mac`), or its relayed signature of that
+        statement does not verify (:meth:`_signature_problem`)."""
+        macs = read["macs"]
         if self.signed is None:
             return "it signed no survivor set in this aggregation"
         if survivors != set(self.signed) & group:
@@ -631,6 +634,22 @@ class _ClientSession:
                     self.peers[w].channel, w, self.id, statement)):
                 return (f"{w} did not confirm the survivor set, parameters, graph and broadcasts "
                         "this client saw (a split view, another broadcast, or it left)")
+        return self._signature_problem(survivors, read["signatures"], statement)
+
+    def _signature_problem(self, survivors: set[str], signatures: dict[str, bytes],
+                           statement: bytes) -> str:
+        """Why the request may not be answered although every MAC checked: a survivor's
+        relayed signature of ``statement`` (this client's view) does not verify with its
+        pinned key. The MACs convince this client; the signatures are what the log keeps, and
+        the audit holds a client that answered to having had a valid one from every survivor
+        the request names, itself included (a survivor with valid MACs and a bad signature
+        would otherwise make an honest server's log fail its audit, blaming this client)."""
+        for w in sorted(survivors):
+            if not verify_signature(self.registry.sign.get(w, b""), signatures.get(w, b""),
+                                    statement):
+                return (f"{w}'s signature of the view it confirmed does not verify with its "
+                        "pinned key (a survivor that signed something else, or a relay that "
+                        "left it out)")
         return ""
 
 

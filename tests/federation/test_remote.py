@@ -34,10 +34,11 @@ from secureffm.federation.codec import decode_reply, decode_request, encode_repl
 from secureffm.federation.exchange import Reply
 from secureffm.federation.faults import Fault, FaultPlan
 from secureffm.federation.log import MessageLog
-from secureffm.federation.message import SERVER, canonical
+from secureffm.federation.message import SERVER, canonical, deserialize_payload, serialize_payload
 from secureffm.federation.parties import Client, ClientInfo, Party, Registry, new_server
 from secureffm.federation.remote import RemoteTransport
 from secureffm.protocols import ProtectedChannel, load_protocol
+from secureffm.protocols import secagg as secagg_module
 from secureffm.protocols.endpoint import ClientEndpoint
 from secureffm.runs.scaffold import open_channel
 
@@ -100,8 +101,10 @@ class Run:
         return verify_run(self.folder)
 
 
-def remote(tmp_path: Path, protocol: str, n: int = 4, tamper=None) -> Run:
-    """One aggregation with every client behind the loopback; the log closed."""
+def remote(tmp_path: Path, protocol: str, n: int = 4, tamper=None,
+           keep_payloads: bool = False) -> Run:
+    """One aggregation with every client behind the loopback; the log closed (with
+    payloads.bin when ``keep_payloads``, so that the audit's rules read the payloads)."""
     values = updates(n)
     server, members = new_server(), clients(n)
     registry = Registry.of([server, *members])
@@ -113,7 +116,7 @@ def remote(tmp_path: Path, protocol: str, n: int = 4, tamper=None) -> Run:
     endpoints = {c.id: ClientEndpoint(c, registry, load_protocol(protocol), program)
                  for c in members}
     loop = Loopback(endpoints, tamper)
-    log = MessageLog(tmp_path / "messages.jsonl")
+    log = MessageLog(tmp_path / "messages.jsonl", keep_payloads)
     transport = RemoteTransport(registry, tuple(ids(n)), log, loop, timeout=1.0)
     channel = ProtectedChannel(load_protocol(protocol), transport, server,
                                [ClientInfo(cid, 1) for cid in ids(n)], remote=True)
@@ -465,3 +468,50 @@ def test_a_well_signed_event_of_a_shape_no_client_raises_is_refused(tmp_path, mo
     assert_refused(run, f"carries an event whose {field!r}")
     assert not [e for e in run.events if e["sender"] == ADVERSARY]
     assert_exact_without_adversary(run, tmp_path)
+
+
+def garbage_signature(field: str):
+    """client-2 confirms what it saw with valid MACs for its peers but replaces its signature
+    of the same statement (``field`` of its reply's payload, 64 bytes) with 64 zero bytes,
+    signing the reply itself as usual."""
+
+    def change(request, frame, endpoints):
+        sent = decode_reply(frame, ADVERSARY)
+        fields = deserialize_payload(sent.envelope.data)
+        fields[field] = np.zeros(64, dtype=np.uint8)
+        e, party = sent.envelope, endpoints[ADVERSARY].client
+        envelope = party.envelope(e.round, e.phase, e.kind, e.recipient,
+                                  serialize_payload(fields), e.stages, e.origin)
+        return encode_reply(Reply(envelope, sent.events))
+
+    return change
+
+
+@pytest.mark.parametrize("protocol,action,field", [("secagg", "secagg.sign", "sig"),
+                                                   ("secagg-once", "secagg.epoch.mask",
+                                                    "view_sig")])
+def test_a_survivor_whose_signature_does_not_verify_is_refused_by_the_clients(
+        tmp_path, monkeypatch, protocol, action, field):
+    """Adversary: a malicious client (client-2) sends its peers valid MACs of its view but a
+    signature of it that does not verify, which the server relays in each unmask request
+    (the server cannot check MACs keyed by the clients' channel keys). Unchecked (clients
+    that answer on the MACs alone), every honest client answers, and the honest server's
+    log then fails the audit, which blames client-1 for answering without client-2's valid
+    signature. Checked, each honest client refuses the request naming client-2, the round
+    aborts cleanly (as when a survivor does not confirm), and the log passes the audit with
+    its payloads read."""
+    tamper = at(action, garbage_signature(field))
+    with monkeypatch.context() as patch:
+        patch.setattr(secagg_module._ClientSession, "_signature_problem",
+                      lambda *args: "")
+        unchecked = remote(tmp_path / "unchecked", protocol, tamper=tamper, keep_payloads=True)
+    assert unchecked.result.included == ids(4)
+    report = unchecked.audit()
+    assert not report.ok and "without client-2's valid signature" in report.summary()
+
+    run = remote(tmp_path, protocol, tamper=tamper, keep_payloads=True)
+    assert run.result.payload is None and run.result.included == []
+    refusals = [e for e in run.events if e["event"] == "rejected" and e["sender"] != SERVER]
+    assert refusals and all("client-2's signature" in e["detail"] for e in refusals), run.events
+    report = run.audit()
+    assert report.ok, report.summary()

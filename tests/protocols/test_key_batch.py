@@ -211,22 +211,39 @@ def test_a_survivor_confirmation_cannot_be_made_up_from_other_macs(tmp_path, mon
     assert np.abs(result.payload[KIND] - plain_mean(updates, weights, ids)).max() <= tol
 
 
-def test_the_audit_names_an_answer_given_without_the_survivors_signatures(tmp_path,
-                                                                          monkeypatch):
+def test_an_unmask_request_relaying_garbage_signatures_is_refused(tmp_path, monkeypatch):
     """Adversary: a server that relays the survivors' MACs (which the clients check) but
-    garbage in place of their signatures (which only the audit can check). The clients
-    answer; the audit re-checks every answered request against the signatures the log shows
-    and names it."""
+    garbage in place of their signatures (what the log keeps for the audit). Each client
+    refuses the request, naming a survivor whose signature does not verify, and the round
+    aborts with nothing revealed. With that check removed (clients that trust the MACs
+    alone) they answer, and the audit, which re-checks every answered request against the
+    signatures the log shows, names it."""
     real = secagg.SecAggStage._request
     monkeypatch.setattr(secagg.SecAggStage, "_request", lambda self, r, v, u3, gone, c: real(
         self, r, v, u3, gone, {u: (bytes(64), macs) for u, (_, macs) in c.items()}))
-    clients = make_clients(4)
-    channel, log = make_channel(tmp_path, clients, write_spec(tmp_path), keep_payloads=True)
-    ids = [c.id for c in clients]
-    assert run_round(channel, uniform_updates(4, 5), {c: 1.0 for c in ids}).included == ids
-    channel.close()
-    report = verify_run(tmp_path)
-    assert not report.ok and "valid signature" in report.summary(), report.summary()
+    for checked in (False, True):
+        folder = tmp_path / str(checked)
+        folder.mkdir()
+        clients = make_clients(4)
+        channel, log = make_channel(folder, clients, write_spec(folder), keep_payloads=True)
+        ids = [c.id for c in clients]
+        with monkeypatch.context() as patch:
+            if not checked:
+                patch.setattr(secagg._ClientSession, "_signature_problem", lambda *args: "")
+            result = run_round(channel, uniform_updates(4, 5), {c: 1.0 for c in ids})
+        channel.close()
+        report = verify_run(folder)
+        if checked:
+            assert result.payload is None and result.included == []
+            refusals = [e for e in log.events if e["event"] == "rejected"
+                        and e["sender"] != "server"]
+            assert {e["sender"] for e in refusals} == set(ids)
+            assert all("signature of the view it confirmed does not verify" in e["detail"]
+                       for e in refusals)
+            assert report.ok, report.summary()
+        else:
+            assert result.included == ids
+            assert not report.ok and "valid signature" in report.summary(), report.summary()
 
 
 def test_under_setup_once_a_reflected_view_mac_is_refused(tmp_path, monkeypatch):

@@ -341,19 +341,34 @@ def test_clients_restored_from_their_saved_state_go_on_with_the_same_set_up(tmp_
     assert any("already masked in round 2" in d for d in _refusals(log, "client-1"))
 
 
-def test_the_audit_names_an_answer_given_without_the_survivors_signatures(tmp_path,
-                                                                          monkeypatch):
+def test_an_unmask_request_relaying_garbage_view_signatures_is_refused(tmp_path,
+                                                                        monkeypatch):
     """Adversary: a server that relays the survivors' view MACs (which the holders check)
-    but garbage in place of their view signatures (which only the audit can check). The
-    holders answer; the audit re-checks every answered request against what the log shows the
-    client saw, and names it."""
+    but garbage in place of their view signatures (what the log keeps for the audit). Every
+    holder refuses, naming a survivor whose signature does not verify, and the round aborts
+    with nothing revealed. With that check removed (holders that trust the MACs alone) they
+    answer, and the audit, which re-checks every answered request against what the log shows
+    the client saw, names it."""
     import secureffm.protocols.secagg_epoch as epoch
     real = epoch._request
     monkeypatch.setattr(epoch, "_request", lambda stage, r, v, u3, gone, views: real(
         stage, r, v, u3, gone, {u: (bytes(64), macs) for u, (_, macs) in views.items()}))
-    channel, log, ids = _epoch_federation(tmp_path)
-    assert run_rounds(channel, [uniform_updates(5, 4)], {c: 1.0 for c in ids})[0].included
-    channel.close()
-    report = verify_run(tmp_path)
-    assert not report.ok and "without" in report.summary() and "valid signature" in (
-        report.summary()), report.summary()
+    for checked in (False, True):
+        folder = tmp_path / str(checked)
+        folder.mkdir()
+        channel, log, ids = _epoch_federation(folder)
+        with monkeypatch.context() as patch:
+            if not checked:
+                patch.setattr(secagg._ClientSession, "_signature_problem", lambda *args: "")
+            result = run_rounds(channel, [uniform_updates(5, 4)], {c: 1.0 for c in ids})[0]
+        channel.close()
+        report = verify_run(folder)
+        if checked:
+            assert result.payload is None and result.included == []
+            assert all(any("signature of the view it confirmed does not verify" in why
+                           for why in _refusals(log, c)) for c in ids)
+            assert report.ok, report.summary()
+        else:
+            assert result.included == ids
+            assert not report.ok and "without" in report.summary() and "valid signature" in (
+                report.summary()), report.summary()
