@@ -231,20 +231,27 @@ def main() -> None:
     parser.add_argument("--speed", action="store_true",
                         help="the S x K grid with critical-path times instead (--sizes: N of "
                              "every set)")
+    parser.add_argument("--dims", type=int, nargs="+",
+                        help="with --speed: only the sets of these dimensions")
     args = parser.parse_args()
     torch.set_num_threads(1)
     if args.speed:
         sets = QUICK_SPEED_SETS if args.quick else SPEED_SETS
         if args.sizes:
             sets = tuple((name, dim, args.sizes[0]) for name, dim, _ in sets)
+        if args.dims:
+            sets = tuple(item for item in sets if item[1] in args.dims)
         text = speed_tables(speed(sets))
         print(text)
         if args.out:
             flags = " --quick" if args.quick else ""
             flags += f" --sizes {args.sizes[0]}" if args.sizes else ""
+            flags += f" --dims {' '.join(map(str, args.dims))}" if args.dims else ""
             note = (f"Measured by `benchmarks/fedwad.py --speed{flags}`, one process, one "
                     "thread, CPU seconds.\n\n")
-            write_block(args.out, "fedwad_speed", note + text, title="# Benchmarks")
+            # the default grid, and each other size in a block of its own
+            block = "fedwad_speed" + (f"_n{args.sizes[0]}" if args.sizes else "")
+            write_block(args.out, block, note + text, title="# Benchmarks")
         return
     sizes = tuple(args.sizes) if args.sizes else QUICK_SIZES if args.quick else SIZES
     results = run(sizes, args.repeats, args.exact_max)

@@ -303,14 +303,15 @@ def test_fedwad_benchmark(run_script, tmp_path):
 
 def test_fedwad_speed_grid(run_script, tmp_path):
     out = tmp_path / "benchmarks.md"
-    result = run_script("benchmarks/fedwad.py", "--speed", "--sizes", "110", "--out",
-                        str(out)).check()
-    for header in ("**two Gaussians, d = 2", "**Gaussian vs mixture, d = 2",
-                   "**two Gaussians, d = 50"):
+    result = run_script("benchmarks/fedwad.py", "--speed", "--sizes", "110", "--dims", "2",
+                        "--out", str(out)).check()
+    for header in ("**two Gaussians, d = 2, N = 110", "**Gaussian vs mixture, d = 2, N = 110"):
         assert header in result.stdout
+    assert "d = 50" not in result.stdout
     rows = _rows(result.stdout, "0.05-0.95") + _rows(result.stdout, "0.3-0.7")
-    assert len(rows) == 6 and all(len(r) == 7 and r[1] == "100" for r in rows)
-    assert "| t range | S | K = 1 |" in _block(out, "fedwad_speed")
+    assert len(rows) == 4 and all(len(r) == 7 and r[1] == "100" for r in rows)
+    block = _block(out, "fedwad_speed_n110")  # a size of its own keeps the default grid's block
+    assert "| t range | S | K = 1 |" in block and "--sizes 110 --dims 2" in block
 
 
 def test_main_job_benchmark(run_script, tmp_path):
