@@ -35,6 +35,23 @@ class Calls(Protocol):
     def call(self, requests: dict[str, bytes], timeout: float) -> dict[str, bytes | None]: ...
 
 
+def unexpected(sent: Envelope, request: Request) -> str:
+    """Why ``sent`` is not the reply ``request`` asks for ("" when it is): another round, kind,
+    phase or recipient, or a signed header an honest reply never carries (stages other than
+    the request's, or an ``origin``: a client relays no one's payload)."""
+    if (sent.round, sent.kind, sent.phase, sent.recipient) != (
+            request.round, request.kind, request.reply_phase, SERVER):
+        return (f"it answers with a {sent.kind} message of round {sent.round}, phase "
+                f"{sent.phase} to {sent.recipient}, not {request.kind} of round {request.round}, "
+                f"phase {request.reply_phase} to the server")
+    if sent.stages != request.stages:
+        return (f"its message names stages {list(sent.stages)}, not the request's "
+                f"{list(request.stages)}")
+    if sent.origin:
+        return f"its message names origin {sent.origin!r}, but a client relays no payload"
+    return ""
+
+
 @dataclass
 class RemoteTransport(LoggedEvents):
     """``registry``: the pinned public keys (parties.json); ``clients``: ids in federation
@@ -98,13 +115,9 @@ class RemoteTransport(LoggedEvents):
         """The server's receipt of ``cid``'s reply frame to ``request``."""
         try:
             reply = decode_reply(frame, cid)
-            sent = reply.envelope
-            if sent is not None and (sent.round, sent.kind, sent.phase, sent.recipient) != (
-                    request.round, request.kind, request.reply_phase, SERVER):
-                raise MessageError(f"it answers with a {sent.kind} message of round "
-                                   f"{sent.round}, phase {sent.phase} to {sent.recipient}, not "
-                                   f"{request.kind} of round {request.round}, phase "
-                                   f"{request.reply_phase} to the server")
+            problem = "" if reply.envelope is None else unexpected(reply.envelope, request)
+            if problem:
+                raise MessageError(problem)
             for event in reply.events:
                 problem = client_event_problem(event, request.round, self.registry.sign)
                 if problem is not None:

@@ -589,3 +589,59 @@ def test_a_malicious_client_s_signed_replies_never_crash_the_server_or_its_audit
         assert isinstance(run.result, Aggregate)
         report = run.audit()
         assert report.ok, report.summary()
+
+
+def restage(**header):
+    """client-2 answers with its genuine payload under its own signature, but with another
+    ``stages`` or ``origin`` in the signed header than an honest reply carries."""
+
+    def change(request, frame, endpoints):
+        sent = decode_reply(frame, ADVERSARY)
+        e, party = sent.envelope, endpoints[ADVERSARY].client
+        fields = {"stages": e.stages, "origin": e.origin, **header}
+        envelope = party.envelope(e.round, e.phase, e.kind, e.recipient, e.data,
+                                  fields["stages"], fields["origin"])
+        return encode_reply(Reply(envelope, sent.events))
+
+    return change
+
+
+@pytest.mark.parametrize("header,audit", [
+    ({"origin": "nobody"}, "origin 'nobody' is not in parties.json"),
+    ({"origin": "client-1"}, ""),       # client-2's input filed as written by client-1
+    ({"stages": ("dp",)}, ""),          # a dp stage the protocol never applied
+    ({"stages": ()}, ""),               # the secagg stage left out
+])
+def test_a_reply_with_another_origin_or_stages_is_refused_before_it_is_logged(
+        tmp_path, monkeypatch, header, audit):
+    """Adversary: client-2 signs its masked input with an ``origin`` (the author of a
+    payload the server relays; a client relays nothing) or ``stages`` (the protection stages
+    the request applies) an honest reply never carries. Unchecked (the server compares round,
+    kind, phase and recipient only), the honest server logs the record as signed, with an
+    unregistered origin that makes its log fail the audit, or filed as another client's or
+    under stages it never went through. Checked, the reply is refused by name before it is
+    logged, the round is exact over the others and the log passes the audit."""
+    tamper = at("secagg.mask", restage(**header))
+    real = remote_module.unexpected
+
+    def unchecked(sent, request):  # round, kind, phase and recipient only
+        return real(dataclasses.replace(sent, stages=request.stages, origin=""), request)
+
+    def logged(run: Run) -> list[dict]:
+        lines = (run.folder / "messages.jsonl").read_text().splitlines()
+        return [r for r in map(json.loads, lines) if r["sender"] == ADVERSARY
+                and r["phase"] == "masked_input" and r["kind"] == KIND]
+
+    with monkeypatch.context() as patch:
+        patch.setattr(remote_module, "unexpected", unchecked)
+        unchecked_run = remote(tmp_path / "unchecked", "secagg", tamper=tamper)
+    (record,) = logged(unchecked_run)
+    assert all(record.get(name, "") == (list(value) if name == "stages" else value)
+               for name, value in header.items())
+    report = unchecked_run.audit()
+    assert report.ok if not audit else (not report.ok and audit in report.summary())
+
+    run = remote(tmp_path, "secagg", tamper=tamper)
+    assert not logged(run)
+    assert_refused(run, "stages" if "stages" in header else "origin")
+    assert_exact_without_adversary(run, tmp_path)
