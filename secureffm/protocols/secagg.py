@@ -60,7 +60,6 @@ The round then is exact over the survivors or aborts with a reason (``Aggregate.
 from __future__ import annotations
 
 import hashlib
-import hmac
 import json
 import math
 import random
@@ -127,10 +126,9 @@ _KEYS = {"stage", "protects", "threshold", "neighbours", "clip", "levels", "bits
          "setup", "key_batch"}
 _SURVIVOR_STATEMENT, _VIEW_STATEMENT = b"secureffm/secagg/survivors/v1", b"secureffm/secagg/view/v1"
 _MASK, _CHANNEL = b"mask-seed", b"share-channel"
-_MAC_KEY = b"secureffm/secagg/consistency-mac/v1"
-# A client's confirmation of what it saw (malicious variant): its signature (for the log and
-# the audit) and its MAC of the same statement for each neighbour, by neighbour id.
-Confirmation = tuple[bytes, dict[str, bytes]]
+# A client's confirmation of what it saw (malicious variant): its Ed25519 signature of the
+# statement, which its peers check before they answer and the audit checks again.
+Confirmation = bytes
 _ADVERTISED = ("b_commit", "c_pk", "s_pk")  # 32 bytes each
 # Under setup = "once" a client advertises no self-mask commitment: it draws a fresh seed per
 # round and commits to it with its masked input (secagg_epoch.py).
@@ -192,14 +190,6 @@ def view_statement(round_: int, kind: str, parameters: bytes, graph: bytes,
     :func:`survivor_statement`, without a survivor set."""
     seen = hashlib.sha256(parameters + graph + broadcasts).digest()
     return _VIEW_STATEMENT + json.dumps([round_, kind]).encode() + seen
-
-
-def consistency_mac(channel: bytes, author: str, recipient: str, statement: bytes) -> bytes:
-    """The 32-byte HMAC-SHA256 by which ``author`` confirms its consistency ``statement`` to
-    ``recipient``, keyed (under a label of its own) by their channel key, which the server
-    cannot know: both ends derived it from keys their identities signed."""
-    key = hmac.digest(channel, _MAC_KEY, "sha256")
-    return hmac.digest(key, json.dumps([author, recipient]).encode() + statement, "sha256")
 
 
 def _matches(which: str, value: int, advertised: dict[str, bytes]) -> bool:
@@ -271,7 +261,7 @@ def _id_list(value) -> bool:
 def _parse_request(data: bytes, tables: tuple[str, ...]
                    ) -> tuple[set[str], set[str], dict[str, dict[str, bytes]]]:
     """(survivors, dropped, name -> survivor -> bytes for each of the hex ``tables`` the
-    variant relays: ``signatures``, ``macs``) of an unmask request."""
+    variant relays: ``signatures``) of an unmask request."""
     request = _payload_json(data, SERVER)
     keys = sorted(["dropped", "survivors", *tables])
     if (not isinstance(request, dict) or sorted(request) != keys
@@ -527,9 +517,8 @@ class _ClientSession:
 
     def sign_survivors(self, data: bytes) -> bytes:
         """Consistency round, once: the reply to the server's survivor set, its statement
-        (:meth:`_statement`) signed with this client's identity (``sig``, for the log and the
-        audit) and MACed for each neighbour v under their channel key (``mac:v``, what v
-        checks before it answers an unmask request)."""
+        (:meth:`_statement`) signed with this client's identity (``sig``: what each peer checks
+        before it answers an unmask request, and the audit after)."""
         survivors = _parse_survivors(data)
         if self.signed is not None:
             raise MessageError("asked to sign a second survivor set in this aggregation")
@@ -537,10 +526,7 @@ class _ClientSession:
             raise MessageError("the announced survivor set leaves out this client, which sent "
                                "its masked input")
         self.signed = tuple(sorted(survivors))
-        statement = self._statement(survivors)
-        return _bytes_payload({"sig": self.party.sign(statement)} | {
-            f"mac:{v}": consistency_mac(peer.channel, self.id, v, statement)
-            for v, peer in self.peers.items()})
+        return _bytes_payload({"sig": self.party.sign(self._statement(survivors))})
 
     def answer(self, data: bytes) -> bytes:
         """The unmask reply, at most once per aggregation; raises MessageError (a refusal,
@@ -563,14 +549,14 @@ class _ClientSession:
         :meth:`answer`), now marked answered; raises MessageError for one it may not."""
         once = self.stage.setup == "once"
         survivors, gone, read = _parse_request(
-            data, ("macs", "signatures") if self.malicious else ())
+            data, ("signatures",) if self.malicious else ())
         group = set(self.masks_with) | {self.id}  # whom it masked with, and itself
         needed = self.stage.shares_needed(len(self.peers) + 1)
         problem = ("it already answered an unmask request in this aggregation" if self.answered
                    else self._request_problem(survivors, gone, group, needed))
         if not problem and self.malicious:
-            problem = (self._view_problem(survivors, read) if once
-                       else self._consistency_problem(survivors, group, read))
+            problem = (self._view_problem(survivors, read["signatures"]) if once
+                       else self._consistency_problem(survivors, group, read["signatures"]))
         if problem:
             raise MessageError(problem)
         self.answered = True
@@ -598,58 +584,44 @@ class _ClientSession:
         return view_statement(self.aggregation, self.kind, self.stage.parameters(), self.graph,
                               broadcast_digest(self.party, self.aggregation))
 
-    def view_confirmation(self, peers: list[str]) -> tuple[bytes, bytes]:
-        """Under setup = "once" (malicious variant): this client's signature of its view (for
-        the log and the audit) and its MACs of it for ``peers``, in that order, concatenated
-        (what each of them checks: :func:`consistency_mac`)."""
-        view = self._view()
-        return self.party.sign(view), b"".join(
-            consistency_mac(self.peers[v].channel, self.id, v, view) for v in peers)
+    def view_signature(self) -> bytes:
+        """Under setup = "once" (malicious variant): this client's signature of its view, sent
+        with its masked input (what each holder checks before it answers, and the audit
+        after)."""
+        return self.party.sign(self._view())
 
-    def _view_problem(self, survivors: set[str], read: dict[str, dict[str, bytes]]) -> str:
-        view = self._view()
-        for w in sorted(survivors - {self.id}):
-            if not hmac.compare_digest(read["macs"].get(w, b""), consistency_mac(
-                    self.peers[w].channel, w, self.id, view)):
-                return (f"{w} did not confirm the parameters, graph and broadcasts this client "
-                        "saw this round (another broadcast, or not its MAC)")
-        return self._signature_problem(survivors, read["signatures"], view)
+    def _view_problem(self, survivors: set[str], signatures: dict[str, bytes]) -> str:
+        return self._signature_problem(
+            survivors, signatures, self._view(),
+            "the parameters, graph and broadcasts this client saw this round (another "
+            "broadcast, or not its signature)")
 
     def _consistency_problem(self, survivors: set[str], group: set[str],
-                             read: dict[str, dict[str, bytes]]) -> str:
+                             signatures: dict[str, bytes]) -> str:
         """Why the request's survivors may not be answered: not the set this client signed, or
-        a survivor's MAC of its view (the statement it signed) is missing or not the one this
-        client's view gives (:func:`consistency_mac`), or its relayed signature of that
-        statement does not verify (:meth:`_signature_problem`)."""
-        macs = read["macs"]
+        a survivor's relayed signature of the statement this client signed is missing or does
+        not verify (:meth:`_signature_problem`)."""
         if self.signed is None:
             return "it signed no survivor set in this aggregation"
         if survivors != set(self.signed) & group:
             return (f"the request's survivors {sorted(survivors)} are not those of the set it "
                     f"signed ({sorted(set(self.signed) & group)} among the clients it masked "
                     "with and itself)")
-        statement = self._statement(list(self.signed))
-        for w in sorted(survivors - {self.id}):  # its own it made itself
-            if not hmac.compare_digest(macs.get(w, b""), consistency_mac(
-                    self.peers[w].channel, w, self.id, statement)):
-                return (f"{w} did not confirm the survivor set, parameters, graph and broadcasts "
-                        "this client saw (a split view, another broadcast, or it left)")
-        return self._signature_problem(survivors, read["signatures"], statement)
+        return self._signature_problem(
+            survivors, signatures, self._statement(list(self.signed)),
+            "the survivor set, parameters, graph and broadcasts this client saw (a split view, "
+            "another broadcast, or it left)")
 
     def _signature_problem(self, survivors: set[str], signatures: dict[str, bytes],
-                           statement: bytes) -> str:
-        """Why the request may not be answered although every MAC checked: a survivor's
-        relayed signature of ``statement`` (this client's view) does not verify with its
-        pinned key. The MACs convince this client; the signatures are what the log keeps, and
-        the audit holds a client that answered to having had a valid one from every survivor
-        the request names, itself included (a survivor with valid MACs and a bad signature
-        would otherwise make an honest server's log fail its audit, blaming this client)."""
+                           statement: bytes, what: str) -> str:
+        """Which survivor, if any, did not confirm ``statement`` (this client's view, ``what``
+        in words): its relayed signature of it is missing or does not verify with its pinned
+        key. Every survivor the request names, this client included (the server relays its
+        own back): the audit holds a client that answered to exactly this."""
         for w in sorted(survivors):
             if not verify_signature(self.registry.sign.get(w, b""), signatures.get(w, b""),
                                     statement):
-                return (f"{w}'s signature of the view it confirmed does not verify with its "
-                        "pinned key (a survivor that signed something else, or a relay that "
-                        "left it out)")
+                return f"{w} did not confirm {what}"
         return ""
 
 
@@ -977,9 +949,8 @@ class SecAggStage:
 
     def _consistency(self, r: _Round, u3: list[str]) -> dict[str, Confirmation]:
         """Phases consistency and consistency_sign (malicious-server variant): each survivor
-        signs the survivor set U3 with what it saw, and MACs that statement for each
-        neighbour. Returns survivor -> (signature, neighbour -> MAC), relayed unverified: each
-        client checks the MACs addressed to it against its own view."""
+        signs the survivor set U3 with what it saw. Returns survivor -> signature, relayed
+        unverified: each client checks them against its own view."""
         announcement = _json_payload({"survivors": u3})
         replies = r.link.exchange("consistency", "consistency_sign", "secagg.sign",
                                   {v: Call(announcement) for v in u3})
@@ -987,35 +958,27 @@ class SecAggStage:
         for v in u3:
             if v not in replies or replies[v].data is None:
                 continue
-            expected = sorted(["sig", *(f"mac:{w}" for w in r.graph[v])])
             try:
                 fields = _payload_bytes(replies[v].data, v)
-                if sorted(fields) != expected or any(
-                        len(value) != (64 if name == "sig" else 32)
-                        for name, value in fields.items()):
-                    raise MessageError(f"{v}'s consistency reply is not a 64-byte sig and a "
-                                       "32-byte MAC for each of its neighbours")
+                if sorted(fields) != ["sig"] or len(fields["sig"]) != 64:
+                    raise MessageError(f"{v}'s consistency reply is not a 64-byte sig")
             except MessageError as err:
                 r.reject("consistency_sign", v, str(err))
                 continue
-            confirmations[v] = (fields["sig"], {name.removeprefix("mac:"): value
-                                                for name, value in fields.items()
-                                                if name != "sig"})
+            confirmations[v] = fields["sig"]
         return confirmations
 
     def _request(self, r: _Round, v: str, u3: list[str], gone: list[str],
                  confirmations: dict[str, Confirmation]) -> bytes:
         """Phase 6's message to v, among the clients v masked with and v itself: the
         survivors, the dropped, and (malicious-server variant) each survivor's consistency
-        signature (for the audit) and its MAC for v (what v checks)."""
+        signature (what v checks, and the audit after)."""
         group = r.routed[v] | {v}
         survivors = [u for u in u3 if u in group]
         request = {"survivors": survivors, "dropped": [u for u in gone if u in r.routed[v]]}
         if self.adversary == "malicious":
             confirmed = [u for u in survivors if u in confirmations]
-            request["signatures"] = {u: confirmations[u][0].hex() for u in confirmed}
-            request["macs"] = {u: confirmations[u][1][v].hex() for u in confirmed
-                               if v in confirmations[u][1]}
+            request["signatures"] = {u: confirmations[u].hex() for u in confirmed}
         return _json_payload(request)
 
     def _unmask(self, r: _Round, u3: list[str], gone: list[str],

@@ -26,17 +26,17 @@ Each round r, among the members of the set-up:
    the peers it masked with, and t-of-|S(u)| Shamir shares of b_u^r, each AES-GCM-sealed for
    its holder under their channel key, bound to (r, kind, u, holder); under the malicious
    variant also its signature of what it saw this round (:func:`~secureffm.protocols.secagg.
-   view_statement`: the parameters, the set-up's graph, the broadcasts it took), for the log
-   and the audit, and its MAC of that view for each peer under their channel key
-   (:func:`~secureffm.protocols.secagg.consistency_mac`), what the holders check.
+   view_statement`: the parameters, the set-up's graph, the broadcasts it took), what the
+   holders check and the audit after.
 4. ``unmask_request`` -> ``unmask``: the server asks enough survivors (every survivor that
    masked with a client that dropped, then holders until each survivor's seed has t) and
    routes each the sealed shares of the survivors among its peers, in the order it lists
-   them (and, malicious variant, their view signatures and their MACs for it). A holder
+   them (and, malicious variant, their view signatures). A holder
    answers once per round, under secagg.py's rules (it refuses a request naming itself
    dropped, a peer both alive and dropped, anyone it did not mask with, fewer survivors than
-   t), and, malicious variant, refuses unless every survivor it is told of confirmed, by a
-   valid MAC for it, the view it saw itself. It reveals, for
+   t), and, malicious variant, refuses unless every survivor it is told of, itself included,
+   signed the view it saw itself (a valid signature with the signer's pinned key). It
+   reveals, for
    each survivor, its share of b_u^r, and for each dropped peer u, k_uv^r: that round's
    pairwise seed only, never a long-term secret.
 
@@ -159,7 +159,7 @@ class _RoundState:
     peers: dict[str, list[str]] = field(default_factory=dict)  # whom each asked member masks with
     masked: dict[str, np.ndarray] = field(default_factory=dict)
     commits: dict[str, bytes] = field(default_factory=dict)
-    # malicious variant: each member's view signature and its MACs of the view by peer
+    # malicious variant: each member's signature of its view
     views: dict[str, Confirmation] = field(default_factory=dict)
     sealed: dict[str, dict[str, bytes]] = field(default_factory=dict)  # author -> holder -> share
 
@@ -293,12 +293,11 @@ def _parse_masked(data: bytes, v: str, size: int, wire: np.dtype, peers: list[st
     """v's masked input: ``y`` (shape ``[size]``, words ``wire``), ``b_commit`` (32 bytes),
     ``peers`` (the JSON list of whom it masked with: exactly the ``peers`` it was asked, in
     that order), ``shares`` (its sealed seed shares for them, in that order, concatenated)
-    and, when ``signed`` (malicious variant), ``view_sig`` (64 bytes, for the audit) and
-    ``view_macs`` (32 bytes per peer, in that order: each holder checks its own against its
-    view). Returns y, the commitment, holder -> sealed share, and (view signature, peer ->
-    MAC) or None."""
+    and, when ``signed`` (malicious variant), ``view_sig`` (64 bytes: what each holder checks
+    against its own view, and the audit after). Returns y, the commitment, holder -> sealed
+    share, and the view signature or None."""
     got = deserialize_payload(data, v)
-    names = ["b_commit", "peers", "shares", *(["view_macs", "view_sig"] if signed else [])]
+    names = ["b_commit", "peers", "shares", *(["view_sig"] if signed else [])]
     if sorted(got) != sorted([*names, "y"]) or any(
             got[name].dtype != np.uint8 or got[name].ndim != 1 for name in names):
         raise MessageError(f"{v}'s masked input has fields {sorted(got)}, expected y and the "
@@ -318,15 +317,8 @@ def _parse_masked(data: bytes, v: str, size: int, wire: np.dtype, peers: list[st
                    "shares": _shaped(len(peers) * _SEALED_SHARE, np.uint8)})
     blob = got["shares"].tobytes()
     sealed = {w: blob[i * _SEALED_SHARE:(i + 1) * _SEALED_SHARE] for i, w in enumerate(peers)}
-    if not signed:
-        return got["y"], got["b_commit"].tobytes(), sealed, None
-    if got["view_macs"].size != 32 * len(peers):
-        raise MessageError(f"{v}'s view_macs is {got['view_macs'].size} bytes, expected 32 for "
-                           f"each of its {len(peers)} peers")
-    macs = got["view_macs"].tobytes()
     return (got["y"], got["b_commit"].tobytes(), sealed,
-            (got["view_sig"].tobytes(),
-             {w: macs[32 * i:32 * i + 32] for i, w in enumerate(peers)}))
+            got["view_sig"].tobytes() if signed else None)
 
 
 def _unmask_holders(stage: SecAggStage, r: _RoundState, u3: list[str], gone: list[str],
@@ -351,16 +343,14 @@ def _unmask_holders(stage: SecAggStage, r: _RoundState, u3: list[str], gone: lis
 def _request(stage: SecAggStage, r: _RoundState, v: str, u3: list[str], gone: list[str],
              views: dict[str, Confirmation]) -> bytes:
     """The unmask request to v: ``json``, among the clients v masked with and v itself, the
-    survivors, the dropped and (malicious variant) the survivors' view signatures (for the
-    audit) and their MACs for v (what v checks); ``shares``, the sealed seed shares for v of
+    survivors, the dropped and (malicious variant) the survivors' view signatures (what v
+    checks, and the audit after); ``shares``, the sealed seed shares for v of
     the other survivors, in the order the survivors are listed."""
     group = set(r.peers[v]) | {v}
     survivors = [u for u in u3 if u in group]
     request = {"survivors": survivors, "dropped": [u for u in gone if u in group]}
     if stage.adversary == "malicious":
-        request["signatures"] = {u: views[u][0].hex() for u in survivors if u in views}
-        request["macs"] = {u: views[u][1][v].hex() for u in survivors
-                           if u in views and v in views[u][1]}
+        request["signatures"] = {u: views[u].hex() for u in survivors if u in views}
     return _bytes_payload({"json": json.dumps(request, sort_keys=True).encode(),
                            "shares": b"".join(r.sealed[u][v] for u in survivors if u != v)})
 
@@ -555,9 +545,7 @@ def _client_mask(step: Step) -> bytes | None:
               "peers": np.frombuffer(json.dumps(peers).encode(), np.uint8),
               "shares": np.frombuffer(sealed, dtype=np.uint8)}
     if session.malicious:
-        signature, macs = session.view_confirmation(peers)
-        fields["view_sig"] = np.frombuffer(signature, dtype=np.uint8)
-        fields["view_macs"] = np.frombuffer(macs, dtype=np.uint8)
+        fields["view_sig"] = np.frombuffer(session.view_signature(), dtype=np.uint8)
     return serialize_payload(fields)
 
 

@@ -1,6 +1,6 @@
-"""Signed key batches (secureffm/protocols/key_batch.py) and the consistency MACs of the
-malicious-server variant of secure aggregation: what one signature per batch must still stop,
-and what it saves."""
+"""Signed key batches (secureffm/protocols/key_batch.py) and the consistency signatures of
+the malicious-server variant of secure aggregation: what one signature per batch must still
+stop, and what it saves."""
 
 from __future__ import annotations
 
@@ -179,22 +179,19 @@ def _refusals(directory, client: str) -> list[str]:
 
 
 @pytest.mark.parametrize("forgery", ["reflected", "colluder"])
-def test_a_survivor_confirmation_cannot_be_made_up_from_other_macs(tmp_path, monkeypatch,
-                                                                   forgery):
+def test_a_survivor_confirmation_cannot_be_made_up_from_other_signatures(tmp_path,
+                                                                         monkeypatch, forgery):
     """Adversary: a server that wants client-1 to answer an unmask request without client-2's
     confirmation of client-1's view (it told client-2 another survivor set, say). It relays as
-    client-2's MAC for client-1 either the MAC client-1 itself made for client-2 (reflected)
-    or the one client-3, colluding, made for client-1. client-1 refuses, naming client-2; the
-    others answer and the round stays exact."""
+    client-2's signature either the one client-1 itself made of the same view (reflected) or
+    the one client-3, colluding, made. client-1 refuses, naming client-2; the others answer
+    and the round stays exact."""
     real = secagg.SecAggStage._request
 
     def tampered(self, r, v, u3, gone, confirmations):
         if v == "client-1":
-            made = (confirmations["client-1"][1]["client-2"] if forgery == "reflected"
-                    else confirmations["client-3"][1]["client-1"])
-            signature, macs = confirmations["client-2"]
-            confirmations = confirmations | {
-                "client-2": (signature, macs | {"client-1": made})}
+            made = confirmations["client-1" if forgery == "reflected" else "client-3"]
+            confirmations = confirmations | {"client-2": made}
         return real(self, r, v, u3, gone, confirmations)
 
     monkeypatch.setattr(secagg.SecAggStage, "_request", tampered)
@@ -212,15 +209,14 @@ def test_a_survivor_confirmation_cannot_be_made_up_from_other_macs(tmp_path, mon
 
 
 def test_an_unmask_request_relaying_garbage_signatures_is_refused(tmp_path, monkeypatch):
-    """Adversary: a server that relays the survivors' MACs (which the clients check) but
-    garbage in place of their signatures (what the log keeps for the audit). Each client
-    refuses the request, naming a survivor whose signature does not verify, and the round
-    aborts with nothing revealed. With that check removed (clients that trust the MACs
-    alone) they answer, and the audit, which re-checks every answered request against the
+    """Adversary: a server that relays garbage in place of the survivors' signatures. Each
+    client refuses the request, naming a survivor whose signature does not verify, and the
+    round aborts with nothing revealed. With that check removed (clients that check nothing)
+    they answer, and the audit, which re-checks every answered request against the
     signatures the log shows, names it."""
     real = secagg.SecAggStage._request
     monkeypatch.setattr(secagg.SecAggStage, "_request", lambda self, r, v, u3, gone, c: real(
-        self, r, v, u3, gone, {u: (bytes(64), macs) for u, (_, macs) in c.items()}))
+        self, r, v, u3, gone, {u: bytes(64) for u in c}))
     for checked in (False, True):
         folder = tmp_path / str(checked)
         folder.mkdir()
@@ -238,27 +234,24 @@ def test_an_unmask_request_relaying_garbage_signatures_is_refused(tmp_path, monk
             refusals = [e for e in log.events if e["event"] == "rejected"
                         and e["sender"] != "server"]
             assert {e["sender"] for e in refusals} == set(ids)
-            assert all("signature of the view it confirmed does not verify" in e["detail"]
-                       for e in refusals)
+            assert all("did not confirm the survivor set" in e["detail"] for e in refusals)
             assert report.ok, report.summary()
         else:
             assert result.included == ids
             assert not report.ok and "valid signature" in report.summary(), report.summary()
 
 
-def test_under_setup_once_a_reflected_view_mac_is_refused(tmp_path, monkeypatch):
-    """Adversary: a server that relays to client-1, as client-2's MAC of its view, the MAC
-    client-1 made of its own view for client-2 (setup = "once": the views travel with the
-    masked inputs). client-1 refuses, naming client-2; other holders answer in its place and
-    the round stays exact."""
+def test_under_setup_once_a_reflected_view_signature_is_refused(tmp_path, monkeypatch):
+    """Adversary: a server that relays to client-1, as client-2's signature of its view, the
+    signature client-1 made of its own view (setup = "once": the views travel with the masked
+    inputs). client-1 refuses, naming client-2; other holders answer in its place and the
+    round stays exact."""
     import secureffm.protocols.secagg_epoch as epoch
     real = epoch._request
 
     def tampered(stage, r, v, u3, gone, views):
         if v == "client-1":
-            signature, macs = views["client-2"]
-            views = views | {"client-2": (signature, macs | {
-                "client-1": views["client-1"][1]["client-2"]})}
+            views = views | {"client-2": views["client-1"]}
         return real(stage, r, v, u3, gone, views)
 
     monkeypatch.setattr(epoch, "_request", tampered)

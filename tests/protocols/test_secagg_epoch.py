@@ -343,16 +343,15 @@ def test_clients_restored_from_their_saved_state_go_on_with_the_same_set_up(tmp_
 
 def test_an_unmask_request_relaying_garbage_view_signatures_is_refused(tmp_path,
                                                                         monkeypatch):
-    """Adversary: a server that relays the survivors' view MACs (which the holders check)
-    but garbage in place of their view signatures (what the log keeps for the audit). Every
-    holder refuses, naming a survivor whose signature does not verify, and the round aborts
-    with nothing revealed. With that check removed (holders that trust the MACs alone) they
+    """Adversary: a server that relays garbage in place of the survivors' view signatures.
+    Every holder refuses, naming a survivor whose signature does not verify, and the round
+    aborts with nothing revealed. With that check removed (holders that check nothing) they
     answer, and the audit, which re-checks every answered request against what the log shows
     the client saw, names it."""
     import secureffm.protocols.secagg_epoch as epoch
     real = epoch._request
     monkeypatch.setattr(epoch, "_request", lambda stage, r, v, u3, gone, views: real(
-        stage, r, v, u3, gone, {u: (bytes(64), macs) for u, (_, macs) in views.items()}))
+        stage, r, v, u3, gone, {u: bytes(64) for u in views}))
     for checked in (False, True):
         folder = tmp_path / str(checked)
         folder.mkdir()
@@ -365,7 +364,7 @@ def test_an_unmask_request_relaying_garbage_view_signatures_is_refused(tmp_path,
         report = verify_run(folder)
         if checked:
             assert result.payload is None and result.included == []
-            assert all(any("signature of the view it confirmed does not verify" in why
+            assert all(any("did not confirm the parameters, graph and broadcasts" in why
                            for why in _refusals(log, c)) for c in ids)
             assert report.ok, report.summary()
         else:

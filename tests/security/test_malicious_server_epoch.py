@@ -142,8 +142,8 @@ def test_a_different_broadcast_to_one_client_is_refused_by_its_peers(tmp_path):
     """Adversary: model inconsistency (Pasquini et al., CCS 2022). The global model's gate
     is 0 for every client but the victim, to whom the server sends 1, so that the aggregate
     would be the victim's update alone. Each client signs the digest of the broadcasts it
-    took with its masked input and MACs it for each peer; the holders find the victim's MAC is
-    not of their view and refuse, and the round aborts with the sum masked."""
+    took with its masked input; the holders find the victim's signature is not of their view
+    and refuse, and the round aborts with the sum masked."""
     fed = epoch_federation(tmp_path)
     gate = {"gate": np.zeros(1, dtype=np.float32)}
     honest = serialize_payload(gate)
