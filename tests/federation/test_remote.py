@@ -34,7 +34,7 @@ from secureffm.federation import exchange as exchange_module
 from secureffm.federation import remote as remote_module
 from secureffm.federation.channel import Aggregate, Task
 from secureffm.federation.codec import decode_reply, decode_request, encode_reply
-from secureffm.federation.exchange import Reply
+from secureffm.federation.exchange import Incoming, Reply
 from secureffm.federation.faults import Fault, FaultPlan
 from secureffm.federation.log import MessageLog
 from secureffm.federation.message import SERVER, canonical, deserialize_payload, serialize_payload
@@ -49,6 +49,7 @@ KIND = "gradient"
 D = 6
 TEMPLATE = {KIND: ((D,), np.dtype(np.float32))}
 ADVERSARY = "client-2"
+VICTIM = "client-1"  # the honest client a malicious server's rewritten requests reach
 
 
 def ids(n: int) -> list[str]:
@@ -74,9 +75,12 @@ def clients(n: int) -> list[Client]:
 class Loopback:
     """The ``calls`` of a remote transport, answered by real endpoints through the codec."""
 
-    def __init__(self, endpoints: dict[str, ClientEndpoint], tamper=None):
+    def __init__(self, endpoints: dict[str, ClientEndpoint], tamper=None, server=None,
+                 tamper_request=None):
         self.endpoints = endpoints
         self.tamper = tamper
+        self.server = server  # the server's Party, for a malicious server's rewritten requests
+        self.tamper_request = tamper_request
         self.asked: list[tuple[str, str]] = []  # (client, action) in the order asked
 
     def call(self, requests: dict[str, bytes], timeout: float) -> dict[str, bytes | None]:
@@ -84,6 +88,8 @@ class Loopback:
         for cid, frame in requests.items():
             request, incoming, broadcasts = decode_request(frame)
             self.asked.append((cid, request.action))
+            if self.tamper_request is not None and cid == VICTIM and incoming is not None:
+                incoming = self.tamper_request(request, incoming, self.server)
             reply: bytes | None = encode_reply(self.endpoints[cid](request, incoming,
                                                                    broadcasts))
             if self.tamper is not None and cid == ADVERSARY:
@@ -105,9 +111,11 @@ class Run:
 
 
 def remote(tmp_path: Path, protocol: str, n: int = 4, tamper=None,
-           keep_payloads: bool = False) -> Run:
+           keep_payloads: bool = False, tamper_request=None) -> Run:
     """One aggregation with every client behind the loopback; the log closed (with
-    payloads.bin when ``keep_payloads``, so that the audit's rules read the payloads)."""
+    payloads.bin when ``keep_payloads``, so that the audit's rules read the payloads).
+    ``tamper``: rewrites the adversary's reply frames; ``tamper_request``: rewrites the
+    server's messages to the victim (a malicious server, with the server's key)."""
     values = updates(n)
     server, members = new_server(), clients(n)
     registry = Registry.of([server, *members])
@@ -118,7 +126,7 @@ def remote(tmp_path: Path, protocol: str, n: int = 4, tamper=None,
 
     endpoints = {c.id: ClientEndpoint(c, registry, load_protocol(protocol), program)
                  for c in members}
-    loop = Loopback(endpoints, tamper)
+    loop = Loopback(endpoints, tamper, server, tamper_request)
     log = MessageLog(tmp_path / "messages.jsonl", keep_payloads)
     transport = RemoteTransport(registry, tuple(ids(n)), log, loop, timeout=1.0)
     channel = ProtectedChannel(load_protocol(protocol), transport, server,
@@ -644,3 +652,35 @@ def test_a_reply_with_another_origin_or_stages_is_refused_before_it_is_logged(
     assert not logged(run)
     assert_refused(run, "stages" if "stages" in header else "origin")
     assert_exact_without_adversary(run, tmp_path)
+
+
+REQUEST_ACTIONS = {"secagg": ("secagg.deal", "secagg.mask", "secagg.sign", "secagg.answer"),
+                   "secagg-once": ("secagg.epoch.keys", "secagg.epoch.answer")}
+
+
+@pytest.mark.parametrize("protocol,action", [(protocol, action) for protocol, actions in
+                                             REQUEST_ACTIONS.items() for action in actions])
+@settings(max_examples=3, deadline=None, derandomize=True)
+@given(data=st.data())
+def test_a_malicious_server_s_mangled_requests_never_crash_an_honest_client(protocol, action,
+                                                                           data):
+    """Adversary: a malicious server that sends an honest client (client-1) the message of a
+    request (each secagg and secagg-once action that carries one) mangled as the replies are
+    in the test above, and signed with the server's own key, so that only the client's
+    parsing stands in its way. The client never raises: it answers or refuses by name (a
+    crash would take an honest Flower node down), and the aggregation returns. (A scratch run
+    of 36 such requests found none that crashed.)"""
+
+    def change(request, incoming, server):
+        if request.action != action:
+            return incoming
+        e = incoming.envelope
+        mangled = mutated(incoming.data, data.draw)
+        envelope = server.envelope(e.round, e.phase, e.kind, e.recipient, mangled, e.stages,
+                                   e.origin)
+        return Incoming(envelope, mangled, incoming.seq)
+
+    with tempfile.TemporaryDirectory() as folder:
+        run = remote(Path(folder), protocol, tamper_request=change)
+        assert isinstance(run.result, Aggregate)
+        assert (VICTIM, action) in run.loop.asked
