@@ -16,9 +16,11 @@ CLIENT_COLORS = ["tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple",
 
 
 def plot_trajectories(path: Path, shards: list[torch.Tensor], paths: torch.Tensor,
-                      title: str, label: str | None = None) -> None:
+                      title: str, label: str | None = None,
+                      target: torch.Tensor | None = None) -> None:
     """Left: each client's shard (or one sample named ``label``). Right: trajectories ``paths``
-    [T, N, 2] from source to target."""
+    [T, N, 2] from source to target, over ``target`` [M, 2] (a held-out target sample, in
+    light grey) when given, so that a reader sees whether the ends land on it."""
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 5), sharex=True, sharey=True)
     for i, shard in enumerate(shards):
         pts = shard[:2000].numpy()
@@ -26,6 +28,10 @@ def plot_trajectories(path: Path, shards: list[torch.Tensor], paths: torch.Tenso
                      label=label or (f"client-{i + 1}" if len(shards) > 1 else "pooled data"))
     left.set_title("data held by each party" if label is None else "data")
     left.legend(markerscale=5, loc="upper right")
+    if target is not None:
+        held_out = target[:2000].numpy()
+        right.scatter(held_out[:, 0], held_out[:, 1], s=2, color="lightgrey",
+                      label="held-out target sample")
     p = paths.numpy()
     right.plot(p[:, :, 0], p[:, :, 1], color="olive", alpha=0.15, linewidth=0.5)
     right.scatter(p[0, :, 0], p[0, :, 1], s=3, color="black", label="source x0")

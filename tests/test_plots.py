@@ -26,6 +26,9 @@ def test_trajectories_are_drawn_to_a_10_by_5_inch_png(tmp_path, clients):
     out = tmp_path / "trajectories.png"
     plot_trajectories(out, shards, paths, "title")
     assert _png_size(out) == (1200, 600)
+    over = tmp_path / "over-target.png"
+    plot_trajectories(over, shards, paths, "title", target=torch.randn(50, 2))
+    assert _png_size(over) == (1200, 600) and over.read_bytes() != out.read_bytes()
 
 
 def test_w2_against_nfe_is_drawn_with_or_without_error_bars(tmp_path):

@@ -295,7 +295,7 @@ def run_ffm(config: RunConfig, connect: Connect | None = None) -> RunResult:
     held = shards if shards is not None else [generated["target"].cpu()]
     plot_trajectories(out / "trajectories.png", held, paths, f"trajectories: {label}",
                       None if shards is not None else "target sample (the server holds no "
-                      "client data)")
+                      "client data)", target=generated["target"].cpu())
     plot_w2_nfe(out / "w2_nfe.png", {config.method: report.w2}, f"W2 against NFE: {label}")
     return RunResult(out, metrics, pin)
 
