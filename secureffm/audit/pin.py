@@ -16,26 +16,20 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
 from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import SecureFFMError
+from ..federation.message import is_hex
 
 __all__ = ["PartyKeys", "RunPin", "parse_parties", "load_parties", "load_pin", "pin_of",
            "sha256_hex", "is_hex"]
 
-_HEX = re.compile("[0-9a-f]*")
 _PIN_FIELDS = {"head", "parties_sha256", "fingerprints"}
 
 
 def sha256_hex(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
-
-
-def is_hex(value: object, length: int) -> bool:
-    """True when ``value`` is a string of ``length`` lowercase hex digits."""
-    return isinstance(value, str) and len(value) == length and _HEX.fullmatch(value) is not None
 
 
 @dataclass(frozen=True)

@@ -9,12 +9,11 @@ what is wrong.
 from __future__ import annotations
 
 import json
-import re
 
 from ..errors import MessageError
 from .channel import Task
 from .exchange import Incoming, Reply, Request
-from .message import Envelope, is_link
+from .message import Envelope, is_hex, is_link
 from .parties import EMPTY_SHA256
 
 __all__ = ["encode_request", "decode_request", "encode_reply", "decode_reply",
@@ -150,7 +149,6 @@ CLIENT_EVENTS = ("rejected", "clipped")  # the events a client raises (Party.eve
 # The fields of a client's event that have one value only, and the optional ones.
 _FIXED = {"kind": "event", "recipient": "log", "stages": [], "bytes": 0, "sha256": EMPTY_SHA256}
 _OPTIONAL = ("last", "refused")
-_SIGNATURE = re.compile("[0-9a-f]{128}")
 
 
 def _count(value) -> bool:
@@ -174,8 +172,7 @@ def client_event_problem(event: dict, round_: int, parties) -> str | None:
         "event": (lambda v: v in CLIENT_EVENTS, f"one of {', '.join(CLIENT_EVENTS)}"),
         "party": (lambda v: type(v) is str and v in parties, "a registered party"),
         "detail": (lambda v: type(v) is str, "a string"),
-        "sig": (lambda v: type(v) is str and _SIGNATURE.fullmatch(v) is not None,
-                "128 lowercase hex digits"),
+        "sig": (lambda v: is_hex(v, 128), "128 lowercase hex digits"),
         "last": (is_link, "the sha256 of its previous record, in hex"),
         "refused": (_count, "a record's seq"),
     }

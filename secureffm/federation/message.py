@@ -16,7 +16,7 @@ from safetensors.numpy import save as _save
 from ..errors import MessageError
 
 __all__ = ["Payload", "Envelope", "serialize_payload", "deserialize_payload", "SERVER",
-           "canonical", "is_link", "link_of", "UNSIGNED_FIELDS"]
+           "canonical", "is_hex", "is_link", "link_of", "UNSIGNED_FIELDS"]
 
 Payload = dict[str, np.ndarray]
 SERVER = "server"
@@ -44,13 +44,18 @@ UNSIGNED_FIELDS = frozenset({"sig", "seq", "prev", "offset"})
 RELAY_PHASE = "relay"
 
 
-_LINK = re.compile("[0-9a-f]{64}")
+_HEX = re.compile("[0-9a-f]*")
+
+
+def is_hex(value: object, length: int) -> bool:
+    """True when ``value`` is a string of ``length`` lowercase hex digits."""
+    return isinstance(value, str) and len(value) == length and _HEX.fullmatch(value) is not None
 
 
 def is_link(value: object) -> bool:
     """Whether ``value`` can be a record's ``last``: 64 lowercase hex digits (a record without
     one omits the field; an envelope holds "")."""
-    return isinstance(value, str) and _LINK.fullmatch(value) is not None
+    return is_hex(value, 64)
 
 
 def link_of(signed: bytes) -> str:
