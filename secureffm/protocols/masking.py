@@ -11,19 +11,23 @@ the noise, adding each mask and reducing in turn (``tests/protocols/test_masking
 bit for bit against that plain composition).
 
 Wire format of a masked input (:func:`masked_payload`, :func:`parse_masked`): the safetensors
-encoding of the one tensor ``y``, exactly the bytes ``serialize_payload({"y": words})`` gives,
-so any safetensors reader reads it:
+encoding of the tensor ``y`` and of any byte strings sent beside it (keys-once rounds send the
+seed commitment, the peers, the sealed shares and the view signature), exactly the bytes
+``serialize_payload`` gives for them, so any safetensors reader reads it:
 
 - 8 bytes: ``N``, the header's length, little-endian;
-- ``N`` bytes: ``{"y":{"dtype":"U32","shape":[d],"data_offsets":[0,4d]}}`` (``U64`` and
-  ``8d`` for 64-bit words), padded with spaces to a multiple of 8;
-- ``4 d`` (or ``8 d``) bytes: the words, little-endian.
+- ``N`` bytes: ``{"y":{"dtype":"U32","shape":[d],"data_offsets":[0,4d]}, ...}`` (``U64`` and
+  ``8d`` for 64-bit words), then each byte string as ``"name":{"dtype":"U8","shape":[n],...}``
+  in name order (safetensors' own order: wider types first, then by name), padded with spaces
+  to a multiple of 8;
+- ``4 d`` (or ``8 d``) bytes: the words, little-endian; then the byte strings in that order.
 
 The client writes the words straight after the header in one buffer (no serializer copies);
-the server, which knows ``d`` and the word type, compares the header with the one it expects
-and reads the words in place (``np.frombuffer``). A payload with any other header (other
-JSON spacing, extra fields) goes through the general safetensors parser, so it is read as
-before or refused by :class:`~secureffm.errors.MessageError` naming the sender.
+the server, which knows ``d``, the word type and the byte strings' lengths, compares the header
+with the one it expects and reads the fields in place (``np.frombuffer``). A payload with any
+other header (other JSON spacing, extra fields, other lengths) goes through the general
+safetensors parser, so it is read as before or refused by
+:class:`~secureffm.errors.MessageError` naming the sender.
 
 :func:`unmask_sum` is the server's side: the sum of the masked inputs with the masks it can
 rebuild removed, again chunk by chunk.
@@ -32,12 +36,12 @@ rebuild removed, again chunk by chunk.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from ..errors import ProtocolError
-from ..federation.message import deserialize_payload
+from ..errors import MessageError, ProtocolError
+from ..federation.message import Payload, deserialize_payload
 from .aggregation import check_payload, flatten
 from .prg import CHUNK_WORDS, MaskStreams, word_dtype
 from .quantize import Quantizer
@@ -49,15 +53,22 @@ _FIELD = "y"
 _SAFETENSORS_DTYPE = {np.dtype(np.uint32): "U32", np.dtype(np.uint64): "U64"}
 
 
-def masked_header(size: int, dtype: np.dtype) -> bytes:
+def masked_header(size: int, dtype: np.dtype, extra: Mapping[str, int] | None = None) -> bytes:
     """The bytes before the words of a masked input of ``size`` words of ``dtype`` (uint32 or
-    uint64): the header length and the padded safetensors header (module docstring)."""
+    uint64) sent with the byte strings ``extra`` (name -> length in bytes, names other than
+    ``y``): the header length and the padded safetensors header (module docstring)."""
     dtype = np.dtype(dtype)
     if dtype not in _SAFETENSORS_DTYPE:
         raise ProtocolError(f"masked words are uint32 or uint64, not {dtype}")
-    header = json.dumps({_FIELD: {"dtype": _SAFETENSORS_DTYPE[dtype], "shape": [size],
-                                  "data_offsets": [0, size * dtype.itemsize]}},
-                        separators=(",", ":")).encode()
+    end = size * dtype.itemsize
+    fields = {_FIELD: {"dtype": _SAFETENSORS_DTYPE[dtype], "shape": [size],
+                       "data_offsets": [0, end]}}
+    for name, length in sorted((extra or {}).items()):
+        if name == _FIELD:
+            raise ProtocolError(f"a byte string beside the masked words cannot be named {name}")
+        fields[name] = {"dtype": "U8", "shape": [length], "data_offsets": [end, end + length]}
+        end += length
+    header = json.dumps(fields, separators=(",", ":")).encode()
     header += b" " * (-len(header) % 8)
     return len(header).to_bytes(8, "little") + header
 
@@ -116,29 +127,49 @@ def mask_input(x: np.ndarray, quantizer: Quantizer, rng: np.random.Generator,
 
 def masked_payload(x: np.ndarray, quantizer: Quantizer, rng: np.random.Generator,
                    scale: float = 1.0, plus: Sequence[bytes] = (), minus: Sequence[bytes] = (),
-                   noise: np.ndarray | None = None) -> tuple[bytes, int]:
-    """:func:`mask_input` in its wire format (module docstring): the payload bytes, equal to
-    ``serialize_payload({"y": y})`` but written with one copy of the words, and the clipped
-    count."""
+                   noise: np.ndarray | None = None, extra: Mapping[str, bytes] | None = None
+                   ) -> tuple[bytes, int]:
+    """:func:`mask_input` in its wire format (module docstring), with the byte strings
+    ``extra`` (name -> bytes) beside the words: the payload bytes, equal to
+    ``serialize_payload`` of ``y`` and ``extra`` (as uint8 arrays) but written with one copy of
+    the words, and the clipped count."""
+    extra = dict(extra or {})
     y, clipped = mask_input(x, quantizer, rng, scale, plus, minus, noise)
-    head = masked_header(y.size, y.dtype)
+    head = masked_header(y.size, y.dtype, {name: len(data) for name, data in extra.items()})
     if y.dtype != _wire(y.dtype):  # a big-endian machine
         y = y.astype(_wire(y.dtype))
-    return b"".join((head, y)), clipped
+    return b"".join((head, y, *(bytes(extra[name]) for name in sorted(extra)))), clipped
 
 
-def parse_masked(data: bytes, sender: str, size: int, dtype: np.dtype) -> np.ndarray:
-    """``sender``'s masked input: ``size`` words of ``dtype`` (uint32 or uint64), read in place
-    from ``data`` (read-only) when it has the expected header; any other payload is parsed as
-    safetensors and checked to hold exactly the field ``y`` of that shape and type. Raises
-    MessageError naming ``sender`` otherwise."""
-    dtype = np.dtype(dtype)
-    head = masked_header(size, dtype)
-    if len(data) == len(head) + size * dtype.itemsize and data[:len(head)] == head:
-        return np.frombuffer(data, dtype=_wire(dtype), count=size, offset=len(head))
+def parse_masked(data: bytes, sender: str, size: int, dtype: np.dtype,
+                 extra: Mapping[str, int] | None = None) -> Payload:
+    """``sender``'s masked input: ``{"y": words, name: bytes...}``, ``y`` being ``size`` words
+    of ``dtype`` (uint32 or uint64) and each name of ``extra`` a 1-D uint8 array. When ``data``
+    has the expected header (``extra``: name -> expected length) every field is read in place
+    (read-only); any other payload is parsed as safetensors and checked to hold exactly these
+    fields, ``y`` of that shape and type and the others 1-D uint8 of any length (the caller
+    checks their lengths and contents). Raises MessageError naming ``sender`` otherwise."""
+    dtype, extra = np.dtype(dtype), dict(extra or {})
+    head = masked_header(size, dtype, extra)
+    words = size * dtype.itemsize
+    if len(data) == len(head) + words + sum(extra.values()) and data[:len(head)] == head:
+        out = {_FIELD: np.frombuffer(data, dtype=_wire(dtype), count=size, offset=len(head))}
+        offset = len(head) + words
+        for name, length in sorted(extra.items()):
+            out[name] = np.frombuffer(data, dtype=np.uint8, count=length, offset=offset)
+            offset += length
+        return out
     got = deserialize_payload(data, sender)
-    check_payload(sender, got, {_FIELD: np.broadcast_to(np.zeros((), dtype=dtype), (size,))})
-    return got[_FIELD]
+    if set(got) != {_FIELD, *extra}:
+        raise MessageError(f"{sender} sent fields {sorted(got)}, expected "
+                           f"{sorted([_FIELD, *extra])}")
+    check_payload(sender, {_FIELD: got[_FIELD]},
+                  {_FIELD: np.broadcast_to(np.zeros((), dtype=dtype), (size,))})
+    for name in extra:
+        if got[name].dtype != np.uint8 or got[name].ndim != 1:
+            raise MessageError(f"{sender} sent {name} as {got[name].dtype} of shape "
+                               f"{got[name].shape}, expected a byte string")
+    return got
 
 
 def unmask_sum(inputs: Sequence[np.ndarray], quantizer: Quantizer, size: int,

@@ -251,7 +251,7 @@ def _shaped(shape, dtype) -> np.ndarray:
 def _parse_masked(data: bytes, u: str, size: int, wire: np.dtype) -> np.ndarray:
     """u's masked input, shape ``[size]``, in the mask word type ``wire`` (read in place;
     the format is :mod:`~secureffm.protocols.masking`'s)."""
-    return parse_masked(data, u, size, wire)
+    return parse_masked(data, u, size, wire)["y"]
 
 
 def _id_list(value) -> bool:

@@ -79,13 +79,13 @@ import numpy as np
 from ..errors import MessageError, ProtocolError
 from ..federation.channel import Aggregate, Compute, Template
 from ..federation.crypto import open_sealed, seal
-from ..federation.message import SERVER, deserialize_payload, serialize_payload
+from ..federation.message import SERVER
 from ..privacy.settings import DistributedNoise
-from .aggregation import check_payload, template_json, unflatten
+from .aggregation import template_json, unflatten
 from .endpoint import Step, client_action
 from .key_batch import commit
 from .link import Call, Link, silence
-from .masking import mask_input, unmask_sum
+from .masking import masked_payload, parse_masked, unmask_sum
 from .prg import word_dtype
 from .secagg import (
     EPOCH_AGGREGATE,
@@ -96,7 +96,6 @@ from .secagg import (
     _order,
     _Round,
     _session,
-    _shaped,
     client_input,
     epoch_session,
     report_clipped,
@@ -296,25 +295,22 @@ def _parse_masked(data: bytes, v: str, size: int, wire: np.dtype, peers: list[st
     and, when ``signed`` (malicious variant), ``view_sig`` (64 bytes: what each holder checks
     against its own view, and the audit after). Returns y, the commitment, holder -> sealed
     share, and the view signature or None."""
-    got = deserialize_payload(data, v)
-    names = ["b_commit", "peers", "shares", *(["view_sig"] if signed else [])]
-    if sorted(got) != sorted([*names, "y"]) or any(
-            got[name].dtype != np.uint8 or got[name].ndim != 1 for name in names):
-        raise MessageError(f"{v}'s masked input has fields {sorted(got)}, expected y and the "
-                           f"byte strings {', '.join(names)}")
-    if signed and got["view_sig"].size != 64:
-        raise MessageError(f"{v}'s view_sig is {got['view_sig'].size} bytes, expected 64")
-    try:
-        said = json.loads(got["peers"].tobytes())
-    except ValueError:
-        said = None
-    if said != peers:
-        raise MessageError(f"{v} says it masked with {said!r}, not the peers it was asked "
-                           f"({peers})")
-    check_payload(v, {"y": got["y"], "b_commit": got["b_commit"],
-                      "shares": got["shares"]},
-                  {"y": _shaped(size, wire), "b_commit": _shaped(32, np.uint8),
-                   "shares": _shaped(len(peers) * _SEALED_SHARE, np.uint8)})
+    listed = json.dumps(peers).encode()
+    lengths = {"b_commit": 32, "peers": len(listed), "shares": len(peers) * _SEALED_SHARE,
+               **({"view_sig": 64} if signed else {})}
+    got = parse_masked(data, v, size, wire, lengths)
+    for name in ("b_commit", "shares", "view_sig"):
+        if name in lengths and got[name].size != lengths[name]:
+            raise MessageError(f"{v}'s {name} is {got[name].size} bytes, expected "
+                               f"{lengths[name]}")
+    if got["peers"].tobytes() != listed:
+        try:
+            said = json.loads(got["peers"].tobytes())
+        except ValueError:
+            said = None
+        if said != peers:
+            raise MessageError(f"{v} says it masked with {said!r}, not the peers it was asked "
+                               f"({peers})")
     blob = got["shares"].tobytes()
     sealed = {w: blob[i * _SEALED_SHARE:(i + 1) * _SEALED_SHARE] for i, w in enumerate(peers)}
     return (got["y"], got["b_commit"].tobytes(), sealed,
@@ -533,20 +529,19 @@ def _client_mask(step: Step) -> bytes | None:
     session.masks_with, session.signed, session.answered = tuple(peers), None, False
     label = round_label(round_, kind)
     pairs = {v: round_seed(session.peers[v].pair_seed, label) for v in peers}
-    y, clipped = mask_input(x, quantizer, step.client.protocol_rng, step.args["scale"],
-                            [seed] + [pairs[v] for v in peers if session.peers[v].first],
-                            [pairs[v] for v in peers if not session.peers[v].first], noise)
-    report_clipped(step, clipped, x.size, quantizer)
     sealed = b"".join(seal(session.peers[v].channel, share_to_bytes(shares[v]),
                            _context(round_, kind, u, v), secrets.token_bytes(12))
                       for v in peers)
-    fields = {"y": y,
-              "b_commit": np.frombuffer(commit(seed), dtype=np.uint8),
-              "peers": np.frombuffer(json.dumps(peers).encode(), np.uint8),
-              "shares": np.frombuffer(sealed, dtype=np.uint8)}
+    extra = {"b_commit": commit(seed), "peers": json.dumps(peers).encode(), "shares": sealed}
     if session.malicious:
-        fields["view_sig"] = np.frombuffer(session.view_signature(), dtype=np.uint8)
-    return serialize_payload(fields)
+        extra["view_sig"] = session.view_signature()
+    # quantized, noised and masked chunk by chunk straight into its payload
+    data, clipped = masked_payload(
+        x, quantizer, step.client.protocol_rng, step.args["scale"],
+        [seed] + [pairs[v] for v in peers if session.peers[v].first],
+        [pairs[v] for v in peers if not session.peers[v].first], noise, extra)
+    report_clipped(step, clipped, x.size, quantizer)
+    return data
 
 
 @client_action("secagg.epoch.answer")

@@ -102,7 +102,7 @@ def test_mask_input_matches_the_plain_composition_bit_for_bit(data, bits, length
     assert [int(v) for v in y] == want and clipped == want_clipped == clipped_too
     # The payload is the safetensors encoding of y, and the server reads y back from it.
     assert data_bytes == serialize_payload({"y": y})
-    assert [int(v) for v in parse_masked(data_bytes, "client-1", length, dtype)] == want
+    assert [int(v) for v in parse_masked(data_bytes, "client-1", length, dtype)["y"]] == want
 
 
 @pytest.mark.parametrize("bits", [32, 64])
@@ -170,10 +170,56 @@ def test_the_header_is_safetensors_own(dtype, size):
         np.dtype(dtype).newbyteorder("<")).tobytes()
 
 
+@pytest.mark.parametrize("dtype", [np.uint32, np.uint64])
+@given(size=st.integers(0, 300),
+       extra=st.dictionaries(st.sampled_from(["a", "b_commit", "peers", "shares", "view_sig",
+                                              "z"]), st.binary(max_size=40), max_size=4))
+@settings(max_examples=40, deadline=None, derandomize=True)
+def test_a_payload_with_byte_strings_is_safetensors_own_and_read_back_in_place(dtype, size,
+                                                                                extra):
+    """The keys-once masked input carries byte strings beside the words: masked_payload's
+    bytes are serialize_payload's for the same fields (any safetensors reader reads them), and
+    parse_masked reads every field back in place."""
+    quantizer = Quantizer(clip=1.0, levels=2**10, bits=32 if dtype == np.uint32 else 40)
+    x = np.linspace(-1.0, 1.0, size)
+    seed = bytes(range(32))
+    data, _ = masked_payload(x, quantizer, np.random.default_rng(5), 1.0, [seed],
+                             extra=extra)
+    y, _ = mask_input(x, quantizer, np.random.default_rng(5), 1.0, [seed])
+    fields = {"y": y} | {name: np.frombuffer(value, np.uint8) for name, value in extra.items()}
+    assert data == serialize_payload(fields)
+    got = parse_masked(data, "client-1", size, dtype, {k: len(v) for k, v in extra.items()})
+    assert sorted(got) == sorted(fields) and got["y"].tolist() == y.tolist()
+    assert all(got[name].tobytes() == value for name, value in extra.items())
+    raw = np.frombuffer(data, dtype=np.uint8)
+    assert all(np.shares_memory(array, raw) for array in got.values() if array.size)
+
+
+def test_byte_strings_of_other_lengths_are_read_by_the_general_parser_or_refused():
+    """A client that sends a byte string of another length than the server expects misses the
+    in-place reader: the general parser reads it (its caller checks the length) and refuses,
+    naming the sender, any other field set or a byte string of another type."""
+    words = np.arange(4, dtype=np.uint32)
+    longer = serialize_payload({"y": words, "peers": np.frombuffer(b'[ "a" ]', np.uint8)})
+    got = parse_masked(longer, "client-2", 4, np.uint32, {"peers": 5})
+    assert got["peers"].tobytes() == b'[ "a" ]' and got["y"].tolist() == [0, 1, 2, 3]
+    bad = {
+        "a byte string missing": serialize_payload({"y": words}),
+        "another name": serialize_payload({"y": words, "peer": np.zeros(5, np.uint8)}),
+        "not bytes": serialize_payload({"y": words, "peers": np.zeros(5, np.uint32)}),
+        "not 1-D": serialize_payload({"y": words, "peers": np.zeros((1, 5), np.uint8)}),
+        "other words": serialize_payload({"y": words[:3], "peers": np.zeros(5, np.uint8)}),
+    }
+    for why, data in bad.items():
+        with pytest.raises(MessageError, match="client-2"):
+            parse_masked(data, "client-2", 4, np.uint32, {"peers": 5})
+            pytest.fail(f"accepted a masked input with {why}")
+
+
 def test_parse_masked_names_the_sender_of_a_malformed_input():
     words = np.arange(10, dtype=np.uint32)
     good = serialize_payload({"y": words})
-    assert parse_masked(good, "client-3", 10, np.uint32).tolist() == list(range(10))
+    assert parse_masked(good, "client-3", 10, np.uint32)["y"].tolist() == list(range(10))
     bad = {
         "truncated": good[:-1],
         "too long": good + b"\x00\x00\x00\x00",
@@ -197,12 +243,12 @@ def test_an_equivalent_safetensors_header_is_still_read():
     words = np.arange(6, dtype=np.uint32)
     other = save({"y": words}, metadata={"writer": "another"})
     assert other[:len(masked_header(6, np.uint32))] != masked_header(6, np.uint32)
-    assert parse_masked(other, "client-1", 6, np.uint32).tolist() == list(range(6))
+    assert parse_masked(other, "client-1", 6, np.uint32)["y"].tolist() == list(range(6))
 
 
 def test_parse_masked_reads_in_place():
     data = serialize_payload({"y": np.arange(5, dtype=np.uint32)})
-    y = parse_masked(data, "client-1", 5, np.uint32)
+    y = parse_masked(data, "client-1", 5, np.uint32)["y"]
     assert not y.flags.writeable and np.shares_memory(y, np.frombuffer(data, dtype=np.uint8))
 
 
