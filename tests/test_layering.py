@@ -92,3 +92,29 @@ def test_no_import_circle():
 
     cycles = [c for n in sorted(graph) if n not in seen and (c := visit(n, []))]
     assert cycles == [], " -> ".join(cycles[0])
+
+
+def _module_level_imports(tree: ast.AST) -> list[str]:
+    """The modules an import statement names that runs when the module is imported: anywhere
+    but inside a function body."""
+    names, stack = [], list(ast.iter_child_nodes(tree))
+    while stack:
+        node = stack.pop()
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda):
+            continue
+        if isinstance(node, ast.Import):
+            names += [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and not node.level:
+            names.append(node.module or "")
+        stack.extend(ast.iter_child_nodes(node))
+    return names
+
+
+def test_opacus_loads_only_when_a_function_uses_it():
+    """Importing Opacus loads its privacy engine and torch.distributed, about 3 s of start-up
+    here (privacy/accounting.py), which a command, run or benchmark without DP must not pay:
+    no module imports it when it is imported, only the functions that call it."""
+    found = sorted(f"{_module(path)} imports {name}" for path in ROOT.rglob("*.py")
+                   for name in _module_level_imports(ast.parse(path.read_text()))
+                   if name.split(".")[0] == "opacus")
+    assert found == []

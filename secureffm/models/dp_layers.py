@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from opacus.validators import ModuleValidator
 from torch import nn
 
 __all__ = ["dp_unsupported_layers"]
@@ -26,5 +25,7 @@ def dp_unsupported_layers(model: nn.Module) -> list[str]:
              for name, module in model.named_modules()
              for kind, why in _REFUSED.items() if isinstance(module, kind)]
     if not found:
+        from opacus.validators import ModuleValidator  # first use: accounting.py says why
+
         found = [str(e).split(".")[0] for e in ModuleValidator.validate(model, strict=False)]
     return found

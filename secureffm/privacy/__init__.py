@@ -1,8 +1,20 @@
-"""Differential privacy: DP-SGD gradients through Opacus, accounting, the privacy ledger."""
+"""Differential privacy: DP-SGD gradients through Opacus, accounting, the privacy ledger.
 
-from .accounting import ACCOUNTANTS, calibrate_noise, epsilon
-from .dpsgd import DPGradient, PlainGradient, poisson_batch
-from .ledger import LedgerEntry, PrivacyLedger
+The names below load their module, and with it Opacus, on first access (PEP 562):
+:mod:`.accounting` says why.
+"""
+
+from importlib import import_module
 
 __all__ = ["DPGradient", "PlainGradient", "poisson_batch", "epsilon", "calibrate_noise",
            "ACCOUNTANTS", "LedgerEntry", "PrivacyLedger"]
+
+_HOME = {"DPGradient": "dpsgd", "PlainGradient": "dpsgd", "poisson_batch": "dpsgd",
+         "epsilon": "accounting", "calibrate_noise": "accounting", "ACCOUNTANTS": "accounting",
+         "LedgerEntry": "ledger", "PrivacyLedger": "ledger"}
+
+
+def __getattr__(name: str):
+    if name not in _HOME:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(import_module(f".{_HOME[name]}", __name__), name)

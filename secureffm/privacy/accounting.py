@@ -3,6 +3,12 @@
 A schedule is a list of (noise_multiplier, sample_rate, steps): Opacus' accountant history.
 Mechanisms that share a client's data compose, so one client's whole schedule (velocity
 gradients and, in GOT, dual updates) is accounted together.
+
+Opacus is imported on first use here and in the other modules of this package
+(``secureffm.privacy``'s names load on first access too): importing it loads its privacy
+engine and ``torch.distributed``, about 3 s of start-up on a small machine, which a run, a
+benchmark or a command that accounts nothing (plaintext, secagg, FedWAD, ``secureffm audit``,
+``--help``) should not pay.
 """
 
 from __future__ import annotations
@@ -11,8 +17,6 @@ from collections.abc import Callable
 from functools import lru_cache
 
 import numpy as np
-from opacus.accountants import PRVAccountant, RDPAccountant
-from opacus.accountants.analysis import rdp as rdp_analysis
 
 from ..errors import ConfigError
 
@@ -39,6 +43,9 @@ def _epsilon(steps: tuple[tuple[float, float, int], ...], delta: float,
     """:func:`epsilon` of a non-empty schedule, remembered: a ledger's report asks for the
     same schedule for every client with the same sample rates, and PRV's answer (which also
     sizes its grid with Opacus' RDP accountant) takes about a second each."""
+    from opacus.accountants import PRVAccountant, RDPAccountant
+    from opacus.accountants.analysis import rdp as rdp_analysis
+
     if accountant == "rdp":  # RDPAccountant.get_epsilon's sum, one step's RDP computed once
         rdp = sum([_step_rdp(s, q) * n for s, q, n in steps])
         return float(rdp_analysis.get_privacy_spent(orders=RDPAccountant.DEFAULT_ALPHAS,
@@ -53,6 +60,9 @@ def _step_rdp(sigma: float, q: float) -> np.ndarray:
     """Opacus' RDP of one subsampled Gaussian step at RDPAccountant's orders (compute_rdp with
     steps = 1, which scales linearly in steps): the series at fractional orders is slow for small
     sigma, and a run's ledger asks for the same (sigma, q) per client, kind and report."""
+    from opacus.accountants import RDPAccountant
+    from opacus.accountants.analysis import rdp as rdp_analysis
+
     rdp = rdp_analysis.compute_rdp(q=q, noise_multiplier=sigma, steps=1,
                                    orders=RDPAccountant.DEFAULT_ALPHAS)
     rdp.setflags(write=False)

@@ -13,9 +13,6 @@ import warnings
 
 import numpy as np
 import torch
-from opacus.grad_sample import GradSampleModule, GradSampleModuleFastGradientClipping
-from opacus.optimizers import DPOptimizer
-from opacus.validators import ModuleValidator
 from torch import nn
 
 from ..errors import ConfigError
@@ -76,6 +73,10 @@ class DPGradient:
 
     def __init__(self, model: nn.Module, clip: float, noise_multiplier: float,
                  expected_batch: float, generator: torch.Generator, mode: str = "auto"):
+        from opacus.grad_sample import GradSampleModule, GradSampleModuleFastGradientClipping
+        from opacus.optimizers import DPOptimizer
+        from opacus.validators import ModuleValidator
+
         errors = ModuleValidator.validate(model, strict=False)
         if errors:
             raise ConfigError("this model cannot be trained with DP-SGD: "

@@ -23,7 +23,6 @@ import warnings
 from dataclasses import dataclass
 
 import numpy as np
-from opacus.accountants.analysis.rdp import compute_rdp, get_privacy_spent
 from scipy.special import gammaln, logsumexp
 
 __all__ = ["ORDERS", "SkellamStep", "skellam_rdp", "subsampled_rdp", "skellam_epsilon",
@@ -76,6 +75,8 @@ def skellam_epsilon(schedule: list[SkellamStep], delta: float,
     """epsilon at ``delta`` of the composed ``schedule``, together with any subsampled Gaussian
     mechanisms ``gaussian`` [(noise_multiplier, sample_rate, steps)] on the same data (their
     RDP from Opacus at the same integer orders); 0 when both are empty."""
+    from opacus.accountants.analysis.rdp import compute_rdp, get_privacy_spent
+
     steps = [s for s in schedule if s.steps > 0]
     gaussian = [g for g in gaussian if g[2] > 0]
     if not steps and not gaussian:
