@@ -47,17 +47,24 @@ def test_training_reduces_w2(small_config, tmp_path):
     assert after.metrics["eval"]["w2"]["8"] < 0.5 * before.metrics["eval"]["w2"]["8"]
 
 
-def test_got_dual_ascent_raises_the_held_out_dual_value(small_config, tmp_path):
-    # Algorithm 4 printed as descent collapses the coupling; ascent must raise the dual value
-    # towards W2^2 / 2 and keep many candidates in use.
-    # 2000 held-out points: at 300 the dual value's evaluation noise was near the rise.
-    common = dict(method="got", potential_every=1, potential_lr=3e-3, eval_samples=2000,
-                  nfe=(1,))
-    short = run(small_config(rounds=1, out=str(tmp_path / "short"), **common))
-    long = run(small_config(rounds=300, out=str(tmp_path / "long"), **common))
-    before, after = short.metrics["eval"]["potential"], long.metrics["eval"]["potential"]
-    assert after["dual_value"] > before["dual_value"] + 1.0
-    assert after["unused_candidates"] < 0.9
+def test_got_dual_ascent_raises_the_dual_value_and_keeps_candidates_in_use(small_config):
+    """Algorithm 4 printed as descent collapses the coupling; ascent must raise the dual value
+    towards W2^2 / 2 and keep many candidates in use.
+
+    The rise is read off the run's dual curve (each round's value on the clients' batches,
+    before the potential steps on them), the mean of rounds 101-150 against the first 20:
+    0.42-0.69 under ascent over seeds 0-2, while descent (the server's update negated) fell
+    from -3..-11 to about -7e3 (-7e4 by round 300, with 98% of the candidates unused; 45-52%
+    under ascent). The held-out value at the end uses only ``candidates`` = 64 target points, too
+    few to measure a rise with (2.2-3.4 over those seeds at one potential's quality), so it is
+    only held to be positive."""
+    result = run(small_config(method="got", rounds=150, potential_every=1, potential_lr=3e-3,
+                              nfe=(1,)))
+    dual = [value for _, value in result.metrics["curves"]["dual"]]
+    assert len(dual) == 150
+    assert sum(dual[-50:]) / 50 > sum(dual[:20]) / 20 + 0.25
+    health = result.metrics["eval"]["potential"]
+    assert health["unused_candidates"] < 0.9 and health["dual_value"] > 0.0
 
 
 def test_centralized_baseline_refuses_a_protective_protocol(small_config):
