@@ -4,7 +4,8 @@ objective of FFM-GOT (Eq. 7-8) with its c-transform.
 
 POT's ``ot.emd`` stops at ``numItermax`` with only a warning (at N = 5000 the default limit
 returns a cost 0.3-1.8% off); here the limit is raised and a warning raises `SolverError`.
-Inputs are torch tensors or numpy arrays; POT is called on float64 numpy (the boundary).
+Inputs are torch tensors or numpy arrays; POT is called on float64 numpy (the boundary), and
+loaded on first use (:func:`pot`).
 :func:`emd_cost` takes a dense cost matrix, and POT's solver keeps arrays of that size of its own
 (the process's peak resident memory grew by 3.9 GB at N = M = 10^4, about 39 N M bytes);
 :func:`sqeuclidean_emd_cost` runs the same exact network simplex with each squared distance
@@ -18,17 +19,27 @@ it, which collapses the coupling (see docs/results.md).
 
 from __future__ import annotations
 
+from types import ModuleType
+
 import numpy as np
-import ot
 import torch
 from torch import nn
 
 from .errors import SolverError
 
-__all__ = ["squared_distances", "emd_plan", "emd_cost", "sqeuclidean_emd_cost", "MAX_ITER",
+__all__ = ["pot", "squared_distances", "emd_plan", "emd_cost", "sqeuclidean_emd_cost", "MAX_ITER",
            "half_squared_cost", "semidual_assignment", "c_transform", "semidual_value"]
 
 MAX_ITER = 100_000_000
+
+
+def pot() -> ModuleType:
+    """POT (``import ot``), loaded when a function first needs it: its package imports
+    scikit-learn and ``scipy.stats``, 1.6 s of start-up here that ``secureffm --help``,
+    ``secureffm audit`` and the secure-aggregation benchmarks need not pay."""
+    import ot
+
+    return ot
 
 
 def _numpy(x) -> np.ndarray:
@@ -39,7 +50,7 @@ def _numpy(x) -> np.ndarray:
 
 def squared_distances(x, y) -> np.ndarray:
     """|x_i - y_j|^2, shape [N, M] (note: without the 1/2 of the cost c)."""
-    return ot.dist(_numpy(x), _numpy(y), metric="sqeuclidean")
+    return pot().dist(_numpy(x), _numpy(y), metric="sqeuclidean")
 
 
 def _check(log: dict, n: int, m: int) -> None:
@@ -52,7 +63,7 @@ def emd_plan(cost: np.ndarray, a: np.ndarray | None = None, b: np.ndarray | None
     n, m = cost.shape
     a = np.full(n, 1.0 / n) if a is None else a
     b = np.full(m, 1.0 / m) if b is None else b
-    plan, log = ot.emd(a, b, cost, numItermax=MAX_ITER, log=True)
+    plan, log = pot().emd(a, b, cost, numItermax=MAX_ITER, log=True)
     _check(log, n, m)
     return plan
 
@@ -62,7 +73,7 @@ def emd_cost(cost: np.ndarray, a: np.ndarray | None = None, b: np.ndarray | None
     n, m = cost.shape
     a = np.full(n, 1.0 / n) if a is None else a
     b = np.full(m, 1.0 / m) if b is None else b
-    value, log = ot.emd2(a, b, cost, numItermax=MAX_ITER, log=True)
+    value, log = pot().emd2(a, b, cost, numItermax=MAX_ITER, log=True)
     _check(log, n, m)
     return float(value)
 
@@ -72,7 +83,7 @@ def sqeuclidean_emd_cost(x, y) -> float:
     the cost |x_i - y_j|^2: :func:`emd_cost` of :func:`squared_distances` (the same exact
     solver), with each cost computed when the simplex needs it instead of stored."""
     x, y = _numpy(x), _numpy(y)
-    value, log = ot.lp.emd2_lazy(x, y, metric="sqeuclidean", numItermax=MAX_ITER, log=True,
+    value, log = pot().lp.emd2_lazy(x, y, metric="sqeuclidean", numItermax=MAX_ITER, log=True,
                                  return_matrix=False)
     _check(log, len(x), len(y))
     return float(value)

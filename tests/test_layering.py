@@ -20,17 +20,32 @@ def _module(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def _graph() -> dict[str, set[str]]:
-    """secureffm module -> the secureffm modules it imports."""
+def _import_nodes(tree: ast.AST, module_level: bool) -> list[ast.Import | ast.ImportFrom]:
+    """Every import statement of ``tree``; with ``module_level``, only those that run when the
+    module is imported (anywhere but inside a function body)."""
+    found, stack = [], list(ast.iter_child_nodes(tree))
+    while stack:
+        node = stack.pop()
+        if module_level and isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda):
+            continue
+        if isinstance(node, ast.Import | ast.ImportFrom):
+            found.append(node)
+        stack.extend(ast.iter_child_nodes(node))
+    return found
+
+
+def _graph(module_level: bool = False) -> dict[str, set[str]]:
+    """secureffm module -> the secureffm modules it imports (with ``module_level``: only when it
+    is imported, see :func:`_import_nodes`)."""
     modules = {_module(p): p for p in ROOT.rglob("*.py")}
     graph = {}
     for name, path in modules.items():
         package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
         found = set()
-        for node in ast.walk(ast.parse(path.read_text())):
+        for node in _import_nodes(ast.parse(path.read_text()), module_level):
             if isinstance(node, ast.Import):
                 found |= {a.name for a in node.names}
-            elif isinstance(node, ast.ImportFrom):
+            else:
                 base = node.module or ""
                 if node.level:
                     anchor = package.split(".")[:len(package.split(".")) - node.level + 1]
@@ -94,19 +109,14 @@ def test_no_import_circle():
     assert cycles == [], " -> ".join(cycles[0])
 
 
-def _module_level_imports(tree: ast.AST) -> list[str]:
-    """The modules an import statement names that runs when the module is imported: anywhere
-    but inside a function body."""
-    names, stack = [], list(ast.iter_child_nodes(tree))
-    while stack:
-        node = stack.pop()
-        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda):
-            continue
+def _third_party_at_import(path: Path) -> set[str]:
+    """The top-level names of the modules ``path`` imports when it is imported."""
+    names = set()
+    for node in _import_nodes(ast.parse(path.read_text()), module_level=True):
         if isinstance(node, ast.Import):
-            names += [a.name for a in node.names]
-        elif isinstance(node, ast.ImportFrom) and not node.level:
-            names.append(node.module or "")
-        stack.extend(ast.iter_child_nodes(node))
+            names |= {a.name.split(".")[0] for a in node.names}
+        elif not node.level:
+            names.add((node.module or "").split(".")[0])
     return names
 
 
@@ -114,7 +124,25 @@ def test_opacus_loads_only_when_a_function_uses_it():
     """Importing Opacus loads its privacy engine and torch.distributed, about 3 s of start-up
     here (privacy/accounting.py), which a command, run or benchmark without DP must not pay:
     no module imports it when it is imported, only the functions that call it."""
-    found = sorted(f"{_module(path)} imports {name}" for path in ROOT.rglob("*.py")
-                   for name in _module_level_imports(ast.parse(path.read_text()))
-                   if name.split(".")[0] == "opacus")
+    found = sorted(_module(path) for path in ROOT.rglob("*.py")
+                   if "opacus" in _third_party_at_import(path))
+    assert found == []
+
+
+def test_the_command_line_starts_without_pot_or_scikit_learn():
+    """POT imports scikit-learn and scipy.stats, 1.6 s of start-up here (secureffm/ot.py's
+    ``pot``) that ``secureffm --help`` and ``secureffm audit`` do not need: no module that
+    importing ``secureffm.cli`` loads imports either when it is imported."""
+    graph = _graph(module_level=True)
+    loaded, todo = set(), ["secureffm.cli"]
+    while todo:
+        name = todo.pop()
+        parents = [".".join(name.split(".")[:i]) for i in range(1, name.count(".") + 1)]
+        for module in [name, *parents]:  # importing a.b.c runs a and a.b first
+            if module not in loaded and module in graph:
+                loaded.add(module)
+                todo.extend(graph[module])
+    paths = {_module(p): p for p in ROOT.rglob("*.py")}
+    found = sorted(f"{m} imports {lib}" for m in loaded
+                   for lib in _third_party_at_import(paths[m]) & {"ot", "sklearn"})
     assert found == []

@@ -13,8 +13,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-from sklearn.datasets import load_digits
-from sklearn.model_selection import train_test_split
 
 from ..errors import DataError
 
@@ -39,6 +37,8 @@ class LabelledShard:
 
 def load_digit_arrays() -> tuple[np.ndarray, np.ndarray]:
     """All 1797 digits: pixels scaled from 0..16 to [0, 1], shape [1797, 64]; labels [1797]."""
+    from sklearn.datasets import load_digits
+
     digits = load_digits()
     return (digits.data / 16.0).astype(np.float32), digits.target.astype(np.int64)
 
@@ -88,6 +88,8 @@ def class_pair_split(structure: str, clients: int = 20, seed: int = 0,
     if clients < 1:
         raise DataError(f"clients = {clients}: need at least one client")
     x, y = load_digit_arrays()
+    from sklearn.model_selection import train_test_split
+
     x_train, x_test, y_train, y_test = train_test_split(
         x, y, test_size=test_fraction, stratify=y, random_state=seed)
     rng = np.random.default_rng(seed)

@@ -20,11 +20,10 @@ import time
 from dataclasses import dataclass, field
 
 import numpy as np
-import ot
 from scipy.spatial import cKDTree
 
 from ..errors import ConfigError, DataError
-from ..ot import emd_cost, emd_plan
+from ..ot import emd_cost, emd_plan, pot
 
 __all__ = ["Measure", "FedWADConfig", "FedWADResult", "interpolate", "interpolate_with_distance",
            "wasserstein",
@@ -154,7 +153,7 @@ def check_samples(x, name: str) -> np.ndarray:
 
 def ground_cost(x: np.ndarray, y: np.ndarray, p: int) -> np.ndarray:
     """|x_i - y_j|^p, shape [N, M]."""
-    return ot.dist(x, y, metric="sqeuclidean" if p == 2 else "euclidean")
+    return pot().dist(x, y, metric="sqeuclidean" if p == 2 else "euclidean")
 
 
 def wasserstein(a: Measure, b: Measure, p: int) -> float:

@@ -24,10 +24,10 @@ import tomllib
 from pathlib import Path
 
 import numpy as np
-import ot
 
 from ...errors import SecureFFMError
-from ...methods.fedwad import Measure, wasserstein
+from ...methods.fedwad import Measure, ground_cost, wasserstein
+from ...ot import emd_plan
 from ...protocols.protocol import load_protocol
 from ...runs.fedwad import FedWADRun, client_data
 from .view import ServerView
@@ -41,7 +41,7 @@ def invert_interpolation(moved: Measure, xi: Measure, t: float) -> Measure:
     OT plan P between ``moved`` and ``xi``, then a = (m - t b) / (1 - t)."""
     if not 0.0 <= t < 1.0:
         raise SecureFFMError(f"t = {t}: the interpolation inverts only for t in [0, 1)")
-    plan = ot.emd(moved.weights, xi.weights, ot.dist(moved.support, xi.support))
+    plan = emd_plan(ground_cost(moved.support, xi.support, 2), moved.weights, xi.weights)
     image = plan @ xi.support / moved.weights[:, None]
     return Measure((moved.support - t * image) / (1 - t), moved.weights)
 
