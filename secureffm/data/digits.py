@@ -37,7 +37,7 @@ class LabelledShard:
 
 def load_digit_arrays() -> tuple[np.ndarray, np.ndarray]:
     """All 1797 digits: pixels scaled from 0..16 to [0, 1], shape [1797, 64]; labels [1797]."""
-    from sklearn.datasets import load_digits
+    from sklearn.datasets import load_digits  # first use: secureffm.ot.pot says why
 
     digits = load_digits()
     return (digits.data / 16.0).astype(np.float32), digits.target.astype(np.int64)
@@ -83,13 +83,13 @@ def class_pair_split(structure: str, clients: int = 20, seed: int = 0,
 
     The train/test cut is stratified and seeded, the pair draws and the dealing too.
     """
+    from sklearn.model_selection import train_test_split  # first use: secureffm.ot.pot says why
+
     if not 0.0 < test_fraction < 1.0:
         raise DataError(f"test_fraction = {test_fraction}: must lie strictly between 0 and 1")
     if clients < 1:
         raise DataError(f"clients = {clients}: need at least one client")
     x, y = load_digit_arrays()
-    from sklearn.model_selection import train_test_split
-
     x_train, x_test, y_train, y_test = train_test_split(
         x, y, test_size=test_fraction, stratify=y, random_state=seed)
     rng = np.random.default_rng(seed)

@@ -6,12 +6,10 @@ The names below load their module, and with it Opacus, on first access (PEP 562)
 
 from importlib import import_module
 
-__all__ = ["DPGradient", "PlainGradient", "poisson_batch", "epsilon", "calibrate_noise",
-           "ACCOUNTANTS", "LedgerEntry", "PrivacyLedger"]
-
 _HOME = {"DPGradient": "dpsgd", "PlainGradient": "dpsgd", "poisson_batch": "dpsgd",
          "epsilon": "accounting", "calibrate_noise": "accounting", "ACCOUNTANTS": "accounting",
-         "LedgerEntry": "ledger", "PrivacyLedger": "ledger"}
+         "LedgerEntry": "ledger", "PrivacyLedger": "ledger"}  # name -> its module
+__all__ = list(_HOME)
 
 
 def __getattr__(name: str):
