@@ -36,8 +36,10 @@ def plot_trajectories(path: Path, shards: list[torch.Tensor], paths: torch.Tenso
     right.plot(p[:, :, 0], p[:, :, 1], color="olive", alpha=0.15, linewidth=0.5)
     right.scatter(p[0, :, 0], p[0, :, 1], s=3, color="black", label="source x0")
     right.scatter(p[-1, :, 0], p[-1, :, 1], s=3, color="tab:blue", label="x1 (100 Euler steps)")
-    right.set_title(title)
-    right.legend(markerscale=4, loc="upper right")
+    right.set_title(title, fontsize="medium")
+    # below the axes, where it hides no point (inside, it covered a source cluster)
+    right.legend(markerscale=4, loc="upper center", bbox_to_anchor=(0.5, -0.06), ncol=3,
+                 frameon=False, fontsize="small")
     for ax in (left, right):
         ax.set_aspect("equal")
     fig.tight_layout()
