@@ -39,6 +39,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
 
 from secureffm.federation import SERVER, Client, MessageLog
 from secureffm.federation.crypto import agree, new_key_pair
@@ -337,7 +338,8 @@ def _throughput(d: int, repeats: int) -> str:
 
     The *ceiling* rows add the step's parts that are not masking (its ``agree`` calls and its
     quantization, each timed alone) to the raw keystream of its k + 1 masks: the fraction of
-    raw that a step with free adds, copies and headers would reach."""
+    raw that a step with free adds, copies and headers would reach. The ChaCha20 row times the
+    masks' cipher until 2026-11-27, the reference of issue 18's 0.7 target when it was set."""
     quantizer = load_protocol("secagg").stages[0].quantizer
     wire = word_dtype(quantizer.bits)
     x = {KIND: 0.01 * np.random.default_rng(0).standard_normal(d, dtype=np.float32)}
@@ -375,9 +377,13 @@ def _throughput(d: int, repeats: int) -> str:
     step: dict[tuple[str, int], list[float]] = {(how, k): [] for k in steps
                                                 for how in ("unfused", "fused")}
     rng = np.random.default_rng(0)
+    zeros, chacha = bytearray(d * wire.itemsize), []  # the masks' cipher until 2026-11-27
+    sink = bytearray(len(zeros))
     for _ in range(repeats):
         raw.append(d * wire.itemsize / keystream_throughput(d * wire.itemsize, 1,
                                                             time.process_time))
+        stream = Cipher(algorithms.ChaCha20(seed, seed[:16]), None).encryptor()
+        chacha.append(timed(lambda s=stream: s.update_into(zeros, sink)))
         one.append(timed(lambda: add_masks(y, [seed])))
         quant.append(timed(lambda: quantizer.quantize_into(x[KIND], y, rng, 1.0)))
         fused_quant.append(timed(lambda: mask_input(x[KIND], quantizer, rng, 1.0, out=y)))
@@ -393,6 +399,9 @@ def _throughput(d: int, repeats: int) -> str:
              f"{1e3 * best(raw):.2f}", f"{mb / best(raw):,.0f}", "1.00"],
             ["raw AES-128-CTR, `keystream_throughput()` defaults (64 MiB, best of 3, CPU time), "
              "once", "", f"{api:,.0f}", ""],
+            [f"raw ChaCha20 keystream, {mb:g} MB (the masks' cipher when issue 18 set its "
+             "0.7 target)", f"{1e3 * best(chacha):.2f}", f"{mb / best(chacha):,.0f}",
+             f"{best(raw) / best(chacha):.2f}"],
             [f"`add_masks(y, [seed])`: one mask added in place, {_sci(d)} words",
              f"{1e3 * best(one):.2f}", f"{mb / best(one):,.0f}", f"{best(raw) / best(one):.2f}"],
             [f"`quantize_into(x, y, rng, 1.0)`, {_sci(d)} float32 (its own rounding stream "
