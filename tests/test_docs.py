@@ -10,7 +10,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # `tests/x/test_y.py`, `x/test_y.py` (under tests/) or either with `::test_z` (a line break may
 # split the name after an underscore, as the docs wrap long names); `::test_z` alone names a
 # test of the file cited last.
-_CITATION = re.compile(r"`((?:[\w]+/)*test_\w+\.py)(?:::(test_[\w\n]+))?`|`::(test_[\w\n]+)")
+_CITATION = re.compile(r"`((?:\w+/)*test_\w+\.py)(?:::(test_[\w\n]+))?`|`::(test_[\w\n]+)")
 
 
 def _tests_in(path: Path) -> set[str]:
