@@ -5,6 +5,8 @@ __all__ = [
     "ConfigError",
     "ProtocolError",
     "DataError",
+    "SchemaError",
+    "TableError",
     "SolverError",
     "MessageError",
 ]
@@ -24,6 +26,14 @@ class ProtocolError(SecureFFMError):
 
 class DataError(SecureFFMError):
     """A data set or partition cannot be built as asked."""
+
+
+class SchemaError(DataError):
+    """A data schema (TOML: columns, types, public bounds, categories) is malformed."""
+
+
+class TableError(DataError):
+    """A client's data file does not fit the public schema, or cannot be read."""
 
 
 class SolverError(SecureFFMError):
