@@ -36,6 +36,7 @@ import numpy as np
 import tomli_w
 
 from ..errors import SchemaError
+from .files import read_columns
 
 __all__ = ["Column", "Schema", "TYPES", "infer_schema", "INFER_WARNING"]
 
@@ -248,8 +249,6 @@ def infer_schema(path: str | Path, max_categories: int = 10) -> Schema:
     are the data's min and max (a constant continuous column v gets [v - 1, v + 1]). These bounds
     and categories disclose the data: see :data:`INFER_WARNING`.
     """
-    from .tables import read_columns
-
     columns = []
     for name, values in read_columns(path).items():
         columns.append(_draft(name, np.asarray(values), max_categories))

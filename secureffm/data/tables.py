@@ -1,11 +1,9 @@
 """A client's own data file, read by the client and checked against the public schema.
 
-Formats, chosen by suffix: ``.csv`` (a header row of column names, then one row per record;
-Python's csv module), ``.npy`` (a 2-D numeric array whose columns are the schema's, in order, or
-a structured array with named fields; never unpickled), ``.parquet`` (pyarrow, the ``tabular``
-extra). :func:`check_table` turns the raw columns into a :data:`Table` or refuses by name; values
-outside a numeric column's public bounds are clipped and counted in the client's own
-:class:`CheckReport`, which is not sent anywhere.
+:func:`load_table` reads the file (:mod:`.files`: CSV, .npy, .parquet) and :func:`check_table`
+turns the raw columns into a :data:`Table` or refuses by name; values outside a numeric column's
+public bounds are clipped and counted in the client's own :class:`CheckReport`, which is not sent
+anywhere.
 
 A :data:`Table` maps each schema column, in schema order, to a 1-D array of N values: float64 for
 continuous, int64 for integer and binary (0 or 1), and the schema's category values (an object
@@ -16,7 +14,6 @@ array) for categorical columns.
 
 from __future__ import annotations
 
-import csv
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,15 +22,14 @@ import numpy as np
 import torch
 
 from ..errors import TableError
+from .files import read_columns
 from .schema import Schema
 
-__all__ = ["Table", "CheckReport", "SUFFIXES", "IMAGE_SUFFIXES", "read_columns", "check_table",
-           "load_table", "write_table", "ImageFolder", "load_image_folder"]
+__all__ = ["Table", "CheckReport", "IMAGE_SUFFIXES", "check_table", "load_table", "ImageFolder",
+           "load_image_folder"]
 
 Table = dict[str, np.ndarray]
-SUFFIXES = (".csv", ".npy", ".parquet")
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg")
-PARQUET_HELP = "reading and writing .parquet needs pyarrow: pip install 'secureffm[tabular]'"
 
 
 @dataclass
@@ -50,83 +46,6 @@ class CheckReport:
     def clipped(self) -> int:
         """Values clipped in all columns."""
         return sum(self.clipped_low.values()) + sum(self.clipped_high.values())
-
-
-def read_columns(path: str | Path, schema: Schema | None = None) -> dict[str, np.ndarray]:
-    """The raw columns of a data file by name, in the file's order (CSV cells as strings).
-
-    A plain .npy array has no column names: its columns are the schema's, in order (``column_0``,
-    ``column_1``, ... without a schema).
-    """
-    path = Path(path)
-    suffix = path.suffix.lower()
-    if suffix not in SUFFIXES:
-        raise TableError(f"{str(path)!r}: unknown data file suffix {path.suffix!r}; use one of "
-                         f"{', '.join(SUFFIXES)} (or a folder of images)")
-    if not path.is_file():
-        raise TableError(f"no data file at {str(path)!r}")
-    reader = {".csv": _read_csv, ".npy": _read_npy, ".parquet": _read_parquet}[suffix]
-    return reader(path, schema)
-
-
-def _read_csv(path: Path, schema: Schema | None) -> dict[str, np.ndarray]:
-    with path.open(newline="", encoding="utf-8-sig") as handle:
-        rows = list(csv.reader(handle))
-    if not rows:
-        raise TableError(f"{str(path)!r} is empty: a CSV file needs a header row of column "
-                         "names, then one row per record")
-    header = [name.strip() for name in rows[0]]
-    _no_duplicates(header, path)
-    for line, row in enumerate(rows[1:], start=2):
-        if len(row) != len(header):
-            raise TableError(f"{str(path)!r} line {line} has {len(row)} cells where the header "
-                             f"has {len(header)}; every row needs one cell per column")
-    cells = np.array(rows[1:], dtype=str).reshape(len(rows) - 1, len(header))
-    return {name: cells[:, j] for j, name in enumerate(header)}
-
-
-def _read_npy(path: Path, schema: Schema | None) -> dict[str, np.ndarray]:
-    try:
-        array = np.load(path, allow_pickle=False)
-    except ValueError as err:
-        raise TableError(f"{str(path)!r} holds Python objects, which are never unpickled: save "
-                         f"a numeric array (np.save(path, array.astype(float))) ({err})") from None
-    if array.dtype.names:
-        return {name: array[name] for name in array.dtype.names}
-    if array.ndim != 2:
-        raise TableError(f"{str(path)!r} holds an array of shape {array.shape}; a table is 2-D, "
-                         "[rows, columns]")
-    names = schema.names if schema else tuple(f"column_{j}" for j in range(array.shape[1]))
-    if array.shape[1] != len(names):
-        raise TableError(f"{str(path)!r} has {array.shape[1]} columns where the schema has "
-                         f"{len(names)} ({', '.join(names)}); a .npy file's columns are the "
-                         "schema's, in order")
-    return {name: array[:, j] for j, name in enumerate(names)}
-
-
-def _pyarrow():
-    try:
-        import pyarrow
-        import pyarrow.parquet
-    except ImportError:
-        raise TableError(PARQUET_HELP) from None
-    return pyarrow
-
-
-def _read_parquet(path: Path, schema: Schema | None) -> dict[str, np.ndarray]:
-    pyarrow = _pyarrow()
-    table = pyarrow.parquet.read_table(path)
-    _no_duplicates(table.column_names, path)
-    return {name: table.column(name).to_numpy(zero_copy_only=False)
-            for name in table.column_names}
-
-
-def _no_duplicates(names: list[str], path: Path) -> None:
-    seen = set()
-    for name in names:
-        if name in seen:
-            raise TableError(f"{str(path)!r} names column {name!r} twice; rename one")
-        seen.add(name)
 
 
 def check_table(columns: Mapping[str, np.ndarray], schema: Schema,
@@ -232,39 +151,7 @@ def _categorical(raw: np.ndarray, categories: tuple, where: str) -> np.ndarray:
 
 def load_table(path: str | Path, schema: Schema) -> tuple[Table, CheckReport]:
     """Read a client's data file and check it against the schema (:func:`check_table`)."""
-    return check_table(read_columns(path, schema), schema, source=repr(str(path)))
-
-
-def write_table(table: Mapping[str, np.ndarray], path: str | Path) -> None:
-    """Write a :data:`Table` as .csv (header row), .npy (a structured array with named fields,
-    strings as unicode) or .parquet, by suffix; read back with :func:`read_columns`."""
-    path = Path(path)
-    suffix = path.suffix.lower()
-    names = list(table)
-    if suffix == ".csv":
-        with path.open("w", newline="") as handle:
-            writer = csv.writer(handle)
-            writer.writerow(names)
-            writer.writerows(zip(*(_cells(table[n]) for n in names), strict=True))
-    elif suffix == ".npy":
-        arrays = [np.asarray(table[n]) for n in names]
-        arrays = [a.astype(str) if a.dtype == object else a for a in arrays]
-        out = np.empty(len(arrays[0]), dtype=[(n, a.dtype) for n, a in zip(names, arrays,
-                                                                            strict=True)])
-        for name, array in zip(names, arrays, strict=True):
-            out[name] = array
-        np.save(path, out, allow_pickle=False)
-    elif suffix == ".parquet":
-        pyarrow = _pyarrow()
-        pyarrow.parquet.write_table(
-            pyarrow.table({n: np.asarray(table[n]).tolist() for n in names}), path)
-    else:
-        raise TableError(f"cannot write {str(path)!r}: use one of {', '.join(SUFFIXES)}")
-
-
-def _cells(values: np.ndarray) -> list[str]:
-    """CSV cells: floats as their shortest exact repr, others as str."""
-    return [repr(float(v)) if isinstance(v, float | np.floating) else str(v) for v in values]
+    return check_table(read_columns(path, schema.names), schema, source=repr(str(path)))
 
 
 @dataclass(frozen=True)

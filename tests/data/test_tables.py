@@ -1,4 +1,4 @@
-"""A client's data file (secureffm/data/tables.py): each loader, and every refusal by name.
+"""A client's data file (secureffm/data/files.py, tables.py): each loader, every refusal named.
 
 Truths used: the values written into each file by hand (or by numpy, Python's csv module, pyarrow
 and PIL directly), and counts of out-of-bounds values made by construction.
@@ -10,14 +10,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from secureffm.data.files import read_columns, write_table
 from secureffm.data.schema import Schema
-from secureffm.data.tables import (
-    check_table,
-    load_image_folder,
-    load_table,
-    read_columns,
-    write_table,
-)
+from secureffm.data.tables import check_table, load_image_folder, load_table
 from secureffm.errors import TableError
 
 SCHEMA = Schema.loads("""
