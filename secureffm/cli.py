@@ -113,6 +113,14 @@ def build_parser() -> argparse.ArgumentParser:
     app.add_argument("--keys", required=True, help="keys folder (secureffm flower-keys) as the "
                      "server sees it; each SuperNode may name its own: --node-config keys=PATH")
     _add_config_options(app)
+    schema = sub.add_parser("schema", help="a tabular run's public schema (docs/data.md)")
+    infer = schema.add_subparsers(dest="schema_command", required=True).add_parser(
+        "infer", help="draft a schema from one data file (.csv, .npy, .parquet) for its owner "
+        "to review: its bounds and categories come from the data and disclose it if published")
+    infer.add_argument("file", help="a data file the owner holds")
+    infer.add_argument("--out", help="write the draft here (else print it)")
+    infer.add_argument("--max-categories", type=int, default=10, help="whole-number columns "
+                       "with at most this many distinct values become categorical (default 10)")
     return parser
 
 
@@ -157,6 +165,23 @@ def _flower_app(args: argparse.Namespace) -> None:
     write_app(Path(args.folder), "secureffm.runs.flower_server:main",
               "secureffm.runs.flower_node:serve", run_config_of(config, args.keys))
     print(f"Flower App in {args.folder}: flwr run {args.folder} <superlink>")
+
+
+def _schema_infer(args: argparse.Namespace) -> None:
+    import textwrap
+
+    from .data.schema import INFER_WARNING, infer_schema
+
+    text = infer_schema(args.file, args.max_categories).to_toml()
+    if args.out:
+        if Path(args.out).exists():
+            raise SecureFFMError(f"{args.out} already exists; pick another --out or remove it")
+        comment = "".join(f"# {line}\n" for line in textwrap.wrap(INFER_WARNING, 98))
+        Path(args.out).write_text(f"{comment}\n{text}")
+        print(f"draft schema written to {args.out}", file=sys.stderr)
+    else:
+        print(text, end="")
+    print(f"WARNING: {INFER_WARNING}", file=sys.stderr)
 
 
 def _run(args: argparse.Namespace) -> None:
@@ -451,6 +476,8 @@ def main(argv: list[str] | None = None) -> int:
             _flower_keys(args)
         elif args.command == "flower-app":
             _flower_app(args)
+        elif args.command == "schema":
+            _schema_infer(args)
     except SecureFFMError as err:
         print(f"secureffm: error: {err}", file=sys.stderr)
         return 2
