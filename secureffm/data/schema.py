@@ -243,7 +243,7 @@ def _categories(raw, where: str) -> tuple:
 def infer_schema(path: str | Path, max_categories: int = 10) -> Schema:
     """Draft a schema from one data file (CSV, .npy, .parquet) for its owner to review.
 
-    Per column: values that are not all numbers -> categorical (the sorted distinct strings);
+    Per column, empty cells and NaN left out: values that are not all numbers -> categorical (the sorted distinct strings);
     whole numbers only {0, 1} -> binary; whole numbers with at most ``max_categories`` distinct
     values -> categorical (those numbers); other whole numbers -> integer; else continuous. Bounds
     are the data's min and max (a constant continuous column v gets [v - 1, v + 1]). These bounds
@@ -256,6 +256,8 @@ def infer_schema(path: str | Path, max_categories: int = 10) -> Schema:
 
 
 def _draft(name: str, values: np.ndarray, max_categories: int) -> dict:
+    if values.dtype.kind in "OUS":  # empty cells are missing values, not a category
+        values = np.array([v for v in values.tolist() if v is not None and str(v).strip()])
     try:
         numbers = values.astype(np.float64)
     except (TypeError, ValueError):

@@ -188,6 +188,14 @@ def test_infer_drafts_types_and_takes_bounds_from_the_data(tmp_path):
     assert schema.names == ("age", "weight", "smoker", "site", "stage")
 
 
+def test_infer_leaves_out_empty_cells(tmp_path):
+    path = tmp_path / "silo.csv"
+    path.write_text("dose,site\n1.5,a\n,b\n2.5,\n")
+    schema = infer_schema(path)
+    assert schema.columns == (Column("dose", "continuous", low=1.5, high=2.5),
+                              Column("site", "categorical", categories=("a", "b")))
+
+
 def test_infer_on_npy_names_columns_by_position_and_widens_a_constant(tmp_path):
     data = np.array([[0.5, 7.0], [0.5, 8.0], [0.5, 9.0], [0.5, 10.0]])
     np.save(tmp_path / "silo.npy", data)
