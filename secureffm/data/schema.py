@@ -243,11 +243,12 @@ def _categories(raw, where: str) -> tuple:
 def infer_schema(path: str | Path, max_categories: int = 10) -> Schema:
     """Draft a schema from one data file (CSV, .npy, .parquet) for its owner to review.
 
-    Per column, empty cells and NaN left out: values that are not all numbers -> categorical (the sorted distinct strings);
-    whole numbers only {0, 1} -> binary; whole numbers with at most ``max_categories`` distinct
-    values -> categorical (those numbers); other whole numbers -> integer; else continuous. Bounds
-    are the data's min and max (a constant continuous column v gets [v - 1, v + 1]). These bounds
-    and categories disclose the data: see :data:`INFER_WARNING`.
+    Per column, empty cells and NaN left out: values that are not all numbers -> categorical
+    (the sorted distinct strings); whole numbers only {0, 1} -> binary; whole numbers with at
+    most ``max_categories`` distinct values -> categorical (those numbers); other whole numbers
+    -> integer; else continuous. Bounds are the data's min and max (a constant continuous column
+    v gets [v - 1, v + 1]). These bounds and categories disclose the data: see
+    :data:`INFER_WARNING`.
     """
     columns = []
     for name, values in read_columns(path).items():
