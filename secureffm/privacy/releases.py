@@ -51,8 +51,9 @@ class Rounds:
 
     def __str__(self) -> str:
         end = "" if self.last is None else str(self.last)
-        span = f"rounds {self.first}..{end}"
-        return span if self.every == 1 else f"every {self.every}th of {span}"
+        if self.every == 1:
+            return f"rounds {self.first}..{end}"
+        return f"rounds {self.first}, {self.first + self.every}, ..{end}"
 
 
 @dataclass(frozen=True)
