@@ -59,6 +59,7 @@ from ..models.params import flat_params, load_flat_params
 from ..privacy.accounting import calibrate_noise, epsilon
 from ..privacy.dpsgd import DPGradient, PlainGradient, poisson_rate, poisson_rows
 from ..privacy.ledger import LedgerEntry, PrivacyLedger
+from ..privacy.releases import ReleaseGuard, Rounds
 from ..privacy.settings import DPSettings
 from ..progress import progress_bar
 from .flow_matching import sample_path
@@ -716,6 +717,12 @@ class DCFMClient:
     (``stage_one_loss``, ``dcfm_a_loss``, ``last_loss``: not privatized, never sent) in
     ``client.state``. ``clients``: the federation's client ids in order (client i starts from
     :func:`initial_model` i - 1); labels in ``client.state["labels"]``.
+
+    ``releases``: what a client answers (:class:`~secureffm.privacy.releases.ReleaseGuard`),
+    each once, from these settings alone: ``dcfm.publish`` for rounds 0..dcfm_rounds (DCFM-A)
+    or 0 (DCFM-B, DDM), ``fedflow.update`` for rounds 1..fedflow_rounds (FedFlow). So a
+    client trains at most its planned steps, which :func:`expert_noise_multiplier` keeps
+    within the target.
     """
 
     TASKS = ("dcfm.publish", "fedflow.update")
@@ -725,12 +732,21 @@ class DCFMClient:
         self.settings, self.dp, self.clients = settings, dp, tuple(clients)
         self.device, self.progress = device, progress
         self.sigma = expert_noise_multiplier(settings, dp) if dp is not None else 0.0
+        if settings.fedflow:
+            plan = {"fedflow.update": Rounds(1, settings.fedflow_rounds)}
+        else:
+            last = settings.dcfm_rounds if settings.method == "dcfm-a" else 0
+            plan = {"dcfm.publish": Rounds(0, last)}
+        self.releases = ReleaseGuard(plan)
 
     def __call__(self, client: Client, task: Task) -> Payload:
         if task.name not in self.TASKS:
             raise TaskRefused(f"DCFM clients run {', '.join(self.TASKS)}, not {task.name!r}")
         count = task_count(client.id, task, "round" if task.name == "fedflow.update"
                            else "rounds")
+        refused = self.releases.admit(client.id, client.state, task.name, count)
+        if refused:
+            raise TaskRefused(refused)
         if "expert" not in client.state:
             self.setup(client)
         if task.name == "fedflow.update":

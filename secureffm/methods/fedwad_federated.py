@@ -30,9 +30,10 @@ import numpy as np
 import torch
 
 from ..errors import ConfigError, DataError, MessageError, ProtocolError
-from ..federation.channel import Channel, Compute, Task, TaskRefused
+from ..federation.channel import Channel, Compute, Task, TaskRefused, task_count
 from ..federation.message import SERVER, Payload
 from ..federation.parties import Client
+from ..privacy.releases import ReleaseGuard, Rounds
 from ..privacy.settings import GeodesicPrivacy
 from ..progress import progress_bar
 from .fedwad import (
@@ -159,11 +160,11 @@ _SUBSAMPLE = "fedwad.subsample"  # indices of the rows it drew for the current d
 
 
 class FedWADClient:
-    """FedWAD's client side: the tasks ``fedwad.interpolate`` (a moved measure [S, d]),
-    ``fedwad.distance`` (W_p(rows, xi) of that interpolation, ``{"distance": [1]}``) and
-    ``fedwad.final`` (W_p(rows, xi) for the measure in its inbox), each with the optional args
-    of :class:`Rows` (``label``, ``augment``, ``sample``), on the measure the server left in
-    ``client.inbox["measure"]``.
+    """FedWAD's client side: the tasks ``fedwad.interpolate`` of round ``{"round": r}`` (a
+    moved measure [S, d]), ``fedwad.distance`` (W_p(rows, xi) of that interpolation,
+    ``{"distance": [1]}``) and ``fedwad.final`` (W_p(rows, xi) for the measure in its inbox),
+    each with the optional args of :class:`Rows` (``label``, ``augment``, ``sample``), on the
+    measure the server left in ``client.inbox["measure"]``.
 
     ``config`` and ``privacy`` are the client's own (its run config, its copy of the
     protocol's randomized-t stage): t ~ U(its range) and the noise come from its own
@@ -174,7 +175,10 @@ class FedWADClient:
     ``samples``: the subsample size its own use allows (a coreset's ``samples_per_client``;
     0: none); a task naming another ``sample`` is refused (a few rows, moved towards xi, give
     those rows away). ``min_class_rows``: the fewest rows of one class (``label``) it computes
-    on, for the same reason (default 10).
+    on, for the same reason (default 10). Its interpolations are its releases
+    (:class:`~secureffm.privacy.releases.ReleaseGuard`): one per round (a second, at a fresh t
+    toward the same measure, would show the server where its rows lie on the line), and under
+    randomized-t at most ``config.iterations`` between two final distances.
     """
 
     TASKS = ("fedwad.interpolate", "fedwad.distance", "fedwad.final")
@@ -186,24 +190,41 @@ class FedWADClient:
         self.samples = samples
         self.min_class_rows = min_class_rows
         self.t_range, self.noise_std, self.private = _protections(privacy, config)
+        self.releases = ReleaseGuard({"fedwad.interpolate": Rounds(1, None)})
 
     def __call__(self, client: Client, task: Task) -> Payload:
         if task.name not in self.TASKS:
             raise TaskRefused(f"{client.id} runs {', '.join(self.TASKS)}, not {task.name!r}")
-        extra = sorted(set(task.args) - set(self.ARGS))
+        moving = task.name == "fedwad.interpolate"
+        allowed = (*self.ARGS, "round") if moving else self.ARGS
+        extra = sorted(set(task.args) - set(allowed))
         if extra:
             raise TaskRefused(f"{client.id} refused {task.name} with {extra}: it takes only "
-                              f"{', '.join(self.ARGS)}; its t range, its noise and when it "
+                              f"{', '.join(allowed)}; its t range, its noise and when it "
                               "sends a distance come from its own protocol and run config, "
                               "not the server")
         if task.name == "fedwad.distance":
             return self.distance(client)
-        if task.name == "fedwad.interpolate" and not client.state.get(_MOVES, 0):
+        if moving and not client.state.get(_MOVES, 0):
             client.state.pop(_SUBSAMPLE, None)  # a new distance: a fresh subsample
         rows = self.rows(client, task.args)
-        if task.name == "fedwad.interpolate":
+        if moving:
+            self._admit(client, task_count(client.id, task, "round"))
             return self.interpolate(client, rows)
         return self.final(client, rows)
+
+    def _admit(self, client: Client, round_: int) -> None:
+        """Refuse an interpolation of ``round_`` that is not the client's to release."""
+        moves = client.state.get(_MOVES, 0)
+        if self.private and moves >= self.config.iterations:
+            raise TaskRefused(f"{client.id} refused fedwad.interpolate for round {round_}: under "
+                              f"randomized-t it moves toward the server's measures "
+                              f"{self.config.iterations} times per distance (its run's "
+                              f"iterations) and made {moves} interpolation(s) since its last "
+                              "final distance")
+        refused = self.releases.admit(client.id, client.state, "fedwad.interpolate", round_)
+        if refused:
+            raise TaskRefused(refused)
 
     def rows(self, client: Client, args: dict) -> np.ndarray:
         """The client's rows [N, d (+ r)] float64 that ``args`` name (:class:`Rows`)."""
@@ -325,7 +346,7 @@ def _scalar(payload: Payload, sender: str) -> float:
 @dataclass(frozen=True)
 class _Asked:
     """A client side as the server drives it: the client, the dimension of its rows, and the
-    tasks it asks of it."""
+    tasks it asks of it (``interpolate`` without its round, added per iteration)."""
 
     client: str
     dim: int
@@ -400,7 +421,7 @@ def federated_distance(channel: Channel, privacy: GeodesicPrivacy | None, a: Sid
             _deliver(channel, r, "broadcast", "measure", SERVER, side.client,
                      measure_payload(xi))
             got = _deliver(channel, r, "upload", "measure", side.client, SERVER,
-                           side.interpolate)
+                           Task(side.interpolate.name, {**side.interpolate.args, "round": r}))
             returned.append(payload_measure(got, side.client, dim))
             if not private:
                 got = _deliver(channel, r, "upload", "scalar", side.client, SERVER,

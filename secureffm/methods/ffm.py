@@ -35,6 +35,7 @@ from ..privacy.accounting import check_delta, epsilon, smallest_multiplier
 from ..privacy.canaries import canary_sum
 from ..privacy.dpsgd import DPGradient, PlainGradient, poisson_rate, poisson_rows
 from ..privacy.ledger import CHARGED, LedgerEntry, PrivacyLedger, charged_fields
+from ..privacy.releases import Budget, ReleaseGuard, Rounds
 from ..privacy.settings import DistributedNoise, DPSettings
 from ..privacy.skellam import SkellamStep, skellam_epsilon
 from .couplings import ExactOTCoupling, IndependentCoupling, SemiDualCoupling
@@ -205,6 +206,10 @@ class FFMClient:
     args ``{"round": r}``), from public settings only, so a client's own process builds the
     same program. Its replicas and DP state live in ``client.state``, set up on first use.
 
+    ``releases``: what a client answers (:class:`~secureffm.privacy.releases.ReleaseGuard`),
+    from these settings alone: ``ffm.velocity`` for rounds 1..rounds and GOT's ``ffm.dual``
+    for its dual rounds, each once, and under local noise with a target, never past it.
+
     ``canaries`` (an audit run, set by :meth:`plant`): client id -> directions [k, P] of the
     gradient canaries included in that client's shard."""
 
@@ -220,11 +225,23 @@ class FFMClient:
         self.sigma = 0.0
         if dp is not None and dp.noise != "distributed":  # distributed: secagg adds noise
             self.sigma = local_noise_multiplier(settings, dp)
+        plan = {"ffm.velocity": Rounds(1, settings.rounds)}
+        if settings.method == "got":
+            every = settings.potential_every
+            plan["ffm.dual"] = Rounds(every, settings.rounds, every)
+        budget = None
+        if self.sigma and dp.target_epsilon is not None:
+            budget = Budget(self.sigma, poisson_rate(settings.batch_size, settings.shard_size),
+                            dp.delta, dp.target_epsilon, dp.accountant)
+        self.releases = ReleaseGuard(plan, budget)
 
     def __call__(self, client: Client, task: Task) -> dict[str, np.ndarray]:
         if task.name not in self.TASKS:
             raise TaskRefused(f"FFM clients run {', '.join(self.TASKS)}, not {task.name!r}")
         round_ = task_count(client.id, task, "round")
+        refused = self.releases.admit(client.id, client.state, task.name, round_)
+        if refused:
+            raise TaskRefused(refused)
         if "velocity" not in client.state:
             self.setup(client)
         if task.name == "ffm.velocity":

@@ -264,7 +264,7 @@ def test_a_server_naming_one_row_is_refused_and_would_get_it(tmp_path, data, arg
             setattr(channel.endpoints["client-1"].program, *allowance)
         channel.send(1, "broadcast", "measure", SERVER, "client-1", measure_payload(xi))
         got = channel.send(1, "upload", "measure", "client-1", SERVER,
-                           Task("fedwad.interpolate", args))
+                           Task("fedwad.interpolate", {**args, "round": 1}))
         channel.close()
         if not removed:
             assert got is None

@@ -58,7 +58,7 @@ def moved_and_distance(channel, round_: int, xi: Measure, distance: Task):
     ``distance`` of it."""
     assert channel.send(round_, "broadcast", "measure", SERVER, VICTIM, measure_payload(xi))
     moved = channel.send(round_, "upload", "measure", VICTIM, SERVER,
-                         Task("fedwad.interpolate"))
+                         Task("fedwad.interpolate", {"round": round_}))
     return moved, channel.send(round_, "upload", "scalar", VICTIM, SERVER, distance)
 
 
@@ -94,7 +94,8 @@ def test_a_distance_of_the_measure_a_client_moved_toward_is_refused(tmp_path, se
 def test_a_client_takes_no_t_range_or_noise_from_the_server(tmp_path, setup, args):
     channel, _, _, replay, xi = setup
     assert channel.send(1, "broadcast", "measure", SERVER, VICTIM, measure_payload(xi))
-    got = channel.send(1, "upload", "measure", VICTIM, SERVER, Task("fedwad.interpolate", args))
+    got = channel.send(1, "upload", "measure", VICTIM, SERVER,
+                       Task("fedwad.interpolate", {**args, "round": 1}))
     assert got is None
     [refusal] = refusals(tmp_path)
     assert refusal["sender"] == VICTIM and sorted(args)[0] in refusal["detail"]
