@@ -184,8 +184,9 @@ def _bytesmarkdown_table(cases: list[Case]) -> str:
 
 
 def _packing(d: int) -> str:
-    """FLARE's CKKS set-up (public key, [60, 40, 40]) against the shipped one (symmetric,
-    [60, 40]): bytes per parameter and seconds per 10^6 parameters, every slot used."""
+    """FLARE's CKKS set-up (public key, [60, 40, 40], scale 2^40) against the shipped one
+    (symmetric, [60, 40, 40], scale 2^60): bytes per parameter and seconds per 10^6
+    parameters, every slot used."""
     rows = []
     rng = np.random.default_rng(1)
     x, y = rng.uniform(-1, 1, d), rng.uniform(-1, 1, d)

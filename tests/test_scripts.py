@@ -247,7 +247,7 @@ def test_he_benchmark(run_script, tmp_path):
     packing = _section(result.stdout, "### CKKS packing")
     flare = _rows(packing, "NVIDIA FLARE's filter: public key")[0]
     ours = _rows(packing, "`he` (this stage): symmetric")[0]
-    assert flare[3] == "140 <= 218" and ours[3] == "100 <= 218"
+    assert flare[3] == "140 <= 218" and ours[3] == "140 <= 218"
     assert _block(out, "he") == result.stdout.rstrip("\n")
 
 

@@ -22,11 +22,15 @@ One aggregation (round ``r``, one message kind) runs these phases:
    scale, level) and adds it to the running sum.
 2. ``he_sum``: the server sends the summed ciphertexts to the decryptors: the first
    ``decryptors`` clients, in federation order, online and holding the key.
-3. ``he_decrypted``: each decryptor decrypts and returns the plaintext sum (float64), which
-   the log records as that delivery. The server accepts it when every decryptor returned the
-   same vector (decryption is deterministic) and it lies within the range honest inputs can
-   reach (a ciphertext under another key decrypts to noise spread over the whole range); the
-   mean is that sum over the sum of the included clients' w_u.
+3. ``he_decrypted``: each decryptor decrypts, floods every slot with Gaussian noise from
+   the OS (standard deviation :meth:`.CKKSParams.flood_sigma` for the federation's clients
+   and the spec's decryptors, both read from its own registry and spec) and returns the sum
+   (float64), which the log records as that delivery. An exact decryption would give the
+   server the secret key (Li and Micciancio; tests/security/test_ckks_key_recovery.py). The
+   server accepts the decryptors' mean when every answer lies within ``AGREE`` flood
+   deviations of the first (honest ones differ by noise alone) and within the range honest
+   inputs can reach (a ciphertext under another key decrypts to noise spread over the whole
+   range); the mean is that sum over the sum of the included clients' w_u.
 
 A client whose scaled update has a coordinate beyond ``input_limit`` (beyond it, the sum could
 wrap the modulus: :mod:`.ckks_params`) or NaN/Inf withholds it and logs why (never the value).
@@ -41,7 +45,9 @@ Threat model (docs/protocols.md): the server learns the weighted sum of the uplo
 nothing else while no client colludes with it. Every client holds the secret key: a client
 that colludes with the server decrypts every other client's upload from the server's view, and
 a server that deviates can ask a decryptor to decrypt one client's upload in place of the sum.
-With local DP (``dp-he``) every upload is DP on its own even then.
+With local DP (``dp-he``) every upload is DP on its own even then. The flooding keeps the key
+from the server's view of exact decryptions (statistically, for an error within the bound of
+:meth:`.CKKSParams.flood_sigma`; a deviating server can scale a ciphertext's error up).
 
 Spec keys: ``protects`` (summable kinds), ``poly_modulus_degree``, ``coeff_mod_bit_sizes``,
 ``scale_bits`` (checked against the HE security standard, :mod:`.ckks_params`),
@@ -51,6 +57,8 @@ key for the run).
 
 from __future__ import annotations
 
+import math
+import secrets
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -70,13 +78,16 @@ from .sealed import SealedStage
 from .secagg import SecAggStage
 from .wire import bytes_payload, payload_bytes
 
-__all__ = ["CKKSStage", "PHASES", "new_context", "public_context", "secret_context",
-           "load_context", "encrypt", "read_ciphertexts", "write_ciphertexts", "decrypt"]
+__all__ = ["CKKSStage", "PHASES", "AGREE", "new_context", "public_context", "secret_context",
+           "load_context", "encrypt", "read_ciphertexts", "write_ciphertexts", "decrypt", "flood"]
 
 PHASES = ("he_keys", "he_sum", "he_decrypted")
 _KEYS = {"stage", "protects", "poly_modulus_degree", "coeff_mod_bit_sizes", "scale_bits",
          "decryptors", "rotate_every"}
 _MEMORY = "ckks"
+# Two honest decryptors' answers differ by N(0, 2 sigma^2) per coordinate: beyond 13 sqrt(2)
+# sigma with probability 1.2e-38 each.
+AGREE = 13 * math.sqrt(2)
 # What TenSEAL raises on bytes it cannot parse or ciphertexts it cannot combine.
 _TENSEAL_ERRORS = (ValueError, RuntimeError, TypeError)
 _NO_DISTRIBUTED_NOISE = ("distributed DP noise holds only inside secure aggregation (stage "
@@ -184,6 +195,12 @@ def decrypt(context: ts.Context, vectors: list[ts.CKKSVector], size: int) -> np.
     float64."""
     return np.concatenate([np.asarray(v.decrypt(context.secret_key()), dtype=np.float64)
                            for v in vectors])[:size]
+
+
+def flood(x: np.ndarray, sigma: float) -> np.ndarray:
+    """x [d] plus Gaussian noise of standard deviation ``sigma`` per coordinate, drawn from a
+    generator seeded with 128 bits of OS entropy."""
+    return x + np.random.default_rng(secrets.randbits(128)).normal(0.0, sigma, x.shape)
 
 
 # -- one aggregation ------------------------------------------------------------------------------
@@ -415,13 +432,16 @@ class CKKSStage:
             return None, (f"no decryptor returned the sum (asked: {', '.join(chosen) or 'none'}"
                           " online with the key)")
         first = next(iter(answers.values()))
-        if any(not np.array_equal(a, first) for a in answers.values()):
-            return None, (f"the decryptors {', '.join(answers)} returned different sums; one "
-                          "of them decrypted wrongly or lied")
-        if np.abs(first).max(initial=0.0) > self.params.sum_limit:
+        apart = AGREE * self.params.flood_sigma(len(link.clients), self.decryptors)
+        if any(np.abs(a - first).max(initial=0.0) > apart for a in answers.values()):
+            return None, (f"the decryptors {', '.join(answers)} returned sums more than "
+                          f"{apart:.3g} apart (honest ones differ by their flooding noise "
+                          "alone); one of them decrypted wrongly or lied")
+        summed = np.mean(list(answers.values()), axis=0)
+        if np.abs(summed).max(initial=0.0) > self.params.sum_limit:
             return None, ("the decrypted sum lies outside the range honest inputs reach: an "
                           "upload was encrypted under another key or altered")
-        return first, ""
+        return summed, ""
 
 
 def _add(total: ts.CKKSVector, vector: ts.CKKSVector, sender: str) -> ts.CKKSVector:
@@ -524,17 +544,21 @@ def _client_key(step: Step) -> None:
 @client_action("ckks.decrypt")
 def _client_decrypt(step: Step) -> bytes | None:
     """A decryptor decrypts the summed ciphertexts under the key it holds and returns the
-    plaintext sum [size] float64."""
+    plaintext sum [size] float64, flooded for the federation's clients (its registry) and the
+    spec's decryptors."""
     v, args = step.client.id, step.args
     context = _held(step.client, int(args["epoch"]))
     if context is None:
         step.reject(v, f"holds no key of key epoch {args['epoch']}, so it cannot decrypt")
         return None
-    params = step.endpoint.protocol.aggregator(step.request.kind).params
+    stage = step.endpoint.protocol.aggregator(step.request.kind)
+    params = stage.params
     size = int(args["size"])
     try:
         vectors = read_ciphertexts(context, step.data, params.ciphertexts(size), params, SERVER)
     except MessageError as err:
         step.reject(SERVER, f"{v} refused the summed ciphertexts: {err}", refused=step.seq)
         return None
-    return serialize_payload({"sum": decrypt(context, vectors, size)})
+    clients = sum(1 for p in step.endpoint.registry.sign if p != SERVER)
+    sigma = params.flood_sigma(clients, stage.decryptors)
+    return serialize_payload({"sum": flood(decrypt(context, vectors, size), sigma)})

@@ -22,6 +22,22 @@ rounding of the encoded coefficients (|r_i| <= 1/2). A slot is sum_i p_i zeta^i 
 unity zeta, so it moves by at most N * max_i |p_i|: at most N * 21.5 / Delta per input, and the
 errors of n inputs add. Encoding and decoding run an FFT in double precision; ``error_bound``
 adds 2 N log2(N) 2^-52 (magnitude + 1) for it, a loose allowance.
+
+Flooding: CKKS is not IND-CPA-D (Li and Micciancio, EUROCRYPT 2021): the exact decryption of a
+ciphertext someone else holds gives them the error, hence the secret key
+(tests/security/test_ckks_key_recovery.py). A decryptor therefore adds to every slot it
+returns Gaussian noise of standard deviation ``flood_sigma`` = 2^(lambda/2) sqrt(k) B, lambda =
+:data:`FLOOD_SECURITY` = 40, k the decryptors, B a bound on the Euclidean norm of a
+ciphertext's error over its N/2 real slots: a slot is a sum of N coefficients times roots of
+unity, so by Parseval the slots' norm is at most sqrt(N/2) ||e||_2 <= N / sqrt(2) ||e||_inf,
+with ||e||_inf <= n (21 + 1/2) for a sum of n fresh encryptions: B = n N (21 + 1/2) /
+(sqrt(2) Delta). Against a view without the error (the exact sums plus the same noise), Q
+flooded decryptions under one key have KL divergence at most Q k B^2 / (2 sigma^2) = Q 2^-41
+nats and Renyi divergence of order a at most exp(a Q 2^-41): for a search problem such as key
+recovery, success drops by at most that factor's power (1 - 1/a) (Bai et al., ASIACRYPT
+2015); flooding by 2^(lambda/2) times the error is Li, Micciancio, Schultz and Sorrell's
+(CRYPTO 2022) and OpenFHE's NOISE_FLOODING_DECRYPT's shape. The price is precision:
+``flood_sigma`` per coordinate of the sum (1.1e-7 n at the shipped N = 8192, Delta = 2^60).
 """
 
 from __future__ import annotations
@@ -31,7 +47,7 @@ from dataclasses import dataclass
 
 from ..errors import ProtocolError
 
-__all__ = ["MAX_BITS_128", "CKKSParams"]
+__all__ = ["MAX_BITS_128", "FLOOD_SECURITY", "CKKSParams"]
 
 # Polynomial degree -> the largest total coefficient modulus (bits) for 128-bit security.
 MAX_BITS_128 = {1024: 27, 2048: 54, 4096: 109, 8192: 218, 16384: 438, 32768: 881}
@@ -40,6 +56,7 @@ _STANDARD = ("the HE security standard (homomorphicencryption.org, Table 1: 128-
 _ERROR_MAX = 21  # SEAL's centered binomial error: |e_i| <= 21 (standard deviation 3.24)
 _PRIME_BITS = (20, 60)  # what SEAL's CoeffModulus::Create accepts per prime
 _MIN_HEADROOM_BITS = 10  # log2 of the smallest decodable range a spec may leave
+FLOOD_SECURITY = 40  # lambda: flooding noise is 2^(lambda/2) times the error's bound
 
 
 @dataclass(frozen=True)
@@ -124,3 +141,12 @@ class CKKSParams:
         n = self.poly_modulus_degree
         noise = inputs * n * (_ERROR_MAX + 0.5) / self.scale
         return noise + 2 * n * math.log2(n) * 2.0**-52 * (magnitude + 1)
+
+    def flood_sigma(self, inputs: int, decryptors: int) -> float:
+        """Standard deviation of the Gaussian noise a decryptor adds to each slot of a sum of
+        ``inputs`` fresh encryptions that ``decryptors`` decrypt: 2^(lambda/2) sqrt(decryptors)
+        times the bound n N (21 + 1/2) / (sqrt(2) Delta) on the error's norm over the slots
+        (see the module docstring)."""
+        n = self.poly_modulus_degree
+        bound = inputs * n * (_ERROR_MAX + 0.5) / (math.sqrt(2) * self.scale)
+        return 2.0 ** (FLOOD_SECURITY / 2) * math.sqrt(decryptors) * bound

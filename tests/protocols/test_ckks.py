@@ -20,6 +20,7 @@ import torch
 from secureffm.errors import MessageError, ProtocolError
 from secureffm.federation import SERVER, Client, MessageLog
 from secureffm.federation.faults import Fault, FaultPlan
+from secureffm.federation.message import deserialize_payload
 from secureffm.protocols import load_protocol
 from secureffm.protocols.ckks import (
     CKKSStage,
@@ -34,8 +35,8 @@ from secureffm.runs.scaffold import open_channel
 
 KIND = "gradient"
 SHIPPED = {"stage": "ckks", "protects": [KIND], "poly_modulus_degree": 8192,
-           "coeff_mod_bit_sizes": [60, 40], "scale_bits": 40}
-PARAMS = CKKSParams(8192, (60, 40), 40)
+           "coeff_mod_bit_sizes": [60, 40, 40], "scale_bits": 60}
+PARAMS = CKKSParams(8192, (60, 40, 40), 60)
 
 
 def write_spec(directory: Path, *stages: dict) -> Path:
@@ -76,14 +77,17 @@ def plain_mean(xs, weights, ids) -> np.ndarray:
     return sum(weights[c] * xs[c].astype(np.float64) for c in ids) / sum(weights[c] for c in ids)
 
 
-def tolerance(xs, weights, ids) -> float:
+def tolerance(xs, weights, ids, decryptors: int = 1) -> float:
     """The stage encrypts z_u = s_u x_u (s_u = w_u n / W); the decrypted sum is within
-    error_bound of sum z_u, and the mean divides it by sum of s_u over ``ids``; then the
-    output is rounded to float32 (|mean| < 4: one ulp is 2^-22, twice the rounding)."""
+    error_bound of sum z_u plus the decryptor's flooding noise (within 8 of its standard
+    deviations: 1.2e-15 a coordinate), and the mean divides it by sum of s_u over ``ids``;
+    then the output is rounded to float32 (|mean| < 4: one ulp is 2^-22, twice the
+    rounding)."""
     n, total = len(xs), sum(weights.values())
     s = {c: weights[c] * n / total for c in xs}
     magnitude = sum(s[c] * float(np.abs(xs[c]).max()) for c in ids)
-    return PARAMS.error_bound(len(ids), magnitude) / sum(s[c] for c in ids) + 2.0**-22
+    noise = 8 * PARAMS.flood_sigma(n, decryptors)
+    return (PARAMS.error_bound(len(ids), magnitude) + noise) / sum(s[c] for c in ids) + 2.0**-22
 
 
 def records(directory: Path) -> list[dict]:
@@ -111,7 +115,7 @@ def test_the_aggregate_is_the_plaintext_weighted_mean_within_the_ckks_bound(tmp_
     assert error <= tolerance(xs, weights, ids)
 
 
-def test_every_upload_fills_every_slot_and_is_32_bytes_per_slot(tmp_path):
+def test_every_upload_fills_every_slot_and_is_57_bytes_per_slot(tmp_path):
     channel = make_channel(tmp_path, 2)
     d = 3 * 4096
     aggregate(channel, 1, updates(2, d), {"client-1": 1.0, "client-2": 1.0})
@@ -121,7 +125,9 @@ def test_every_upload_fills_every_slot_and_is_32_bytes_per_slot(tmp_path):
         context = new_context(PARAMS)  # any key: the count and shape are public
         with pytest.raises(MessageError, match="ciphertexts"):
             read_ciphertexts(context, payload_of(tmp_path, r), 2, PARAMS, r["sender"])
-        assert 32 * d < r["bytes"] < 32.2 * d  # 2 x 8192 coefficients of 8 bytes per 4096
+        # 2 x 8192 coefficients per 4096 slots, 8 bytes mod the 60-bit prime and 40 bits
+        # (after SEAL's zstd) mod the 40-bit one
+        assert 57 * d < r["bytes"] < 58 * d
 
 
 # -- dropouts ------------------------------------------------------------------------------------
@@ -251,7 +257,7 @@ def test_no_statistic_of_an_update_appears_in_the_log(tmp_path):
     """The server side logs no min, max, mean or norm of any update, scaled or not, and the
     uploads carry no update in the clear; a client whose update is out of range says so
     without its value."""
-    channel = make_channel(tmp_path, 3)
+    channel = make_channel(tmp_path, 3, scale_bits=87)  # input limit 2^9 / 3, not whole
     xs = updates(3, 400, seed=5, scale=7.0)
     xs["client-3"][7] = 1e6  # beyond the input limit: withheld
     weights = {"client-1": 1.0, "client-2": 2.0, "client-3": 3.0}
@@ -309,14 +315,21 @@ def test_an_upload_under_another_key_makes_the_round_abort_not_lie(tmp_path):
 def test_decryptors_that_disagree_abort_the_round_and_agreeing_ones_are_accepted(tmp_path):
     channel = make_channel(tmp_path, 3, decryptors=2)
     xs = updates(3, 100)
-    agreed = aggregate(channel, 1, xs, dict.fromkeys(xs, 1.0))
+    weights = dict.fromkeys(xs, 1.0)
+    agreed = aggregate(channel, 1, xs, weights)
     assert agreed.included == list(xs)
     assert [r["recipient"] for r in records(tmp_path) if r["phase"] == "he_sum"] == [
         "client-1", "client-2"]
+    # each floods with noise of its own, so honest answers differ, yet agree
+    answers = [deserialize_payload(payload_of(tmp_path, r))["sum"]
+               for r in records(tmp_path) if r["phase"] == "he_decrypted"]
+    assert len(answers) == 2 and not np.array_equal(*answers)
+    assert np.abs(agreed.payload[KIND] - plain_mean(xs, weights, list(xs))).max() <= \
+        tolerance(xs, weights, list(xs), decryptors=2)
     channel.clients[1].memory["ckks"]["context"] = new_context(PARAMS)  # it decrypts wrongly
-    lied = aggregate(channel, 2, xs, dict.fromkeys(xs, 1.0))
-    assert lied.payload is None and "decryptors client-1, client-2 returned different" in \
-        lied.reason
+    lied = aggregate(channel, 2, xs, weights)
+    assert lied.payload is None and "decryptors client-1, client-2 returned sums more than" \
+        in lied.reason
 
 
 # -- the spec ------------------------------------------------------------------------------------
