@@ -76,7 +76,7 @@ from functools import partial
 
 import numpy as np
 
-from ..errors import MessageError, ProtocolError
+from ..errors import ConfigError, MessageError, ProtocolError
 from ..federation.channel import Aggregate, Compute, Template
 from ..federation.crypto import (
     KeyPair,
@@ -1292,8 +1292,11 @@ def own_parameters(step: Step, stage: SecAggStage, size: int) -> tuple[float, fl
         raise MessageError(f"scale = {scale!r} under distributed noise: its noise share is "
                            "sized for its update as it is, so it takes no scale but 1")
     clients = list(_order(step.endpoint.registry))
-    noise = step.endpoint.own_noise(kind, clients)
-    variance = stage._share_variance(noise, dict.fromkeys(clients, 1.0), size, len(clients))
+    try:
+        noise = step.endpoint.own_noise(kind, clients)
+        variance = stage._share_variance(noise, dict.fromkeys(clients, 1.0), size, len(clients))
+    except (ConfigError, ProtocolError) as err:  # its own settings admit no noise share here
+        raise MessageError(f"it cannot size its own noise share: {err}") from None
     if (isinstance(asked, bool) or not isinstance(asked, (int, float))
             or not math.isclose(asked, variance, rel_tol=1e-9)):
         raise MessageError(f"share_variance = {asked!r} levels^2, not the {variance:.6g} it "

@@ -145,6 +145,26 @@ def test_a_client_without_a_noise_plan_of_its_own_refuses_to_mask(tmp_path):
     assert all("no noise plan of its own" in e["detail"] for e in refusals)
 
 
+def test_a_client_whose_own_plan_admits_no_noise_share_refuses_by_name(tmp_path):
+    """A client whose own plan needs more noise than its stage's bits hold refuses the request
+    by name (a signed event, the round aborts) instead of failing inside its handler."""
+    values = {cid: np.full(SIZE, 1e-3, dtype=np.float32) for cid in ids(N)}
+    clients = [Client(cid, torch.zeros(1, 2), torch.Generator()) for cid in values]
+    log = MessageLog(tmp_path / "messages.jsonl")
+    channel = open_channel(load_protocol(DISTRIBUTED), clients, log)
+    loud = DistributedNoise(1e6, NOISE.sensitivity)
+    for endpoint in channel.endpoints.values():
+        endpoint.noise = lambda *_: loud
+    result = channel.aggregate(1, KIND, lambda c: {KIND: values[c.id]},
+                               {cid: 1.0 for cid in values},
+                               {KIND: ((SIZE,), np.dtype(np.float32))}, NOISE)
+    channel.close()
+    assert result.payload is None and verify_run(tmp_path).ok
+    refusals = [e for e in log.events if e["event"] == "rejected"]
+    assert {e["sender"] for e in refusals} == set(ids(N))
+    assert all("cannot size its own noise share" in e["detail"] for e in refusals)
+
+
 def test_unequal_weights_are_refused_under_distributed_noise(tmp_path):
     """Clients accept no scale but 1 under distributed noise, so the server refuses weights
     that would need one, before the round, with what to change."""
