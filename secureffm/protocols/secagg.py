@@ -60,8 +60,8 @@ except under distributed noise (the count is of its update before its noise shar
 then is exact over the survivors or aborts with a reason (``Aggregate.payload`` None). The clip
 binds honest clients only: a client may send any masked words, and the server checks only that
 the unmasked total lies in the quantizer's range (none under distributed noise), so one client
-can weigh up to about n x clip per coordinate in the sum; per-client range proofs would be
-needed to enforce it, and none are built.
+can weigh up to about n x clip per coordinate in the sum (half the modulus under distributed
+noise); per-client range proofs would be needed to enforce the clip, and none are built.
 """
 
 from __future__ import annotations
