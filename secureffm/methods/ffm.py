@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass, fields
 
 import numpy as np
@@ -28,7 +29,7 @@ from ..federation.channel import Channel, Task, TaskRefused, task_count
 from ..federation.parties import Client
 from ..models.dp_layers import dp_unsupported_layers
 from ..models.mlp import PotentialMLP, VelocityMLP
-from ..models.params import load_flat_params
+from ..models.params import flat_params, load_flat_params
 from ..models.unet import make_unet
 from ..ot import c_transform
 from ..privacy.accounting import check_delta, epsilon, smallest_multiplier
@@ -36,14 +37,15 @@ from ..privacy.canaries import canary_sum
 from ..privacy.dpsgd import DPGradient, PlainGradient, poisson_rate, poisson_rows
 from ..privacy.ledger import CHARGED, LedgerEntry, PrivacyLedger, charged_fields
 from ..privacy.releases import Budget, ReleaseGuard, Rounds
-from ..privacy.settings import DistributedNoise, DPSettings
+from ..privacy.settings import DistributedNoise, DPSettings, NoiseGeometry
 from ..privacy.skellam import SkellamStep, skellam_epsilon
 from .couplings import ExactOTCoupling, IndependentCoupling, SemiDualCoupling
 from .flow_matching import flow_matching_loss
 from .global_model import GlobalModel
 
 __all__ = ["FederatedFlowMatching", "FFMClient", "FFMSettings", "planned_steps",
-           "local_noise_multiplier", "client_weights", "velocity_gradient",
+           "local_noise_multiplier", "plan_distributed_noise", "distributed_epsilon",
+           "client_weights", "velocity_gradient",
            "LOT_DP_REFUSAL", "velocity_network", "image_velocity", "potential_network",
            "autocast_dtype", "check_dp_layers"]
 
@@ -200,6 +202,50 @@ def local_noise_multiplier(settings: FFMSettings, dp: DPSettings) -> float:
                           dp.accountant), dp.target_epsilon, dp.delta)
 
 
+def plan_distributed_noise(settings: FFMSettings, dp: DPSettings, clients: list[str],
+                           sizes: dict[str, int], noise_geometry: Callable
+                           ) -> tuple[dict[str, NoiseGeometry], DistributedNoise]:
+    """Each kind's distributed-noise geometry for updates of ``sizes[kind]`` coordinates from
+    ``clients`` at equal weights (``noise_geometry(kind, weights, sensitivity, size)``: the
+    protocol's, or the channel's), and the noise every client adds: L2 sensitivity
+    clip / batch_size, and tau the given one or the smallest keeping every client within the
+    target over the planned rounds. Public settings only: the server plans with it and each
+    client derives its own noise share with it from its own settings and protocol."""
+    sensitivity = dict.fromkeys(clients, dp.clip / settings.batch_size)
+    weights = dict.fromkeys(clients, 1.0)
+    geometry = {kind: noise_geometry(kind, weights, sensitivity, size)
+                for kind, size in sizes.items()}
+    tau = dp.noise_multiplier or _calibrated_tau(settings, dp, tuple(
+        (kind, g.honest, tuple(sorted(g.sensitivity.items()))) for kind, g in geometry.items()))
+    return geometry, DistributedNoise(tau, sensitivity, dp.colluders)
+
+
+def distributed_epsilon(settings: FFMSettings, dp: DPSettings,
+                        geometry: dict[str, NoiseGeometry], client: str, multiplier: float,
+                        rounds: int | None = None) -> float:
+    """The epsilon ``client`` spends in ``rounds`` rounds (the settings' by default) under
+    distributed noise at multiplier tau, every kind's Skellam steps composed."""
+    rate = poisson_rate(settings.batch_size, settings.shard_size)
+    return skellam_epsilon([
+        SkellamStep(rate, *geometry[kind].sensitivity[client],
+                    geometry[kind].sum_variance(multiplier), n)
+        for kind, n in planned_steps(settings, rounds).items()], dp.delta)
+
+
+@functools.lru_cache(maxsize=16)
+def _calibrated_tau(settings: FFMSettings, dp: DPSettings, frozen: tuple) -> float:
+    """tau for :func:`plan_distributed_noise`; ``frozen``: the geometry as (kind, honest,
+    sorted (client, (L2, L1)) pairs) per kind. Kept per process (the search costs seconds, and
+    the server and the in-process clients ask for the same one); each distinct sensitivity
+    profile is evaluated once."""
+    geometry = {kind: NoiseGeometry(dict(pairs), honest) for kind, honest, pairs in frozen}
+    profiles = {tuple(g.sensitivity[cid] for g in geometry.values()): cid
+                for cid, _ in frozen[0][2]}
+    return smallest_multiplier(
+        lambda m: max(distributed_epsilon(settings, dp, geometry, cid, m)
+                      for cid in profiles.values()), dp.target_epsilon, dp.delta)
+
+
 class FFMClient:
     """FFM's client side: what a client computes in a round with its own shard and secret
     streams (:class:`~secureffm.federation.exchange.Task` ``ffm.velocity`` and ``ffm.dual``,
@@ -287,6 +333,20 @@ class FFMClient:
         if potential is not None:  # f at two points per example: linear mode's two passes
             client.state["dual_grad"] = DPGradient(potential, self.dp.clip, self.sigma,
                                                    c.batch_size, secret)
+
+    def distributed_noise(self, client: Client, kind: str, protocol,
+                          clients: list[str]) -> DistributedNoise:
+        """This client's own noise plan for ``kind`` under distributed noise
+        (:class:`~secureffm.protocols.endpoint.ClientEndpoint`'s ``noise``): from its settings
+        and dp, its replicas' sizes and ``protocol`` (its own copy) over the federation
+        ``clients``, as :func:`plan_distributed_noise` plans it for the server."""
+        if "velocity" not in client.state:
+            self.setup(client)
+        sizes = {"gradient": flat_params(client.state["velocity"]).size}
+        if "potential" in client.state:
+            sizes["dual_update"] = flat_params(client.state["potential"]).size
+        return plan_distributed_noise(self.settings, self.dp, clients, sizes,
+                                      protocol.noise_geometry)[1]
 
     def _coupling(self, client: Client):
         if self.settings.method == "vanilla":
@@ -434,34 +494,24 @@ class FederatedFlowMatching:
     def client_epsilon(self, client: str, multiplier: float, rounds: int) -> float:
         """The epsilon client ``client`` (its id) spends in ``rounds`` rounds at noise
         ``multiplier`` (sigma for local noise, tau for distributed noise)."""
-        steps = self.planned_steps(rounds)
         if not self.distributed:
-            return epsilon([(multiplier, self.rate, n) for n in steps.values()], self.dp.delta,
+            return epsilon([(multiplier, self.rate, n)
+                            for n in self.planned_steps(rounds).values()], self.dp.delta,
                            self.dp.accountant)
-        schedule = []
-        for kind, n in steps.items():
-            l2, l1 = self.geometry[kind].sensitivity[client]
-            schedule.append(SkellamStep(self.rate, l2, l1,
-                                        self.geometry[kind].sum_variance(multiplier), n))
-        return skellam_epsilon(schedule, self.dp.delta)
+        return distributed_epsilon(self.settings, self.dp, self.geometry, client, multiplier,
+                                   rounds)
 
     def _plan_distributed_noise(self) -> None:
         """Geometry of each kind's noise in quantization levels, and one multiplier tau for
-        every client and kind: the given one, or the smallest keeping every client within the
-        target."""
+        every client and kind (:func:`plan_distributed_noise`, which each client runs too)."""
         ids = [c.id for c in self.channel.clients]
-        sensitivity = {cid: self.dp.clip / self.settings.batch_size for cid in ids}
         sizes = {"gradient": self.velocity.flat().size}
         if self.potential is not None:
             sizes["dual_update"] = self.potential.flat().size
-        self.geometry = {kind: self.channel.noise_geometry(kind, self.weights, sensitivity, size)
-                         for kind, size in sizes.items()}
-        tau = self.dp.noise_multiplier or smallest_multiplier(
-            lambda m: max(self.client_epsilon(cid, m, self.settings.rounds) for cid in ids),
-            self.dp.target_epsilon, self.dp.delta)
-        self.noise_multipliers = {cid: tau for cid in ids}
-        self.noise = {kind: DistributedNoise(tau, sensitivity, self.dp.colluders)
-                      for kind in sizes}
+        self.geometry, noise = plan_distributed_noise(self.settings, self.dp, ids, sizes,
+                                                      self.channel.noise_geometry)
+        self.noise_multipliers = dict.fromkeys(ids, noise.multiplier)
+        self.noise = dict.fromkeys(sizes, noise)
 
     def rounds_within_budget(self) -> int:
         """The most rounds every client can run without its epsilon exceeding the target

@@ -23,7 +23,9 @@ class DPSettings:
 
 @dataclass(frozen=True)
 class DistributedNoise:
-    """What secure aggregation needs to add each client's share of distributed noise.
+    """What secure aggregation needs to add each client's share of distributed noise: the
+    server's plan, and each client's own (which it derives from its own settings and checks
+    the server's share variance against).
 
     ``multiplier``: tau; whenever the fewest honest clients survive, the sum's Skellam noise
     has std at least tau times the largest client's L2 sensitivity (in quantization levels).

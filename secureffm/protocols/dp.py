@@ -14,8 +14,9 @@ beside it), ``colluders``.
 ``noise = "distributed"``: each client adds a share of integer Skellam noise inside secure
 aggregation (every protected kind must also be protected by a ``secagg`` stage), sized so that
 the sum carries the full noise whenever at least the secagg threshold of clients survive, of
-which ``colluders`` (default 0) may be known to the server; accounted with the Skellam RDP
-bound (:mod:`secureffm.privacy.skellam`).
+which ``colluders`` (default 0) may be known to the server (or malicious); each client sizes
+its share itself from its own spec and settings and refuses the server's other value;
+accounted with the Skellam RDP bound (:mod:`secureffm.privacy.skellam`).
 """
 
 from __future__ import annotations

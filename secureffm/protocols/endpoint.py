@@ -19,12 +19,17 @@ from ..federation.channel import Task, TaskRefused
 from ..federation.exchange import Incoming, Receipts, Reply, Request, late_refusal
 from ..federation.message import SERVER, Payload, deserialize_payload, serialize_payload
 from ..federation.parties import Client, Registry
+from ..privacy.settings import DistributedNoise
 from .link import record_broadcast
 
-__all__ = ["ClientEndpoint", "Step", "client_action", "ACTIONS", "Program", "SESSIONS"]
+__all__ = ["ClientEndpoint", "Step", "client_action", "ACTIONS", "Program", "NoisePlan",
+           "SESSIONS"]
 
 # What runs a method's named client computation: (the client, the task) -> its payload.
 Program = Callable[[Client, Task], Payload]
+# A client's own plan of distributed noise: (the client, the kind, its own protocol, the
+# federation's client ids) -> its tau, sensitivity and colluders, from its own settings.
+NoisePlan = Callable[[Client, str, Any, list[str]], DistributedNoise]
 
 
 @dataclass
@@ -103,19 +108,32 @@ class ClientEndpoint:
     """One client's side: ``client`` (its keys, shard and streams), ``registry`` (the public
     keys it pinned), ``protocol`` (its own copy of the run's protocol, whose parameters it
     trusts rather than the server's word), ``program`` (what runs the method's named
-    computations), the per-aggregation ``sessions`` its protocol handlers keep, and what they
-    keep ``lasting`` across aggregations, by (tag, kind) (a batch of signed keys)."""
+    computations), ``noise`` (its own plan of distributed noise; by default the program's
+    ``distributed_noise``, if it has one), the per-aggregation ``sessions`` its protocol
+    handlers keep, and what they keep ``lasting`` across aggregations, by (tag, kind) (a batch
+    of signed keys)."""
 
     client: Client
     registry: Registry
     protocol: Any
     program: Program | None = None
+    noise: NoisePlan | None = None
     sessions: dict[tuple[int, str], Any] = field(default_factory=dict)
     lasting: dict[tuple[str, str], Any] = field(default_factory=dict)
     receipts: Receipts = field(init=False)
 
     def __post_init__(self) -> None:
         self.receipts = Receipts(self.registry)
+        if self.noise is None:
+            self.noise = getattr(self.program, "distributed_noise", None)
+
+    def own_noise(self, kind: str, clients: list[str]) -> DistributedNoise:
+        """This client's own distributed-noise plan for ``kind`` in a federation of
+        ``clients``; MessageError when it has none (it then takes no noise from the server)."""
+        if self.noise is None:
+            raise MessageError(f"{self.client.id} has no noise plan of its own for {kind} "
+                               "(tau and sensitivity from its own settings)")
+        return self.noise(self.client, kind, self.protocol, clients)
 
     def _take_broadcast(self, arrived: Incoming, events: list[dict]) -> None:
         """A broadcast carried by another exchange, checked on receipt and taken as its own

@@ -15,7 +15,10 @@ stochastic rounding in fixed point with ``F = min(32, 64 - bitlength(L - 1))`` f
 ``v >= 2**(53 - F)``), and ``q * s - c`` estimates the clipped update. ``r`` is read from an
 AES-128-CTR keystream (:mod:`.prg`) keyed by 32 bytes drawn from the caller's generator. The
 server's unmasked total is ``sum_i q_i``; it equals the true integer sum as long as
-``n * (L - 1) < 2**bits`` (:meth:`Quantizer.check`). Clipping biases the sum;
+``n * (L - 1) < 2**bits`` (:meth:`Quantizer.check`). :meth:`Quantizer.dequantize_sum` checks
+only that the total lies in ``[0, n (L - 1)]`` (and nothing when noisy): a client that sends
+other integers than its quantized update is bounded by that, not by ``clip`` (up to about
+``n * clip`` per coordinate). Clipping biases the sum;
 :meth:`Quantizer.quantize_into` counts the entries it changes.
 
 :meth:`Quantizer.quantize_into` writes the words that masking adds to in place

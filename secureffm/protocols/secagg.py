@@ -20,8 +20,10 @@ One aggregation (a fresh session, fresh keys) runs these phases:
 4. ``shares``: the server routes the ciphertexts; each recipient opens them at once, and
    refuses to mask when they come from fewer than t - 1 peers (t of its group of |S(u)|).
 5. ``masked_input``: u clips and quantizes w_u x_u to Z_{2^bits} (under distributed DP noise,
-   adds its share of integer Skellam noise) and adds PRG(b_u) and, for each neighbour v whose
-   shares the server routed to u, +-PRG(HKDF(X25519(s_sk_u, s_pk_v))) (+ if u precedes v).
+   adds its share of integer Skellam noise, whose variance it derives from its own spec and
+   noise plan, and takes no w_u but 1: it refuses a server's other value of either) and adds
+   PRG(b_u) and, for each neighbour v whose shares the server routed to u,
+   +-PRG(HKDF(X25519(s_sk_u, s_pk_v))) (+ if u precedes v).
 6. ``consistency`` and ``consistency_sign`` (malicious variant): the server announces the
    survivors U3; each survivor signs U3 once, with a digest of the parameters, the graph and
    the broadcasts it received this round.
@@ -53,8 +55,13 @@ rejected by name (a ``rejected`` event, signed by whoever rejected it), and then
   holder altered it, or the dealer dealt it so). The holder's input stays in the sum: it
   arrived masked before the reply, and taking it out would need both of its secrets.
 
-Each clipped coordinate is counted; a client with any logs a ``clipped`` event with the count.
-The round then is exact over the survivors or aborts with a reason (``Aggregate.payload`` None).
+Each clipped coordinate is counted; a client with any logs a ``clipped`` event with the count,
+except under distributed noise (the count is of its update before its noise share). The round
+then is exact over the survivors or aborts with a reason (``Aggregate.payload`` None). The clip
+binds honest clients only: a client may send any masked words, and the server checks only that
+the unmasked total lies in the quantizer's range (none under distributed noise), so one client
+can weigh up to about n x clip per coordinate in the sum (half the modulus under distributed
+noise); per-client range proofs would be needed to enforce the clip, and none are built.
 """
 
 from __future__ import annotations
@@ -69,7 +76,7 @@ from functools import partial
 
 import numpy as np
 
-from ..errors import MessageError, ProtocolError
+from ..errors import ConfigError, MessageError, ProtocolError
 from ..federation.channel import Aggregate, Compute, Template
 from ..federation.crypto import (
     KeyPair,
@@ -780,7 +787,10 @@ class SecAggStage:
     @staticmethod
     def scales(weights: dict[str, float]) -> dict[str, float]:
         """w_u = weight_u * n / sum of weights: the factor each client multiplies its input by
-        (about 1 each, so the quantizer's clip range suits every client)."""
+        (about 1 each, so the quantizer's clip range suits every client); exactly 1 each when
+        the weights are equal (what clients require under distributed noise)."""
+        if len(set(weights.values())) == 1:
+            return dict.fromkeys(weights, 1.0)
         total = sum(weights.values())
         return {cid: w * len(weights) / total for cid, w in weights.items()}
 
@@ -1071,9 +1081,17 @@ class SecAggStage:
     def _share_variance(self, noise: DistributedNoise | None, weights: dict[str, float],
                         size: int, n: int) -> float:
         """Each client's Skellam noise variance in levels (0 without distributed noise),
-        after checking that the noisy sum of all n clients cannot wrap the modulus."""
+        after checking that the weights are equal (each client sizes its noise share for its
+        update itself and refuses any scale but 1) and that the noisy sum of all n clients
+        cannot wrap the modulus. Each client derives the same value from its own spec and
+        noise plan (:func:`client_input`); the server's is only what they check."""
         if noise is None:
             return 0.0
+        if len(set(weights.values())) != 1:
+            raise ProtocolError(
+                "distributed noise needs equal weights: each client sizes its noise share for "
+                "its update as it is and refuses to scale it, so give every client the same "
+                "weight (weighting = 'uniform') or use local noise")
         geometry = self.noise_geometry(weights, noise.sensitivity, size, noise.colluders)
         variance = geometry.share_variance(noise.multiplier)
         centre = n * (self.quantizer.levels - 1) / 2
@@ -1211,24 +1229,31 @@ def _client_mask(step: Step) -> bytes | None:
         step.reject(author, f"{u} cannot use {author}'s shares ({why}); it holds none of them "
                     f"and still masks with {author}")
     quantizer = session.stage.quantizer
-    computed = client_input(step, quantizer)
+    computed = client_input(step, session.stage)
     if computed is None:
         return None
-    x, noise = computed
+    x, scale, noise = computed
     # quantized, noised and masked chunk by chunk straight into its payload
-    data, clipped = masked_payload(x, quantizer, step.client.protocol_rng, step.args["scale"],
+    data, clipped = masked_payload(x, quantizer, step.client.protocol_rng, scale,
                                    *session.mask_seeds(), noise)
     report_clipped(step, clipped, x.size, quantizer)
     return data
 
 
-def client_input(step: Step, quantizer: Quantizer
-                 ) -> tuple[np.ndarray, np.ndarray | None] | None:
-    """The client's update for a masked input: its 1-D float vector and its share of
-    distributed noise (integers in the mask word type, or None without distributed noise);
-    None when it withheld an update that does not fit the template (a signed refusal)."""
+def client_input(step: Step, stage: SecAggStage
+                 ) -> tuple[np.ndarray, float, np.ndarray | None] | None:
+    """The client's update for a masked input: its 1-D float vector, the scale it multiplies
+    it by and its share of distributed noise (integers in the mask word type, or None without
+    distributed noise); None after a signed refusal: of the server's scale or share variance
+    (:func:`own_parameters`), or of an update that does not fit the template (withheld)."""
     u = step.client.id
     template = template_of(step.args["template"])
+    try:
+        scale, variance = own_parameters(step, stage, sum(
+            int(np.prod(shape)) for shape, _ in template.values()))
+    except MessageError as err:
+        step.reject(SERVER, f"{u} refused the mask request: {err}", phase="masked_input")
+        return None
     payload = step.compute()
     try:
         check_payload(u, payload, {name: _shaped(shape, dtype)
@@ -1237,15 +1262,53 @@ def client_input(step: Step, quantizer: Quantizer
         step.reject(u, f"withheld its update: {err}", phase="masked_input")
         return None
     x = as_vector(payload, template)
-    if not step.args["share_variance"]:
-        return x, None
+    if not variance:
+        return x, scale, None
     # two's complement integers: wrap to residues
-    return x, _skellam(step.args["share_variance"], x.size).astype(word_dtype(quantizer.bits))
+    return x, scale, _skellam(variance, x.size).astype(word_dtype(stage.quantizer.bits))
+
+
+def _distributed(step: Step) -> bool:
+    """Whether the client's own protocol adds distributed noise to the request's kind."""
+    own = step.endpoint.protocol.dp_for(step.request.kind)
+    return own is not None and own.noise == "distributed"
+
+
+def own_parameters(step: Step, stage: SecAggStage, size: int) -> tuple[float, float]:
+    """(scale, share variance in levels) for the request's input of ``size`` coordinates,
+    from the client's own spec: the server's ``scale`` and ``share_variance`` are only
+    checked. Without distributed noise the scale is the server's (it weighs the sum, which
+    the server learns anyway) and the variance must be 0. Under distributed noise the scale
+    must be 1 and the variance the one the client derives itself: its own noise plan (tau,
+    sensitivity, colluders) and its own stage over the federation it pinned, at equal weights.
+    Raises MessageError naming what differs."""
+    kind, scale, asked = step.request.kind, step.args["scale"], step.args["share_variance"]
+    if not _distributed(step):
+        if asked:
+            raise MessageError(f"share_variance = {asked!r}, but its own protocol adds no "
+                               f"distributed noise to {kind}")
+        return scale, 0.0
+    if scale != 1.0:
+        raise MessageError(f"scale = {scale!r} under distributed noise: its noise share is "
+                           "sized for its update as it is, so it takes no scale but 1")
+    clients = list(_order(step.endpoint.registry))
+    try:
+        noise = step.endpoint.own_noise(kind, clients)
+        variance = stage._share_variance(noise, dict.fromkeys(clients, 1.0), size, len(clients))
+    except (ConfigError, ProtocolError) as err:  # its own settings admit no noise share here
+        raise MessageError(f"it cannot size its own noise share: {err}") from None
+    if (isinstance(asked, bool) or not isinstance(asked, (int, float))
+            or not math.isclose(asked, variance, rel_tol=1e-9)):
+        raise MessageError(f"share_variance = {asked!r} levels^2, not the {variance:.6g} it "
+                           "derives from its own spec and noise plan")
+    return 1.0, variance
 
 
 def report_clipped(step: Step, clipped: int, size: int, quantizer: Quantizer) -> None:
-    """A signed ``clipped`` event when the quantizer clipped coordinates of the input."""
-    if clipped:
+    """A signed ``clipped`` event when the quantizer clipped coordinates of the input, except
+    under distributed noise: there the count is of the update before its noise share, a
+    function of the client's data that no mechanism accounts for, so it is not released."""
+    if clipped and not _distributed(step):
         step.event("masked_input", "clipped", step.client.id,
                    f"{clipped} of {size} coordinates of its scaled update lay outside "
                    f"[-{quantizer.clip:g}, {quantizer.clip:g}] and were clipped")

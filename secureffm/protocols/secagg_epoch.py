@@ -516,10 +516,10 @@ def _client_mask(step: Step) -> bytes | None:
         step.reject(SERVER, f"{u} refused the mask request: {err}", phase="masked_input")
         return None
     quantizer = session.stage.quantizer
-    computed = client_input(step, quantizer)
+    computed = client_input(step, session.stage)
     if computed is None:
         return None
-    x, noise = computed
+    x, scale, noise = computed
     seed = secrets.token_bytes(32)
     order = _order(step.endpoint.registry)
     group = sorted([u, *session.peers], key=order.get)
@@ -537,7 +537,7 @@ def _client_mask(step: Step) -> bytes | None:
         extra["view_sig"] = session.view_signature()
     # quantized, noised and masked chunk by chunk straight into its payload
     data, clipped = masked_payload(
-        x, quantizer, step.client.protocol_rng, step.args["scale"],
+        x, quantizer, step.client.protocol_rng, scale,
         [seed] + [pairs[v] for v in peers if session.peers[v].first],
         [pairs[v] for v in peers if not session.peers[v].first], noise, extra)
     report_clipped(step, clipped, x.size, quantizer)
