@@ -12,7 +12,7 @@ import numpy as np
 
 from .audit.pin import RunPin, is_hex, load_pin
 from .audit.verify import pin_run, verify_run
-from .config import config_fields, load_config
+from .config import PATH_LISTS, config_fields, load_config
 from .errors import SecureFFMError
 from .methods.fedwad import FedWADConfig
 from .runs.fedwad import FedWADRun, run_fedwad
@@ -21,6 +21,14 @@ from .runs.scaffold import pin_message
 __all__ = ["main", "build_parser"]
 
 _HELP = {
+    "client_data": "a client's own table (.csv with a header, .npy, .parquet): repeat once per "
+                   "client, in client order; implies --data table (docs/data.md)",
+    "schema": "the public schema (TOML) of a run on the clients' own tables: columns, types, "
+              "public bounds (draft one with secureffm schema infer)",
+    "holdout": "public fraction of its rows each client holds out to evaluate the model on its "
+               "own side",
+    "target_column": "a schema column whose machine-learning efficacy (train on synthetic, test "
+                     "on real held-out rows) each client scores",
     "method": "vanilla | lot | got (federated FFM), icfm | otcfm (centralized baselines), "
               "dcfm-a | dcfm-b | fedflow | fedflow-l | ddm | ddm-l (DCFM, docs/dcfm.md)",
     "protocol": "protocol name (shipped spec) or path to a .toml spec",
@@ -113,6 +121,21 @@ def build_parser() -> argparse.ArgumentParser:
     app.add_argument("--keys", required=True, help="keys folder (secureffm flower-keys) as the "
                      "server sees it; each SuperNode may name its own: --node-config keys=PATH")
     _add_config_options(app)
+    sample = sub.add_parser("sample", help="synthetic rows (or 2D points) from a finished run "
+                            "or an export, with a privacy notice beside them (docs/data.md)")
+    sample.add_argument("run", help="a finished FFM run folder, or a folder secureffm export "
+                        "wrote")
+    sample.add_argument("--n", type=int, required=True, help="how many samples")
+    sample.add_argument("--out", required=True, help="file to write: .csv, .npy or .parquet "
+                        "(and <out>.privacy.json beside it)")
+    sample.add_argument("--nfe", type=int, help="Euler steps (default: the run's largest "
+                        "evaluated NFE, at most 100)")
+    sample.add_argument("--seed", type=int, help="seed of the source noise, to repeat a draw "
+                        "(default: OS entropy)")
+    export = sub.add_parser("export", help="the run's velocity field as safetensors weights "
+                            "with its config, schema and privacy.json (no pickle)")
+    export.add_argument("run", help="a finished FFM run folder")
+    export.add_argument("--out", required=True, help="a new folder")
     schema = sub.add_parser("schema", help="a tabular run's public schema (docs/data.md)")
     infer = schema.add_subparsers(dest="schema_command", required=True).add_parser(
         "infer", help="draft a schema from one data file (.csv, .npy, .parquet) for its owner "
@@ -133,6 +156,9 @@ def _add_config_options(parser: argparse.ArgumentParser) -> None:
         if isinstance(default, bool):
             parser.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction,
                                 default=None, help=_HELP.get(f.name, f"default {default}"))
+        elif f.name in PATH_LISTS:
+            parser.add_argument(flag, dest=f.name, action="append", default=None,
+                                metavar="PATH", help=_HELP.get(f.name, ""))
         else:
             shown = ",".join(map(str, default)) if isinstance(default, tuple) else default
             parser.add_argument(flag, dest=f.name, default=None, metavar=f.name.upper(),
@@ -182,6 +208,19 @@ def _schema_infer(args: argparse.Namespace) -> None:
     else:
         print(text, end="")
     print(f"WARNING: {INFER_WARNING}", file=sys.stderr)
+
+
+def _sample(args: argparse.Namespace) -> None:
+    from .runs.synthetic import load, write_samples
+
+    notice = write_samples(load(args.run), args.n, args.out, args.nfe, args.seed)
+    print(f"{args.n} samples in {args.out}; what holds of them: {notice}")
+
+
+def _export(args: argparse.Namespace) -> None:
+    from .runs.synthetic import export
+
+    print(f"exported to {export(args.run, args.out)} (secureffm.load reads it)")
 
 
 def _run(args: argparse.Namespace) -> None:
@@ -478,6 +517,10 @@ def main(argv: list[str] | None = None) -> int:
             _flower_app(args)
         elif args.command == "schema":
             _schema_infer(args)
+        elif args.command == "sample":
+            _sample(args)
+        elif args.command == "export":
+            _export(args)
     except SecureFFMError as err:
         print(f"secureffm: error: {err}", file=sys.stderr)
         return 2

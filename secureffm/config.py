@@ -16,11 +16,12 @@ import tomli_w
 
 from .data.images import IMAGE_DATA
 from .data.pairs import PAIRS
+from .data.silo import CLIENT_DATA
 from .errors import ConfigError
 from .models.unet import LAYOUTS
 
 __all__ = ["RunConfig", "load_config", "read_toml", "config_from_dict", "write_config",
-           "config_fields"]
+           "config_fields", "PATH_LISTS"]
 
 METHODS = ("vanilla", "lot", "got", "icfm", "otcfm")
 # DCFM and its baselines (secureffm/runs/dcfm.py) run on conditional data sets only.
@@ -36,6 +37,8 @@ WEIGHTINGS = ("size", "uniform")
 ADAPTIVE_SOLVERS = ("dopri5", "dopri8", "bosh3", "fehlberg2", "adaptive_heun")
 IMAGE_METHODS = ("vanilla", "lot", "got")  # FFM on images (docs/images.md)
 PRECISIONS = ("auto", "fp32", "bf16")
+PATH_LISTS = frozenset({"client_data"})  # keys that hold a list of paths, not integers
+TABLE_METHODS = ("vanilla", "lot", "got")  # FFM on the clients' own tables
 
 
 @dataclass(frozen=True)
@@ -135,6 +138,15 @@ class RunConfig:
     checkpoint_every: int = 0  # rounds between checkpoints (checkpoint.pt); 0: only at the end
     resume: str = ""  # an image run's checkpoint.pt to continue from (weights_only load)
     fid_weights: str = ""  # pytorch-fid's Inception weights (.pth) at a local path
+    # A run on the clients' own tables (data = "table", docs/data.md): one file per client, in
+    # client order (CSV, .npy, .parquet), each read by its client alone; the public schema
+    # (TOML) every party holds, which sets the model's dimension; the public fraction of its
+    # rows each client holds out for its own evaluation; the column whose ML efficacy the
+    # clients score (empty: none).
+    client_data: tuple[str, ...] = ()
+    schema: str = ""
+    holdout: float = 0.2
+    target_column: str = ""
 
     def __post_init__(self) -> None:
         _validate(self)
@@ -191,7 +203,7 @@ def _validate(c: RunConfig) -> None:
     need(c.method in METHODS + DCFM_METHODS, "method",
          f"choose one of {', '.join(METHODS + DCFM_METHODS)}")
     need(c.partition in PARTITIONS, "partition", f"choose one of {', '.join(PARTITIONS)}")
-    data = DCFM_DATA if c.method in DCFM_METHODS else PAIRS + IMAGE_DATA
+    data = DCFM_DATA if c.method in DCFM_METHODS else PAIRS + IMAGE_DATA + (CLIENT_DATA,)
     need(c.data in data, "data", f"method {c.method!r} needs one of {', '.join(data)}")
     need(c.adaptive_solver in ADAPTIVE_SOLVERS, "adaptive_solver",
          f"choose one of {', '.join(ADAPTIVE_SOLVERS)} (torchdiffeq's adaptive solvers)")
@@ -217,6 +229,23 @@ def _validate(c: RunConfig) -> None:
     need(c.threads >= 1, "threads", "must be a positive number of CPU threads")
     _validate_dcfm(c, need)
     _validate_images(c, need)
+    _validate_table(c, need)
+
+
+def _validate_table(c: RunConfig, need) -> None:
+    need(0 < c.holdout < 1, "holdout", "must lie strictly between 0 and 1 (e.g. 0.2)")
+    if c.data != CLIENT_DATA:
+        for key in ("client_data", "schema", "target_column"):
+            need(not getattr(c, key), key, f"applies to data = {CLIENT_DATA!r} (the clients' "
+                 f"own tables) only, not {c.data!r}")
+        return
+    need(c.method in TABLE_METHODS, "method", f"a run on the clients' own tables trains FFM: "
+         f"use one of {', '.join(TABLE_METHODS)}")
+    need(bool(c.schema), "schema", "a run on the clients' own tables needs the public schema "
+         "every party holds: pass --schema schema.toml (draft one with secureffm schema infer)")
+    need(len(c.client_data) == c.clients, "client_data", f"give one file per client: "
+         f"{len(c.client_data)} file(s) for clients = {c.clients} (repeat --client-data, or "
+         "set --clients)")
 
 
 def _validate_images(c: RunConfig, need) -> None:
@@ -281,6 +310,11 @@ def _coerce(name: str, value: Any, default: Any) -> Any:
         if isinstance(value, str) and value.lower() in ("true", "false"):
             return value.lower() == "true"
         raise ConfigError(f"{name} = {value!r}: expected true or false")
+    if name in PATH_LISTS:
+        items = [value] if isinstance(value, str) else value
+        if not isinstance(items, (list, tuple)) or not all(isinstance(v, str) for v in items):
+            raise ConfigError(f"{name} = {value!r}: expected a list of file paths")
+        return tuple(items)
     if isinstance(default, tuple):
         items = value.split(",") if isinstance(value, str) else value
         if not isinstance(items, (list, tuple)):
@@ -338,7 +372,10 @@ def load_config(path: str | Path | None, overrides: dict[str, Any] | None = None
             raise ConfigError(f"config file {str(path)!r}: tables are not used, move the keys "
                               f"of [{nested[0]}] to the top level")
         config = config_from_dict(values, config)
-    return config_from_dict(overrides or {}, config)
+    overrides = dict(overrides or {})
+    if overrides.get("client_data") and "data" not in overrides:
+        overrides["data"] = CLIENT_DATA  # --client-data alone names the clients' own tables
+    return config_from_dict(overrides, config)
 
 
 def write_config(config: RunConfig, path: Path) -> None:

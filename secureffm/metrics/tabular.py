@@ -36,7 +36,7 @@ from ..data.schema import Schema
 from ..errors import DataError
 from .w2 import w2_many
 
-__all__ = ["TableReport", "Efficacy", "evaluate_table", "holdout_split", "ks_statistic",
+__all__ = ["TableReport", "Efficacy", "evaluate_table", "ks_statistic",
            "total_variation", "correlation_difference", "ml_efficacy"]
 
 
@@ -70,22 +70,6 @@ class TableReport:
 
     def to_dict(self) -> dict:
         return asdict(self)
-
-
-def holdout_split(n: int, fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    """Indices (train, holdout) of a client's ``n`` rows, sorted, holding out round(fraction n)
-    rows drawn with the public ``seed`` (the rows are the client's own; the split hides
-    nothing). Refuses a split that leaves either part empty."""
-    if not 0.0 < fraction < 1.0:
-        raise DataError(f"holdout fraction {fraction} must lie strictly between 0 and 1 "
-                        "(e.g. --holdout 0.2)")
-    held = round(fraction * n)
-    if not 1 <= held <= n - 1:
-        raise DataError(f"a holdout fraction of {fraction} of {n} rows leaves "
-                        f"{held} held-out and {n - held} training rows; both need at least one: "
-                        "change --holdout or bring more rows")
-    order = np.random.default_rng(seed).permutation(n)
-    return np.sort(order[held:]), np.sort(order[:held])
 
 
 def ks_statistic(a: np.ndarray, b: np.ndarray) -> float:

@@ -25,13 +25,21 @@ from ..config import RunConfig, config_from_dict, write_config
 from ..data.images import ImagePair, image_pair, image_shape
 from ..data.pairs import get_pair, make_shards
 from ..data.partition import partition
+from ..data.schema import Schema
+from ..data.silo import CLIENT_DATA, table_pair
 from ..errors import ConfigError, DataError
 from ..federation.channel import Channel
 from ..federation.faults import load_threat_model
 from ..federation.log import MessageLog
 from ..federation.parties import Registry, new_client, new_clients, secret_randomness
 from ..methods import CENTRALIZED, CentralizedFlowMatching, FederatedFlowMatching
-from ..methods.ffm import FFMClient, FFMSettings, autocast_dtype, image_velocity
+from ..methods.ffm import (
+    FFMClient,
+    FFMSettings,
+    autocast_dtype,
+    image_velocity,
+    velocity_network,
+)
 from ..metrics.evaluate import evaluate_flow, potential_health
 from ..metrics.fid import fid, image_features
 from ..metrics.sampling import integrate, trajectories
@@ -51,6 +59,7 @@ from .scaffold import (
     resolve_dp,
     run_folder,
 )
+from .silo import UNACCOUNTED_EVALUATION, SiloProgram, evaluate_on_silos, hold_silo
 
 __all__ = ["run_ffm", "build_run", "image_shards", "load_velocity", "Connect"]
 
@@ -91,6 +100,8 @@ def build_run(config: RunConfig, device: torch.device, log: MessageLog, connect:
     """The data pair, the shards the server may plot (None when the clients run elsewhere:
     then it holds none), and the trainer; with ``config.canaries``, the clients' planted
     canaries, saved to ``out``/canaries.safetensors."""
+    if config.data == CLIENT_DATA:
+        return _build_table_run(config, device, log, connect)
     pair = (image_pair(config.data, config.data_dir, config.seed, config.image_size,
                        config.clients * config.shard_size, config.eval_samples)
             if config.images else get_pair(config.data))
@@ -129,6 +140,43 @@ def build_run(config: RunConfig, device: torch.device, log: MessageLog, connect:
         program.plant({c.id: canaries.of_client(i).to(device) for i, c in enumerate(clients)})
         save_canaries(canaries, out / CANARY_FILE)
     return pair, shards, trainer
+
+
+def _build_table_run(config: RunConfig, device: torch.device, log: MessageLog,
+                     connect: Connect | None):
+    """A run on the clients' own tables: the public pair from the schema, each client reading
+    its own file (:func:`~.silo.hold_silo`); the server holds no shard (None)."""
+    if connect is not None:
+        raise ConfigError("a run on the clients' own tables (--client-data) runs on the "
+                          "in-process engine for now; use --engine inprocess")
+    if config.canaries:
+        raise ConfigError("canaries audit 2D runs; drop --canaries on a tabular run")
+    schema = Schema.load(config.schema)
+    if config.target_column and config.target_column not in schema.names:
+        raise ConfigError(f"target_column = {config.target_column!r} is not a column of "
+                          f"{config.schema}; choose one of {', '.join(schema.names)}")
+    pair = table_pair(schema)
+    protocol = load_protocol(config.protocol)
+    settings = FFMSettings.of(config)
+    clients = new_clients([torch.zeros(0, schema.dim)] * config.clients,
+                          config.deterministic_seed)
+    for client, path in zip(clients, config.client_data, strict=True):
+        client.data = hold_silo(client, path, schema, config.holdout, config.seed,
+                                config.batch_size).x.to(device)
+    faults = load_threat_model(config.threat_model) if config.threat_model else None
+    dp = resolve_dp(config, protocol, settings.sent_kinds)
+    method = FFMClient(settings, dp, pair, device)
+    program = SiloProgram(method, schema, velocity_network(settings, pair),
+                          config.eval_samples, _table_nfe(config),
+                          config.target_column or None, device)
+    channel = open_channel(protocol, clients, log, faults, config.deterministic_seed, program)
+    return pair, None, FederatedFlowMatching(settings, dp, pair, channel, device)
+
+
+def _table_nfe(config: RunConfig) -> int:
+    """The Euler steps of a tabular run's synthetic rows: the largest evaluated NFE, at most
+    100."""
+    return min(max(config.nfe), 100)
 
 
 def _check_canaries(config: RunConfig, protocol: Protocol, connect: Connect | None) -> None:
@@ -170,8 +218,10 @@ def _privacy(config: RunConfig, trainer, rounds_run: int) -> dict:
         accounting = trainer.ledger.report(trainer.dp.target_epsilon, trainer.dp.accountant)
         accounting.update(noise_multiplier=trainer.noise_multipliers, clip=trainer.dp.clip,
                           rounds_run=rounds_run)
+    unaccounted = (UNACCOUNTED_EVALUATION,) if config.data == CLIENT_DATA else ()
     statement = privacy_statement(trainer.channel.protocol, kinds, secret_randomness=randomness,
-                                  nominal_records=config.shard_size, accounting=accounting)
+                                  nominal_records=config.shard_size, accounting=accounting,
+                                  exclusions=unaccounted)
     if config.canaries:
         statement["audit_run"] = {"canaries": config.canaries, "notice": AUDIT_NOTICE}
     return statement
@@ -232,6 +282,14 @@ def run_ffm(config: RunConfig, connect: Connect | None = None) -> RunResult:
             if periodic is not None:
                 periodic(round_)
         train_seconds = time.perf_counter() - start
+        if config.data == CLIENT_DATA:  # where the data lives, before the log closes
+            started = time.perf_counter()
+            evaluation = {"clients": evaluate_on_silos(trainer.channel,
+                                                       trainer.velocity.averaged, budget + 1),
+                          "schema": {"path": config.schema,
+                                     "digest": Schema.load(config.schema).digest()},
+                          "synthetic_rows": config.eval_samples, "nfe": _table_nfe(config)}
+            table_seconds = time.perf_counter() - started
     finally:
         head = _close_log(log, trainer)
     pin = record_pin(out, head, config.pin_to)
@@ -242,6 +300,8 @@ def run_ffm(config: RunConfig, connect: Connect | None = None) -> RunResult:
     started = time.perf_counter()
     if config.images:
         evaluation = periodic.evaluate(evaluator)
+    elif config.data == CLIENT_DATA:
+        started -= table_seconds  # the clients' evaluation ran before the log closed
     else:
         report, generated = evaluate_flow(
             model, pair, config.nfe, config.eval_samples, evaluator, device,
@@ -290,8 +350,12 @@ def run_ffm(config: RunConfig, connect: Connect | None = None) -> RunResult:
         periodic.checkpoint(budget)
         periodic.grid(out / "samples.png", f"samples: {label}, round {budget}")
         return RunResult(out, metrics, pin)
-    torch.save({"config": config.to_dict(), "state": trainer.state_dict()},
-               out / "checkpoint.pt")
+    saved = {"config": config.to_dict(), "state": trainer.state_dict()}
+    if config.data == CLIENT_DATA:  # the public schema travels with the model it encodes
+        saved["schema"] = Schema.load(config.schema).to_toml()
+    torch.save(saved, out / "checkpoint.pt")
+    if config.data == CLIENT_DATA:  # the server holds no row to draw
+        return RunResult(out, metrics, pin)
     held = shards if shards is not None else [generated["target"].cpu()]
     plot_trajectories(out / "trajectories.png", held, paths, f"trajectories: {label}",
                       None if shards is not None else "target sample (the server holds no "
@@ -443,6 +507,8 @@ def load_velocity(run_dir: str | Path, device: str = "cpu") -> torch.nn.Module:
     if "round" in checkpoint:  # an image run
         saved = config_from_dict(config)
         model = image_velocity(FFMSettings.of(saved), image_shape(saved.data, saved.image_size))
+    elif "schema" in checkpoint:  # a run on the clients' own tables
+        model = VelocityMLP(Schema.loads(checkpoint["schema"]).dim, config["hidden"])
     else:
         model = VelocityMLP(get_pair(config["data"]).dim, config["hidden"])
     saved = checkpoint["state"]["velocity"]

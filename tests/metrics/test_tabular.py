@@ -23,7 +23,6 @@ from secureffm.errors import DataError, SchemaError
 from secureffm.metrics.tabular import (
     correlation_difference,
     evaluate_table,
-    holdout_split,
     ks_statistic,
     ml_efficacy,
     total_variation,
@@ -34,27 +33,6 @@ def _objects(values):
     out = np.empty(len(values), dtype=object)
     out[:] = list(values)
     return out
-
-
-# -- holdout_split -----------------------------------------------------------------------------
-
-def test_holdout_split_is_disjoint_covers_every_row_and_follows_the_seed():
-    train, held = holdout_split(50, 0.2, seed=3)
-    assert len(held) == 10 and len(train) == 40
-    assert sorted(train.tolist() + held.tolist()) == list(range(50))
-    assert np.array_equal(holdout_split(50, 0.2, seed=3)[1], held)
-    assert not np.array_equal(holdout_split(50, 0.2, seed=4)[1], held)
-
-
-@pytest.mark.parametrize(("n", "fraction", "named"), [
-    (50, 0.0, r"fraction 0.0 must lie strictly between 0 and 1"),
-    (50, 1.0, r"fraction 1.0 must lie"),
-    (2, 0.1, r"leaves 0 held-out and 2 training rows"),
-    (3, 0.9, r"leaves 3 held-out and 0 training rows"),
-])
-def test_holdout_split_refuses_an_empty_part(n, fraction, named):
-    with pytest.raises(DataError, match=named):
-        holdout_split(n, fraction, seed=0)
 
 
 # -- the marginal and correlation distances -----------------------------------------------------
