@@ -146,7 +146,8 @@ def audit_claims(run_dir: str | Path, adversary: Adversary,
         epsilon, target, spent = _epsilon(log, run_dir, verification.randomness)
         hidden = _hidden(log, adversary)
         if insecure_deterministic(run_dir):
-            hidden, spent = _insecure(hidden, NOT_COVERED), _insecure(spent, FAIL)
+            hidden = _insecure(hidden, NOT_COVERED)
+            spent = _insecure(spent, FAIL) if epsilon else spent  # only DP that was charged
         verdicts = (_intact(verification, adversary), hidden, spent,
                     _broadcast(log), _parameters(log, run_dir, adversary, len(clients)))
     return ClaimsReport(run_dir, adversary, verification, verdicts, epsilon, target)
@@ -154,10 +155,10 @@ def audit_claims(run_dir: str | Path, adversary: Adversary,
 
 def _insecure(verdict: Verdict, status: str) -> Verdict:
     """``verdict`` on a run whose config.toml says ``insecure_deterministic = true``: what
-    would PASS (or, for epsilon, is not covered only for want of a target) becomes
+    would PASS (or, for a charged epsilon, is not covered for want of a target) becomes
     ``status``, since the secret streams replay from the published seed."""
     judged = verdict.status == PASS or (
-        verdict.claim == "epsilon" and verdict.status == NOT_COVERED and verdict.evidence)
+        verdict.claim == "epsilon" and verdict.status == NOT_COVERED)
     if not judged:
         return verdict
     what = ("the DP noise and sampling replay from the published seed, so anyone can "

@@ -250,6 +250,14 @@ def test_an_insecure_deterministic_run_passes_no_privacy_claim(tmp_path, capsys)
     assert verdicts["intact"].status == PASS  # the log itself is sound
     assert cli_main(["audit", str(out), "--threat-model", "honest-but-curious-server"]) == 1
     assert "FAIL: every client's epsilon" in capsys.readouterr().out
+    sealed = _folder(tmp_path / "sealed", [
+        _message(0, "model", "client-1", "server", ["sealed"]),
+        _message(1, "model", "server", "client-2", ["sealed"], "relay", origin="client-1")])
+    with (sealed / "config.toml").open("a") as handle:
+        handle.write("insecure_deterministic = true\n")
+    verdicts = _verdicts(sealed, "honest-but-curious-server")
+    assert verdicts["hidden"].status == NOT_COVERED  # it would PASS: sealed to the peers
+    assert verdicts["epsilon"].status == NOT_COVERED  # no DP ran: nothing to fail
 
 
 def test_another_broadcast_to_one_client_fails_the_broadcast_claim(tmp_path, capsys):
