@@ -74,6 +74,9 @@ def test_an_insecure_deterministic_run_says_that_no_claim_holds():
     assert secure["insecure_deterministic"] is False
     assert not any(INSECURE in t for t in [secure["dp"], *secure["trust"]])
     assert all(row["target_held"] is True for row in secure["clients"].values())
+    plaintext = _statement("plaintext", ("gradient",), deterministic=True)
+    assert plaintext["dp"].startswith("none:")  # claims nothing, so it stays true
+    assert plaintext["mechanisms"]["gradient"]["claims"][0].startswith("none:")
 
 
 @pytest.mark.parametrize("name, expected", [

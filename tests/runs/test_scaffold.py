@@ -118,9 +118,10 @@ def test_record_pin_writes_the_pin_of_the_closed_log_apart(tmp_path):
 
 
 def _sentences(privacy: dict) -> list[str]:
-    """Every claim, trust and DP sentence of a privacy.json."""
+    """Every claim, trust and DP sentence of a privacy.json that claims something (not those
+    that begin "none:", which stay true)."""
     claims = [c for m in privacy["mechanisms"].values() for c in m["claims"]]
-    return [privacy["dp"], *privacy["trust"], *claims]
+    return [s for s in [privacy["dp"], *privacy["trust"], *claims] if not s.startswith("none:")]
 
 
 def test_an_insecure_deterministic_run_says_no_claim_holds_in_its_files_and_on_stdout(
@@ -142,6 +143,7 @@ def test_an_insecure_deterministic_run_says_no_claim_holds_in_its_files_and_on_s
     assert json.loads((out / "metrics.json").read_text())["insecure_deterministic"] is True
     privacy = json.loads((out / "privacy.json").read_text())
     assert privacy["insecure_deterministic"] is True
+    assert len(_sentences(privacy)) == 5  # dp, two trust sentences, two claims
     assert all(s.startswith(INSECURE) for s in _sentences(privacy))
     assert all(row["target_held"] is False for row in privacy["clients"].values())
 
@@ -156,6 +158,7 @@ def test_an_insecure_deterministic_fedwad_run_says_no_claim_holds(tmp_path, caps
     assert result["insecure_deterministic"] is True
     privacy = json.loads((tmp_path / "fedwad" / "privacy.json").read_text())
     assert privacy["insecure_deterministic"] is True
+    assert len(_sentences(privacy)) == 2  # randomized t's claim and its trust
     assert all(s.startswith(INSECURE) for s in _sentences(privacy))
 
 
