@@ -162,7 +162,7 @@ def _privacy(config: RunConfig, trainer, rounds_run: int) -> dict:
         return mark_randomness({
             "protocol": "none", "unit": None, "adjacency": None,
             "dp": "none: a centralized baseline pools every shard in one party and sends no "
-                  "message", "mechanisms": {}, "trust": ["the one party holds all data"],
+                  "message", "mechanisms": {}, "trust": ["none: the one party holds all data"],
             "exclusions": []}, config.insecure_deterministic)
     kinds = ("gradient", "dual_update") if trainer.potential is not None else ("gradient",)
     accounting = None
