@@ -66,7 +66,8 @@ def audit_one(protocol: str, eps: float, args, out: Path, broken: bool = False) 
     with noise_switched_off() if broken else contextlib.nullcontext():
         run(config)
     report = one_run_audit(out)
-    sigma = json.loads((out / "privacy.json").read_text())["noise_multiplier"]["client-1"]
+    privacy = json.loads((out / "privacy.json").read_text())
+    sigma = privacy.get("noise_multiplier", privacy.get("tau", {}))["client-1"]  # tau: Skellam
     seconds = time.perf_counter() - started
     print(f"{protocol} eps {eps} broken={broken}: {report} ({seconds:.0f} s)", flush=True)
     mechanism = "**noise switched off**" if broken else "DP-SGD as built"

@@ -241,6 +241,16 @@ def _run(args: argparse.Namespace) -> None:
                   evaluation["compositional_accuracy_novel"],
                   evaluation["compositional_accuracy_held"], evaluation["features"]["kind"],
                   evaluation["frechet_novel"], evaluation["frechet_held"]))
+    _insecure_line(result.metrics)
+
+
+def _insecure_line(numbers: dict) -> None:
+    """The last line of a run made with --insecure-deterministic: no privacy claim holds."""
+    from .protocols.statement import INSECURE
+
+    if numbers.get("insecure_deterministic"):
+        print(f"INSECURE: no privacy claim of this run holds (privacy.json marks each one). "
+              f"{INSECURE}")
 
 
 def add_sweep_arguments(parser: argparse.ArgumentParser) -> None:
@@ -340,6 +350,10 @@ def _attacks(args: argparse.Namespace) -> int:
     options = _attack_options(args.attack_option)
     found = {name: run_attack(args.run_dir, name, **options) for name in args.attack}
     print(json.dumps(found, indent=1))
+    if any(result.get("accounted_is_guarantee") == 0 for result in found.values()):
+        from .protocols.statement import INSECURE
+
+        print(f"INSECURE: epsilon_accounted is not a guarantee. {INSECURE}")
     return 0
 
 
@@ -489,6 +503,7 @@ def fedwad_command(args: argparse.Namespace) -> None:
         print(np.array2string(np.array(done.result["matrix"]), precision=4))
         print("Each entry is an upper bound on W_p whose gap the server does not know; to "
               f"tighten: --support above {args.support} and --iterations (docs/fedwad.md).")
+    _insecure_line(done.result)
 
 
 def _vouch(accuracy: dict) -> str:

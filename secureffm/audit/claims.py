@@ -15,6 +15,7 @@ evidence (record numbers, values) and a one-line reason.
    server-signed ``charged`` records (:func:`~secureffm.privacy.ledger.charged_entries`), is
    within the target those records state; every client input to an aggregation is charged.
    privacy.json's value is shown beside it, never used.
+
 4. ``broadcast``: every clear public broadcast of one kind in one round has one digest.
 5. ``parameters``: secure aggregation needs more shares than the colluders hold, a sparse graph
    gives each client more neighbours than there are colluders, the quantizer holds the sum of
@@ -22,6 +23,9 @@ evidence (record numbers, values) and a one-line reason.
    is sized for the colluders. Values come from the protocol named in config.toml, which the
    log does not sign, unless the clients' signed ``keys`` parameters (payloads kept) confirm
    them; the colluders of distributed noise from the ``charged`` records.
+
+On a run whose config.toml says ``insecure_deterministic = true`` no privacy claim PASSes:
+``hidden`` is NOT COVERED and a charged ``epsilon`` FAILs (the noise replays from the seed).
 
 The verdicts read the log as written; when it does not verify, the report says so above them.
 """
@@ -47,7 +51,7 @@ from ..protocols.wire import payload_bytes
 from .pin import RunPin, load_parties
 from .rules import INPUT_PHASES, PUBLIC_KINDS
 from .threat import Adversary
-from .verify import LOG_FILE, AuditReport, verify_run
+from .verify import LOG_FILE, AuditReport, insecure_deterministic, verify_run
 
 __all__ = ["Verdict", "ClaimsReport", "audit_claims", "PASS", "FAIL", "NOT_COVERED"]
 
@@ -140,9 +144,30 @@ def audit_claims(run_dir: str | Path, adversary: Adversary,
     with ExitStack() as stack:
         log = _Log(run_dir, stack)
         epsilon, target, spent = _epsilon(log, run_dir, verification.randomness)
-        verdicts = (_intact(verification, adversary), _hidden(log, adversary), spent,
+        hidden = _hidden(log, adversary)
+        if insecure_deterministic(run_dir):
+            hidden = _insecure(hidden, NOT_COVERED)
+            spent = _insecure(spent, FAIL) if epsilon else spent  # only DP that was charged
+        verdicts = (_intact(verification, adversary), hidden, spent,
                     _broadcast(log), _parameters(log, run_dir, adversary, len(clients)))
     return ClaimsReport(run_dir, adversary, verification, verdicts, epsilon, target)
+
+
+def _insecure(verdict: Verdict, status: str) -> Verdict:
+    """``verdict`` on a run whose config.toml says ``insecure_deterministic = true``: what
+    would PASS (or, for a charged epsilon, is not covered for want of a target) becomes
+    ``status``, since the secret streams replay from the published seed."""
+    judged = verdict.status == PASS or (
+        verdict.claim == "epsilon" and verdict.status == NOT_COVERED)
+    if not judged:
+        return verdict
+    what = ("the DP noise and sampling replay from the published seed, so anyone can "
+            "subtract them: no epsilon holds" if verdict.claim == "epsilon" else
+            "the run claims no privacy, so nothing passes")
+    return Verdict(verdict.claim, verdict.title, status, f"config.toml says "
+                   f"insecure_deterministic = true: {what}",
+                   (f"as judged without that: {verdict.status}: {verdict.reason}",
+                    *verdict.evidence))
 
 
 # -- 1. the log is intact ------------------------------------------------------------------

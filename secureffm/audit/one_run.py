@@ -29,6 +29,7 @@ from scipy.stats import binom
 
 from ..errors import SecureFFMError
 from ..privacy.canaries import CANARY_FILE, load_canaries
+from .verify import insecure_deterministic
 
 __all__ = ["p_value", "epsilon_lower_bound", "guess_counts", "canary_scores", "one_run_audit",
            "GUESS_FRACTIONS"]
@@ -137,7 +138,10 @@ def one_run_audit(run_dir: Path, beta: float = 0.05) -> dict[str, float]:
     of :data:`GUESS_FRACTIONS`, each bound at beta / 5; reports the largest, with its counts.
 
     Keys: ``epsilon_lower_bound``, ``epsilon_accounted``, ``delta``, ``beta``, ``canaries`` (m),
-    ``included`` (canaries the coins put in), ``guesses`` (r), ``correct`` (v)."""
+    ``included`` (canaries the coins put in), ``guesses`` (r), ``correct`` (v), and
+    ``accounted_is_guarantee``: 0 when config.toml says ``insecure_deterministic = true`` (the
+    DP noise replays from the published seed, so the accounted epsilon is arithmetic, not a
+    guarantee; ``secureffm audit`` prints so), else 1."""
     run_dir = Path(run_dir)
     canaries = load_canaries(run_dir / CANARY_FILE)
     accounted, delta = _accounted(run_dir)
@@ -152,5 +156,6 @@ def one_run_audit(run_dir: Path, beta: float = 0.05) -> dict[str, float]:
         if bound > best["epsilon_lower_bound"]:
             best = {"epsilon_lower_bound": bound, "guesses": float(r), "correct": float(v)}
     return {**best, "epsilon_accounted": accounted, "delta": delta, "beta": beta,
-            "canaries": float(m), "included": float(included.sum())}
+            "canaries": float(m), "included": float(included.sum()),
+            "accounted_is_guarantee": 0.0 if insecure_deterministic(run_dir) else 1.0}
 

@@ -79,7 +79,8 @@ from ..federation.message import UNSIGNED_FIELDS, link_of
 from .pin import PartyKeys, RunPin, is_hex, load_parties, pin_of
 from .rules import ProtocolRules
 
-__all__ = ["AuditFinding", "AuditReport", "verify_run", "pin_run", "signed_bytes", "LOG_FILE"]
+__all__ = ["AuditFinding", "AuditReport", "verify_run", "pin_run", "signed_bytes", "LOG_FILE",
+           "insecure_deterministic"]
 
 LOG_FILE = "messages.jsonl"
 
@@ -640,14 +641,23 @@ def _journals(folder: Path, log_path: Path) -> tuple[AuditFinding | None, str]:
     return None, f"{len(journals)} journal(s) verified against the log"
 
 
+def insecure_deterministic(run_dir: str | Path) -> bool | None:
+    """Whether config.toml says the run was made with ``--insecure-deterministic`` (every
+    secret stream derived from the published seed, so no privacy claim holds); None when
+    config.toml is missing or unreadable. The log does not sign config.toml."""
+    try:
+        config = tomllib.loads((Path(run_dir) / "config.toml").read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
+        return None
+    return config.get("insecure_deterministic") is True
+
+
 def _randomness(run_dir: Path) -> str:
     """What config.toml says of the parties' secret streams (``insecure_deterministic``)."""
-    path = run_dir / "config.toml"
-    try:
-        config = tomllib.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
-        return f"unknown ({path.name} missing or unreadable)"
-    if config.get("insecure_deterministic") is True:
+    insecure = insecure_deterministic(run_dir)
+    if insecure is None:
+        return "unknown (config.toml missing or unreadable)"
+    if insecure:
         return ("INSECURE: config.toml says insecure_deterministic = true: DP noise, sampling, "
                 "rounding and t were derived from the published seed; no privacy claim holds")
     return ("OS entropy, as config.toml states (the log does not sign config.toml: a folder "

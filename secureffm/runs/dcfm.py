@@ -31,7 +31,7 @@ from ..errors import ConfigError  # noqa: E402
 from ..federation.channel import Channel  # noqa: E402
 from ..federation.faults import load_threat_model  # noqa: E402
 from ..federation.log import MessageLog  # noqa: E402
-from ..federation.parties import Client, new_clients, secret_randomness  # noqa: E402
+from ..federation.parties import Client, new_clients  # noqa: E402
 from ..methods.dcfm import (  # noqa: E402
     DCFMB,
     ComposedField,
@@ -449,6 +449,7 @@ def run_dcfm(config: RunConfig, connect: Connect | None = None) -> RunResult:
         "communication": communication(out / "messages.jsonl",
                                        [c.id for c in channel.clients]),
         "messages": log.summary(),
+        "insecure_deterministic": config.insecure_deterministic,  # then no privacy claim holds
     }
     accounting = None
     if ledger is not None:
@@ -457,9 +458,9 @@ def run_dcfm(config: RunConfig, connect: Connect | None = None) -> RunResult:
     exclusions = () if settings.fedflow else (
         "label counts per combination travel in model messages without DP (docs/dcfm.md)",)
     privacy = privacy_statement(protocol, (settings.kind,), accounting=accounting,
-                                exclusions=exclusions, nominal_records=None if dp is None else
-                                round(facts.nominal_size),
-                                secret_randomness=secret_randomness(config.insecure_deterministic))
+                                exclusions=exclusions, nominal_records=facts.nominal_size,
+                                sample_rate=None if ledger is None else ledger.rate,
+                                deterministic=config.insecure_deterministic)
     (out / "privacy.json").write_text(json.dumps(privacy, indent=2))
     (out / "metrics.json").write_text(json.dumps(metrics, indent=2))
     torch.save({"config": config.to_dict(), "kind": sampler.kind,

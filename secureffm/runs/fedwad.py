@@ -215,7 +215,8 @@ def run_fedwad(run: FedWADRun, connect: Connect | None = None) -> FedWADRunResul
         dim = None if connect is None else run.sample_dim
         start = time.perf_counter()
         result: dict = {"protocol": protocol.name, "clients": ids, **shape, "p": run.fedwad.p,
-                        "secret_randomness": secret_randomness(run.insecure_deterministic)}
+                        "secret_randomness": secret_randomness(run.insecure_deterministic),
+                        "insecure_deterministic": run.insecure_deterministic}
         if len(ids) == 2:
             found = federated_distance(channel, geodesic, ids[0], ids[1], run.fedwad, dim=dim)
             result.update(distance=found.distance, iterates=list(found.iterates),
@@ -241,6 +242,6 @@ def run_fedwad(run: FedWADRun, connect: Connect | None = None) -> FedWADRunResul
     exclusions = ("every interpolating measure the server receives is a deterministic function "
                   "of a client's data, its t and the server's measure; no DP covers it",)
     privacy = privacy_statement(protocol, ("measure", "scalar"), exclusions=exclusions,
-                                secret_randomness=result["secret_randomness"])
+                                deterministic=run.insecure_deterministic)
     (out / "privacy.json").write_text(json.dumps(privacy, indent=2))
     return FedWADRunResult(out, result, pin)

@@ -31,7 +31,7 @@ from ..errors import ConfigError, DataError
 from ..federation.channel import Channel
 from ..federation.faults import load_threat_model
 from ..federation.log import MessageLog
-from ..federation.parties import Registry, new_client, new_clients, secret_randomness
+from ..federation.parties import Registry, new_client, new_clients
 from ..methods import CENTRALIZED, CentralizedFlowMatching, FederatedFlowMatching
 from ..methods.ffm import (
     FFMClient,
@@ -47,7 +47,7 @@ from ..plots import plot_trajectories, plot_w2_nfe
 from ..privacy.canaries import AUDIT_NOTICE, CANARY_FILE, draw_canaries, save_canaries
 from ..progress import progress_bar
 from ..protocols.protocol import Protocol, load_protocol
-from ..protocols.statement import privacy_statement
+from ..protocols.statement import mark_randomness, privacy_statement
 from ..runtime import party_generator, resolve_device
 from .scaffold import (
     RunResult,
@@ -206,12 +206,12 @@ def _close_log(log: MessageLog, trainer) -> str | None:
 
 def _privacy(config: RunConfig, trainer, rounds_run: int) -> dict:
     """The run's privacy.json (see :func:`~secureffm.protocols.statement.privacy_statement`)."""
-    randomness = secret_randomness(config.insecure_deterministic)
     if isinstance(trainer, CentralizedFlowMatching):
-        return {"protocol": "none", "unit": None, "adjacency": None,
-                "dp": "none: a centralized baseline pools every shard in one party and sends "
-                      "no message", "mechanisms": {}, "trust": ["the one party holds all data"],
-                "exclusions": [], "secret_randomness": randomness}
+        return mark_randomness({
+            "protocol": "none", "unit": None, "adjacency": None,
+            "dp": "none: a centralized baseline pools every shard in one party and sends no "
+                  "message", "mechanisms": {}, "trust": ["none: the one party holds all data"],
+            "exclusions": []}, config.insecure_deterministic)
     kinds = ("gradient", "dual_update") if trainer.potential is not None else ("gradient",)
     accounting = None
     if trainer.ledger is not None:
@@ -219,9 +219,10 @@ def _privacy(config: RunConfig, trainer, rounds_run: int) -> dict:
         accounting.update(noise_multiplier=trainer.noise_multipliers, clip=trainer.dp.clip,
                           rounds_run=rounds_run)
     unaccounted = (UNACCOUNTED_EVALUATION,) if config.data == CLIENT_DATA else ()
-    statement = privacy_statement(trainer.channel.protocol, kinds, secret_randomness=randomness,
-                                  nominal_records=config.shard_size, accounting=accounting,
-                                  exclusions=unaccounted)
+    statement = privacy_statement(trainer.channel.protocol, kinds,
+                                  deterministic=config.insecure_deterministic,
+                                  nominal_records=config.shard_size, sample_rate=trainer.rate,
+                                  accounting=accounting, exclusions=unaccounted)
     if config.canaries:
         statement["audit_run"] = {"canaries": config.canaries, "notice": AUDIT_NOTICE}
     return statement
@@ -335,6 +336,7 @@ def run_ffm(config: RunConfig, connect: Connect | None = None) -> RunResult:
         "messages": log.summary(),
         "aborted_aggregations": aborted,
         "curves": curves,
+        "insecure_deterministic": config.insecure_deterministic,  # then no privacy claim holds
     }
     if config.canaries:
         metrics["audit_run"] = {"canaries": config.canaries, "notice": AUDIT_NOTICE}

@@ -5,8 +5,10 @@ A row: ``method``, ``protocol`` (as the grid asks), ``epsilon`` (the target aske
 no DP), ``protocol_run`` (the protocol that ran: at ``inf`` the counterpart without a dp stage),
 ``seed``, ``rounds`` (run; a target can stop training early), the largest epsilon any client
 spent (``spent_rdp``, ``spent_prv``; empty without DP or where PRV does not cover the
-mechanism), ``sigma``, the utility at each NFE (``w2_nfe<N>``, or ``fid_nfe<N>`` for images)
-and each attack's metrics (``<attack>_<metric>``).
+mechanism), ``sigma`` (tau under distributed noise), ``insecure_deterministic`` (true: the run
+derived its secret streams from the published seed, so none of its privacy claims hold: the
+table and the frontier mark it), the utility at each NFE (``w2_nfe<N>``, or ``fid_nfe<N>`` for
+images) and each attack's metrics (``<attack>_<metric>``).
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from ..reporting import markdown_table, mean_std  # noqa: E402
 from .grid import Cell  # noqa: E402
 
 __all__ = ["cell_row", "write_csv", "plot_frontier", "summary_table", "utility_columns",
-           "ATTACKS_FILE"]
+           "ATTACKS_FILE", "INSECURE_MARK"]
 
 # Attack results of a cell: {attack: {metric: value}}, beside the run's own files.
 ATTACKS_FILE = "attacks.json"
@@ -38,13 +40,14 @@ def cell_row(cell: Cell, folder: Path, attacks: tuple[str, ...] = ()) -> dict:
     privacy = json.loads((folder / "privacy.json").read_text())
     row = {"method": cell.method, "protocol": cell.protocol, "epsilon": cell.label,
            "protocol_run": metrics["protocol"], "seed": cell.seed, "rounds": metrics["rounds"],
-           "spent_rdp": "", "spent_prv": "", "sigma": ""}
+           "spent_rdp": "", "spent_prv": "", "sigma": "",
+           "insecure_deterministic": bool(metrics.get("insecure_deterministic"))}
     if "clients" in privacy:  # DP runs: the ledger's epsilons per client
         clients = privacy["clients"].values()
         row["spent_rdp"] = max(c["rdp"]["total"] for c in clients)
         prv = [c["prv"]["total"] for c in clients]  # None: PRV does not cover the mechanism
         row["spent_prv"] = max(prv) if None not in prv else ""
-        row["sigma"] = max(privacy["noise_multiplier"].values())
+        row["sigma"] = max(privacy.get("noise_multiplier", privacy.get("tau", {})).values())
     kind = "fid" if "fid" in metrics["eval"] else "w2"
     for nfe, value in sorted(metrics["eval"][kind].items(), key=lambda item: int(item[0])):
         row[f"{kind}_nfe{nfe}"] = value
@@ -80,11 +83,20 @@ def _lines(rows: list[dict]) -> list[tuple[str, str]]:
     return list(dict.fromkeys((r["method"], r["protocol"]) for r in rows))
 
 
-def plot_frontier(rows: list[dict], path: Path) -> None:
+def _insecure(rows: list[dict]) -> bool:
+    """Whether any of ``rows`` ran with --insecure-deterministic (a CSV reads it as text)."""
+    return any(str(r.get("insecure_deterministic")) == "True" for r in rows)
+
+
+INSECURE_MARK = "INSECURE: no privacy claim holds"
+
+
+def plot_frontier(rows: list[dict], path: Path) -> list[str]:
     """Utility against the epsilon spent (log scale; the largest any client spent, mean over
     seeds; the target where nothing was spent), one line per method and protocol, mean and
     std over seeds. No DP (epsilon inf) is drawn at the right edge, past a break in the axis.
-    One panel each for the fewest and the most NFE."""
+    One panel each for the fewest and the most NFE. A line with an insecure-deterministic run
+    is drawn with crosses and its label says no privacy claim holds. Returns the labels."""
     columns = utility_columns(rows)
     panels = list(dict.fromkeys([columns[0], columns[-1]]))
     finite = [_spent(r) for r in rows if r["epsilon"] != "inf"]
@@ -106,8 +118,10 @@ def plot_frontier(rows: list[dict], path: Path) -> None:
             bars = ax.errorbar(xs, ys, yerr=errs, marker="o", capsize=3, linestyle="none")
             color = bars[0].get_color()
             cut = len(points) - (points[-1][0] == edge)  # the finite points
+            mark = f" ({INSECURE_MARK})" if _insecure(mine) else ""
             ax.plot(xs[:cut], ys[:cut], linestyle=("-", "--", ":", "-.")[index % 4],
-                    marker="o", color=color, label=f"{method}, {protocol}")
+                    marker="x" if mark else "o", color=color,
+                    label=f"{method}, {protocol}{mark}")
             ax.plot(xs[max(cut - 1, 0):], ys[max(cut - 1, 0):], linestyle=(0, (1, 3)),
                     color=color)  # across the break to no DP
         ax.set_xscale("log")
@@ -121,9 +135,11 @@ def plot_frontier(rows: list[dict], path: Path) -> None:
         ax.set_title(f"{_title(column)} against privacy")
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=8)
+    labels = axes[0][0].get_legend_handles_labels()[1]
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
+    return labels
 
 
 def _spent(row: dict) -> float:
@@ -139,7 +155,8 @@ def _break(ax, x: float) -> None:
 
 def summary_table(rows: list[dict]) -> str:
     """Markdown: one row per method, utility column and protocol; one column per epsilon asked,
-    each 'mean ± std (spent S)' over seeds, S the largest epsilon any client spent."""
+    each 'mean ± std (spent S)' over seeds, S the largest epsilon any client spent; a protocol
+    with an insecure-deterministic run is marked :data:`INSECURE_MARK`."""
     labels = list(dict.fromkeys(r["epsilon"] for r in rows))
     table = []
     for column in utility_columns(rows):
@@ -152,5 +169,7 @@ def summary_table(rows: list[dict]) -> str:
                 spent = [float(r["spent_rdp"]) for r in picked if r["spent_rdp"] != ""]
                 note = f" (spent {max(spent):.2f})" if spent else ""
                 cells.append(f"{mean:.3f} ± {std:.3f}{note}")
-            table.append([f"{method}, {_title(column)}", protocol, *cells])
+            mine = [r for r in rows if (r["method"], r["protocol"]) == (method, protocol)]
+            mark = f" ({INSECURE_MARK})" if _insecure(mine) else ""
+            table.append([f"{method}, {_title(column)}", f"{protocol}{mark}", *cells])
     return markdown_table(["method", "protocol", *(f"eps {lab}" for lab in labels)], table)

@@ -45,10 +45,11 @@ rounds = [2]
 
 
 def _run(out: Path, **changes) -> Path:
-    """Two rounds on small shards, payloads kept; seeded streams keep the numbers stable."""
+    """Two rounds on small shards, payloads kept; secret streams from the OS (an
+    insecure-deterministic run passes no privacy claim)."""
     values = dict(rounds=2, shard_size=200, batch_size=32, candidates=32, eval_samples=100,
                   nfe=(1,), trajectories=10, progress=False, device="cpu", partition="iid",
-                  insecure_deterministic=True, keep_payloads=True, out=str(out))
+                  insecure_deterministic=False, keep_payloads=True, out=str(out))
     values.update(changes)
     return run(RunConfig(**values)).out
 
@@ -232,6 +233,31 @@ def test_a_deleted_charged_record_leaves_inputs_charged_to_no_one(distributed, t
     assert epsilon.reason == "4 client input(s) were charged to no one: the ledger understates"
     assert "client-1's round-2 gradient input is in no charged record" in " ".join(
         epsilon.evidence)
+
+
+def test_an_insecure_deterministic_run_passes_no_privacy_claim(tmp_path, capsys):
+    """Adversary: an honest-but-curious server holding config.toml, whose seed replays every
+    secret stream of an --insecure-deterministic run (DP noise included). Before this the
+    audit passed its epsilon and hidden claims and only an evidence line said INSECURE."""
+    out = _run(tmp_path / "insecure", method="vanilla", protocol="dp-secagg", clients=3,
+               noise_multiplier=4.0, insecure_deterministic=True)
+    verdicts = _verdicts(out, "honest-but-curious-server")
+    epsilon, hidden = verdicts["epsilon"], verdicts["hidden"]
+    assert epsilon.status == FAIL and "insecure_deterministic = true" in epsilon.reason
+    assert "no epsilon holds" in epsilon.reason
+    assert epsilon.evidence[0].startswith("as judged without that: PASS: at most")
+    assert hidden.status == NOT_COVERED and "insecure_deterministic = true" in hidden.reason
+    assert verdicts["intact"].status == PASS  # the log itself is sound
+    assert cli_main(["audit", str(out), "--threat-model", "honest-but-curious-server"]) == 1
+    assert "FAIL: every client's epsilon" in capsys.readouterr().out
+    sealed = _folder(tmp_path / "sealed", [
+        _message(0, "model", "client-1", "server", ["sealed"]),
+        _message(1, "model", "server", "client-2", ["sealed"], "relay", origin="client-1")])
+    with (sealed / "config.toml").open("a") as handle:
+        handle.write("insecure_deterministic = true\n")
+    verdicts = _verdicts(sealed, "honest-but-curious-server")
+    assert verdicts["hidden"].status == NOT_COVERED  # it would PASS: sealed to the peers
+    assert verdicts["epsilon"].status == NOT_COVERED  # no DP ran: nothing to fail
 
 
 def test_another_broadcast_to_one_client_fails_the_broadcast_claim(tmp_path, capsys):

@@ -254,9 +254,27 @@ def test_an_audit_run_says_so_and_audits_end_to_end(small_config, method):
     assert report["guesses"] in {2 * max(1, math.ceil(f * 30)) for f in GUESS_FRACTIONS}
     assert report["epsilon_accounted"] > 0 and report["delta"] == 1e-4
     assert 0 <= report["epsilon_lower_bound"] <= report["epsilon_accounted"]
+    assert report["accounted_is_guarantee"] == 1.0
     if method == "vanilla":  # the same audit as `secureffm audit --attack one-run RUN_DIR`
         assert run_attack(out, "one-run") == report
         assert main(["audit", "--attack", "one-run", str(out)]) == 0
+
+
+def test_the_accounted_epsilon_of_an_insecure_deterministic_run_is_no_guarantee(
+        small_config, capsys):
+    """Reader: whoever sets the empirical bound beside the accounted epsilon. With the secret
+    streams derived from the published seed, anyone can replay and subtract the DP noise, so
+    the accounted epsilon bounds nothing; before this the audit printed it as the guarantee."""
+    out = run(small_config(method="vanilla", protocol="dp", noise_multiplier=3.0, delta=1e-4,
+                           shard_size=64, batch_size=64, partition="iid", canaries=20,
+                           rounds=2, eval_samples=100, nfe=(1,), trajectories=10)).out
+    report = one_run_audit(out)
+    assert report["accounted_is_guarantee"] == 0.0 and report["epsilon_accounted"] > 0
+    assert main(["audit", "--attack", "one-run", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert json.loads(printed[:printed.rindex("}") + 1])["one-run"] == report
+    assert printed.splitlines()[-1].startswith(
+        "INSECURE: epsilon_accounted is not a guarantee. DOES NOT HOLD in this run")
 
 
 def _no_noise(self) -> np.ndarray:

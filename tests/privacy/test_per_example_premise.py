@@ -3,10 +3,12 @@
 Unit: one example of one client's shard; adjacency: add or remove one example (q, the weights
 and the divisor use the public nominal shard size, so the true size is never released).
 Adversary: the strongest the guarantee allows: it knows every other record, the model, which
-examples were sampled (q = 1) and even the client's per-example noise (the secret key), but not
-the DP noise. Before issue 14, x0, t and GOT's candidates came from one stream handed out by an
-example's position in the sample: one example more shifted every other example's noise, moved
-the clipped sum by 2.5 to 18.5 C, and a projection test reached TPR 1.00 at FPR 1% where the
+examples were sampled (q = 1) and, for a record appended last, even the client's per-example
+noise (the secret key), but not the DP noise. For a record anywhere else the key must stay
+secret: the last test shows an attacker who knows it breaking the bound. Before issue 14,
+x0, t and GOT's candidates came from one stream handed out by an example's position in the
+sample: one example more shifted every other example's noise, moved the clipped sum by 2.5 to
+18.5 C, and a projection test reached TPR 1.00 at FPR 1% where the
 claim allows 0.092.
 """
 
@@ -122,3 +124,30 @@ def test_weights_under_dp_do_not_reveal_true_shard_sizes():
     clients = [new_client(f"client-{i}", torch.zeros(n, 2)) for i, n in ((1, 30), (2, 31))]
     assert client_weights(clients, "size") != client_weights(clients, "uniform")
     assert client_weights(clients, "size", private=True) == {"client-1": 0.5, "client-2": 0.5}
+
+
+@pytest.mark.parametrize("method, kind", CASES)
+def test_an_attacker_who_knows_the_per_example_key_breaks_the_bound_unless_the_record_is_last(
+        tmp_path, method, kind):
+    """Adversary: one who knows the client's per-example key (``example_uniforms``) besides
+    every other record. Removing the first record shifts every later record's index, so each
+    of them draws another x0 and t: for that known key the clipped sums differ by more than C
+    in both rounds (1.1 to 5.2 C here), and for FFM-vanilla (5.2 C) a test on one release
+    tells the neighbours apart far beyond the 1-GDP bound. The bound of docs/privacy.md needs
+    the key secret (then the draws are exchangeable across indices); removing the last record
+    (the first test, appended) stays within C even with the key known."""
+    data = get_pair("8gaussians-moons").target.sample(N + 1, torch.Generator().manual_seed(3))[0]
+    without = _federation(tmp_path, "without-first", data[1:], method)  # the same key
+    with_ = _federation(tmp_path, "with", data, method)
+    for round_ in (1, 2):
+        moved = _released(with_, kind, round_, 0.0) - _released(without, kind, round_, 0.0)
+        assert np.linalg.norm(moved) > 1.05 * CLIP
+    if method != "vanilla":
+        return
+    others = _released(without, kind, 1, 0.0)
+    direction = _released(with_, kind, 1, 0.0) - others
+    direction /= np.linalg.norm(direction)
+    threshold = norm.ppf(0.99) * CLIP
+    tpr = np.mean([(_released(with_, kind, 1, 1.0) - others) @ direction > threshold
+                   for _ in range(100)])
+    assert tpr > norm.cdf(norm.ppf(0.01) + 1.0) + 0.5

@@ -267,3 +267,20 @@ def test_noisy_dequantize_reads_32_bit_words_as_the_general_path_does(data, bits
     nearest = [(t - centre) % m - (m if (t - centre) % m >= m // 2 else 0) + centre
                for t in totals]
     np.testing.assert_array_equal(narrow, [float(v) * quant.step - n * 1.5 for v in nearest])
+
+
+def test_one_malicious_input_moves_the_decoded_sum_by_n_times_clip_not_clip():
+    """Adversary: a malicious client under secure aggregation. Its masked input looks uniform,
+    so only the sum is checked, and the sum only to lie in n clients' range: one client can
+    send any word that keeps it there (no range proofs) and move each coordinate of the sum by
+    n x clip, n times what one honest input can (privacy.json lists this among its
+    exclusions)."""
+    q, n = Quantizer(clip=8.0, levels=2**22, bits=32), 10
+    honest = [q.quantize(np.zeros(3), np.random.default_rng(i)) for i in range(n - 1)]
+    others = np.sum(np.stack(honest).astype(np.uint64), axis=0)
+    forged = (n * (q.levels - 1) - others).astype(np.uint32)  # the top of the sum's range
+    assert (forged > q.levels - 1).all()  # no honest client can send it
+    total = add_mod(np.sum(np.stack(honest), axis=0, dtype=np.uint32), forged, 32)
+    moved = q.dequantize_sum(total, n) - q.dequantize_sum(
+        add_mod(np.sum(np.stack(honest), axis=0, dtype=np.uint32), honest[0], 32), n)
+    assert np.allclose(moved, n * q.clip, atol=n * q.step)  # the honest inputs round
