@@ -52,7 +52,9 @@ def _stage_claim(stage, kind: str) -> tuple[str, str]:
                     f"at least the secagg threshold of clients survive each round, at most "
                     f"{s.colluders} of them reveal their noise to the server, and {SYBIL}")
         return ("DP-SGD with local Gaussian noise: each client's update is DP on its own",
-                "none beyond the client's own code (holds whatever the server does)")
+                "none beyond the client's own code: it answers each (task, round) once, only in "
+                "the rounds its own run config plans, and never past its own target, whatever "
+                "the server asks")
     if stage.name == "secagg":
         return (f"secure aggregation (threshold {stage.threshold}, neighbours "
                 f"{stage.neighbours or 'all'}, adversary = \"{stage.adversary}\"): the server "
