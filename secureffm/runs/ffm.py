@@ -4,13 +4,19 @@ training through the channel, evaluation, run folder.
 The run folder holds config.toml, metrics.json, messages.jsonl, checkpoint.pt,
 trajectories.png and w2_nfe.png. On images (docs/images.md) the same method, channel and
 protocols train a U-Net; the folder holds samples.png and samples/round-N.png (sample grids)
-instead of the 2D plots, checkpoint.pt is also written every ``checkpoint_every`` rounds and
-``resume`` continues from one, and metrics.json reports FID (or its labelled fallback).
+instead of the 2D plots, checkpoint.pt is also written every ``checkpoint_every`` rounds, and
+metrics.json reports FID (or its labelled fallback).
+
+A run stopped part way (Ctrl-C, SIGTERM under :func:`.interrupt.terminate_raises`, an exception)
+charges the aggregation it cut short, closes its log, and writes privacy.json (marked
+``interrupted``) and, on 2D data, the checkpoint of its last completed round; ``resume``
+continues a run from its checkpoint, counting every release its log shows (:mod:`.resume`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import copy
 import json
 import shutil
 import sys
@@ -25,7 +31,7 @@ from ..config import RunConfig, config_from_dict, write_config
 from ..data.images import ImagePair, image_pair, image_shape
 from ..data.pairs import get_pair, make_shards
 from ..data.partition import partition
-from ..errors import ConfigError, DataError
+from ..errors import ConfigError, DataError, RunInterrupted
 from ..federation.channel import Channel
 from ..federation.faults import load_threat_model
 from ..federation.log import MessageLog
@@ -41,6 +47,8 @@ from ..progress import progress_bar
 from ..protocols.protocol import Protocol, load_protocol
 from ..protocols.statement import privacy_statement
 from ..runtime import party_generator, resolve_device
+from .interrupt import cause_of, interruption
+from .resume import ResumePoint, refuse_over_budget, resume_point
 from .scaffold import (
     RunResult,
     check_pin_path,
@@ -63,11 +71,6 @@ FLOOR = EVALUATOR + 1  # the evaluator's second target sample (the i.i.d. floor 
 
 SAMPLES_DIR = "samples"  # the periodic sample grids of an image run
 GRID = 64  # images per sample grid (8 x 8)
-# Keys a resumed run may change; every other key must equal the checkpoint's.
-RESUMABLE = frozenset({"rounds", "out", "overwrite", "resume", "progress", "device", "threads",
-                       "sample_every", "checkpoint_every", "eval_samples", "nfe", "pin_to",
-                       "fid_weights", "precision", "keep_payloads", "adaptive_solver",
-                       "adaptive_tol", "trajectories", "data_dir"})
 
 
 def image_shards(pair: ImagePair, config: RunConfig) -> list[torch.Tensor]:
@@ -156,8 +159,10 @@ def _close_log(log: MessageLog, trainer) -> str | None:
     return log.close()
 
 
-def _privacy(config: RunConfig, trainer, rounds_run: int) -> dict:
-    """The run's privacy.json (see :func:`~secureffm.protocols.statement.privacy_statement`)."""
+def _privacy(config: RunConfig, trainer, rounds_run: int,
+             resumed: ResumePoint | None = None) -> dict:
+    """The run's privacy.json (see :func:`~secureffm.protocols.statement.privacy_statement`);
+    a resumed run also names the run it continued (``resumed_from``)."""
     randomness = secret_randomness(config.insecure_deterministic)
     if isinstance(trainer, CentralizedFlowMatching):
         return {"protocol": "none", "unit": None, "adjacency": None,
@@ -174,6 +179,9 @@ def _privacy(config: RunConfig, trainer, rounds_run: int) -> dict:
                                   nominal_records=config.shard_size, accounting=accounting)
     if config.canaries:
         statement["audit_run"] = {"canaries": config.canaries, "notice": AUDIT_NOTICE}
+    if resumed is not None:
+        statement["resumed_from"] = {"run": str(resumed.source), "round": resumed.round,
+                                     "charged_records": len(resumed.charged)}
     return statement
 
 
@@ -190,27 +198,33 @@ def run_ffm(config: RunConfig, connect: Connect | None = None) -> RunResult:
     device = resolve_device(config.device)
     out = run_folder(config)
     check_pin_path(out, config.pin_to)
-    resumed = _resume_point(config, device) if config.resume else None  # before any reset
+    resumed = resume_point(config, device) if config.resume else None  # before any reset
+    if resumed is not None:
+        config = resumed.config(config)
     if config.images and config.overwrite:
         shutil.rmtree(out / SAMPLES_DIR, ignore_errors=True)
     prepare_run_folder(out, config.overwrite)
     write_config(config, out / "config.toml")
     torch.manual_seed(config.seed)  # network initialisation only; parties use their generators
     log = MessageLog(out / "messages.jsonl", keep_payloads=config.keep_payloads)
-    trainer = None
+    trainer, progress = None, _Progress(config)
     try:
         pair, shards, trainer = build_run(config, device, log, connect, out)
         first = 1
         if resumed is not None:
-            trainer.load_state_dict(resumed["state"], resumed["round"])
-            first = resumed["round"] + 1
-        periodic = _Periodic(config, out, pair, trainer, device) if config.images else None
+            trainer.load_state_dict(resumed.checkpoint["state"], resumed.round, resumed.charged)
+            first = resumed.round + 1
+            progress.resume(resumed)
+        periodic = (_Periodic(config, out, pair, trainer, device, progress) if config.images
+                    else None)
         curves: dict[str, list[list[float]]] = {"loss": [], "dual": []}
         aborted = 0
         every = max(1, config.rounds // 200)
-        budget = (trainer.rounds_within_budget() if isinstance(trainer, FederatedFlowMatching)
-                  else config.rounds)
-        if budget < config.rounds:
+        budget = (trainer.rounds_within_budget(first)
+                  if isinstance(trainer, FederatedFlowMatching) else config.rounds)
+        if resumed is not None:
+            refuse_over_budget(trainer, resumed, budget, config.rounds)
+        elif budget < config.rounds:
             print(f"secureffm: the privacy target allows {budget} of {config.rounds} rounds at "
                   "this noise multiplier; training stops there and keeps the model",
                   file=sys.stderr, flush=True)
@@ -218,6 +232,7 @@ def run_ffm(config: RunConfig, connect: Connect | None = None) -> RunResult:
         bar = progress_bar(range(first, budget + 1), desc=f"{config.method} rounds",
                            disable=not config.progress, unit="round", dynamic_ncols=True)
         for round_ in bar:
+            progress.in_round = round_
             report = trainer.train_round(round_)
             aborted += int(report.pop("aborted", 0))
             if round_ % every == 0 or round_ == budget:
@@ -231,12 +246,39 @@ def run_ffm(config: RunConfig, connect: Connect | None = None) -> RunResult:
                 curves["dual"].append([round_, report["dual"]])
             if periodic is not None:
                 periodic(round_)
+            progress.done(round_, None if periodic else trainer)
         train_seconds = time.perf_counter() - start
+    except BaseException as error:
+        stop = progress.stop(out, trainer, error, resumed)
+        if stop is error:
+            raise
+        raise stop from None
     finally:
         head = _close_log(log, trainer)
     pin = record_pin(out, head, config.pin_to)
+    started = time.perf_counter()
+    (out / "privacy.json").write_text(json.dumps(_privacy(config, trainer, budget, resumed),
+                                                 indent=2))
+    privacy_seconds = time.perf_counter() - started
+    progress.checkpoint(out, budget, trainer.state_dict())
+    try:
+        return _evaluate(config, out, pair, shards, trainer, device, log, periodic, pin, {
+            "setup_seconds": start - begun, "train_seconds": train_seconds, "budget": budget,
+            "first": first, "privacy_seconds": privacy_seconds, "aborted": aborted,
+            "curves": curves, "resumed": resumed})
+    except KeyboardInterrupt as error:
+        raise RunInterrupted(f"interrupted ({cause_of(error)}) during the evaluation: training "
+                             f"finished, privacy.json and checkpoint.pt are written, "
+                             f"metrics.json is not") from None
 
-    setup_seconds = start - begun
+
+def _evaluate(config: RunConfig, out: Path, pair, shards, trainer, device: torch.device,
+              log: MessageLog, periodic: _Periodic | None, pin: dict | None,
+              facts: dict) -> RunResult:
+    """Evaluate the trained model and write metrics.json and the plots (``facts``: the
+    training's timings, rounds and curves)."""
+    budget, first, resumed = facts["budget"], facts["first"], facts["resumed"]
+    train_seconds = facts["train_seconds"]
     evaluator = party_generator(config.seed, EVALUATOR, device)
     model = trainer.velocity.averaged
     started = time.perf_counter()
@@ -257,41 +299,34 @@ def run_ffm(config: RunConfig, connect: Connect | None = None) -> RunResult:
         evaluation = report.to_dict()
     eval_seconds = time.perf_counter() - started
 
-    started = time.perf_counter()
-    (out / "privacy.json").write_text(json.dumps(_privacy(config, trainer, budget), indent=2))
-    privacy_seconds = time.perf_counter() - started
     metrics = {
         "method": config.method,
         "protocol": load_protocol(config.protocol).name,
         "data": config.data,
         "clients": config.clients if config.method not in CENTRALIZED else 1,
         "rounds": budget,
-        "setup_seconds": setup_seconds,
+        "setup_seconds": facts["setup_seconds"],
         "train_seconds": train_seconds,
-        "seconds_per_round": train_seconds / max(budget, 1),
+        "seconds_per_round": train_seconds / max(budget - first + 1, 1),
         "eval_seconds": eval_seconds,
-        "privacy_seconds": privacy_seconds,
+        "privacy_seconds": facts["privacy_seconds"],
         "eval": evaluation,
         "messages": log.summary(),
-        "aborted_aggregations": aborted,
-        "curves": curves,
+        "aborted_aggregations": facts["aborted"],
+        "curves": facts["curves"],
     }
     if config.canaries:
         metrics["audit_run"] = {"canaries": config.canaries, "notice": AUDIT_NOTICE}
     if config.images:
         metrics.update(periodic.summary(budget - first + 1, train_seconds))
-        metrics["seconds_per_round"] = train_seconds / max(budget - first + 1, 1)
-        if resumed is not None:
-            metrics["resumed_from"] = {"checkpoint": config.resume, "round": first - 1}
+    if resumed is not None:
+        metrics["resumed_from"] = {"run": str(resumed.source), "round": resumed.round}
     (out / "metrics.json").write_text(json.dumps(metrics, indent=2))
     label = (f"{config.method}, {metrics['protocol']} ({config.data}, "
              f"{metrics['clients']} client(s))")
     if config.images:
-        periodic.checkpoint(budget)
         periodic.grid(out / "samples.png", f"samples: {label}, round {budget}")
         return RunResult(out, metrics, pin)
-    torch.save({"config": config.to_dict(), "state": trainer.state_dict()},
-               out / "checkpoint.pt")
     held = shards if shards is not None else [generated["target"].cpu()]
     plot_trajectories(out / "trajectories.png", held, paths, f"trajectories: {label}",
                       None if shards is not None else "target sample (the server holds no "
@@ -300,24 +335,70 @@ def run_ffm(config: RunConfig, connect: Connect | None = None) -> RunResult:
     return RunResult(out, metrics, pin)
 
 
-def _resume_point(config: RunConfig, device: torch.device) -> dict:
-    """The checkpoint ``config.resume`` (loaded with weights_only=True) after checking that it
-    belongs to a run of the same settings: every key but :data:`RESUMABLE` must match."""
-    checkpoint = load_checkpoint(Path(config.resume), device)
-    if "round" not in checkpoint:
-        raise ConfigError(f"{config.resume} has no round: resume continues image runs only")
-    saved = config_from_dict(checkpoint["config"])
-    changed = [key for key, value in config.to_dict().items()
-               if key not in RESUMABLE and saved.to_dict()[key] != value]
-    if changed:
-        key = changed[0]
-        raise ConfigError(f"resume: {key} = {getattr(config, key)!r} but the checkpoint's run "
-                          f"used {getattr(saved, key)!r}; a resumed run keeps every setting "
-                          f"except {', '.join(sorted(RESUMABLE))}")
-    if checkpoint["round"] >= config.rounds:
-        raise ConfigError(f"resume: the checkpoint is at round {checkpoint['round']}, not "
-                          f"before rounds = {config.rounds}; raise --rounds to train further")
-    return checkpoint
+class _Progress:
+    """Where training stands, for a stop part way: the round in progress (None between
+    rounds), the rounds completed, the round of the checkpoint.pt on disk, and a consistent
+    server state not yet on disk as (round, state): a copy after each completed 2D round (an
+    image run relies on its periodic checkpoints), or the resumed checkpoint's."""
+
+    def __init__(self, config: RunConfig):
+        self.config = config
+        self.in_round: int | None = None
+        self.completed = 0
+        self.saved: int | None = None
+        self.state: tuple[int, dict] | None = None
+
+    def resume(self, point: ResumePoint) -> None:
+        """Start from ``point``: until a later state is kept, a stop saves its checkpoint."""
+        self.completed = point.round
+        self.state = (point.round, {k: v for k, v in point.checkpoint["state"].items()
+                                    if k != "ledger"})
+
+    def done(self, round_: int, trainer=None) -> None:
+        """Round ``round_`` completed; with ``trainer``, keep a copy of its state (the
+        ledger is left out: the log holds the charges, and a stop adds the ledger as it is)."""
+        self.in_round, self.completed = None, round_
+        if trainer is not None:
+            self.state = (round_, copy.deepcopy({k: v for k, v in trainer.state_dict().items()
+                                                 if k != "ledger"}))
+
+    def checkpoint(self, out: Path, round_: int, state: dict) -> None:
+        """checkpoint.pt (replaced atomically): the config, the server ``state`` after
+        ``round_`` and the round."""
+        partial = out / "checkpoint.pt.partial"
+        torch.save({"config": self.config.to_dict(), "state": state, "round": round_}, partial)
+        partial.replace(out / "checkpoint.pt")
+        self.saved = round_
+        if self.state is not None and self.state[0] <= round_:
+            self.state = None
+
+    def stop(self, out: Path, trainer, error: BaseException,
+             resumed: ResumePoint | None) -> BaseException:
+        """After ``error`` stopped training: charge the aggregation it cut short, write
+        privacy.json (with ``interrupted``) and the last completed round's checkpoint; returns
+        what to raise (a one-line :class:`RunInterrupted` for Ctrl-C and SIGTERM)."""
+        if trainer is None:
+            return error
+        if isinstance(trainer, FederatedFlowMatching):
+            trainer.charge_pending()
+        if self.state is not None:
+            round_, state = self.state
+            if getattr(trainer, "ledger", None) is not None:
+                state = {**state, "ledger": trainer.ledger.state_dict()}
+            self.checkpoint(out, round_, state)
+        cause = cause_of(error)
+        statement = _privacy(self.config, trainer, self.completed, resumed)
+        statement["interrupted"] = interruption(self.in_round, self.completed, self.saved, cause)
+        (out / "privacy.json").write_text(json.dumps(statement, indent=2))
+        if not isinstance(error, KeyboardInterrupt):
+            return error
+        where = (f"in round {self.in_round} of {self.config.rounds}" if self.in_round else
+                 f"after round {self.completed} of {self.config.rounds}")
+        resume = (f"checkpoint.pt holds round {self.saved}; continue with --resume {out} --out "
+                  "NEW_FOLDER" if self.saved else "no checkpoint was written (--resume needs one)")
+        return RunInterrupted(f"interrupted ({cause}) {where}: the log is closed and "
+                              f"privacy.json states the epsilon of every round released; "
+                              f"{resume}")
 
 
 class _Periodic:
@@ -327,9 +408,10 @@ class _Periodic:
     rate, and the final evaluation (FID at each NFE, or its labelled fallback)."""
 
     def __init__(self, config: RunConfig, out: Path, pair: ImagePair, trainer,
-                 device: torch.device):
+                 device: torch.device, progress: _Progress):
         self.config, self.out, self.pair, self.trainer, self.device = (config, out, pair,
                                                                        trainer, device)
+        self.progress = progress
         self.dtype = autocast_dtype(FFMSettings.of(config), pair, device)
         generator = party_generator(config.seed, EVALUATOR + 2, device)
         self.noise = pair.source.sample(GRID, generator, device)[0]
@@ -348,15 +430,7 @@ class _Periodic:
             self.grid(self.out / SAMPLES_DIR / f"round-{round_:07d}.png",
                       f"{c.method}, round {round_}")
         if c.checkpoint_every and round_ % c.checkpoint_every == 0:
-            self.checkpoint(round_)
-
-    def checkpoint(self, round_: int) -> None:
-        """checkpoint.pt: the config, the server state after ``round_`` and the round."""
-        path = self.out / "checkpoint.pt"
-        partial = path.with_suffix(".pt.partial")
-        torch.save({"config": self.config.to_dict(), "state": self.trainer.state_dict(),
-                    "round": round_}, partial)
-        partial.replace(path)
+            self.progress.checkpoint(self.out, round_, self.trainer.state_dict())
 
     def _sample(self, x0: torch.Tensor, nfe: int) -> torch.Tensor:
         """Euler samples [N, C, H, W] of the EMA model from x0, in chunks, clamped to [-1, 1]."""
@@ -440,8 +514,8 @@ def load_velocity(run_dir: str | Path, device: str = "cpu") -> torch.nn.Module:
     run_dir = Path(run_dir)
     checkpoint = load_checkpoint(run_dir / "checkpoint.pt", device)
     config = checkpoint["config"]
-    if "round" in checkpoint:  # an image run
-        saved = config_from_dict(config)
+    saved = config_from_dict(config)
+    if saved.images:
         model = image_velocity(FFMSettings.of(saved), image_shape(saved.data, saved.image_size))
     else:
         model = VelocityMLP(get_pair(config["data"]).dim, config["hidden"])
