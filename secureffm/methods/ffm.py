@@ -389,6 +389,8 @@ class FederatedFlowMatching:
         self.noise_multipliers: dict[str, float] = {}
         self.geometry, self.noise = {}, {}
         self._pending: tuple[int, str] | None = None  # the aggregation not charged yet
+        self.applied = 0  # the last round whose update the models hold
+        self._applying = False  # an optimizer step is under way (the state is mixed)
         if self.distributed:
             self._plan_distributed_noise()
         elif dp is not None:
@@ -414,14 +416,14 @@ class FederatedFlowMatching:
         """See :func:`planned_steps`."""
         return planned_steps(self.settings, rounds)
 
-    def client_epsilon(self, client: str, multiplier: float, rounds: int,
-                       first: int = 1) -> float:
-        """The epsilon client ``client`` (its id) has spent once it has run rounds ``first``
-        to ``rounds`` at noise ``multiplier`` (sigma for local noise, tau for distributed
-        noise) on top of what the ledger has already charged it (a resumed run's past)."""
+    def client_epsilon(self, client: str, multiplier: float, rounds: int, first: int = 1,
+                       past: tuple[LedgerEntry, ...] = ()) -> float:
+        """The epsilon client ``client`` (its id) spends in rounds ``first`` to ``rounds`` at
+        noise ``multiplier`` (sigma for local noise, tau for distributed noise), composed with
+        the ``past`` entries charged to it (a resumed run's)."""
         planned, before = self.planned_steps(rounds), self.planned_steps(first - 1)
         ledger = PrivacyLedger(self.dp.delta)
-        for entry in self.ledger.entries:
+        for entry in past:
             if entry.client == client:
                 ledger.record(entry)
         for kind, total in planned.items():
@@ -454,9 +456,10 @@ class FederatedFlowMatching:
         when there is no target; ``first`` - 1 when not even round ``first`` fits)."""
         if self.dp is None or self.dp.target_epsilon is None:
             return self.settings.rounds
+        past = tuple(self.ledger.entries)
 
         def fits(rounds: int) -> bool:
-            return all(self.client_epsilon(cid, multiplier, rounds, first)
+            return all(self.client_epsilon(cid, multiplier, rounds, first, past)
                        <= self.dp.target_epsilon
                        for cid, multiplier in self.noise_multipliers.items())
 
@@ -519,7 +522,7 @@ class FederatedFlowMatching:
         self._record(update.asked, "gradient", round_)
         report = {"aborted": 0.0}
         if update.payload is not None:
-            self.velocity.apply(update.payload["gradient"])
+            self._apply(self.velocity, update.payload["gradient"], round_)
             self._diagnose(report, "loss", "last_loss", update.included)
         else:
             report["aborted"] += 1
@@ -531,13 +534,25 @@ class FederatedFlowMatching:
                                           self.noise.get("dual_update"))
             self._record(dual.asked, "dual_update", round_)
             if dual.payload is not None:
-                self.potential.apply(dual.payload["gradient"])
+                self._apply(self.potential, dual.payload["gradient"], round_)
                 self.channel.broadcast(round_, "global_potential",
                                        {"phi": self.potential.flat()})
                 self._diagnose(report, "dual", "last_dual", dual.included)
             else:
                 report["aborted"] += 1
         return report
+
+    def _apply(self, model: GlobalModel, gradient: np.ndarray, round_: int) -> None:
+        self._applying = True
+        model.apply(gradient)
+        self.applied, self._applying = round_, False
+
+    def checkpoint_round(self, completed: int) -> int | None:
+        """The round whose end :meth:`state_dict` holds now, for a checkpoint after a stop:
+        ``completed`` (the last round that ended), or the round in progress once one of its
+        updates was applied (its aggregations after that count as aborted: the models stay
+        put for them); None while an update is being applied."""
+        return None if self._applying else max(completed, self.applied)
 
     def _diagnose(self, report: dict, name: str, key: str, included: list[str]) -> None:
         """The weighted mean of the counted clients' ``key``, read from their state: only in

@@ -16,7 +16,6 @@ continues a run from its checkpoint, counting every release its log shows (:mod:
 from __future__ import annotations
 
 import contextlib
-import copy
 import json
 import shutil
 import sys
@@ -47,7 +46,7 @@ from ..progress import progress_bar
 from ..protocols.protocol import Protocol, load_protocol
 from ..protocols.statement import privacy_statement
 from ..runtime import party_generator, resolve_device
-from .interrupt import cause_of, interruption
+from .interrupt import cause_of, interruption, signals_held
 from .resume import ResumePoint, refuse_over_budget, resume_point
 from .scaffold import (
     RunResult,
@@ -214,7 +213,7 @@ def run_ffm(config: RunConfig, connect: Connect | None = None) -> RunResult:
         if resumed is not None:
             trainer.load_state_dict(resumed.checkpoint["state"], resumed.round, resumed.charged)
             first = resumed.round + 1
-            progress.resume(resumed)
+            progress.completed = resumed.round
         periodic = (_Periodic(config, out, pair, trainer, device, progress) if config.images
                     else None)
         curves: dict[str, list[list[float]]] = {"loss": [], "dual": []}
@@ -246,15 +245,18 @@ def run_ffm(config: RunConfig, connect: Connect | None = None) -> RunResult:
                 curves["dual"].append([round_, report["dual"]])
             if periodic is not None:
                 periodic(round_)
-            progress.done(round_, None if periodic else trainer)
+            progress.in_round, progress.completed = None, round_
         train_seconds = time.perf_counter() - start
     except BaseException as error:
-        stop = progress.stop(out, trainer, error, resumed)
+        with signals_held():  # a second Ctrl-C must not cut the wrap-up short
+            try:
+                stop = progress.stop(out, trainer, error, resumed)
+            finally:
+                _close_log(log, trainer)
         if stop is error:
             raise
         raise stop from None
-    finally:
-        head = _close_log(log, trainer)
+    head = _close_log(log, trainer)
     pin = record_pin(out, head, config.pin_to)
     started = time.perf_counter()
     (out / "privacy.json").write_text(json.dumps(_privacy(config, trainer, budget, resumed),
@@ -337,30 +339,13 @@ def _evaluate(config: RunConfig, out: Path, pair, shards, trainer, device: torch
 
 class _Progress:
     """Where training stands, for a stop part way: the round in progress (None between
-    rounds), the rounds completed, the round of the checkpoint.pt on disk, and a consistent
-    server state not yet on disk as (round, state): a copy after each completed 2D round (an
-    image run relies on its periodic checkpoints), or the resumed checkpoint's."""
+    rounds), the rounds completed, and the round of the checkpoint.pt on disk."""
 
     def __init__(self, config: RunConfig):
         self.config = config
         self.in_round: int | None = None
         self.completed = 0
         self.saved: int | None = None
-        self.state: tuple[int, dict] | None = None
-
-    def resume(self, point: ResumePoint) -> None:
-        """Start from ``point``: until a later state is kept, a stop saves its checkpoint."""
-        self.completed = point.round
-        self.state = (point.round, {k: v for k, v in point.checkpoint["state"].items()
-                                    if k != "ledger"})
-
-    def done(self, round_: int, trainer=None) -> None:
-        """Round ``round_`` completed; with ``trainer``, keep a copy of its state (the
-        ledger is left out: the log holds the charges, and a stop adds the ledger as it is)."""
-        self.in_round, self.completed = None, round_
-        if trainer is not None:
-            self.state = (round_, copy.deepcopy({k: v for k, v in trainer.state_dict().items()
-                                                 if k != "ledger"}))
 
     def checkpoint(self, out: Path, round_: int, state: dict) -> None:
         """checkpoint.pt (replaced atomically): the config, the server ``state`` after
@@ -369,8 +354,6 @@ class _Progress:
         torch.save({"config": self.config.to_dict(), "state": state, "round": round_}, partial)
         partial.replace(out / "checkpoint.pt")
         self.saved = round_
-        if self.state is not None and self.state[0] <= round_:
-            self.state = None
 
     def stop(self, out: Path, trainer, error: BaseException,
              resumed: ResumePoint | None) -> BaseException:
@@ -381,11 +364,12 @@ class _Progress:
             return error
         if isinstance(trainer, FederatedFlowMatching):
             trainer.charge_pending()
-        if self.state is not None:
-            round_, state = self.state
-            if getattr(trainer, "ledger", None) is not None:
-                state = {**state, "ledger": trainer.ledger.state_dict()}
-            self.checkpoint(out, round_, state)
+        if isinstance(trainer, FederatedFlowMatching):
+            round_ = trainer.checkpoint_round(self.completed)
+        else:
+            round_ = None if self.in_round else self.completed
+        if round_ and round_ != self.saved:
+            self.checkpoint(out, round_, trainer.state_dict())
         cause = cause_of(error)
         statement = _privacy(self.config, trainer, self.completed, resumed)
         statement["interrupted"] = interruption(self.in_round, self.completed, self.saved, cause)

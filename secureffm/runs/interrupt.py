@@ -13,7 +13,7 @@ import signal
 import threading
 from collections.abc import Iterator
 
-__all__ = ["Terminated", "terminate_raises", "cause_of", "interruption"]
+__all__ = ["Terminated", "terminate_raises", "signals_held", "cause_of", "interruption"]
 
 
 class Terminated(KeyboardInterrupt):
@@ -38,6 +38,23 @@ def terminate_raises() -> Iterator[None]:
         yield
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+@contextlib.contextmanager
+def signals_held() -> Iterator[None]:
+    """Within the block, SIGINT and SIGTERM are ignored (main thread only), so a second Ctrl-C
+    cannot cut short the wrap-up of a stop: the charge, privacy.json, the log's closing
+    record."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGINT,
+                                                                    signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def cause_of(error: BaseException) -> str:

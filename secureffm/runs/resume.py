@@ -18,6 +18,7 @@ from pathlib import Path
 
 import torch
 
+from ..audit.rules import INPUT_PHASES
 from ..audit.verify import LOG_FILE, verify_run
 from ..config import RunConfig, config_from_dict
 from ..errors import BudgetError, ConfigError
@@ -87,17 +88,47 @@ def resume_point(config: RunConfig, device: torch.device) -> ResumePoint:
 
 
 def logged_charges(run_dir: Path) -> list[list[LedgerEntry]]:
-    """The server-signed ``charged`` records of ``run_dir``'s log, each as its entries.
-    Refused unless the log verifies (signed, chained, closed): a resume counts what was
-    released from it."""
+    """The server-signed ``charged`` records of ``run_dir``'s log, each as its entries. The log
+    must verify; one cut short (a killed process: every line verifies, the closing record is
+    missing) is taken, and a client input it holds without a charge (the aggregation the kill
+    cut short) is charged as that client's previous charge of the kind, one per round."""
     report = verify_run(run_dir)
-    if not report.ok:
-        raise ConfigError(f"resume: {run_dir / LOG_FILE} does not verify "
-                          f"({report.first_bad.problem}); a resumed run counts the privacy spent "
-                          "from that log, so it needs the log intact and closed")
+    bad = report.first_bad
+    cut_short = bad is not None and bad.seq is None and report.records == report.lines
+    if not report.ok and not cut_short:
+        raise ConfigError(f"resume: {run_dir / LOG_FILE} does not verify ({bad.problem}); a "
+                          "resumed run counts the privacy spent from that log, so it needs the "
+                          "log intact")
     records = [json.loads(line) for line in (run_dir / LOG_FILE).read_text().splitlines()]
-    return [charged_entries(record) for record in records
-            if record.get("event") == CHARGED and record.get("sender") == SERVER]
+    charged = [charged_entries(record) for record in records
+               if record.get("event") == CHARGED and record.get("sender") == SERVER]
+    return charged + _uncharged(records, charged, run_dir) if cut_short else charged
+
+
+def _uncharged(records: list[dict], charged: list[list[LedgerEntry]],
+               run_dir: Path) -> list[list[LedgerEntry]]:
+    """Charges for the DP client inputs (``dp`` among their stages) that no charge covers,
+    priced as the client's last charge of that kind (of any kind under local noise, where
+    every kind costs the same)."""
+    covered = {(e.round, e.kind, e.client) for entries in charged for e in entries}
+    last = {(e.client, e.kind): e for entries in charged for e in entries}
+    last.update({(e.client, None): e for entries in charged for e in entries
+                 if e.mechanism == "gaussian"})
+    missing: dict[tuple[int, str], list[LedgerEntry]] = {}
+    for r in records:
+        key = (r.get("round"), r.get("kind"), r.get("sender"))
+        if (r.get("phase") not in INPUT_PHASES or r.get("recipient") != SERVER
+                or "dp" not in r.get("stages", ()) or key in covered):
+            continue
+        covered.add(key)
+        previous = last.get((r["sender"], r["kind"])) or last.get((r["sender"], None))
+        if previous is None:
+            raise ConfigError(f"resume: {run_dir / LOG_FILE} was cut short with "
+                              f"{r['sender']}'s round-{r['round']} {r['kind']} input uncharged "
+                              "and no earlier charge to price it by; start a new run")
+        missing.setdefault((r["round"], r["kind"]), []).append(
+            replace(previous, kind=r["kind"], round=r["round"], steps=1))
+    return list(missing.values())
 
 
 def _check_covers(checkpoint: dict, charged: list[list[LedgerEntry]], source: Path) -> None:

@@ -99,6 +99,58 @@ def test_an_interruption_inside_an_aggregation_charges_what_was_sent(small_confi
     assert _stated(out) == pytest.approx(_audited(out), rel=1e-9)
 
 
+def test_a_stop_during_gots_dual_step_checkpoints_the_round_as_if_it_aborted(small_config,
+                                                                            monkeypatch):
+    """Ctrl-C in round 2's dual aggregation, after the velocity's update: the checkpoint is
+    round 2 (the potential stays put, as for an aborted aggregation), and both charges count."""
+    real = ProtectedChannel.aggregate
+
+    def aggregate(self, round_, kind, *args, **kwargs):
+        out = real(self, round_, kind, *args, **kwargs)
+        if (round_, kind) == (2, "dual_update"):
+            raise KeyboardInterrupt
+        return out
+
+    monkeypatch.setattr(ProtectedChannel, "aggregate", aggregate)
+    config = small_config(**{**TINY, "method": "got", "potential_every": 2, "candidates": 16})
+    with pytest.raises(RunInterrupted, match="checkpoint.pt holds round 2"):
+        run(config)
+    out = Path(config.out)
+    assert load_checkpoint(out / "checkpoint.pt")["round"] == 2
+    assert _stated(out) == pytest.approx(_audited(out), rel=1e-9)
+    kinds = json.loads((out / "privacy.json").read_text())["clients"]["client-1"]["rdp"]
+    assert set(kinds["by_kind"]) == {"gradient", "dual_update"}
+
+
+def test_a_killed_run_resumes_counting_the_inputs_its_log_holds(small_config, monkeypatch,
+                                                                tmp_path):
+    """A log cut short by a kill (no closing record) in round 2's aggregation, its clients'
+    inputs already logged but not charged: the resume charges them; a log with a charged
+    record deleted is refused."""
+    with monkeypatch.context() as patch:
+        _interrupt_after(patch, ProtectedChannel, "aggregate", 2)
+        with pytest.raises(RunInterrupted):
+            run(small_config(**TINY))
+    first = tmp_path / "run"
+    lines = (first / "messages.jsonl").read_text().splitlines()
+    assert [json.loads(x)["event"] for x in lines[-2:]] == ["charged", "closed"]
+    killed = tmp_path / "killed"  # as a kill in round 2 leaves it: the stop's charge not made
+    killed.mkdir()
+    for name in ("parties.json", "checkpoint.pt"):
+        (killed / name).write_bytes((first / name).read_bytes())
+    (killed / "messages.jsonl").write_text("\n".join(lines[:-2]) + "\n")
+    assert not verify_run(killed).ok
+    second = run(small_config(**{**TINY, "target_epsilon": 2.0},  # the 7th round needs more
+                              resume=str(killed), out=str(tmp_path / "second")))
+    assert _charged_steps(second.out) == 2 + 5  # rounds 1-2 released, then 2-6
+    assert _stated(second.out) == pytest.approx(_audited(second.out), rel=1e-9)
+    edited = [x for x in lines if json.loads(x).get("event") != "charged" or
+              json.loads(x)["round"] != 1]
+    (killed / "messages.jsonl").write_text("\n".join(edited) + "\n")
+    with pytest.raises(ConfigError, match="does not verify"):
+        run(small_config(**TINY, resume=str(killed), out=str(tmp_path / "third")))
+
+
 def test_sigterm_stops_the_run_like_ctrl_c(small_config, monkeypatch):
     """SIGTERM (a scheduler stopping the job) is turned into the same clean stop."""
     real = FederatedFlowMatching.train_round
