@@ -173,7 +173,7 @@ def test_resume_counts_every_released_round_and_refuses_to_exceed_the_target(
     """Interrupted after round 3's charge, checkpoint at round 2: the resume counts the 3
     rounds the log shows, so the 6 planned rounds at the calibrated noise would exceed the
     target and are refused by name; the rounds it says fit run, and the final epsilon is the
-    audit's, within the target."""
+    audit's, within the target. A newer checkpoint planted beside the older log is refused."""
     config = small_config(**TINY)
     with monkeypatch.context() as patch:
         _interrupt_after(patch, FederatedFlowMatching, "_record", 3)
@@ -195,6 +195,11 @@ def test_resume_counts_every_released_round_and_refuses_to_exceed_the_target(
     stated, audited = _stated(out), _audited(out)
     assert stated == pytest.approx(audited, rel=1e-9)
     assert max(audited.values()) <= 1.0
+    # the continuation's checkpoint planted in the interrupted run's folder: its log charges less
+    (first / "checkpoint.pt").write_bytes((out / "checkpoint.pt").read_bytes())
+    with pytest.raises(ConfigError, match="charges less than the checkpoint's ledger"):
+        run(small_config(**{**TINY, "rounds": fit + 1}, resume=str(first),
+                         out=str(tmp_path / "third")))
 
 
 def test_an_image_resume_counts_the_rounds_after_its_checkpoint(small_config, monkeypatch,
