@@ -417,15 +417,12 @@ class FederatedFlowMatching:
         return planned_steps(self.settings, rounds)
 
     def client_epsilon(self, client: str, multiplier: float, rounds: int, first: int = 1,
-                       past: tuple[LedgerEntry, ...] = ()) -> float:
+                       past: PrivacyLedger | None = None) -> float:
         """The epsilon client ``client`` (its id) spends in rounds ``first`` to ``rounds`` at
         noise ``multiplier`` (sigma for local noise, tau for distributed noise), composed with
-        the ``past`` entries charged to it (a resumed run's)."""
+        what ``past`` charged it (a resumed run's history)."""
         planned, before = self.planned_steps(rounds), self.planned_steps(first - 1)
-        ledger = PrivacyLedger(self.dp.delta)
-        for entry in past:
-            if entry.client == client:
-                ledger.record(entry)
+        ledger = past.history(client) if past is not None else PrivacyLedger(self.dp.delta)
         for kind, total in planned.items():
             if total > before[kind]:
                 ledger.record(self._entry(client, kind, first, multiplier, total - before[kind]))
@@ -456,10 +453,9 @@ class FederatedFlowMatching:
         when there is no target; ``first`` - 1 when not even round ``first`` fits)."""
         if self.dp is None or self.dp.target_epsilon is None:
             return self.settings.rounds
-        past = tuple(self.ledger.entries)
 
         def fits(rounds: int) -> bool:
-            return all(self.client_epsilon(cid, multiplier, rounds, first, past)
+            return all(self.client_epsilon(cid, multiplier, rounds, first, self.ledger)
                        <= self.dp.target_epsilon
                        for cid, multiplier in self.noise_multipliers.items())
 
@@ -574,7 +570,7 @@ class FederatedFlowMatching:
         return state
 
     def load_state_dict(self, state: dict, round_: int,
-                        charged: list[list[LedgerEntry]] = ()) -> None:
+                        charged: list[list[LedgerEntry]] | None = None) -> None:
         """Continue after round ``round_`` from :meth:`state_dict`'s ``state`` (a checkpoint of
         the same settings): the models, their optimizers and EMA. ``charged``: what the
         continued run's log charged, one list per ``charged`` record (every round it released,
@@ -587,7 +583,7 @@ class FederatedFlowMatching:
         for model, saved in pairs:
             model.load_state_dict(saved)
         if self.ledger is not None:
-            for entries in charged:
+            for entries in charged or ():
                 self._charge(entries, entries[0].kind, entries[0].round)
         if self.potential is not None:
             self.channel.broadcast(round_, "global_potential", {"phi": self.potential.flat()})

@@ -9,8 +9,9 @@ metrics.json reports FID (or its labelled fallback).
 
 A run stopped part way (Ctrl-C, SIGTERM under :func:`.interrupt.terminate_raises`, an exception)
 charges the aggregation it cut short, closes its log, and writes privacy.json (marked
-``interrupted``) and, on 2D data, the checkpoint of its last completed round; ``resume``
-continues a run from its checkpoint, counting every release its log shows (:mod:`.resume`).
+``interrupted``) and the checkpoint of the state the server holds (see
+:meth:`~secureffm.methods.ffm.FederatedFlowMatching.checkpoint_round`); ``resume`` continues a
+run from its checkpoint, counting every release its log shows (:mod:`.resume`).
 """
 
 from __future__ import annotations
@@ -262,7 +263,8 @@ def run_ffm(config: RunConfig, connect: Connect | None = None) -> RunResult:
     (out / "privacy.json").write_text(json.dumps(_privacy(config, trainer, budget, resumed),
                                                  indent=2))
     privacy_seconds = time.perf_counter() - started
-    progress.checkpoint(out, budget, trainer.state_dict())
+    if progress.saved != budget:
+        progress.checkpoint(out, budget, trainer.state_dict())
     try:
         return _evaluate(config, out, pair, shards, trainer, device, log, periodic, pin, {
             "setup_seconds": start - begun, "train_seconds": train_seconds, "budget": budget,
