@@ -13,7 +13,7 @@ import numpy as np
 from .audit.pin import RunPin, is_hex, load_pin
 from .audit.verify import pin_run, verify_run
 from .config import PATH_LISTS, config_fields, load_config
-from .errors import SecureFFMError
+from .errors import RunInterrupted, SecureFFMError
 from .methods.fedwad import FedWADConfig
 from .runs.fedwad import FedWADRun, run_fedwad
 from .runs.scaffold import pin_message
@@ -89,7 +89,8 @@ _HELP = {
     "precision": "auto (bf16 autocast for images on CUDA) | fp32 | bf16",
     "sample_every": "rounds between sample grids samples/round-N.png (0: only samples.png)",
     "checkpoint_every": "rounds between checkpoint.pt writes (0: only at the end)",
-    "resume": "an image run's checkpoint.pt to continue (weights_only load; same settings)",
+    "resume": "an FFM run folder (or its checkpoint.pt) to continue, also one that was "
+              "interrupted; counts every round its log charged; give a new --out",
     "fid_weights": "pytorch-fid Inception weights (.pth) at a local path; else a labelled "
                    "classifier-feature fallback",
 }
@@ -225,9 +226,11 @@ def _export(args: argparse.Namespace) -> None:
 
 def _run(args: argparse.Namespace) -> None:
     from .runs import run
+    from .runs.interrupt import terminate_raises
 
     config = _config_of(args)
-    result = run(config)
+    with terminate_raises():
+        result = run(config)
     print(f"run folder: {result.out}")
     print(pin_message(result.out, result.pin, config.pin_to))
     evaluation = result.metrics["eval"]
@@ -536,6 +539,9 @@ def main(argv: list[str] | None = None) -> int:
             _sample(args)
         elif args.command == "export":
             _export(args)
+    except RunInterrupted as err:
+        print(f"secureffm: {err}", file=sys.stderr)
+        return 130
     except SecureFFMError as err:
         print(f"secureffm: error: {err}", file=sys.stderr)
         return 2

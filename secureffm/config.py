@@ -136,7 +136,7 @@ class RunConfig:
     precision: str = "auto"  # auto: bf16 autocast for images on CUDA, else float32
     sample_every: int = 0  # rounds between sample grids (samples/); 0: only at the end
     checkpoint_every: int = 0  # rounds between checkpoints (checkpoint.pt); 0: only at the end
-    resume: str = ""  # an image run's checkpoint.pt to continue from (weights_only load)
+    resume: str = ""  # an FFM run folder (or its checkpoint.pt) to continue (docs/privacy.md)
     fid_weights: str = ""  # pytorch-fid's Inception weights (.pth) at a local path
     # A run on the clients' own tables (data = "table", docs/data.md): one file per client, in
     # client order (CSV, .npy, .parquet), each read by its client alone; the public schema
@@ -258,8 +258,10 @@ def _validate_images(c: RunConfig, need) -> None:
     need(c.unet_layout in LAYOUTS, "unet_layout", f"choose one of {', '.join(LAYOUTS)}")
     need(len(c.unet_mult) >= 1 and all(m >= 1 for m in c.unet_mult), "unet_mult",
          "list positive width multipliers, one per resolution, e.g. 1,2,2,2")
+    need(not c.resume or (c.method in IMAGE_METHODS and c.engine == "inprocess"), "resume",
+         "continues a federated FFM run (vanilla, lot, got) on the in-process engine")
     if not c.images:
-        for key in ("resume", "data_dir", "fid_weights"):
+        for key in ("data_dir", "fid_weights"):
             need(not getattr(c, key), key, f"applies to image data ({', '.join(IMAGE_DATA)}) "
                  f"only, not {c.data!r}")
         return

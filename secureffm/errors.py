@@ -9,6 +9,8 @@ __all__ = [
     "TableError",
     "SolverError",
     "MessageError",
+    "BudgetError",
+    "RunInterrupted",
 ]
 
 
@@ -42,3 +44,13 @@ class SolverError(SecureFFMError):
 
 class MessageError(SecureFFMError):
     """A message is malformed, from an unknown party, or arrived twice."""
+
+
+class BudgetError(SecureFFMError):
+    """A run would spend more privacy budget than its target allows (a resumed run counts
+    what its log already charged)."""
+
+
+class RunInterrupted(SecureFFMError):
+    """A run stopped part way (Ctrl-C, SIGTERM): its log is closed and privacy.json states
+    what it spent; the message says where it stopped and how to resume."""

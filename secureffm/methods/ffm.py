@@ -466,6 +466,9 @@ class FederatedFlowMatching:
         self.distributed = self.dp is not None and self.dp.noise == "distributed"
         self.noise_multipliers: dict[str, float] = {}
         self.geometry, self.noise = {}, {}
+        self._pending: tuple[int, str] | None = None  # the aggregation not charged yet
+        self.applied = 0  # the last round whose update the models hold
+        self._applying = False  # an optimizer step is under way (the state is mixed)
         if self.distributed:
             self._plan_distributed_noise()
         elif dp is not None:
@@ -491,15 +494,17 @@ class FederatedFlowMatching:
         """See :func:`planned_steps`."""
         return planned_steps(self.settings, rounds)
 
-    def client_epsilon(self, client: str, multiplier: float, rounds: int) -> float:
-        """The epsilon client ``client`` (its id) spends in ``rounds`` rounds at noise
-        ``multiplier`` (sigma for local noise, tau for distributed noise)."""
-        if not self.distributed:
-            return epsilon([(multiplier, self.rate, n)
-                            for n in self.planned_steps(rounds).values()], self.dp.delta,
-                           self.dp.accountant)
-        return distributed_epsilon(self.settings, self.dp, self.geometry, client, multiplier,
-                                   rounds)
+    def client_epsilon(self, client: str, multiplier: float, rounds: int, first: int = 1,
+                       past: PrivacyLedger | None = None) -> float:
+        """The epsilon client ``client`` (its id) spends in rounds ``first`` to ``rounds`` at
+        noise ``multiplier`` (sigma for local noise, tau for distributed noise), composed with
+        what ``past`` charged it (a resumed run's history)."""
+        planned, before = self.planned_steps(rounds), self.planned_steps(first - 1)
+        ledger = past.history(client) if past is not None else PrivacyLedger(self.dp.delta)
+        for kind, total in planned.items():
+            if total > before[kind]:
+                ledger.record(self._entry(client, kind, first, multiplier, total - before[kind]))
+        return ledger.epsilon(client, "rdp" if self.distributed else self.dp.accountant)
 
     def _plan_distributed_noise(self) -> None:
         """Geometry of each kind's noise in quantization levels, and one multiplier tau for
@@ -513,17 +518,20 @@ class FederatedFlowMatching:
         self.noise_multipliers = dict.fromkeys(ids, noise.multiplier)
         self.noise = dict.fromkeys(sizes, noise)
 
-    def rounds_within_budget(self) -> int:
-        """The most rounds every client can run without its epsilon exceeding the target
-        (all rounds when sigma was calibrated to the target, or when there is no target)."""
+    def rounds_within_budget(self, first: int = 1) -> int:
+        """The last round, at most ``settings.rounds``, that every client can reach from round
+        ``first`` on without its epsilon, counting what the ledger has charged, exceeding the
+        target (``settings.rounds`` when sigma was calibrated to the target of a fresh run, or
+        when there is no target; ``first`` - 1 when not even round ``first`` fits)."""
         if self.dp is None or self.dp.target_epsilon is None:
             return self.settings.rounds
 
         def fits(rounds: int) -> bool:
-            return all(self.client_epsilon(cid, multiplier, rounds) <= self.dp.target_epsilon
+            return all(self.client_epsilon(cid, multiplier, rounds, first, self.ledger)
+                       <= self.dp.target_epsilon
                        for cid, multiplier in self.noise_multipliers.items())
 
-        low, high = 0, self.settings.rounds
+        low, high = first - 1, self.settings.rounds
         if fits(high):
             return high
         while high - low > 1:
@@ -535,20 +543,29 @@ class FederatedFlowMatching:
         """Ledger entries for the clients asked to compute ``kind`` (each may have released
         it: a client that was offline then is counted too, which only overstates), also signed
         into the log as a ``charged`` event, from which an audit recomputes epsilon."""
-        if self.ledger is None or not asked:
-            return
-        entries = []
-        for cid in asked:
-            multiplier = self.noise_multipliers[cid]
-            if not self.distributed:
-                entries.append(LedgerEntry(cid, kind, round_, self.rate, multiplier,
-                                           self.dp.clip))
-                continue
-            l2, l1 = self.geometry[kind].sensitivity[cid]
-            entries.append(LedgerEntry(
-                cid, kind, round_, self.rate, multiplier, self.dp.clip, mechanism="skellam",
-                l2=l2, l1=l1, variance=self.geometry[kind].sum_variance(multiplier)))
-        self._charge(entries, kind, round_)
+        if self.ledger is not None and asked:
+            self._charge([self._entry(cid, kind, round_, self.noise_multipliers[cid])
+                          for cid in asked], kind, round_)
+        self._pending = None
+
+    def _entry(self, client: str, kind: str, round_: int, multiplier: float,
+               steps: int = 1) -> LedgerEntry:
+        """What ``steps`` rounds of ``kind`` from ``round_`` on charge ``client`` at noise
+        ``multiplier``: Gaussian (local noise) or Skellam with this kind's geometry."""
+        if not self.distributed:
+            return LedgerEntry(client, kind, round_, self.rate, multiplier, self.dp.clip, steps)
+        l2, l1 = self.geometry[kind].sensitivity[client]
+        return LedgerEntry(client, kind, round_, self.rate, multiplier, self.dp.clip, steps,
+                           mechanism="skellam", l2=l2, l1=l1,
+                           variance=self.geometry[kind].sum_variance(multiplier))
+
+    def charge_pending(self) -> None:
+        """Charge the aggregation a stop cut short before its charge (Ctrl-C while the clients'
+        inputs were on their way): every client, since each may have sent its input, which
+        only overstates. Nothing when no aggregation is open."""
+        if self._pending is not None:
+            round_, kind = self._pending
+            self._record(list(self.noise_multipliers), kind, round_)
 
     def _charge(self, entries: list[LedgerEntry], kind: str, round_: int) -> None:
         """Record ``entries`` (of one ``kind`` and round) in the ledger and sign them into
@@ -564,6 +581,7 @@ class FederatedFlowMatching:
         """One communication round; returns the clients' mean diagnostics (the in-process
         simulator's view, without DP) and ``aborted`` = 1 for each aggregation that aborted
         (the model then stays put)."""
+        self._pending = (round_, "gradient")
         update = self.channel.aggregate(round_, "gradient",
                                         Task("ffm.velocity", {"round": round_}),
                                         self.weights, _template(self.velocity),
@@ -572,24 +590,37 @@ class FederatedFlowMatching:
         self._record(update.asked, "gradient", round_)
         report = {"aborted": 0.0}
         if update.payload is not None:
-            self.velocity.apply(update.payload["gradient"])
+            self._apply(self.velocity, update.payload["gradient"], round_)
             self._diagnose(report, "loss", "last_loss", update.included)
         else:
             report["aborted"] += 1
         if self.potential is not None and self.settings.dual_round(round_):
+            self._pending = (round_, "dual_update")
             dual = self.channel.aggregate(round_, "dual_update",
                                           Task("ffm.dual", {"round": round_}),
                                           self.weights, _template(self.potential),
                                           self.noise.get("dual_update"))
             self._record(dual.asked, "dual_update", round_)
             if dual.payload is not None:
-                self.potential.apply(dual.payload["gradient"])
+                self._apply(self.potential, dual.payload["gradient"], round_)
                 self.channel.broadcast(round_, "global_potential",
                                        {"phi": self.potential.flat()})
                 self._diagnose(report, "dual", "last_dual", dual.included)
             else:
                 report["aborted"] += 1
         return report
+
+    def _apply(self, model: GlobalModel, gradient: np.ndarray, round_: int) -> None:
+        self._applying = True
+        model.apply(gradient)
+        self.applied, self._applying = round_, False
+
+    def checkpoint_round(self, completed: int) -> int | None:
+        """The round whose end :meth:`state_dict` holds now, for a checkpoint after a stop:
+        ``completed`` (the last round that ended), or the round in progress once one of its
+        updates was applied (its aggregations after that count as aborted: the models stay
+        put for them); None while an update is being applied."""
+        return None if self._applying else max(completed, self.applied)
 
     def _diagnose(self, report: dict, name: str, key: str, included: list[str]) -> None:
         """The weighted mean of the counted clients' ``key``, read from their state: only in
@@ -610,10 +641,13 @@ class FederatedFlowMatching:
             state["ledger"] = self.ledger.state_dict()
         return state
 
-    def load_state_dict(self, state: dict, round_: int) -> None:
+    def load_state_dict(self, state: dict, round_: int,
+                        charged: list[list[LedgerEntry]] | None = None) -> None:
         """Continue after round ``round_`` from :meth:`state_dict`'s ``state`` (a checkpoint of
-        the same settings): the models, their optimizers and EMA, and the ledger's entries (so
-        the privacy spent before counts). The clients load the broadcast parameters in their
+        the same settings): the models, their optimizers and EMA. ``charged``: what the
+        continued run's log charged, one list per ``charged`` record (every round it released,
+        also after its checkpoint), recorded in the ledger and signed into this run's log, so
+        the privacy spent before counts. The clients load the broadcast parameters in their
         next task; the potential is broadcast again here."""
         pairs = [(self.velocity, state["velocity"])]
         if self.potential is not None:
@@ -621,10 +655,7 @@ class FederatedFlowMatching:
         for model, saved in pairs:
             model.load_state_dict(saved)
         if self.ledger is not None:
-            spent: dict[tuple[int, str], list[LedgerEntry]] = {}
-            for entry in (LedgerEntry(**e) for e in state.get("ledger", {}).get("entries", [])):
-                spent.setdefault((entry.round, entry.kind), []).append(entry)
-            for (spent_round, kind), entries in spent.items():  # this log's charges too
-                self._charge(entries, kind, spent_round)
+            for entries in charged or ():
+                self._charge(entries, entries[0].kind, entries[0].round)
         if self.potential is not None:
             self.channel.broadcast(round_, "global_potential", {"phi": self.potential.flat()})

@@ -66,6 +66,14 @@ class PrivacyLedger:
         else:
             schedule.append((*step, entry.steps))
 
+    def history(self, client: str) -> PrivacyLedger:
+        """A new ledger holding ``client``'s composed steps (not its entries), to compose a
+        plan with cheaply however long the history."""
+        copy = PrivacyLedger(self.delta)
+        copy._schedules[client].update({k: list(v) for k, v in self._schedules[client].items()})
+        copy._skellam[client].update({k: list(v) for k, v in self._skellam[client].items()})
+        return copy
+
     def schedule(self, client: str, kinds: tuple[str, ...] | None = None) -> Schedule:
         """The client's composed history, restricted to ``kinds`` when given."""
         by_kind = self._schedules[client]

@@ -4,8 +4,14 @@ training through the channel, evaluation, run folder.
 The run folder holds config.toml, metrics.json, messages.jsonl, checkpoint.pt,
 trajectories.png and w2_nfe.png. On images (docs/images.md) the same method, channel and
 protocols train a U-Net; the folder holds samples.png and samples/round-N.png (sample grids)
-instead of the 2D plots, checkpoint.pt is also written every ``checkpoint_every`` rounds and
-``resume`` continues from one, and metrics.json reports FID (or its labelled fallback).
+instead of the 2D plots, checkpoint.pt is also written every ``checkpoint_every`` rounds, and
+metrics.json reports FID (or its labelled fallback).
+
+A run stopped part way (Ctrl-C, SIGTERM under :func:`.interrupt.terminate_raises`, an exception)
+charges the aggregation it cut short, closes its log, and writes privacy.json (marked
+``interrupted``) and the checkpoint of the state the server holds (see
+:meth:`~secureffm.methods.ffm.FederatedFlowMatching.checkpoint_round`); ``resume`` continues a
+run from its checkpoint, counting every release its log shows (:mod:`.resume`).
 """
 
 from __future__ import annotations
@@ -27,7 +33,7 @@ from ..data.pairs import get_pair, make_shards
 from ..data.partition import partition
 from ..data.schema import Schema
 from ..data.silo import CLIENT_DATA, table_pair
-from ..errors import ConfigError, DataError
+from ..errors import ConfigError, DataError, RunInterrupted
 from ..federation.channel import Channel
 from ..federation.faults import load_threat_model
 from ..federation.log import MessageLog
@@ -49,6 +55,8 @@ from ..progress import progress_bar
 from ..protocols.protocol import Protocol, load_protocol
 from ..protocols.statement import mark_randomness, privacy_statement
 from ..runtime import party_generator, resolve_device
+from .interrupt import cause_of, interruption, signals_held
+from .resume import ResumePoint, refuse_over_budget, resume_point
 from .scaffold import (
     RunResult,
     check_pin_path,
@@ -72,11 +80,6 @@ FLOOR = EVALUATOR + 1  # the evaluator's second target sample (the i.i.d. floor 
 
 SAMPLES_DIR = "samples"  # the periodic sample grids of an image run
 GRID = 64  # images per sample grid (8 x 8)
-# Keys a resumed run may change; every other key must equal the checkpoint's.
-RESUMABLE = frozenset({"rounds", "out", "overwrite", "resume", "progress", "device", "threads",
-                       "sample_every", "checkpoint_every", "eval_samples", "nfe", "pin_to",
-                       "fid_weights", "precision", "keep_payloads", "adaptive_solver",
-                       "adaptive_tol", "trajectories", "data_dir"})
 
 
 def image_shards(pair: ImagePair, config: RunConfig) -> list[torch.Tensor]:
@@ -204,8 +207,10 @@ def _close_log(log: MessageLog, trainer) -> str | None:
     return log.close()
 
 
-def _privacy(config: RunConfig, trainer, rounds_run: int) -> dict:
-    """The run's privacy.json (see :func:`~secureffm.protocols.statement.privacy_statement`)."""
+def _privacy(config: RunConfig, trainer, rounds_run: int,
+             resumed: ResumePoint | None = None) -> dict:
+    """The run's privacy.json (see :func:`~secureffm.protocols.statement.privacy_statement`);
+    a resumed run also names the run it continued (``resumed_from``)."""
     if isinstance(trainer, CentralizedFlowMatching):
         return mark_randomness({
             "protocol": "none", "unit": None, "adjacency": None,
@@ -225,6 +230,9 @@ def _privacy(config: RunConfig, trainer, rounds_run: int) -> dict:
                                   accounting=accounting, exclusions=unaccounted)
     if config.canaries:
         statement["audit_run"] = {"canaries": config.canaries, "notice": AUDIT_NOTICE}
+    if resumed is not None:
+        statement["resumed_from"] = {"run": str(resumed.source), "round": resumed.round,
+                                     "charged_records": len(resumed.charged)}
     return statement
 
 
@@ -241,27 +249,33 @@ def run_ffm(config: RunConfig, connect: Connect | None = None) -> RunResult:
     device = resolve_device(config.device)
     out = run_folder(config)
     check_pin_path(out, config.pin_to)
-    resumed = _resume_point(config, device) if config.resume else None  # before any reset
+    resumed = resume_point(config, device) if config.resume else None  # before any reset
+    if resumed is not None:
+        config = resumed.config(config)
     if config.images and config.overwrite:
         shutil.rmtree(out / SAMPLES_DIR, ignore_errors=True)
     prepare_run_folder(out, config.overwrite)
     write_config(config, out / "config.toml")
     torch.manual_seed(config.seed)  # network initialisation only; parties use their generators
     log = MessageLog(out / "messages.jsonl", keep_payloads=config.keep_payloads)
-    trainer = None
+    trainer, progress = None, _Progress(config)
     try:
         pair, shards, trainer = build_run(config, device, log, connect, out)
         first = 1
         if resumed is not None:
-            trainer.load_state_dict(resumed["state"], resumed["round"])
-            first = resumed["round"] + 1
-        periodic = _Periodic(config, out, pair, trainer, device) if config.images else None
+            trainer.load_state_dict(resumed.checkpoint["state"], resumed.round, resumed.charged)
+            first = resumed.round + 1
+            progress.completed = resumed.round
+        periodic = (_Periodic(config, out, pair, trainer, device, progress) if config.images
+                    else None)
         curves: dict[str, list[list[float]]] = {"loss": [], "dual": []}
         aborted = 0
         every = max(1, config.rounds // 200)
-        budget = (trainer.rounds_within_budget() if isinstance(trainer, FederatedFlowMatching)
-                  else config.rounds)
-        if budget < config.rounds:
+        budget = (trainer.rounds_within_budget(first)
+                  if isinstance(trainer, FederatedFlowMatching) else config.rounds)
+        if resumed is not None:
+            refuse_over_budget(trainer, resumed, budget, config.rounds)
+        elif budget < config.rounds:
             print(f"secureffm: the privacy target allows {budget} of {config.rounds} rounds at "
                   "this noise multiplier; training stops there and keeps the model",
                   file=sys.stderr, flush=True)
@@ -269,6 +283,7 @@ def run_ffm(config: RunConfig, connect: Connect | None = None) -> RunResult:
         bar = progress_bar(range(first, budget + 1), desc=f"{config.method} rounds",
                            disable=not config.progress, unit="round", dynamic_ncols=True)
         for round_ in bar:
+            progress.in_round = round_
             report = trainer.train_round(round_)
             aborted += int(report.pop("aborted", 0))
             if round_ % every == 0 or round_ == budget:
@@ -282,27 +297,60 @@ def run_ffm(config: RunConfig, connect: Connect | None = None) -> RunResult:
                 curves["dual"].append([round_, report["dual"]])
             if periodic is not None:
                 periodic(round_)
+            progress.in_round, progress.completed = None, round_
         train_seconds = time.perf_counter() - start
+        table = None
         if config.data == CLIENT_DATA:  # where the data lives, before the log closes
             started = time.perf_counter()
-            evaluation = {"clients": evaluate_on_silos(trainer.channel,
-                                                       trainer.velocity.averaged, budget + 1),
-                          "schema": {"path": config.schema,
-                                     "digest": Schema.load(config.schema).digest()},
-                          "synthetic_rows": config.eval_samples, "nfe": _table_nfe(config)}
-            table_seconds = time.perf_counter() - started
-    finally:
-        head = _close_log(log, trainer)
+            table = {"clients": evaluate_on_silos(trainer.channel, trainer.velocity.averaged,
+                                                  budget + 1),
+                     "schema": {"path": config.schema,
+                                "digest": Schema.load(config.schema).digest()},
+                     "synthetic_rows": config.eval_samples, "nfe": _table_nfe(config),
+                     "seconds": time.perf_counter() - started}
+    except BaseException as error:
+        with signals_held():  # a second Ctrl-C must not cut the wrap-up short
+            try:
+                stop = progress.stop(out, trainer, error, resumed)
+            finally:
+                _close_log(log, trainer)
+        if stop is error:
+            raise
+        raise stop from None
+    head = _close_log(log, trainer)
     pin = record_pin(out, head, config.pin_to)
+    started = time.perf_counter()
+    (out / "privacy.json").write_text(json.dumps(_privacy(config, trainer, budget, resumed),
+                                                 indent=2))
+    privacy_seconds = time.perf_counter() - started
+    if progress.saved != budget:
+        progress.checkpoint(out, budget, trainer.state_dict())
+    try:
+        return _evaluate(config, out, pair, shards, trainer, device, log, periodic, pin, {
+            "setup_seconds": start - begun, "train_seconds": train_seconds, "budget": budget,
+            "first": first, "privacy_seconds": privacy_seconds, "aborted": aborted,
+            "curves": curves, "resumed": resumed, "table": table})
+    except KeyboardInterrupt as error:
+        raise RunInterrupted(f"interrupted ({cause_of(error)}) during the evaluation: training "
+                             f"finished, privacy.json and checkpoint.pt are written, "
+                             f"metrics.json is not") from None
 
-    setup_seconds = start - begun
+
+def _evaluate(config: RunConfig, out: Path, pair, shards, trainer, device: torch.device,
+              log: MessageLog, periodic: _Periodic | None, pin: dict | None,
+              facts: dict) -> RunResult:
+    """Evaluate the trained model and write metrics.json and the plots (``facts``: the
+    training's timings, rounds and curves)."""
+    budget, first, resumed = facts["budget"], facts["first"], facts["resumed"]
+    train_seconds = facts["train_seconds"]
     evaluator = party_generator(config.seed, EVALUATOR, device)
     model = trainer.velocity.averaged
     started = time.perf_counter()
     if config.images:
         evaluation = periodic.evaluate(evaluator)
-    elif config.data == CLIENT_DATA:
-        started -= table_seconds  # the clients' evaluation ran before the log closed
+    elif config.data == CLIENT_DATA:  # the clients evaluated before the log closed
+        evaluation = facts["table"]
+        started -= evaluation.pop("seconds")
     else:
         report, generated = evaluate_flow(
             model, pair, config.nfe, config.eval_samples, evaluator, device,
@@ -318,44 +366,35 @@ def run_ffm(config: RunConfig, connect: Connect | None = None) -> RunResult:
         evaluation = report.to_dict()
     eval_seconds = time.perf_counter() - started
 
-    started = time.perf_counter()
-    (out / "privacy.json").write_text(json.dumps(_privacy(config, trainer, budget), indent=2))
-    privacy_seconds = time.perf_counter() - started
     metrics = {
         "method": config.method,
         "protocol": load_protocol(config.protocol).name,
         "data": config.data,
         "clients": config.clients if config.method not in CENTRALIZED else 1,
         "rounds": budget,
-        "setup_seconds": setup_seconds,
+        "setup_seconds": facts["setup_seconds"],
         "train_seconds": train_seconds,
-        "seconds_per_round": train_seconds / max(budget, 1),
+        "seconds_per_round": train_seconds / max(budget - first + 1, 1),
         "eval_seconds": eval_seconds,
-        "privacy_seconds": privacy_seconds,
+        "privacy_seconds": facts["privacy_seconds"],
         "eval": evaluation,
         "messages": log.summary(),
-        "aborted_aggregations": aborted,
-        "curves": curves,
+        "aborted_aggregations": facts["aborted"],
+        "curves": facts["curves"],
         "insecure_deterministic": config.insecure_deterministic,  # then no privacy claim holds
     }
     if config.canaries:
         metrics["audit_run"] = {"canaries": config.canaries, "notice": AUDIT_NOTICE}
     if config.images:
         metrics.update(periodic.summary(budget - first + 1, train_seconds))
-        metrics["seconds_per_round"] = train_seconds / max(budget - first + 1, 1)
-        if resumed is not None:
-            metrics["resumed_from"] = {"checkpoint": config.resume, "round": first - 1}
+    if resumed is not None:
+        metrics["resumed_from"] = {"run": str(resumed.source), "round": resumed.round}
     (out / "metrics.json").write_text(json.dumps(metrics, indent=2))
     label = (f"{config.method}, {metrics['protocol']} ({config.data}, "
              f"{metrics['clients']} client(s))")
     if config.images:
-        periodic.checkpoint(budget)
         periodic.grid(out / "samples.png", f"samples: {label}, round {budget}")
         return RunResult(out, metrics, pin)
-    saved = {"config": config.to_dict(), "state": trainer.state_dict()}
-    if config.data == CLIENT_DATA:  # the public schema travels with the model it encodes
-        saved["schema"] = Schema.load(config.schema).to_toml()
-    torch.save(saved, out / "checkpoint.pt")
     if config.data == CLIENT_DATA:  # the server holds no row to draw
         return RunResult(out, metrics, pin)
     held = shards if shards is not None else [generated["target"].cpu()]
@@ -366,24 +405,55 @@ def run_ffm(config: RunConfig, connect: Connect | None = None) -> RunResult:
     return RunResult(out, metrics, pin)
 
 
-def _resume_point(config: RunConfig, device: torch.device) -> dict:
-    """The checkpoint ``config.resume`` (loaded with weights_only=True) after checking that it
-    belongs to a run of the same settings: every key but :data:`RESUMABLE` must match."""
-    checkpoint = load_checkpoint(Path(config.resume), device)
-    if "round" not in checkpoint:
-        raise ConfigError(f"{config.resume} has no round: resume continues image runs only")
-    saved = config_from_dict(checkpoint["config"])
-    changed = [key for key, value in config.to_dict().items()
-               if key not in RESUMABLE and saved.to_dict()[key] != value]
-    if changed:
-        key = changed[0]
-        raise ConfigError(f"resume: {key} = {getattr(config, key)!r} but the checkpoint's run "
-                          f"used {getattr(saved, key)!r}; a resumed run keeps every setting "
-                          f"except {', '.join(sorted(RESUMABLE))}")
-    if checkpoint["round"] >= config.rounds:
-        raise ConfigError(f"resume: the checkpoint is at round {checkpoint['round']}, not "
-                          f"before rounds = {config.rounds}; raise --rounds to train further")
-    return checkpoint
+class _Progress:
+    """Where training stands, for a stop part way: the round in progress (None between
+    rounds), the rounds completed, and the round of the checkpoint.pt on disk."""
+
+    def __init__(self, config: RunConfig):
+        self.config = config
+        self.in_round: int | None = None
+        self.completed = 0
+        self.saved: int | None = None
+
+    def checkpoint(self, out: Path, round_: int, state: dict) -> None:
+        """checkpoint.pt (replaced atomically): the config, the server ``state`` after
+        ``round_`` and the round."""
+        partial = out / "checkpoint.pt.partial"
+        saved = {"config": self.config.to_dict(), "state": state, "round": round_}
+        if self.config.data == CLIENT_DATA:  # the public schema travels with the model
+            saved["schema"] = Schema.load(self.config.schema).to_toml()
+        torch.save(saved, partial)
+        partial.replace(out / "checkpoint.pt")
+        self.saved = round_
+
+    def stop(self, out: Path, trainer, error: BaseException,
+             resumed: ResumePoint | None) -> BaseException:
+        """After ``error`` stopped training: charge the aggregation it cut short, write
+        privacy.json (with ``interrupted``) and the last completed round's checkpoint; returns
+        what to raise (a one-line :class:`RunInterrupted` for Ctrl-C and SIGTERM)."""
+        if trainer is None:
+            return error
+        if isinstance(trainer, FederatedFlowMatching):
+            trainer.charge_pending()
+        if isinstance(trainer, FederatedFlowMatching):
+            round_ = trainer.checkpoint_round(self.completed)
+        else:
+            round_ = None if self.in_round else self.completed
+        if round_ and round_ != self.saved:
+            self.checkpoint(out, round_, trainer.state_dict())
+        cause = cause_of(error)
+        statement = _privacy(self.config, trainer, self.completed, resumed)
+        statement["interrupted"] = interruption(self.in_round, self.completed, self.saved, cause)
+        (out / "privacy.json").write_text(json.dumps(statement, indent=2))
+        if not isinstance(error, KeyboardInterrupt):
+            return error
+        where = (f"in round {self.in_round} of {self.config.rounds}" if self.in_round else
+                 f"after round {self.completed} of {self.config.rounds}")
+        resume = (f"checkpoint.pt holds round {self.saved}; continue with --resume {out} --out "
+                  "NEW_FOLDER" if self.saved else "no checkpoint was written (--resume needs one)")
+        return RunInterrupted(f"interrupted ({cause}) {where}: the log is closed and "
+                              f"privacy.json states the epsilon of every round released; "
+                              f"{resume}")
 
 
 class _Periodic:
@@ -393,9 +463,10 @@ class _Periodic:
     rate, and the final evaluation (FID at each NFE, or its labelled fallback)."""
 
     def __init__(self, config: RunConfig, out: Path, pair: ImagePair, trainer,
-                 device: torch.device):
+                 device: torch.device, progress: _Progress):
         self.config, self.out, self.pair, self.trainer, self.device = (config, out, pair,
                                                                        trainer, device)
+        self.progress = progress
         self.dtype = autocast_dtype(FFMSettings.of(config), pair, device)
         generator = party_generator(config.seed, EVALUATOR + 2, device)
         self.noise = pair.source.sample(GRID, generator, device)[0]
@@ -414,15 +485,7 @@ class _Periodic:
             self.grid(self.out / SAMPLES_DIR / f"round-{round_:07d}.png",
                       f"{c.method}, round {round_}")
         if c.checkpoint_every and round_ % c.checkpoint_every == 0:
-            self.checkpoint(round_)
-
-    def checkpoint(self, round_: int) -> None:
-        """checkpoint.pt: the config, the server state after ``round_`` and the round."""
-        path = self.out / "checkpoint.pt"
-        partial = path.with_suffix(".pt.partial")
-        torch.save({"config": self.config.to_dict(), "state": self.trainer.state_dict(),
-                    "round": round_}, partial)
-        partial.replace(path)
+            self.progress.checkpoint(self.out, round_, self.trainer.state_dict())
 
     def _sample(self, x0: torch.Tensor, nfe: int) -> torch.Tensor:
         """Euler samples [N, C, H, W] of the EMA model from x0, in chunks, clamped to [-1, 1]."""
@@ -506,8 +569,8 @@ def load_velocity(run_dir: str | Path, device: str = "cpu") -> torch.nn.Module:
     run_dir = Path(run_dir)
     checkpoint = load_checkpoint(run_dir / "checkpoint.pt", device)
     config = checkpoint["config"]
-    if "round" in checkpoint:  # an image run
-        saved = config_from_dict(config)
+    saved = config_from_dict(config)
+    if saved.images:
         model = image_velocity(FFMSettings.of(saved), image_shape(saved.data, saved.image_size))
     elif "schema" in checkpoint:  # a run on the clients' own tables
         model = VelocityMLP(Schema.loads(checkpoint["schema"]).dim, config["hidden"])

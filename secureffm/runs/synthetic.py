@@ -104,8 +104,8 @@ def load(run: str | Path, device: str = "cpu") -> TrainedModel:
         return _load_export(run, privacy, device)
     checkpoint = load_checkpoint(run / "checkpoint.pt", device)
     config = checkpoint["config"]
-    if "round" in checkpoint or config.get("method") not in ("vanilla", "lot", "got", "icfm",
-                                                              "otcfm"):
+    if config_from_dict(config).images or config.get("method") not in (
+            "vanilla", "lot", "got", "icfm", "otcfm"):
         raise ConfigError(f"{run} is not a 2D or tabular FFM run: sample and export take those "
                           "(image runs draw their grids with the run)")
     schema = Schema.loads(checkpoint["schema"]) if "schema" in checkpoint else None

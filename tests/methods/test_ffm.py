@@ -263,7 +263,7 @@ def test_under_dp_q_is_batch_over_the_nominal_shard_size_and_the_ledger_has_each
     expected = _opacus_epsilon([(1.0, Q, 4)])
     for client in ffm.channel.clients:
         assert ffm.ledger.epsilon(client.id) == pytest.approx(expected, rel=1e-9)
-        assert ffm.client_epsilon(client, 1.0, 2) == pytest.approx(expected, rel=1e-9)
+        assert ffm.client_epsilon(client.id, 1.0, 2) == pytest.approx(expected, rel=1e-9)
 
 
 def test_a_calibrated_sigma_meets_the_target_for_the_planned_steps_and_no_less_does(tmp_path):

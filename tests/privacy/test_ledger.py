@@ -113,3 +113,18 @@ def test_skellam_steps_merge_and_compose_with_the_clients_gaussian_steps():
     row = ledger.report(None)["clients"]["client-1"]
     assert row["prv"]["total"] is None and "Skellam" in row["prv"]["error"]
     assert row["skellam_schedule"]["gradient"] == [asdict(merged[0])]
+
+
+def test_a_clients_history_composes_like_its_entries_and_leaves_the_ledger_alone():
+    """A resumed run plans on top of :meth:`PrivacyLedger.history`: the client's merged steps
+    give the epsilon its entries give, and recording into the copy changes nothing here."""
+    ledger = PrivacyLedger(1e-5)
+    for round_ in range(1, 6):
+        ledger.record(LedgerEntry("client-1", "gradient", round_, 0.02, 1.1, 1.0))
+        ledger.record(LedgerEntry("client-2", "gradient", round_, 0.02, 0.9, 1.0))
+    history = ledger.history("client-1")
+    assert history.epsilon("client-1") == ledger.epsilon("client-1")
+    history.record(LedgerEntry("client-1", "gradient", 6, 0.02, 1.1, 1.0, steps=5))
+    assert history.epsilon("client-1") > ledger.epsilon("client-1")
+    assert ledger.schedule("client-1") == [(1.1, 0.02, 5)]
+    assert history.clients() == ["client-1"]

@@ -119,8 +119,8 @@ def test_image_options_are_checked():
         RunConfig(data="shapes", method="icfm")
     with pytest.raises(ConfigError, match="28 is not divisible by 8"):
         RunConfig(data="mnist", unet_mult=(1, 2, 2, 2))
-    with pytest.raises(ConfigError, match="resume = 'x.pt': applies to image data"):
-        RunConfig(resume="x.pt")
+    with pytest.raises(ConfigError, match="resume = 'x.pt': continues a federated FFM run"):
+        RunConfig(method="icfm", resume="x.pt")
     with pytest.raises(ConfigError, match="multiple of 8"):
         RunConfig(data="shapes", unet_width=12)
     with pytest.raises(ConfigError, match="unet_layout.*compact, guided"):
