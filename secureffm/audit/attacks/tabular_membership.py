@@ -32,6 +32,7 @@ import torch
 
 from ...config import RunConfig, load_config
 from ...data.encoding import encode
+from ...data.schema import Schema
 from ...data.silo import Silo, load_silo
 from ...errors import SecureFFMError
 from ...models.params import load_flat_params
@@ -105,7 +106,8 @@ def _separation(split: dict[str, tuple[torch.Tensor, torch.Tensor]], prefix: str
     return found
 
 
-def _client_silo(run_dir: Path, config: RunConfig, client: str, path: str, schema) -> Silo:
+def _client_silo(run_dir: Path, config: RunConfig, client: str, path: str,
+                 schema: Schema) -> Silo:
     """``client``'s file split as its client split it, checked against the number of held-out
     rows the client reported in metrics.json."""
     if not Path(path).is_file():
