@@ -85,6 +85,8 @@ def test_the_attacks_refuse_runs_they_cannot_score(plaintext_run, tmp_path):
     (copy / "payloads.bin").unlink()
     with pytest.raises(SecureFFMError, match="--keep-payloads"):
         run_attack(copy, "membership")
+    with pytest.raises(SecureFFMError, match="applies to tabular runs only"):
+        run_attack(copy, "membership", samples=100)
     with pytest.raises(SecureFFMError, match="use one of inversion"):
         run_attack(copy, "model-stealing")
     with pytest.raises(SecureFFMError, match="no option 'stpes'"):

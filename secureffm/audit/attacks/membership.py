@@ -1,4 +1,5 @@
-"""Membership inference on a run's released model (``--attack membership``).
+"""Membership inference on a run's released model (``--attack membership``); on a tabular run
+it is :mod:`.tabular_membership`, which reuses these scores on encoded rows.
 
 Adversary: anyone holding the released velocity field v (checkpoint.pt) and a candidate image x,
 asking whether x was in a client's training shard. Members are images of the clients' shards
@@ -26,6 +27,9 @@ import torch
 from sklearn.metrics import roc_auc_score, roc_curve
 from torch import nn
 
+from ...config import load_config
+from ...data.silo import CLIENT_DATA
+from ...errors import SecureFFMError
 from ...methods.flow_matching import flow_matching_loss
 from ...models.params import load_flat_params
 from .ffm_run import load_image_run
@@ -39,8 +43,8 @@ TARGET_FPR = 0.01
 @torch.no_grad()
 def fm_losses(model: nn.Module, x: torch.Tensor, x0: torch.Tensor,
               t: torch.Tensor) -> torch.Tensor:
-    """Flow-matching losses [N, K] of images x [N, C, H, W] at K draws: noise x0
-    [K, N, C, H, W] and times t [K, N]."""
+    """Flow-matching losses [N, K] of examples x [N, ...] (images [N, C, H, W], encoded rows
+    [N, d]) at K draws: noise x0 [K, N, ...] and times t [K, N]."""
     return torch.stack([flow_matching_loss(model, x0[k], x, t[k]) for k in range(len(x0))],
                        dim=1)
 
@@ -53,8 +57,9 @@ def _draws(x: torch.Tensor, draws: int, generator: torch.Generator):
 def membership_scores(model: nn.Module, x: torch.Tensor, generator: torch.Generator,
                       draws: int = 16, reference: nn.Module | None = None
                       ) -> dict[str, torch.Tensor]:
-    """The scores [N] of images ``x`` (module docstring): ``loss``, ``averaged`` and, with a
-    ``reference`` model, ``calibrated``; the draws come from the attacker's ``generator``."""
+    """The scores [N] of examples ``x`` [N, ...] (module docstring): ``loss``, ``averaged``
+    and, with a ``reference`` model, ``calibrated``; the draws come from the attacker's
+    ``generator``."""
     noise, t = _draws(x, draws, generator)
     losses = fm_losses(model, x, noise, t)
     scores = {"loss": -losses[:, 0], "averaged": -losses.mean(dim=1)}
@@ -71,12 +76,29 @@ def auc_and_tpr(members: torch.Tensor, others: torch.Tensor) -> tuple[float, flo
     return float(roc_auc_score(labels, scores)), float(tpr[fpr <= TARGET_FPR].max())
 
 
-def membership_inference(run_dir: str | Path, count: int = 400, draws: int = 16,
-                         seed: int = 0) -> dict[str, float]:
-    """Score ``count`` members (drawn at random from the clients' pooled shards) and ``count`` test
-    images (fewer when a side has fewer) with the run's released model; returns ``{score}_auc``
-    and ``{score}_tpr_at_1pct_fpr`` for each score, and ``members``. ``seed``: the
-    attacker's draws and choice of images."""
+def membership_inference(run_dir: str | Path, count: int | None = None, draws: int = 16,
+                         seed: int = 0, samples: int | None = None) -> dict[str, float]:
+    """Score ``count`` (400) members (drawn at random from the clients' pooled shards) and
+    ``count`` test images (fewer when a side has fewer) with the run's released model; returns
+    ``{score}_auc`` and ``{score}_tpr_at_1pct_fpr`` for each score, and ``members``. ``seed``:
+    the attacker's draws and choice of images. A tabular run goes to
+    :func:`~.tabular_membership.tabular_membership` (``count`` rows per client and side, 1000;
+    ``samples`` synthetic rows for DCR, 2000)."""
+    run_dir = Path(run_dir)
+    config = load_config(run_dir / "config.toml") if (run_dir / "config.toml").is_file() else None
+    if config is not None and config.data == CLIENT_DATA:
+        from .tabular_membership import tabular_membership  # here: it imports this module
+
+        options = {k: v for k, v in (("count", count), ("samples", samples)) if v is not None}
+        return tabular_membership(run_dir, draws=draws, seed=seed, **options)
+    if config is not None and not config.images:
+        raise SecureFFMError(f"{run_dir} trained on data = {config.data!r}: membership scores "
+                             "FFM image runs (e.g. --data digits) and runs on the clients' own "
+                             "tables (--client-data)")
+    if samples is not None:
+        raise SecureFFMError("samples (synthetic rows for the distance to closest record) "
+                             "applies to tabular runs only; drop it")
+    count = 400 if count is None else count
     run = load_image_run(run_dir)
     generator = torch.Generator().manual_seed(seed)
     pool = torch.cat(run.shards)
