@@ -308,9 +308,10 @@ def add_audit_arguments(parser: argparse.ArgumentParser) -> None:
                              "(about 4x slower; also checks the sig fields links make "
                              "unnecessary, docs/log-format.md)")
     action.add_argument("--attack", action="append", metavar="NAME",
-                        help="run an attack on what the server of RUN_DIR logged (a run made "
-                             "with --keep-payloads; repeatable): inversion, membership, "
-                             "fedwad-reconstruction (docs/audit.md)")
+                        help="run an attack on RUN_DIR (repeatable): inversion (what the "
+                             "server logged: a --keep-payloads run), membership (image runs, "
+                             "and tabular runs on the clients' files), fedwad-reconstruction, "
+                             "one-run (docs/audit.md)")
     parser.add_argument("--attack-option", action="append", default=[], metavar="KEY=VALUE",
                         help="with --attack: an option of the attack (e.g. steps=200)")
 
