@@ -220,7 +220,10 @@ def test_telling_the_victim_its_peers_dropped_does_not_unmask_it(tmp_path, monke
     assert steps_off(fed, reconstruct(fed, told_by_victim(fed))) > LEAK_STEPS, (
         "the server read the victim's input")
     assert result.payload is None
-    refused = {e["sender"] for e in fed.client_refusals() if e["phase"] == "unmask"}
+    why = ("are not those of the set it signed" if announced == "one survivor set" else
+           "did not confirm the survivor set")
+    refused = {e["sender"] for e in fed.client_refusals()
+               if e["phase"] == "unmask" and why in e["detail"]}
     assert {VICTIM, "client-4", "client-5"} <= refused, fed.client_refusals()
     report = verify_run(tmp_path)
     if announced == "one survivor set":
