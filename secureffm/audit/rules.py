@@ -21,11 +21,13 @@ is a run the protocols could have produced. The first broken rule is named:
   ``keys`` message told each client), and the keys the server
   relays in ``keys`` are those each client advertised, and (malicious-server variant) every
   client was announced the same graph (seed and U1) and the same survivor set;
-- secure aggregation, malicious-server variant: a client that answered an unmask request
-  held, in that request, a valid signature (with the signer's key of parties.json) from every
-  survivor it names, over the statement the client itself would check
+- secure aggregation, malicious-server variant (either set-up): a client that answered an
+  unmask request was announced a survivor set (``consistency``), and held, in that request, a
+  valid signature (with the signer's key of parties.json) from every survivor it names, over
+  the statement the client itself would check
   (:func:`secureffm.protocols.secagg.survivor_statement`): the survivor set the server
-  announced to it, the parameters and graph of its ``keys`` message and the broadcasts the
+  announced to it, the parameters and graph of its ``keys`` message (under ``setup = "once"``,
+  its set-up's) and the broadcasts the
   log shows it accepted that round (every ``broadcast`` record to it, but those it refused by
   seq in a ``rejected`` event's ``refused``). A broadcast lost on the way leaves no record of
   the loss; its recipient then sees a view its peers did not sign and refuses to answer, so
@@ -45,7 +47,7 @@ from ..errors import MessageError
 from ..federation.crypto import verify_signature
 from ..federation.message import SERVER
 from ..protocols.link import digest_of_broadcasts
-from ..protocols.secagg import EPOCH_PHASES, survivor_statement, view_statement
+from ..protocols.secagg import EPOCH_PHASES, survivor_statement
 from ..protocols.secagg import MALICIOUS_PHASES as SECAGG_PHASES
 from ..protocols.wire import fields_json, payload_bytes, payload_json
 
@@ -296,11 +298,14 @@ class ProtocolRules:
         the log shows the client was told (the check the client makes before it answers)."""
         client, round_, kind = record["sender"], record["round"], record["kind"]
         told = self._told.get((round_, kind, client), {})
-        once = kind in self._epochs and not told.get("consistency")  # setup = "once"
-        if once:  # its set-up told it the parameters and graph
+        if kind in self._epochs:  # setup = "once": its set-up told it the parameters and graph
             set_up = self._told.get((self._epochs[kind], kind, client), {})
             told = {**{k: set_up[k] for k in ("params", "graph") if k in set_up}, **told}
-        elif not told.get("consistency"):
+        if not told.get("consistency"):
+            if told.get("params"):  # the malicious variant (a semi-honest keys has none)
+                return (f"record {record['seq']}: {client} answered an unmask request in the "
+                        f"round-{round_} {kind} secure aggregation (malicious-server variant) "
+                        "without a survivor set announced to it to sign")
             return None  # the semi-honest variant: nothing signed
         if told.get("request") is None:
             self._answers_unchecked += 1
@@ -310,21 +315,16 @@ class ProtocolRules:
         except MessageError:
             return (f"record {record['seq']}: {client} answered an unreadable unmask request")
         taken = self._taken.get((round_, client), [])
-        if once and "signatures" not in request:
-            return None  # the semi-honest variant: nothing signed
         if "signatures" not in request or any(not sha for _, _, sha in taken) or not all(
-                told.get(what) for what in ("params", "graph", *(() if once else ("signed",)))):
+                told.get(what) for what in ("params", "graph", "signed")):
             self._answers_unchecked += 1
             return None
         broadcasts = digest_of_broadcasts([(kind_, sha) for _, kind_, sha in taken])
-        if once:  # each survivor signed its view with its masked input
-            statement = view_statement(round_, kind, told["params"], told["graph"], broadcasts)
-        else:
-            statement = survivor_statement(round_, kind, told["signed"], told["params"],
-                                           told["graph"], broadcasts)
+        statement = survivor_statement(round_, kind, told["signed"], told["params"],
+                                       told["graph"], broadcasts)
         for w in request["survivors"]:
             signature = request["signatures"].get(w, "")
-            if (not once and w not in told["signed"]) or w not in self.signing_keys or not (
+            if w not in told["signed"] or w not in self.signing_keys or not (
                     _verifies(self.signing_keys[w], signature, statement)):
                 return (f"record {record['seq']}: {client} answered an unmask request in the "
                         f"round-{round_} {kind} secure aggregation without {w}'s valid signature "

@@ -121,17 +121,18 @@ PHASES = ("advertise_keys", "keys", "share_keys", "shares", "masked_input", "unm
           "unmask")
 # setup = "once" (secagg_epoch.py): keys in the first aggregation of a kind (advertise_keys,
 # keys, keys_taken), then per round an unsigned mask request, masked inputs that carry the
-# round's seed shares (and, malicious variant, a signature of what the client saw), and
-# unmasking: no consistency round (secagg_epoch.py says why none is needed).
+# round's seed shares, and unmasking.
 EPOCH_PHASES = ("advertise_keys", "keys", "keys_taken", "mask_request", "masked_input",
                 "unmask_request", "unmask")
-# The malicious-server variant adds a consistency round between masked inputs and unmasking.
+# The malicious-server variant adds a consistency round between masked inputs and unmasking,
+# under either set-up.
 MALICIOUS_PHASES = ("advertise_keys", "keys", "share_keys", "shares", "masked_input",
                     "consistency", "consistency_sign", "unmask_request", "unmask")
+EPOCH_MALICIOUS_PHASES = EPOCH_PHASES[:5] + MALICIOUS_PHASES[5:]
 ADVERSARIES = ("malicious", "semi-honest")
 _KEYS = {"stage", "protects", "threshold", "neighbours", "clip", "levels", "bits", "adversary",
          "setup", "key_batch"}
-_SURVIVOR_STATEMENT, _VIEW_STATEMENT = b"secureffm/secagg/survivors/v1", b"secureffm/secagg/view/v1"
+_SURVIVOR_STATEMENT = b"secureffm/secagg/survivors/v1"
 _MASK, _CHANNEL = b"mask-seed", b"share-channel"
 # A client's confirmation of what it saw (malicious variant): its Ed25519 signature of the
 # statement, which its peers check before they answer and the audit checks again.
@@ -188,15 +189,6 @@ def survivor_statement(round_: int, kind: str, survivors: list[str], parameters:
     seen = hashlib.sha256(parameters + graph + broadcasts).digest()
     return (_SURVIVOR_STATEMENT + json.dumps([round_, kind, sorted(survivors)]).encode()
             + seen)
-
-
-def view_statement(round_: int, kind: str, parameters: bytes, graph: bytes,
-                   broadcasts: bytes) -> bytes:
-    """What a client signs with its masked input under setup = "once" (malicious variant;
-    what the audit re-checks): the digest of what it saw this round, as in
-    :func:`survivor_statement`, without a survivor set."""
-    seen = hashlib.sha256(parameters + graph + broadcasts).digest()
-    return _VIEW_STATEMENT + json.dumps([round_, kind]).encode() + seen
 
 
 def _matches(which: str, value: int, advertised: dict[str, bytes]) -> bool:
@@ -554,7 +546,6 @@ class _ClientSession:
     def admit(self, data: bytes) -> tuple[set[str], set[str]]:
         """The survivors and dropped of an unmask request this client may answer (see
         :meth:`answer`), now marked answered; raises MessageError for one it may not."""
-        once = self.stage.setup == "once"
         survivors, gone, read = _parse_request(
             data, ("signatures",) if self.malicious else ())
         group = set(self.masks_with) | {self.id}  # whom it masked with, and itself
@@ -562,8 +553,7 @@ class _ClientSession:
         problem = ("it already answered an unmask request in this aggregation" if self.answered
                    else self._request_problem(survivors, gone, group, needed))
         if not problem and self.malicious:
-            problem = (self._view_problem(survivors, read["signatures"]) if once
-                       else self._consistency_problem(survivors, group, read["signatures"]))
+            problem = self._consistency_problem(survivors, group, read["signatures"])
         if problem:
             raise MessageError(problem)
         self.answered = True
@@ -584,24 +574,6 @@ class _ClientSession:
             return (f"only {len(survivors)} survivors among the clients it masked with and "
                     f"itself, threshold {needed}")
         return ""
-
-    def _view(self) -> bytes:
-        """Under setup = "once": the statement of what this client saw in the round it masks
-        in (:func:`view_statement`)."""
-        return view_statement(self.aggregation, self.kind, self.stage.parameters(), self.graph,
-                              broadcast_digest(self.party, self.aggregation))
-
-    def view_signature(self) -> bytes:
-        """Under setup = "once" (malicious variant): this client's signature of its view, sent
-        with its masked input (what each holder checks before it answers, and the audit
-        after)."""
-        return self.party.sign(self._view())
-
-    def _view_problem(self, survivors: set[str], signatures: dict[str, bytes]) -> str:
-        return self._signature_problem(
-            survivors, signatures, self._view(),
-            "the parameters, graph and broadcasts this client saw this round (another "
-            "broadcast, or not its signature)")
 
     def _consistency_problem(self, survivors: set[str], group: set[str],
                              signatures: dict[str, bytes]) -> str:
@@ -691,7 +663,7 @@ class SecAggStage:
     def phases(self) -> tuple[str, ...]:
         """This variant's phases, in round order."""
         if self.setup == "once":
-            return EPOCH_PHASES
+            return EPOCH_MALICIOUS_PHASES if self.adversary == "malicious" else EPOCH_PHASES
         return MALICIOUS_PHASES if self.adversary == "malicious" else PHASES
 
     @property

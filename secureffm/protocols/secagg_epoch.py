@@ -24,38 +24,44 @@ Each round r, among the members of the set-up:
    y_u = q_u + PRG(b_u^r) + sum_v +-PRG(k_uv^r) mod 2^bits, with k_uv^r = HMAC-SHA256(k_uv,
    round seed label || [r, kind]) (+ if u precedes v), a commitment SHA-256(label || b_u^r),
    the peers it masked with, and t-of-|S(u)| Shamir shares of b_u^r, each AES-GCM-sealed for
-   its holder under their channel key, bound to (r, kind, u, holder); under the malicious
-   variant also its signature of what it saw this round (:func:`~secureffm.protocols.secagg.
-   view_statement`: the parameters, the set-up's graph, the broadcasts it took), what the
-   holders check and the audit after.
-4. ``unmask_request`` -> ``unmask``: the server asks enough survivors (every survivor that
+   its holder under their channel key, bound to (r, kind, u, holder).
+4. ``consistency`` -> ``consistency_sign`` (malicious variant), secagg.py's consistency round:
+   the server announces the survivors U3 (the members whose masked inputs it took); each
+   signs, once per round, U3 with the digest of what it saw (:func:`~secureffm.protocols.
+   secagg.survivor_statement`: the parameters, the set-up's graph, the broadcasts it took),
+   and refuses a set that leaves itself out.
+5. ``unmask_request`` -> ``unmask``: the server asks enough survivors (every survivor that
    masked with a client that dropped, then holders until each survivor's seed has t) and
    routes each the sealed shares of the survivors among its peers, in the order it lists
-   them (and, malicious variant, their view signatures). A holder
-   answers once per round, under secagg.py's rules (it refuses a request naming itself
-   dropped, a peer both alive and dropped, anyone it did not mask with, fewer survivors than
-   t), and, malicious variant, refuses unless every survivor it is told of, itself included,
-   signed the view it saw itself (a valid signature with the signer's pinned key). It
-   reveals, for
-   each survivor, its share of b_u^r, and for each dropped peer u, k_uv^r: that round's
-   pairwise seed only, never a long-term secret.
+   them (and, malicious variant, their signatures of the survivor set). A holder answers
+   once per round, under secagg.py's rules: it refuses a request naming itself dropped, a
+   peer both alive and dropped, anyone it did not mask with, fewer survivors than t, and,
+   malicious variant, survivors other than those of the set it signed (among its peers and
+   itself) or any of them without a valid signature of that set over what the holder saw
+   itself. It reveals, for each survivor, its share of b_u^r, and for each dropped peer u,
+   k_uv^r (that round's pairwise seed only, never a long-term secret): of one peer, one kind
+   of secret in a round.
 
-Why no consistency round: secagg.py's signed survivor set stops a server from collecting, by
-telling holders different survivor sets, t shares of a client's seed and t shares of its mask
-key, one secret that unmasks every pair. Here no such secret exists: the pair masks of u are
-revealed only by each of u's peers for itself, so a split view gains nothing (below). What the
-consistency round also carried, the digest of the broadcasts (a server that sends one client
-another model to isolate its update, Pasquini et al. CCS 2022), travels as the view
-signature with the masked input, one exchange fewer.
+Why the consistency round: a pair's round seed k_uv^r is known to both ends, u and v. To read
+a survivor u's input a server needs t shares of b_u^r and every k_uv^r of the peers u masked
+with. Without a signed survivor set (issue 37), a server alone tells u that t - 1 of its
+peers dropped (u reveals its round seeds with them and its own share of b_u^r), asks those
+peers honestly (they reveal their shares of b_u^r: t with u's) and tells the other peers that
+u dropped (they reveal their round seeds with u): u's input, with no client refusing. With
+the consistency round, a peer v that reveals a share of b_u^r was told u survived, so it
+checked u's signature of the set v signed itself, which names v a survivor. u signs one set a
+round and answers only to the set it signed, so it does not name v dropped, and v, answering
+once, reveals no k_uv^r either: the server needs t >= 2 shares, at least one from a peer, and
+that pair's mask stays on y_u. For u named dropped, its peers reveal their round seeds with
+it and no holder a share of b_u^r: a masked input that arrived late stays hidden behind
+b_u^r. The same statement carries the digest of the broadcasts (a server that sends one
+client another model to isolate its update, Pasquini et al. CCS 2022). The semi-honest
+variant has no consistency round: it trusts the server to tell every client the same
+survivors, and a server that does not reads an input as above.
 
 What a dropped client exposes: for the round it dropped in, the pairwise seeds k_uv^r of its
-peers that survived (its masked input, if it arrived late, stays hidden behind b_u^r: a
-holder opens the seed shares routed with its request only for the survivors it lists, and
-a request may not name u both). Its keys, pair secrets and
-every other round's masks stay secret, so it masks again in the next round with the same
-set-up. To read a survivor u's input, a server must get t shares of b_u^r and every k_uv^r of
-the peers u masked with; each honest peer reveals one or the other in a round, and u itself
-only its share: at least t - 1 of u's peers must collude (as in secagg.py).
+peers that survived. Its keys, pair secrets and every other round's masks stay secret, so it
+masks again in the next round with the same set-up.
 
 What is weaker than per-round set-up: a dropped client's masks are revealed by the peers that
 masked with it, one by one, not rebuilt from any t shares, so a survivor that leaves between
@@ -158,8 +164,6 @@ class _RoundState:
     peers: dict[str, list[str]] = field(default_factory=dict)  # whom each asked member masks with
     masked: dict[str, np.ndarray] = field(default_factory=dict)
     commits: dict[str, bytes] = field(default_factory=dict)
-    # malicious variant: each member's signature of its view
-    views: dict[str, Confirmation] = field(default_factory=dict)
     sealed: dict[str, dict[str, bytes]] = field(default_factory=dict)  # author -> holder -> share
 
     def reject(self, phase: str, party: str, reason: str) -> None:
@@ -202,7 +206,10 @@ def aggregate_once(stage: SecAggStage, link: Link, compute: Compute,
         return abort(f"only {len(u3)} masked inputs arrived, threshold is {needed}", asked,
                      set_up_again=True)
     gone = [u for u in asked if u not in r.masked]
-    seeds, pair_seeds, reason = _unmask(stage, r, u3, gone, r.views)
+    # malicious variant: every survivor signs the survivor set (secagg.py's consistency round)
+    confirmations = (stage._consistency(_Round(link, epoch.order, dropped), u3)
+                     if stage.adversary == "malicious" else {})
+    seeds, pair_seeds, reason = _unmask(stage, r, u3, gone, confirmations)
     if reason:
         return abort(reason, asked)
     plus, minus = [], [seeds[u] for u in u3]
@@ -275,32 +282,25 @@ def _masked_inputs(stage: SecAggStage, r: _RoundState, compute: Compute,
                                    "arrived")
             continue
         try:
-            y, commit, sealed, view = _parse_masked(replies[v].data, v, size, wire, r.peers[v],
-                                                    stage.adversary == "malicious")
+            y, commit, sealed = _parse_masked(replies[v].data, v, size, wire, r.peers[v])
         except MessageError as err:
             r.reject("masked_input", v, str(err))
             r.dropped[v] = str(err)
             continue
         r.masked[v], r.commits[v], r.sealed[v] = y, commit, sealed
-        if view is not None:
-            r.views[v] = view
 
 
-def _parse_masked(data: bytes, v: str, size: int, wire: np.dtype, peers: list[str],
-                  signed: bool
-                  ) -> tuple[np.ndarray, bytes, dict[str, bytes], Confirmation | None]:
+def _parse_masked(data: bytes, v: str, size: int, wire: np.dtype, peers: list[str]
+                  ) -> tuple[np.ndarray, bytes, dict[str, bytes]]:
     """v's masked input: ``y`` (shape ``[size]``, words ``wire``), ``b_commit`` (32 bytes),
     ``peers`` (the JSON list of whom it masked with: exactly the ``peers`` it was asked, in
-    that order), ``shares`` (its sealed seed shares for them, in that order, concatenated)
-    and, when ``signed`` (malicious variant), ``view_sig`` (64 bytes: what each holder checks
-    against its own view, and the audit after). Returns y, the commitment, holder -> sealed
-    share, and the view signature or None."""
+    that order) and ``shares`` (its sealed seed shares for them, in that order,
+    concatenated). Returns y, the commitment and holder -> sealed share."""
     listed = json.dumps(peers).encode()
-    lengths = {"b_commit": 32, "peers": len(listed), "shares": len(peers) * _SEALED_SHARE,
-               **({"view_sig": 64} if signed else {})}
+    lengths = {"b_commit": 32, "peers": len(listed), "shares": len(peers) * _SEALED_SHARE}
     got = parse_masked(data, v, size, wire, lengths)
-    for name in ("b_commit", "shares", "view_sig"):
-        if name in lengths and got[name].size != lengths[name]:
+    for name in ("b_commit", "shares"):
+        if got[name].size != lengths[name]:
             raise MessageError(f"{v}'s {name} is {got[name].size} bytes, expected "
                                f"{lengths[name]}")
     if got["peers"].tobytes() != listed:
@@ -313,8 +313,7 @@ def _parse_masked(data: bytes, v: str, size: int, wire: np.dtype, peers: list[st
                                f"({peers})")
     blob = got["shares"].tobytes()
     sealed = {w: blob[i * _SEALED_SHARE:(i + 1) * _SEALED_SHARE] for i, w in enumerate(peers)}
-    return (got["y"], got["b_commit"].tobytes(), sealed,
-            got["view_sig"].tobytes() if signed else None)
+    return got["y"], got["b_commit"].tobytes(), sealed
 
 
 def _unmask_holders(stage: SecAggStage, r: _RoundState, u3: list[str], gone: list[str],
@@ -337,22 +336,23 @@ def _unmask_holders(stage: SecAggStage, r: _RoundState, u3: list[str], gone: lis
 
 
 def _request(stage: SecAggStage, r: _RoundState, v: str, u3: list[str], gone: list[str],
-             views: dict[str, Confirmation]) -> bytes:
+             confirmations: dict[str, Confirmation]) -> bytes:
     """The unmask request to v: ``json``, among the clients v masked with and v itself, the
-    survivors, the dropped and (malicious variant) the survivors' view signatures (what v
-    checks, and the audit after); ``shares``, the sealed seed shares for v of
+    survivors, the dropped and (malicious variant) the survivors' signatures of the survivor
+    set (what v checks, and the audit after); ``shares``, the sealed seed shares for v of
     the other survivors, in the order the survivors are listed."""
     group = set(r.peers[v]) | {v}
     survivors = [u for u in u3 if u in group]
     request = {"survivors": survivors, "dropped": [u for u in gone if u in group]}
     if stage.adversary == "malicious":
-        request["signatures"] = {u: views[u].hex() for u in survivors if u in views}
+        request["signatures"] = {u: confirmations[u].hex() for u in survivors
+                                 if u in confirmations}
     return _bytes_payload({"json": json.dumps(request, sort_keys=True).encode(),
                            "shares": b"".join(r.sealed[u][v] for u in survivors if u != v)})
 
 
 def _unmask(stage: SecAggStage, r: _RoundState, u3: list[str], gone: list[str],
-            views: dict[str, Confirmation]
+            confirmations: dict[str, Confirmation]
             ) -> tuple[dict[str, bytes], dict[tuple[str, str], bytes], str]:
     """Phases unmask_request and unmask: (survivor -> its seed b_u^r, (survivor v, dropped u)
     -> k_uv^r, the reason to abort or "")."""
@@ -361,7 +361,7 @@ def _unmask(stage: SecAggStage, r: _RoundState, u3: list[str], gone: list[str],
     asked: set[str] = set()
     seeds: dict[str, bytes] = {}
     for _ in range(2):  # a second exchange asks the survivors not asked yet
-        calls = {v: Call(_request(stage, r, v, u3, gone, views))
+        calls = {v: Call(_request(stage, r, v, u3, gone, confirmations))
                  for v in _unmask_holders(stage, r, u3, gone, asked)}
         if not calls:
             break
@@ -533,8 +533,6 @@ def _client_mask(step: Step) -> bytes | None:
                            _context(round_, kind, u, v), secrets.token_bytes(12))
                       for v in peers)
     extra = {"b_commit": commit(seed), "peers": json.dumps(peers).encode(), "shares": sealed}
-    if session.malicious:
-        extra["view_sig"] = session.view_signature()
     # quantized, noised and masked chunk by chunk straight into its payload
     data, clipped = masked_payload(
         x, quantizer, step.client.protocol_rng, scale,
@@ -546,8 +544,10 @@ def _client_mask(step: Step) -> bytes | None:
 
 @client_action("secagg.epoch.answer")
 def _client_answer(step: Step) -> bytes | None:
-    """Unmasking: once per round, under secagg.py's request rules; reveals seed shares of
-    survivors and this round's pair seeds of dropped peers."""
+    """Unmasking: once per round, under secagg.py's request rules (malicious variant: only
+    the survivors of the set it signed, each survivor's signature of that set checked);
+    reveals, per peer, its share of the seed of a survivor or this round's pair seed of a
+    dropped peer, never both."""
     u, round_, kind = step.client.id, step.request.round, step.request.kind
     try:
         session = _session(step)

@@ -481,14 +481,14 @@ def test_a_well_signed_event_of_a_shape_no_client_raises_is_refused(tmp_path, mo
     assert_exact_without_adversary(run, tmp_path)
 
 
-def garbage_signature(field: str):
-    """client-2 replaces its signature of what it saw (``field`` of its reply's payload, 64
-    bytes) with 64 zero bytes, signing the reply itself as usual."""
+def garbage_signature():
+    """client-2 replaces its signature of the survivor set and what it saw (``sig``, 64 bytes,
+    in its consistency reply) with 64 zero bytes, signing the reply itself as usual."""
 
     def change(request, frame, endpoints):
         sent = decode_reply(frame, ADVERSARY)
         fields = deserialize_payload(sent.envelope.data)
-        fields[field] = np.zeros(64, dtype=np.uint8)
+        fields["sig"] = np.zeros(64, dtype=np.uint8)
         e, party = sent.envelope, endpoints[ADVERSARY].client
         envelope = party.envelope(e.round, e.phase, e.kind, e.recipient,
                                   serialize_payload(fields), e.stages, e.origin)
@@ -497,19 +497,18 @@ def garbage_signature(field: str):
     return change
 
 
-@pytest.mark.parametrize("protocol,action,field", [("secagg", "secagg.sign", "sig"),
-                                                   ("secagg-once", "secagg.epoch.mask",
-                                                    "view_sig")])
+@pytest.mark.parametrize("protocol", ["secagg", "secagg-once"])
 def test_a_survivor_whose_signature_does_not_verify_is_refused_by_the_clients(
-        tmp_path, monkeypatch, protocol, action, field):
-    """Adversary: a malicious client (client-2) confirms its view with a signature that does
-    not verify, which the server relays in each unmask request. Unchecked (clients that do
-    not verify the relayed signatures, as when they trusted MACs alone), every honest client
-    answers, and the honest server's log then fails the audit, which blames client-1 for
-    answering without client-2's valid signature. Checked, each honest client refuses the
-    request naming client-2, the round aborts cleanly (as when a survivor does not confirm),
-    and the log passes the audit with its payloads read."""
-    tamper = at(action, garbage_signature(field))
+        tmp_path, monkeypatch, protocol):
+    """Adversary: a malicious client (client-2) confirms the survivor set (under either
+    set-up) with a signature that does not verify, which the server relays in each unmask
+    request. Unchecked (clients that do not verify the relayed signatures, as when they
+    trusted MACs alone), every honest client answers, and the honest server's log then fails
+    the audit, which blames client-1 for answering without client-2's valid signature.
+    Checked, each honest client refuses the request naming client-2, the round aborts
+    cleanly (as when a survivor does not confirm), and the log passes the audit with its
+    payloads read."""
+    tamper = at("secagg.sign", garbage_signature())
     with monkeypatch.context() as patch:
         patch.setattr(secagg_module._ClientSession, "_signature_problem",
                       lambda *args: "")
@@ -529,7 +528,7 @@ def test_a_survivor_whose_signature_does_not_verify_is_refused_by_the_clients(
 
 REPLY_ACTIONS = {"secagg": ("secagg.advertise", "secagg.deal", "secagg.mask", "secagg.sign",
                             "secagg.answer"),
-                 "secagg-once": ("secagg.epoch.keys", "secagg.epoch.mask",
+                 "secagg-once": ("secagg.epoch.keys", "secagg.epoch.mask", "secagg.sign",
                                  "secagg.epoch.answer"),
                  "plaintext": ("upload",)}
 

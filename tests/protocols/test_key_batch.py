@@ -241,18 +241,18 @@ def test_an_unmask_request_relaying_garbage_signatures_is_refused(tmp_path, monk
             assert not report.ok and "valid signature" in report.summary(), report.summary()
 
 
-def test_under_setup_once_a_reflected_view_signature_is_refused(tmp_path, monkeypatch):
-    """Adversary: a server that relays to client-1, as client-2's signature of its view, the
-    signature client-1 made of its own view (setup = "once": the views travel with the masked
-    inputs). client-1 refuses, naming client-2; other holders answer in its place and the
-    round stays exact."""
+def test_under_setup_once_a_reflected_survivor_signature_is_refused(tmp_path, monkeypatch):
+    """Adversary: a server that relays to client-1, as client-2's signature of the survivor
+    set, the signature client-1 made of it itself (setup = "once", its consistency round).
+    client-1 refuses, naming client-2; other holders answer in its place and the round stays
+    exact."""
     import secureffm.protocols.secagg_epoch as epoch
     real = epoch._request
 
-    def tampered(stage, r, v, u3, gone, views):
+    def tampered(stage, r, v, u3, gone, signed):
         if v == "client-1":
-            views = views | {"client-2": views["client-1"]}
-        return real(stage, r, v, u3, gone, views)
+            signed = signed | {"client-2": signed["client-1"]}
+        return real(stage, r, v, u3, gone, signed)
 
     monkeypatch.setattr(epoch, "_request", tampered)
     clients = make_clients(5)
@@ -261,7 +261,7 @@ def test_under_setup_once_a_reflected_view_signature_is_refused(tmp_path, monkey
     updates, weights = uniform_updates(5, 4), {cid: 1.0 for cid in ids}
     result = run_round(channel, updates, weights)
     log.close()
-    assert any("client-2 did not confirm the parameters, graph and broadcasts" in why
+    assert any("client-2 did not confirm the survivor set, parameters, graph" in why
                for why in _refusals(tmp_path, "client-1")), _refusals(tmp_path, "client-1")
     assert result.included == ids
     tol = tolerance(secagg.Quantizer(8.0, LEVELS, 32), weights, ids, 5)

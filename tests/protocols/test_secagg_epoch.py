@@ -39,8 +39,8 @@ from tests.protocols.test_secagg import (
 )
 
 # The phases a client replies in, in round order (a drop there takes it offline for the rest
-# of that round).
-CLIENT_PHASES = ("advertise_keys", "keys_taken", "masked_input", "unmask")
+# of that round); consistency_sign only under the malicious-server variant.
+CLIENT_PHASES = ("advertise_keys", "keys_taken", "masked_input", "consistency_sign", "unmask")
 ROUNDS = 3
 
 
@@ -68,11 +68,12 @@ class Scenario:
 @st.composite
 def scenarios(draw) -> Scenario:
     n = draw(st.integers(3, 12))
+    adversary = draw(st.sampled_from(["malicious", "semi-honest"]))
+    phases = [p for p in CLIENT_PHASES if adversary == "malicious" or p != "consistency_sign"]
     drops = tuple(draw(st.lists(st.tuples(st.integers(1, ROUNDS), st.integers(0, n - 1),
-                                          st.sampled_from(CLIENT_PHASES)), max_size=n)))
+                                          st.sampled_from(phases)), max_size=n)))
     return Scenario(n, draw(st.integers(1, 20)), draw(st.sampled_from([0, 0, 2, 4])),
-                    draw(st.sampled_from(["malicious", "semi-honest"])), drops,
-                    draw(st.integers(0, 2**32 - 1)))
+                    adversary, drops, draw(st.integers(0, 2**32 - 1)))
 
 
 def expected_rounds(sc: Scenario, graphs: list[dict[str, set[str]]]) -> list[str | list[str]]:
@@ -119,9 +120,11 @@ def expected_rounds(sc: Scenario, graphs: list[dict[str, set[str]]]) -> list[str
             out.append("masked inputs arrived")
             continue
         gone = set(members) - set(u3)
-        # Every survivor signed its view with its masked input (malicious variant), and all saw
-        # the same: a holder refuses only when it counts fewer than t survivors.
-        responders = {v for v in alive(u3, "unmask") if len((peers(v) | {v}) & set(u3)) >= t(v)}
+        # A holder answers only when every survivor among its peers and itself signed the
+        # survivor set (the malicious variant's consistency round) and they are t or more.
+        signers = set(alive(u3, "consistency_sign"))
+        responders = {v for v in alive(u3, "unmask") if (peers(v) | {v}) & set(u3) <= signers
+                      and len((peers(v) | {v}) & set(u3)) >= t(v)}
         if any(len(responders & (peers(u) | {u})) < t(u) for u in u3):
             out.append("came back")
         elif any(v not in responders for v in u3 if peers(v) & gone):
@@ -138,6 +141,8 @@ def expected_rounds(sc: Scenario, graphs: list[dict[str, set[str]]]) -> list[str
 @example(sc=Scenario(5, 2, 0, "malicious", ((1, 0, "keys_taken"), (1, 1, "keys_taken"),
                                             (2, 2, "masked_input"))))  # set-up again
 @example(sc=Scenario(9, 2, 4, "malicious", ((1, 3, "masked_input"), (3, 4, "unmask"))))
+@example(sc=Scenario(6, 2, 0, "malicious", ((2, 1, "consistency_sign"),)))  # all refuse
+@example(sc=Scenario(9, 2, 4, "malicious", ((1, 3, "consistency_sign"),)))  # its group refuses
 def test_each_round_is_exact_or_aborts_as_the_threshold_rule_says(sc):
     ids = [f"client-{i}" for i in range(1, sc.n + 1)]
     weights = {c: 1.0 + i % 3 for i, c in enumerate(ids)}
@@ -176,8 +181,8 @@ def test_each_round_is_exact_or_aborts_as_the_threshold_rule_says(sc):
 @pytest.mark.parametrize("adversary", ["semi-honest", "malicious"])
 def test_the_set_up_runs_once_and_later_rounds_send_two_exchanges(tmp_path, adversary):
     """Three rounds, nobody drops: keys are advertised and taken in round 1 only; every round
-    after it is one masked input per client and one unmask exchange with t holders (the
-    malicious variant too: its view signatures travel with the masked inputs)."""
+    after it is one masked input per client and one unmask exchange with t holders, and
+    under the malicious variant one consistency exchange between them (a third)."""
     n = 6
     spec = write_spec(tmp_path, setup="once", adversary=adversary)
     channel, log = make_channel(tmp_path, make_clients(n), spec)
@@ -191,9 +196,11 @@ def test_the_set_up_runs_once_and_later_rounds_send_two_exchanges(tmp_path, adve
         if record["kind"] == KIND:
             phases.setdefault(record["round"], []).append(record["phase"])
     t = shares_needed(0.6, n)
+    signed = ["consistency", "consistency_sign"] if adversary == "malicious" else []
     for r in (2, 3):
-        assert sorted(set(phases[r])) == ["masked_input", "unmask", "unmask_request"]
-        assert phases[r].count("masked_input") == n
+        assert sorted(set(phases[r])) == sorted(["masked_input", "unmask", "unmask_request",
+                                                 *signed])
+        assert all(phases[r].count(phase) == n for phase in ["masked_input", *signed])
         assert phases[r].count("unmask_request") == phases[r].count("unmask") == t
     assert phases[1].count("advertise_keys") == n and phases[1].count("keys_taken") == n
 
@@ -341,17 +348,18 @@ def test_clients_restored_from_their_saved_state_go_on_with_the_same_set_up(tmp_
     assert any("already masked in round 2" in d for d in _refusals(log, "client-1"))
 
 
-def test_an_unmask_request_relaying_garbage_view_signatures_is_refused(tmp_path,
-                                                                        monkeypatch):
-    """Adversary: a server that relays garbage in place of the survivors' view signatures.
+def test_an_unmask_request_relaying_garbage_survivor_signatures_is_refused(tmp_path,
+                                                                            monkeypatch):
+    """Adversary: a server that relays garbage in place of the survivors' signatures of the
+    survivor set.
     Every holder refuses, naming a survivor whose signature does not verify, and the round
     aborts with nothing revealed. With that check removed (holders that check nothing) they
     answer, and the audit, which re-checks every answered request against what the log shows
     the client saw, names it."""
     import secureffm.protocols.secagg_epoch as epoch
     real = epoch._request
-    monkeypatch.setattr(epoch, "_request", lambda stage, r, v, u3, gone, views: real(
-        stage, r, v, u3, gone, {u: bytes(64) for u in views}))
+    monkeypatch.setattr(epoch, "_request", lambda stage, r, v, u3, gone, signed: real(
+        stage, r, v, u3, gone, {u: bytes(64) for u in signed}))
     for checked in (False, True):
         folder = tmp_path / str(checked)
         folder.mkdir()
@@ -364,7 +372,7 @@ def test_an_unmask_request_relaying_garbage_view_signatures_is_refused(tmp_path,
         report = verify_run(folder)
         if checked:
             assert result.payload is None and result.included == []
-            assert all(any("did not confirm the parameters, graph and broadcasts" in why
+            assert all(any("did not confirm the survivor set, parameters, graph" in why
                            for why in _refusals(log, c)) for c in ids)
             assert report.ok, report.summary()
         else:

@@ -238,12 +238,14 @@ class Federation:
         return ServerView.of(self)
 
 
-def federation(tmp_path: Path, n: int = 5, protocol: str = "secagg") -> Federation:
+def federation(tmp_path: Path, n: int = 5, protocol: str = "secagg",
+               keep_payloads: bool = False) -> Federation:
     """A federation of ``n`` clients on the shipped ``protocol`` spec; client i's input is a
-    distinct vector in [-1, 1]^D, its weight 1 + i % 3."""
+    distinct vector in [-1, 1]^D, its weight 1 + i % 3. ``keep_payloads``: the log keeps
+    payloads.bin (the audit's rules that read payloads then run)."""
     clients = [Client(f"client-{i}", torch.zeros(1, 2), torch.Generator())
                for i in range(1, n + 1)]
-    log = MessageLog(tmp_path / "messages.jsonl")
+    log = MessageLog(tmp_path / "messages.jsonl", keep_payloads=keep_payloads)
     channel = open_channel(load_protocol(protocol), clients, log, FaultPlan("test", ()))
     rng = np.random.default_rng(2024)
     updates = {c.id: rng.uniform(-1, 1, D).astype(np.float32) for c in clients}

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import pytest
 
 import secureffm.protocols.secagg_epoch as epoch
 from secureffm.audit.verify import verify_run
@@ -25,7 +26,7 @@ from secureffm.protocols.prg import expand_seed
 from secureffm.protocols.secagg import epoch_session
 from secureffm.protocols.secagg_epoch import round_label, round_seed
 from secureffm.protocols.shamir import decode, share_from_bytes
-from secureffm.protocols.wire import bytes_payload, payload_bytes
+from secureffm.protocols.wire import bytes_payload, json_payload, payload_bytes, payload_json
 from tests.protocols.test_secagg import write_spec
 
 from .malicious_server import KIND, LEAK_STEPS, federation
@@ -34,9 +35,10 @@ VICTIM = "client-1"
 _SEALED_SHARE = 12 + 68 + 16
 
 
-def epoch_federation(tmp_path):
+def epoch_federation(tmp_path, keep_payloads: bool = False, adversary: str = "malicious"):
     return federation(tmp_path, protocol=str(write_spec(tmp_path, setup="once", threshold=0.6,
-                                                        protects=[KIND])))
+                                                        protects=[KIND], adversary=adversary)),
+                      keep_payloads=keep_payloads)
 
 
 def reconstruct(fed, handed: dict[str, bytes] | None = None) -> np.ndarray | None:
@@ -78,18 +80,29 @@ def steps_off(fed, recovered) -> float:
     return float(np.abs(recovered - fed.updates[VICTIM]).max() * scale / fed.stage.quantizer.step)
 
 
-def without_victim(data: bytes, recipient: str) -> bytes:
-    """The unmask request to ``recipient`` naming the victim dropped, its seed share taken out
-    of the routed shares (so that the request is well formed)."""
+def told_by_victim(fed) -> dict[str, bytes]:
+    """Peer -> the round seed of its pair with the victim that the victim itself revealed."""
+    return {v: bytes.fromhex(seed) for s, d in fed.server.received("unmask") if s == VICTIM
+            for v, seed in json.loads(payload_bytes(d, s)["json"])["k"].items()}
+
+
+def naming_dropped(data: bytes, recipient: str, left_out: set[str]) -> bytes:
+    """The unmask request to ``recipient`` naming ``left_out`` dropped, their seed shares taken
+    out of the routed shares (so that the request is well formed)."""
     fields = payload_bytes(data, "server")
     body = json.loads(fields["json"])
     authors = [w for w in body["survivors"] if w != recipient]
     blob = fields["shares"]
     kept = b"".join(blob[i * _SEALED_SHARE:(i + 1) * _SEALED_SHARE]
-                    for i, w in enumerate(authors) if w != VICTIM)
-    body = {**body, "survivors": [u for u in body["survivors"] if u != VICTIM],
-            "dropped": sorted({*body["dropped"], VICTIM})}
+                    for i, w in enumerate(authors) if w not in left_out)
+    body = {**body, "survivors": [u for u in body["survivors"] if u not in left_out],
+            "dropped": sorted({*body["dropped"], *left_out})}
     return bytes_payload({"json": json.dumps(body, sort_keys=True).encode(), "shares": kept})
+
+
+def without_victim(data: bytes, recipient: str) -> bytes:
+    """The unmask request to ``recipient`` naming the victim dropped."""
+    return naming_dropped(data, recipient, {VICTIM})
 
 
 def test_the_reconstruction_works_where_the_protocol_hands_over_the_secrets(tmp_path):
@@ -108,11 +121,13 @@ def test_the_reconstruction_works_where_the_protocol_hands_over_the_secrets(tmp_
 
 def test_naming_a_client_dropped_after_its_masked_input_arrived_does_not_unmask_it(tmp_path):
     """Adversary: the late-arrival attack. The victim's masked input reached the server, which
-    announces the others as the survivors and names the victim dropped in every unmask
-    request, so each peer reveals its round seed with the victim. The self mask stays: no
-    holder is asked for (or would open) the victim's seed share once it is named dropped."""
+    announces the others as the survivors (the victim refuses to sign a set without itself)
+    and names the victim dropped in every unmask request, so each peer reveals its round seed
+    with the victim. The self mask stays: no holder is asked for (or would open) the victim's
+    seed share once it is named dropped."""
     fed = epoch_federation(tmp_path)
     others = [c for c in fed.ids if c != VICTIM]
+    fed.server.tamper["consistency"] = lambda data, to: json_payload({"survivors": others})
     fed.server.tamper["unmask_request"] = without_victim
     fed.aggregate()
     fed.close_and_verify()
@@ -122,19 +137,23 @@ def test_naming_a_client_dropped_after_its_masked_input_arrived_does_not_unmask_
 
 
 def test_a_split_view_of_the_victim_does_not_unmask_it(tmp_path, monkeypatch):
-    """Adversary: client-4 and client-5 are told the victim dropped (so they reveal their
+    """Adversary: client-4 and client-5 are told the victim dropped (so that they reveal their
     round seeds with it) while the victim, client-2 and client-3 are asked for its seed
-    shares; the server asks every survivor at once. It gets the seed and two of the four pair
-    seeds: each peer reveals either its share of the seed or its pair seed, and reading the
-    input needs every pair seed, so no consistency round is needed to stop this."""
+    shares; the server asks every survivor at once. client-4 and client-5 signed the survivor
+    set that names the victim and refuse a request that names it dropped: no round seed of
+    the victim's pairs is revealed."""
     fed = epoch_federation(tmp_path)
-    monkeypatch.setattr(epoch, "_unmask_holders", lambda stage, r, u3, *rest: list(u3))
+    monkeypatch.setattr(epoch, "_unmask_holders", lambda stage, r, u3, gone, asked: [
+        v for v in u3 if v not in asked])
     fed.server.tamper["unmask_request"] = lambda data, to: (
         without_victim(data, to) if to in ("client-4", "client-5") else data)
     fed.aggregate()
     fed.close_and_verify()
     replies = [json.loads(payload_bytes(d, s)["json"]) for s, d in fed.server.received("unmask")]
-    assert sum(VICTIM in r["k"] for r in replies) == 2  # the split was played
+    assert not any(VICTIM in r["k"] for r in replies)
+    refused = {e["sender"] for e in fed.client_refusals()
+               if "are not those of the set it signed" in e["detail"]}
+    assert refused == {"client-4", "client-5"}, fed.client_refusals()
     assert steps_off(fed, reconstruct(fed)) > LEAK_STEPS
 
 
@@ -142,7 +161,7 @@ def test_a_different_broadcast_to_one_client_is_refused_by_its_peers(tmp_path):
     """Adversary: model inconsistency (Pasquini et al., CCS 2022). The global model's gate
     is 0 for every client but the victim, to whom the server sends 1, so that the aggregate
     would be the victim's update alone. Each client signs the digest of the broadcasts it
-    took with its masked input; the holders find the victim's signature is not of their view
+    took with the survivor set; the holders find the victim's signature is not of their view
     and refuse, and the round aborts with the sum masked."""
     fed = epoch_federation(tmp_path)
     gate = {"gate": np.zeros(1, dtype=np.float32)}
@@ -157,5 +176,71 @@ def test_a_different_broadcast_to_one_client_is_refused_by_its_peers(tmp_path):
     report = verify_run(tmp_path)  # the audit names the broadcast as well
     assert not report.ok and "another global_model" in report.summary()
     assert fed.client_refusals(), "no client refused"
-    assert any("did not confirm the parameters, graph and broadcasts" in e["detail"]
+    assert any("did not confirm the survivor set, parameters, graph and broadcasts" in e["detail"]
                for e in fed.client_refusals())
+
+
+# Issue 37: whom the server tells what. The victim is told t - 1 of its peers dropped; those
+# peers get the honest request; the others are told the victim dropped.
+TOLD_PEERS_DROPPED = {VICTIM: {"client-2", "client-3"}, "client-4": {VICTIM},
+                      "client-5": {VICTIM}}
+
+
+def play_issue_37(fed, monkeypatch) -> None:
+    """The server of issue 37 (see below): it asks every survivor at once, each with the
+    request of :data:`TOLD_PEERS_DROPPED`."""
+    monkeypatch.setattr(epoch, "_unmask_holders", lambda stage, r, u3, gone, asked: [
+        v for v in u3 if v not in asked])
+    fed.server.tamper["unmask_request"] = lambda data, to: naming_dropped(
+        data, to, TOLD_PEERS_DROPPED.get(to, set()))
+
+
+@pytest.mark.parametrize("announced", ["one survivor set", "a set to fit each request"])
+def test_telling_the_victim_its_peers_dropped_does_not_unmask_it(tmp_path, monkeypatch,
+                                                                 announced):
+    """Adversary: a malicious server alone, no client colluding (issue 37). It asks every
+    survivor at once and tells the victim that t - 1 = 2 of its peers (client-2, client-3)
+    dropped, so that the victim reveals its round seeds with them and its own share of its
+    seed; client-2 and client-3 get the honest request and reveal their shares of the victim's
+    seed; client-4 and client-5 are told the victim dropped and reveal their round seeds with
+    it. Unchecked, that is t shares of the seed and all four pair seeds: the input, with no
+    client refusing. Each survivor now signs the survivor set announced to it and answers only
+    a request naming those survivors, each of whose signatures of that set it checks. The
+    server announces one set to all, or to each client the set that fits its request: either
+    way the victim, client-4 and client-5 refuse by name (and, split, the others too), the
+    round aborts with the sum masked, and the audit names the split."""
+    fed = epoch_federation(tmp_path, keep_payloads=True)
+    play_issue_37(fed, monkeypatch)
+    if announced == "a set to fit each request":
+        fed.server.tamper["consistency"] = lambda data, to: json_payload({"survivors": [
+            u for u in payload_json(data, "server")["survivors"]
+            if u not in TOLD_PEERS_DROPPED.get(to, set())]})
+    result = fed.aggregate()
+    fed.channel.close()
+    assert steps_off(fed, reconstruct(fed, told_by_victim(fed))) > LEAK_STEPS, (
+        "the server read the victim's input")
+    assert result.payload is None
+    why = ("are not those of the set it signed" if announced == "one survivor set" else
+           "did not confirm the survivor set")
+    refused = {e["sender"] for e in fed.client_refusals()
+               if e["phase"] == "unmask" and why in e["detail"]}
+    assert {VICTIM, "client-4", "client-5"} <= refused, fed.client_refusals()
+    report = verify_run(tmp_path)
+    if announced == "one survivor set":
+        assert report.ok, report.summary()
+    else:
+        assert refused == set(fed.ids)
+        assert not report.ok and "another survivor set" in report.summary(), report.summary()
+
+
+def test_under_the_semi_honest_variant_that_server_reads_the_input(tmp_path, monkeypatch):
+    """Adversary: issue 37's server against ``adversary = "semi-honest"``, which has no
+    consistency round and trusts the server to tell every client the same survivors: it
+    reads the victim's input, no client refuses and the audit passes (what the variant's
+    name says; docs/protocols.md)."""
+    fed = epoch_federation(tmp_path, adversary="semi-honest")
+    play_issue_37(fed, monkeypatch)
+    fed.aggregate()
+    fed.close_and_verify()
+    assert steps_off(fed, reconstruct(fed, told_by_victim(fed))) <= LEAK_STEPS
+    assert not fed.client_refusals()
