@@ -7,6 +7,7 @@ __all__ = [
     "DataError",
     "SolverError",
     "MessageError",
+    "PolicyError",
 ]
 
 
@@ -32,3 +33,8 @@ class SolverError(SecureFFMError):
 
 class MessageError(SecureFFMError):
     """A message is malformed, from an unknown party, or arrived twice."""
+
+
+class PolicyError(SecureFFMError):
+    """A run differs from what a node's own policy pins, or a node's policy is missing or
+    malformed: the node refuses it, naming each field."""

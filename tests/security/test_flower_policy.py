@@ -1,0 +1,116 @@
+"""The server side of a Flower run against a node that pinned its own policy (issue 37).
+
+Adversary: whoever submits the Flower run config (the ServerApp's operator). On Flower the run
+config reaches every node, and before issue 37 a node took its protocol, DP target, clip and
+threshold from it: a run config naming ``plaintext`` made nodes pinned to ``dp-secagg`` upload
+their raw float32 gradients, and one naming a weaker epsilon, a spec with a larger clip or a
+lower threshold made them train and mask under the server's parameters. Each attack here ran to
+completion on that code (the run finished, the nodes' uploads under ``plaintext`` carried no
+stage and parsed as float32 gradients), and is refused by name since: the node compares the run
+config with its policy file, read from its own disk, before it builds anything.
+
+The policy file is written here by hand, as a hospital would, with the protocol's digest
+computed here from the spec's TOML (sha256 of its sorted-key compact JSON), independently of
+secureffm's own digest function.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import tomllib
+from dataclasses import replace
+from importlib import resources
+from pathlib import Path
+
+import pytest
+
+from secureffm.errors import SecureFFMError
+from secureffm.federation.keyfiles import provision
+from secureffm.runs import flower_node, flower_server
+
+from ..runs.test_flower_node import CLIENTS, Nodes, config, node_configs, payloads
+
+SPEC = "dp-secagg"
+
+
+def spec_digest(text: str) -> str:
+    """sha256 of a protocol spec's canonical bytes: its name, description and stages as
+    sorted-key compact JSON."""
+    table = tomllib.loads(text)
+    body = {"name": table["name"], "description": table.get("description", ""),
+            "stages": table["stages"]}
+    return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":"))
+                          .encode()).hexdigest()
+
+
+def shipped(name: str) -> str:
+    return (resources.files("secureffm.specs") / "protocols" / f"{name}.toml").read_text()
+
+
+def hospital_policy(path: Path) -> Path:
+    """What a hospital pins for the tiny GOT run of tests/runs/test_flower_node.py under
+    dp-secagg: the spec by digest, epsilon 8 at delta 1e-5, clip 1, sigma 1, threshold 0.6."""
+    path.write_text(f'''
+protocol = "{SPEC}"
+protocol_sha256 = "{spec_digest(shipped(SPEC))}"
+method = "got"
+rounds = 3
+target_epsilon = 8.0
+delta = 1e-5
+clip = 1.0
+noise_multiplier = 1.0
+threshold = 0.6
+kinds = ["dual_update", "gradient"]
+''')
+    return path
+
+
+@pytest.fixture(scope="module")
+def keys(tmp_path_factory) -> Path:
+    folder = tmp_path_factory.mktemp("keys")
+    provision(folder, CLIENTS)
+    return folder
+
+
+def edited_spec(path: Path, old: str, new: str) -> str:
+    """A copy of dp-secagg's spec with ``old`` replaced by ``new``, as the server names it."""
+    text = shipped(SPEC)
+    assert text.count(old) == 1
+    path.write_text(text.replace(old, new))
+    return str(path)
+
+
+@pytest.mark.parametrize("attack, fields", [
+    ("plaintext", ["protocol", "protocol_sha256", "target_epsilon", "clip", "threshold"]),
+    ("weaker epsilon", ["target_epsilon"]),
+    ("larger clip", ["protocol_sha256", "clip"]),
+    ("lower threshold", ["protocol_sha256", "threshold"]),
+])
+def test_a_node_refuses_a_run_config_that_differs_from_its_policy(tmp_path, keys, attack,
+                                                                   fields):
+    """The server submits the run with one protection changed; every node refuses it by name,
+    listing each field that differs with both values, before its first reply: no upload
+    leaves it. (Before issue 37: the run completed and, under ``plaintext``, every upload was
+    a bare float32 gradient.)"""
+    honest = config(tmp_path / "run", SPEC)
+    served = {"plaintext": replace(honest, protocol="plaintext", noise_multiplier=0.0),
+              "weaker epsilon": replace(honest, target_epsilon=50.0),
+              "larger clip": replace(honest, protocol=edited_spec(
+                  tmp_path / "clip.toml", "clip = 1.0", "clip = 100.0")),
+              "lower threshold": replace(honest, protocol=edited_spec(
+                  tmp_path / "threshold.toml", "threshold = 0.6", "threshold = 0.51"))}[attack]
+    policy = hospital_policy(tmp_path / "policy.toml")
+    nodes = Nodes(flower_node.run_config_of(served, keys), rebuild=True,
+                  nodes=node_configs(keys, tmp_path / "journals", policy))
+    try:
+        with pytest.raises(SecureFFMError, match=r"client-1 refuses the run") as refused:
+            flower_server.main(nodes, nodes.run_config)
+    finally:
+        flower_node._LAST.clear()
+    uploads = [data for _, data, _ in payloads(nodes) if data is not None]
+    assert uploads == []  # nothing left a node
+    message = str(refused.value)
+    for field in fields:
+        assert f"{field}:" in message, message
+    assert str(policy) in message
