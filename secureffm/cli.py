@@ -110,9 +110,14 @@ def build_parser() -> argparse.ArgumentParser:
     app = sub.add_parser("flower-app", help="write a Flower App folder that runs a run config "
                          "on a Flower deployment: flwr run FOLDER (docs/flower.md)")
     app.add_argument("folder", help="the app folder to write")
-    app.add_argument("--keys", required=True, help="keys folder (secureffm flower-keys) as the "
-                     "server sees it; each SuperNode may name its own: --node-config keys=PATH")
+    app.add_argument("--keys", required=True, help="the server's keys folder (secureffm "
+                     "flower-keys); each SuperNode names its own: --node-config keys=PATH")
     _add_config_options(app)
+    policy = sub.add_parser("flower-policy", help="write a Flower node's policy file from the "
+                            "options of the run it agrees to: the node refuses a run config "
+                            "that differs (docs/flower.md)")
+    policy.add_argument("folder", metavar="FILE", help="the policy file to write (TOML)")
+    _add_config_options(policy)
     return parser
 
 
@@ -155,8 +160,18 @@ def _flower_app(args: argparse.Namespace) -> None:
     config = _config_of(args)  # the ServerApp runs elsewhere: its run folder, absolute
     config = replace(config, out=str(run_folder(config).resolve()))
     write_app(Path(args.folder), "secureffm.runs.flower_server:main",
-              "secureffm.runs.flower_node:serve", run_config_of(config, args.keys))
+              "secureffm.runs.flower_node:serve", run_config_of(config, args.keys),
+              admit="secureffm.runs.flower_node:admit")
     print(f"Flower App in {args.folder}: flwr run {args.folder} <superlink>")
+
+
+def _write_policy(run, path: str) -> None:
+    """A node's policy file pinning ``run`` (RunConfig or FedWADRun)."""
+    from .runs.flower_policy import policy_of, write_policy
+
+    write_policy(policy_of(run), path)
+    print(f"policy in {path}: keep it on the node's own disk and start the node with "
+          f"--node-config \"policy='{Path(path).resolve()}' keys='DIR' journal='FILE'\"")
 
 
 def _run(args: argparse.Namespace) -> None:
@@ -374,6 +389,9 @@ def add_fedwad_arguments(parser: argparse.ArgumentParser) -> None:
              "Flower deployment (flwr run FOLDER; needs --keys; docs/flower.md)")
     add("--keys", default="", metavar="DIR",
         help="with --flower-app: the keys folder (secureffm flower-keys)")
+    add("--flower-policy", default="", metavar="FILE",
+        help="instead of running: write a Flower node's policy file pinning this FedWAD run "
+             "(docs/flower.md)")
 
 
 def _fedwad_app(run: FedWADRun, folder: str, keys: str) -> None:
@@ -388,7 +406,8 @@ def _fedwad_app(run: FedWADRun, folder: str, keys: str) -> None:
         raise SecureFFMError("--flower-app needs --keys: the folder secureffm flower-keys wrote")
     run = replace(run, out=str(fedwad_folder(run).resolve()))
     write_app(Path(folder), "secureffm.runs.flower_server:main",
-              "secureffm.runs.flower_node:serve", run_config_of(run, keys))
+              "secureffm.runs.flower_node:serve", run_config_of(run, keys),
+              admit="secureffm.runs.flower_node:admit")
     print(f"Flower App in {folder}: flwr run {folder} <superlink>")
 
 
@@ -404,6 +423,9 @@ def fedwad_command(args: argparse.Namespace) -> None:
                     engine=args.engine, phase_timeout=args.phase_timeout)
     if args.flower_app:
         _fedwad_app(run, args.flower_app, args.keys)
+        return
+    if args.flower_policy:
+        _write_policy(run, args.flower_policy)
         return
     if run.engine == "flower":
         from .runs.flower_server import run_on_flower  # Flower is an optional extra
@@ -451,6 +473,8 @@ def main(argv: list[str] | None = None) -> int:
             _flower_keys(args)
         elif args.command == "flower-app":
             _flower_app(args)
+        elif args.command == "flower-policy":
+            _write_policy(_config_of(args), args.folder)
     except SecureFFMError as err:
         print(f"secureffm: error: {err}", file=sys.stderr)
         return 2

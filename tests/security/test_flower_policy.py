@@ -29,7 +29,7 @@ from secureffm.errors import SecureFFMError
 from secureffm.federation.keyfiles import provision
 from secureffm.runs import flower_node, flower_server
 
-from ..runs.test_flower_node import CLIENTS, Nodes, config, node_configs, payloads
+from ..runs.test_flower_node import CLIENTS, Nodes, broadcast, config, node_configs, payloads
 
 SPEC = "dp-secagg"
 
@@ -114,3 +114,19 @@ def test_a_node_refuses_a_run_config_that_differs_from_its_policy(tmp_path, keys
     for field in fields:
         assert f"{field}:" in message, message
     assert str(policy) in message
+
+
+def test_a_node_uses_no_path_the_run_config_names(tmp_path, keys):
+    """The server's run config names a keys folder and a folder for the clients' journals.
+    Before issue 37 a node without ``keys`` and ``journal`` in its own config loaded its
+    pinned registry and key file from the first and created the second (``planted/`` and
+    ``client-1.jsonl`` in it). Now both are mandatory node config: refused by name, and
+    nothing is created at the server's path."""
+    run = config(tmp_path / "run", SPEC)
+    planted = tmp_path / "planted"
+    carried = {**flower_node.run_config_of(run, keys), "secureffm-journals": str(planted)}
+    node = {"client-id": "client-1", "policy": str(hospital_policy(tmp_path / "policy.toml"))}
+    with pytest.raises(SecureFFMError, match="client-1's node config lacks keys, journal"):
+        flower_node.serve(node, carried, None, broadcast(keys, "client-1"))
+    flower_node._LAST.clear()
+    assert not planted.exists()
