@@ -130,3 +130,46 @@ def test_a_node_uses_no_path_the_run_config_names(tmp_path, keys):
         flower_node.serve(node, carried, None, broadcast(keys, "client-1"))
     flower_node._LAST.clear()
     assert not planted.exists()
+
+
+@pytest.mark.parametrize("action", ["upload", "send", "gather.upload"])
+def test_a_node_refuses_to_send_alone_a_kind_its_protocol_aggregates(tmp_path, keys, action):
+    """Adversary: a server that keeps the run config the node pinned (dp-secagg) but asks,
+    with a fresh signed model, for the client's gradient through a plain upload (or an
+    individual send, or a gather) instead of secure aggregation. Before issue 37 the node
+    answered with its noised float32 gradient in the clear (no stage): the server held one
+    client's update where the protocol promises only the sum. Now the client refuses in a
+    signed ``rejected`` event naming the kind and the aggregating stage, and sends nothing."""
+    import numpy as np
+
+    from secureffm.federation.channel import Task
+    from secureffm.federation.codec import decode_reply, encode_request
+    from secureffm.federation.exchange import Incoming, Request
+    from secureffm.federation.keyfiles import load_party_keys
+    from secureffm.federation.message import SERVER, serialize_payload
+    from secureffm.federation.parties import Party
+
+    run = config(tmp_path / "run", SPEC)
+    carried = flower_node.run_config_of(run, keys)
+    node = {"client-id": "client-1", "keys": str(keys), "journal": str(tmp_path / "j.jsonl"),
+            "policy": str(hospital_policy(tmp_path / "policy.toml"))}
+    flower_node._LAST.clear()
+    state, _ = flower_node.serve(node, carried, None, broadcast(keys, "client-1"))
+    [endpoint] = flower_node._LAST.values()
+    size = sum(p.numel() for p in endpoint.client.state["velocity"].parameters())
+    identity, sealing = load_party_keys(keys, SERVER)
+    server = Party(SERVER, identity=identity, sealing=sealing)
+    model = serialize_payload({"theta": np.zeros(size, dtype=np.float32)})
+    envelope = server.envelope(1, "broadcast", "global_model", "client-1", model)
+    args = {"compute": Task("ffm.velocity", {"round": 1})}
+    if action == "gather.upload":
+        args["peers"] = ["client-2"]
+    request = encode_request(Request(1, "gradient", "upload", "upload", action, (), None, args,
+                                     (envelope,)), None, (Incoming(envelope, model, 7),))
+    _, frame = flower_node.serve(node, carried, state, request)
+    flower_node._LAST.clear()
+    reply = decode_reply(frame, "client-1")
+    assert reply.envelope is None, "the client sent its gradient outside secure aggregation"
+    [event] = reply.events
+    assert event["event"] == "rejected" and "'gradient'" in event["detail"]
+    assert "'secagg'" in event["detail"]
