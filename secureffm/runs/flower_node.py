@@ -39,6 +39,7 @@ from ..federation.exchange import Incoming, Reply, Request
 from ..federation.flower import client_id
 from ..federation.journal import Journal
 from ..federation.keyfiles import load_party_keys, load_registry
+from ..federation.message import SERVER
 from ..federation.parties import Client, SecretStreams
 from ..federation.snapshot import client_state, pack, restore_client, unpack
 from ..methods.fedwad_federated import FedWADClient
@@ -52,13 +53,16 @@ from .flower_policy import Policy, differences, own_spec, policy_of, read_policy
 from .scaffold import resolve_dp
 
 __all__ = ["serve", "admit", "answer", "Build", "CONFIG_KEY", "KEYS_KEY", "SPEC_KEY", "FAMILY_KEY",
-           "NODE_KEYS", "run_config_of", "config_of", "spec_of", "check_run_config", "client_ids"]
+           "NODE_KEYS", "RECEIVING", "run_config_of", "config_of", "spec_of", "check_run_config",
+           "client_ids"]
 
 # The server's keys folder (the server's own; a node never reads it) and the run's protocol
 # spec, carried as its content (a node checks it, and runs its own copy).
 CONFIG_KEY, KEYS_KEY, SPEC_KEY = "secureffm-config", "secureffm-keys", "secureffm-protocol"
 FAMILY_KEY, FEDWAD = "secureffm-family", "fedwad"  # no family: an FFM-family RunConfig
 NODE_KEYS = ("keys", "journal", "policy")  # what every node's config must give
+# Actions by which a client only keeps what the server sends it: allowed for any kind.
+RECEIVING = ("accept", "take")
 # (client id, sha256 of the state it left) -> the endpoint that left it: a node handling two
 # messages in a row in one process skips the rebuild; any other state rebuilds from the bytes.
 _LAST: dict[tuple[str, str], ClientEndpoint] = {}
@@ -286,7 +290,8 @@ def serve(node_config: dict, run_config: dict, state: bytes | None,
     """Answer one request as this node's client; returns (its new state, the reply). The run
     config is checked against the node's policy first, for every message (:func:`admit`)."""
     policy = admit(node_config, run_config)
-    return answer(node_config, run_config, state, request, functools.partial(_endpoint, policy))
+    return answer(node_config, run_config, state, request, functools.partial(_endpoint, policy),
+                  policy)
 
 
 # How a node builds its client's endpoint: (node config, run config, client id) -> endpoint.
@@ -294,9 +299,11 @@ Build = Callable[[dict, dict, str], ClientEndpoint]
 
 
 def answer(node_config: dict, run_config: dict, state: bytes | None, request: bytes,
-           build: Build) -> tuple[bytes, bytes]:
+           build: Build, policy: Policy | None = None) -> tuple[bytes, bytes]:
     """:func:`serve` with the endpoint ``build`` makes (a benchmark's or a test's node reuses
-    the rest: restoring, answering, saving)."""
+    the rest: restoring, answering, saving). With a ``policy``, a request of a kind outside
+    its ``kinds`` is refused in a signed ``rejected`` event unless the client only receives
+    it (:data:`RECEIVING`)."""
     cid = client_id(node_config)
     endpoint = _LAST.pop((cid, hashlib.sha256(state or b"").hexdigest()), None)
     if endpoint is None:
@@ -307,7 +314,14 @@ def answer(node_config: dict, run_config: dict, state: bytes | None, request: by
             endpoint.restore(header["endpoint"])
     request, incoming, broadcasts = decode_request(request)
     _hold(node_config, request)
-    reply = endpoint(request, incoming, broadcasts)
+    if (policy is not None and request.kind not in policy.kinds
+            and request.action not in RECEIVING):
+        reply = Reply(None, (endpoint.client.event(
+            request.round, request.phase, "rejected", SERVER,
+            f"{cid} refused {request.action} of kind {request.kind!r}: its policy "
+            f"({policy.source}) answers only {', '.join(policy.kinds)}"),))
+    else:
+        reply = endpoint(request, incoming, broadcasts)
     _journal(node_config, endpoint, (*broadcasts, *([incoming] if incoming else [])), reply)
     header, arrays = client_state(endpoint.client)
     saved = pack({"client": header, "endpoint": endpoint.saved()}, arrays)

@@ -132,14 +132,10 @@ def test_a_node_uses_no_path_the_run_config_names(tmp_path, keys):
     assert not planted.exists()
 
 
-@pytest.mark.parametrize("action", ["upload", "send", "gather.upload"])
-def test_a_node_refuses_to_send_alone_a_kind_its_protocol_aggregates(tmp_path, keys, action):
-    """Adversary: a server that keeps the run config the node pinned (dp-secagg) but asks,
-    with a fresh signed model, for the client's gradient through a plain upload (or an
-    individual send, or a gather) instead of secure aggregation. Before issue 37 the node
-    answered with its noised float32 gradient in the clear (no stage): the server held one
-    client's update where the protocol promises only the sum. Now the client refuses in a
-    signed ``rejected`` event naming the kind and the aggregating stage, and sends nothing."""
+def ask_alone(tmp_path: Path, keys: Path, kind: str, action: str):
+    """A node pinned to dp-secagg, served the run config it pinned, then asked (with a fresh
+    signed model) to compute its round-1 gradient and send it as ``kind`` through ``action``;
+    its decoded reply."""
     import numpy as np
 
     from secureffm.federation.channel import Task
@@ -164,12 +160,35 @@ def test_a_node_refuses_to_send_alone_a_kind_its_protocol_aggregates(tmp_path, k
     args = {"compute": Task("ffm.velocity", {"round": 1})}
     if action == "gather.upload":
         args["peers"] = ["client-2"]
-    request = encode_request(Request(1, "gradient", "upload", "upload", action, (), None, args,
+    request = encode_request(Request(1, kind, "upload", "upload", action, (), None, args,
                                      (envelope,)), None, (Incoming(envelope, model, 7),))
     _, frame = flower_node.serve(node, carried, state, request)
     flower_node._LAST.clear()
-    reply = decode_reply(frame, "client-1")
+    return decode_reply(frame, "client-1")
+
+
+@pytest.mark.parametrize("action", ["upload", "send", "gather.upload"])
+def test_a_node_refuses_to_send_alone_a_kind_its_protocol_aggregates(tmp_path, keys, action):
+    """Adversary: a server that keeps the run config the node pinned (dp-secagg) but asks,
+    with a fresh signed model, for the client's gradient through a plain upload (or an
+    individual send, or a gather) instead of secure aggregation. Before issue 37 the node
+    answered with its noised float32 gradient in the clear (no stage): the server held one
+    client's update where the protocol promises only the sum. Now the client refuses in a
+    signed ``rejected`` event naming the kind and the aggregating stage, and sends nothing."""
+    reply = ask_alone(tmp_path, keys, "gradient", action)
     assert reply.envelope is None, "the client sent its gradient outside secure aggregation"
     [event] = reply.events
     assert event["event"] == "rejected" and "'gradient'" in event["detail"]
     assert "'secagg'" in event["detail"]
+
+
+def test_a_node_answers_only_the_kinds_its_policy_names(tmp_path, keys):
+    """Adversary: the same server asks for the gradient under another kind, ``model``, which
+    dp-secagg does not aggregate. Before the per-request check the node uploaded its gradient
+    as a ``model`` in the clear. Now a request of a kind outside the policy's ``kinds`` (other
+    than a message the client only receives) is refused in a signed ``rejected`` event."""
+    reply = ask_alone(tmp_path, keys, "model", "upload")
+    assert reply.envelope is None, "the client sent its gradient as a model in the clear"
+    [event] = reply.events
+    assert event["event"] == "rejected"
+    assert "kind 'model'" in event["detail"] and "policy" in event["detail"]
