@@ -294,6 +294,17 @@ def serve(node_config: dict, run_config: dict, state: bytes | None,
                   policy)
 
 
+def _outside(policy: Policy, request: Request) -> str:
+    """Why ``request`` is outside ``policy`` ("" when it is not, or only delivers)."""
+    if request.action in RECEIVING:
+        return ""
+    if request.kind not in policy.kinds:
+        return f"answers only {', '.join(policy.kinds)}"
+    if policy.last_round is not None and request.round > policy.last_round:
+        return f"answers no round past {policy.last_round}"
+    return ""
+
+
 # How a node builds its client's endpoint: (node config, run config, client id) -> endpoint.
 Build = Callable[[dict, dict, str], ClientEndpoint]
 
@@ -301,9 +312,9 @@ Build = Callable[[dict, dict, str], ClientEndpoint]
 def answer(node_config: dict, run_config: dict, state: bytes | None, request: bytes,
            build: Build, policy: Policy | None = None) -> tuple[bytes, bytes]:
     """:func:`serve` with the endpoint ``build`` makes (a benchmark's or a test's node reuses
-    the rest: restoring, answering, saving). With a ``policy``, a request of a kind outside
-    its ``kinds`` is refused in a signed ``rejected`` event unless the client only receives
-    it (:data:`RECEIVING`)."""
+    the rest: restoring, answering, saving). With a ``policy``, a request outside it (a kind
+    outside its ``kinds``, a round past its last) is refused in a signed ``rejected`` event
+    unless the client only receives it (:data:`RECEIVING`)."""
     cid = client_id(node_config)
     endpoint = _LAST.pop((cid, hashlib.sha256(state or b"").hexdigest()), None)
     if endpoint is None:
@@ -314,12 +325,12 @@ def answer(node_config: dict, run_config: dict, state: bytes | None, request: by
             endpoint.restore(header["endpoint"])
     request, incoming, broadcasts = decode_request(request)
     _hold(node_config, request)
-    if (policy is not None and request.kind not in policy.kinds
-            and request.action not in RECEIVING):
+    outside = None if policy is None else _outside(policy, request)
+    if outside:
         reply = Reply(None, (endpoint.client.event(
             request.round, request.phase, "rejected", SERVER,
-            f"{cid} refused {request.action} of kind {request.kind!r}: its policy "
-            f"({policy.source}) answers only {', '.join(policy.kinds)}"),))
+            f"{cid} refused {request.action} of kind {request.kind!r} in round "
+            f"{request.round}: its policy ({policy.source}) {outside}"),))
     else:
         reply = endpoint(request, incoming, broadcasts)
     _journal(node_config, endpoint, (*broadcasts, *([incoming] if incoming else [])), reply)

@@ -50,6 +50,9 @@ PINNED = ("protocol", "protocol_sha256", "method", "rounds", "kinds", "target_ep
 # have none: their clients train ``local_steps`` and publish).
 _ROUNDS = {"dcfm-a": "dcfm_rounds", "fedflow": "fedflow_rounds", "fedflow-l": "fedflow_rounds",
            "dcfm-b": None, "ddm": None, "ddm-l": None}
+# Rounds a method's requests run past its round count: FedWAD's final distance comes in round
+# iterations + 1; DCFM-A's experts are first published in round 1, before its all-gathers.
+_EXTRA_ROUNDS = {"fedwad": 1, "dcfm-a": 1}
 
 
 @dataclass(frozen=True)
@@ -75,6 +78,11 @@ class Policy:
     threshold: tuple[float, ...] = ()
     spec_file: str = ""
     source: str = ""
+
+    @property
+    def last_round(self) -> int | None:
+        """The last round a request of the pinned run carries (None: no round count)."""
+        return None if self.rounds is None else self.rounds + _EXTRA_ROUNDS.get(self.method, 0)
 
 
 def _kinds(config: RunConfig | FedWADRun) -> tuple[str, ...]:

@@ -29,7 +29,15 @@ from secureffm.errors import SecureFFMError
 from secureffm.federation.keyfiles import provision
 from secureffm.runs import flower_node, flower_server
 
-from ..runs.test_flower_node import CLIENTS, Nodes, broadcast, config, node_configs, payloads
+from ..runs.test_flower_node import (
+    CLIENTS,
+    Nodes,
+    broadcast,
+    config,
+    node_configs,
+    payloads,
+    pinning,
+)
 
 SPEC = "dp-secagg"
 
@@ -132,10 +140,11 @@ def test_a_node_uses_no_path_the_run_config_names(tmp_path, keys):
     assert not planted.exists()
 
 
-def ask_alone(tmp_path: Path, keys: Path, kind: str, action: str):
-    """A node pinned to dp-secagg, served the run config it pinned, then asked (with a fresh
-    signed model) to compute its round-1 gradient and send it as ``kind`` through ``action``;
-    its decoded reply."""
+def ask_alone(tmp_path: Path, keys: Path, kind: str, action: str, round_: int = 1,
+              spec: str = SPEC):
+    """A node pinned to the tiny GOT run under ``spec``, served the run config it pinned, then
+    asked (with a fresh signed model) to compute its gradient of ``round_`` and send it as
+    ``kind`` through ``action``; its decoded reply."""
     import numpy as np
 
     from secureffm.federation.channel import Task
@@ -145,10 +154,12 @@ def ask_alone(tmp_path: Path, keys: Path, kind: str, action: str):
     from secureffm.federation.message import SERVER, serialize_payload
     from secureffm.federation.parties import Party
 
-    run = config(tmp_path / "run", SPEC)
+    run = config(tmp_path / "run", spec)
     carried = flower_node.run_config_of(run, keys)
+    policy = hospital_policy(tmp_path / "policy.toml") if spec == SPEC else pinning(
+        run, tmp_path / "policy.toml")
     node = {"client-id": "client-1", "keys": str(keys), "journal": str(tmp_path / "j.jsonl"),
-            "policy": str(hospital_policy(tmp_path / "policy.toml"))}
+            "policy": str(policy)}
     flower_node._LAST.clear()
     state, _ = flower_node.serve(node, carried, None, broadcast(keys, "client-1"))
     [endpoint] = flower_node._LAST.values()
@@ -156,11 +167,11 @@ def ask_alone(tmp_path: Path, keys: Path, kind: str, action: str):
     identity, sealing = load_party_keys(keys, SERVER)
     server = Party(SERVER, identity=identity, sealing=sealing)
     model = serialize_payload({"theta": np.zeros(size, dtype=np.float32)})
-    envelope = server.envelope(1, "broadcast", "global_model", "client-1", model)
-    args = {"compute": Task("ffm.velocity", {"round": 1})}
+    envelope = server.envelope(round_, "broadcast", "global_model", "client-1", model)
+    args = {"compute": Task("ffm.velocity", {"round": round_})}
     if action == "gather.upload":
         args["peers"] = ["client-2"]
-    request = encode_request(Request(1, kind, "upload", "upload", action, (), None, args,
+    request = encode_request(Request(round_, kind, "upload", "upload", action, (), None, args,
                                      (envelope,)), None, (Incoming(envelope, model, 7),))
     _, frame = flower_node.serve(node, carried, state, request)
     flower_node._LAST.clear()
@@ -192,3 +203,17 @@ def test_a_node_answers_only_the_kinds_its_policy_names(tmp_path, keys):
     [event] = reply.events
     assert event["event"] == "rejected"
     assert "kind 'model'" in event["detail"] and "policy" in event["detail"]
+
+
+def test_a_node_answers_no_round_past_the_runs_last(tmp_path, keys):
+    """Adversary: a server that keeps the pinned run config (GOT under ``dp``, 3 rounds) and
+    asks for a gradient of round 50: one more DP release than the epsilon the run was
+    calibrated for. Before the per-request bound the node computed and sent it. Now a request
+    of a round past the run's last (its policy's ``rounds``) is refused in a signed event."""
+    reply = ask_alone(tmp_path, keys, "gradient", "upload", round_=50, spec="dp")
+    assert reply.envelope is None, "the client released a gradient of round 50 of 3"
+    [event] = reply.events
+    assert event["event"] == "rejected" and "round 50" in event["detail"]
+    (tmp_path / "within").mkdir()
+    within = ask_alone(tmp_path / "within", keys, "gradient", "upload", round_=3, spec="dp")
+    assert within.envelope is not None and within.events == ()
