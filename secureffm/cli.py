@@ -119,8 +119,8 @@ def build_parser() -> argparse.ArgumentParser:
     app = sub.add_parser("flower-app", help="write a Flower App folder that runs a run config "
                          "on a Flower deployment: flwr run FOLDER (docs/flower.md)")
     app.add_argument("folder", help="the app folder to write")
-    app.add_argument("--keys", required=True, help="keys folder (secureffm flower-keys) as the "
-                     "server sees it; each SuperNode may name its own: --node-config keys=PATH")
+    app.add_argument("--keys", required=True, help="the server's keys folder (secureffm "
+                     "flower-keys); each SuperNode names its own: --node-config keys=PATH")
     _add_config_options(app)
     sample = sub.add_parser("sample", help="synthetic rows (or 2D points) from a finished run "
                             "or an export, with a privacy notice beside them (docs/data.md)")
@@ -145,6 +145,11 @@ def build_parser() -> argparse.ArgumentParser:
     infer.add_argument("--out", help="write the draft here (else print it)")
     infer.add_argument("--max-categories", type=int, default=10, help="whole-number columns "
                        "with at most this many distinct values become categorical (default 10)")
+    policy = sub.add_parser("flower-policy", help="write a Flower node's policy file from the "
+                            "options of the run it agrees to: the node refuses a run config "
+                            "that differs (docs/flower.md)")
+    policy.add_argument("folder", metavar="FILE", help="the policy file to write (TOML)")
+    _add_config_options(policy)
     return parser
 
 
@@ -190,7 +195,8 @@ def _flower_app(args: argparse.Namespace) -> None:
     config = _config_of(args)  # the ServerApp runs elsewhere: its run folder, absolute
     config = replace(config, out=str(run_folder(config).resolve()))
     write_app(Path(args.folder), "secureffm.runs.flower_server:main",
-              "secureffm.runs.flower_node:serve", run_config_of(config, args.keys))
+              "secureffm.runs.flower_node:serve", run_config_of(config, args.keys),
+              admit="secureffm.runs.flower_node:admit")
     print(f"Flower App in {args.folder}: flwr run {args.folder} <superlink>")
 
 
@@ -222,6 +228,13 @@ def _export(args: argparse.Namespace) -> None:
     from .runs.synthetic import export
 
     print(f"exported to {export(args.run, args.out)} (secureffm.load reads it)")
+def _write_policy(run, path: str) -> None:
+    """A node's policy file pinning ``run`` (RunConfig or FedWADRun)."""
+    from .runs.flower_policy import policy_of, write_policy
+
+    write_policy(policy_of(run), path)
+    print(f"policy in {path}: keep it on the node's own disk and start the node with "
+          f"--node-config \"policy='{Path(path).resolve()}' keys='DIR' journal='FILE'\"")
 
 
 def _run(args: argparse.Namespace) -> None:
@@ -456,6 +469,9 @@ def add_fedwad_arguments(parser: argparse.ArgumentParser) -> None:
              "Flower deployment (flwr run FOLDER; needs --keys; docs/flower.md)")
     add("--keys", default="", metavar="DIR",
         help="with --flower-app: the keys folder (secureffm flower-keys)")
+    add("--flower-policy", default="", metavar="FILE",
+        help="instead of running: write a Flower node's policy file pinning this FedWAD run "
+             "(docs/flower.md)")
 
 
 def _fedwad_app(run: FedWADRun, folder: str, keys: str) -> None:
@@ -470,7 +486,8 @@ def _fedwad_app(run: FedWADRun, folder: str, keys: str) -> None:
         raise SecureFFMError("--flower-app needs --keys: the folder secureffm flower-keys wrote")
     run = replace(run, out=str(fedwad_folder(run).resolve()))
     write_app(Path(folder), "secureffm.runs.flower_server:main",
-              "secureffm.runs.flower_node:serve", run_config_of(run, keys))
+              "secureffm.runs.flower_node:serve", run_config_of(run, keys),
+              admit="secureffm.runs.flower_node:admit")
     print(f"Flower App in {folder}: flwr run {folder} <superlink>")
 
 
@@ -486,6 +503,9 @@ def fedwad_command(args: argparse.Namespace) -> None:
                     engine=args.engine, phase_timeout=args.phase_timeout)
     if args.flower_app:
         _fedwad_app(run, args.flower_app, args.keys)
+        return
+    if args.flower_policy:
+        _write_policy(run, args.flower_policy)
         return
     if run.engine == "flower":
         from .runs.flower_server import run_on_flower  # Flower is an optional extra
@@ -540,6 +560,8 @@ def main(argv: list[str] | None = None) -> int:
             _sample(args)
         elif args.command == "export":
             _export(args)
+        elif args.command == "flower-policy":
+            _write_policy(_config_of(args), args.folder)
     except RunInterrupted as err:
         print(f"secureffm: {err}", file=sys.stderr)
         return 130

@@ -11,6 +11,7 @@ __all__ = [
     "MessageError",
     "BudgetError",
     "RunInterrupted",
+    "PolicyError",
 ]
 
 
@@ -54,3 +55,8 @@ class BudgetError(SecureFFMError):
 class RunInterrupted(SecureFFMError):
     """A run stopped part way (Ctrl-C, SIGTERM): its log is closed and privacy.json states
     what it spent; the message says where it stopped and how to resume."""
+
+
+class PolicyError(SecureFFMError):
+    """A run differs from what a node's own policy pins, or a node's policy is missing or
+    malformed: the node refuses it, naming each field."""

@@ -11,7 +11,9 @@ knows nothing else: no method, no protocol, no message format. Its parts:
   came as an error (a dead node's ``NODE_UNAVAILABLE`` from the SuperLink, a handler exception).
 - :func:`make_client_app`: a ClientApp whose ``query.secureffm`` handler calls
   ``serve(node_config, run_config, state, request) -> (state, reply)`` and keeps ``state`` in
-  ``context.state`` between messages, and whose ``query.hello`` handler answers the client id.
+  ``context.state`` between messages, and whose ``query.hello`` handler answers the client id
+  and, when ``admit(node_config, run_config)`` raises, why the node refuses the run (then
+  :meth:`FlowerCalls.hello` raises a PolicyError naming each refusing node and its reason).
 - :func:`make_server_app`: a ServerApp whose main calls ``main(calls, run_config)``.
 - Launchers: :func:`simulate` (Flower's simulation engine in this process) and
   :class:`LocalDeployment` (a SuperLink and one SuperNode per client as OS processes on this
@@ -51,7 +53,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..errors import ConfigError, MessageError
+from ..errors import ConfigError, MessageError, PolicyError, SecureFFMError
 
 if TYPE_CHECKING:
     from flwr.app import Message, RecordDict
@@ -68,6 +70,7 @@ _STATE = "secureffm"  # key of the client's state in context.state
 _KEY = "bytes"
 
 Serve = Callable[[dict, dict, "bytes | None", bytes], tuple[bytes, bytes]]
+Admit = Callable[[dict, dict], Any]  # (node config, run config); raises to refuse the run
 ServerMain = Callable[["FlowerCalls", dict], Any]
 
 
@@ -189,7 +192,8 @@ class FlowerCalls:
     def hello(self, timeout: float, clients: int = 0) -> dict[str, int]:
         """Ask every connected node which client it runs (one ``query.hello`` exchange) and
         keep the map client id -> node id; first wait until ``clients`` nodes are connected.
-        A node that does not answer within ``timeout`` s is left out."""
+        A node that does not answer within ``timeout`` s is left out; a node that refuses the
+        run (its ClientApp's ``admit``) makes this a PolicyError naming it and its reason."""
         deadline = time.monotonic() + timeout
         nodes = sorted(self.grid.get_node_ids())
         while len(nodes) < clients and time.monotonic() < deadline:
@@ -203,6 +207,7 @@ class FlowerCalls:
         answers = self._exchange({node: RecordDict() for node in nodes}, HELLO,
                                  deadline - time.monotonic())
         found: dict[str, int] = {}
+        refused: list[str] = []
         for node, reply in answers.items():
             if reply is None:
                 continue
@@ -211,7 +216,12 @@ class FlowerCalls:
                 raise MessageError(f"nodes {found[name]} and {node} both say they run {name}: "
                                    f"give each SuperNode its own client-id")
             found[name] = node
+            if "refused" in reply.content["hello"]:
+                refused.append(str(reply.content["hello"]["refused"]))
         self.nodes = found
+        if refused:
+            raise PolicyError(f"{len(refused)} of {len(found)} nodes refused the run: "
+                              + " | ".join(sorted(refused)))
         return dict(found)
 
     def call(self, requests: dict[str, bytes], timeout: float) -> dict[str, bytes | None]:
@@ -285,28 +295,45 @@ def _why(reply: Message) -> str:
 # -- apps -------------------------------------------------------------------------------------
 
 
-def make_client_app(serve: str | Serve, run_config: dict | None = None) -> ClientApp:
+def make_client_app(serve: str | Serve, run_config: dict | None = None,
+                    nodes: dict[str, dict] | None = None,
+                    admit: str | Admit | None = None) -> ClientApp:
     """A ClientApp that answers ``query.hello`` with its client id and ``query.secureffm`` with
     ``serve(node_config, run_config, state, request) -> (state, reply)``; ``state`` is None on
     a node's first request, then what ``serve`` returned last, kept in ``context.state``.
-    ``run_config`` updates the run's config (``run_simulation`` has none of its own)."""
+    ``run_config`` updates the run's config (``run_simulation`` has none of its own);
+    ``nodes``: client id -> more keys of that node's config, as ``--node-config`` gives a
+    SuperNode (the simulation engine gives a node only its partition-id). ``admit``: called
+    with (node config, run config) on hello; the SecureFFMError it raises is the node's
+    refusal, sent back as the hello's ``refused``."""
     _flwr()
     from flwr.app import ConfigRecord, Message, RecordDict
     from flwr.clientapp import ClientApp
 
     serve_fn = resolve(serve)
-    extra = dict(run_config or {})
+    admit_fn = None if admit is None else resolve(admit)
+    extra, own = dict(run_config or {}), dict(nodes or {})
     app = ClientApp()
+
+    def node_config(context) -> dict:
+        given = dict(context.node_config)
+        return {**given, **own.get(client_id(given), {})}
 
     @app.query("hello")
     def hello(message, context):
-        answer = ConfigRecord({"client-id": client_id(dict(context.node_config))})
-        return Message(RecordDict({"hello": answer}), reply_to=message)
+        config = node_config(context)
+        answer = {"client-id": client_id(config)}
+        if admit_fn is not None:
+            try:
+                admit_fn(config, {**dict(context.run_config), **extra})
+            except SecureFFMError as refusal:
+                answer["refused"] = str(refusal)
+        return Message(RecordDict({"hello": ConfigRecord(answer)}), reply_to=message)
 
     @app.query("secureffm")
     def call(message, context):
         state = bytes(context.state[_STATE][_KEY]) if _STATE in context.state else None
-        new_state, reply = serve_fn(dict(context.node_config),
+        new_state, reply = serve_fn(node_config(context),
                                     {**dict(context.run_config), **extra}, state,
                                     _unpack(message.content))
         if not isinstance(new_state, bytes) or not isinstance(reply, bytes):
@@ -355,9 +382,12 @@ def make_server_app(main: str | ServerMain, run_config: dict | None = None,
 
 def simulate(server_main: str | ServerMain, serve: str | Serve, clients: int,
              run_config: dict | None = None, backend_config: dict | None = None,
-             pull_interval: float = 0.01) -> Any:
+             pull_interval: float = 0.01, nodes: dict[str, dict] | None = None,
+             admit: str | Admit | None = None) -> Any:
     """Run ``server_main`` against ``clients`` simulated nodes serving ``serve`` on Flower's
-    simulation engine in this process, and return what ``server_main`` returned.
+    simulation engine in this process, and return what ``server_main`` returned (an exception
+    it raised is raised here). ``nodes`` and ``admit``: each node's own config and its check of
+    the run (:func:`make_client_app`).
 
     Needs Ray (``flwr[simulation]``) and costs about 15 to 20 s to start on a 2-core machine
     before the first call. The nodes are not processes: a pool of Ray actors runs every node's
@@ -372,7 +402,7 @@ def simulate(server_main: str | ServerMain, serve: str | Serve, clients: int,
     main_fn, returned = resolve(server_main), []
     server = make_server_app(lambda calls, config: returned.append(main_fn(calls, config)),
                              run_config, pull_interval=pull_interval)
-    run_simulation(server, make_client_app(serve, run_config), clients,
+    run_simulation(server, make_client_app(serve, run_config, nodes, admit), clients,
                    backend_config=backend_config or {
                        "client_resources": {"num_cpus": 1, "num_gpus": 0.0}})
     return returned[0] if returned else None
@@ -387,7 +417,8 @@ class LocalDeployment:
     processes: they get this process's ``sys.path`` as PYTHONPATH).
 
     ``clients``: the client ids, one SuperNode each (its ``client-id``); ``node_config``:
-    client id -> more keys of that node's config (a data path, a key path). Use as a context
+    client id -> more keys of that node's config (a data path, a key path); ``admit``: the
+    ClientApp's check of the run on hello (``"module:function"``). Use as a context
     manager: every process it started, and their children (SuperExecs, ServerApp and ClientApp
     processes), is ended on exit. Linux only (children are found in /proc).
 
@@ -397,13 +428,15 @@ class LocalDeployment:
 
     def __init__(self, server_main: str, serve: str, clients: list[str],
                  node_config: dict[str, dict] | None = None, home: str | None = None,
-                 start_timeout: float = 120.0, pull_interval: float = 0.02):
+                 start_timeout: float = 120.0, pull_interval: float = 0.02,
+                 admit: str | None = None):
         _flwr()
-        for target in (server_main, serve):
+        for target in (server_main, serve, *([admit] if admit else [])):
             if not isinstance(target, str):
                 raise ConfigError(f"a deployment names its functions as 'module:function' "
                                   f"strings, got {target!r}")
         self.server_main, self.serve, self.clients = server_main, serve, list(clients)
+        self.admit = admit
         self.node_config = dict(node_config or {})
         self.start_timeout, self.pull_interval = start_timeout, pull_interval
         self._own_home = home is None  # a folder made here is removed by close()
@@ -460,7 +493,7 @@ class LocalDeployment:
         app = self.home / f"app-{self._runs}"
         out = self.home / f"result-{self._runs}.json"
         write_app(app, self.server_main, self.serve, dict(run_config or {}), out,
-                   self.pull_interval)
+                  self.pull_interval, self.admit)
         done = subprocess.run([str(self._bin / "flwr"), "run", str(app), "local"],
                               env=self.env, capture_output=True, text=True, cwd=self.home,
                               timeout=self.start_timeout)
@@ -513,10 +546,12 @@ class LocalDeployment:
 
 
 def write_app(folder: Path, server_main: str, serve: str, run_config: dict,
-              out: Path | None = None, pull_interval: float = 0.02) -> None:
+              out: Path | None = None, pull_interval: float = 0.02,
+              admit: str | None = None) -> None:
     """A Flower App folder for ``flwr run``: pyproject.toml (``run_config`` as its defaults)
     and two modules, a ServerApp running ``server_main`` (writing what it returns to ``out``
-    when given) and a ClientApp serving ``serve``."""
+    when given) and a ClientApp serving ``serve`` (answering hello with ``admit``'s
+    refusal, when given)."""
     folder.mkdir(parents=True)
     _write_toml(folder / "pyproject.toml", {
         "project": {"name": "secureffm-flower-app", "version": "1.0.0",
@@ -534,7 +569,7 @@ def write_app(folder: Path, server_main: str, serve: str, run_config: dict,
         f"pull_interval={pull_interval!r})\n")
     (folder / "secureffm_client_app.py").write_text(
         f"{head}from secureffm.federation.flower import make_client_app\n\n"
-        f"app = make_client_app({serve!r})\n")
+        f"app = make_client_app({serve!r}, admit={admit!r})\n")
 
 
 def _write_toml(path: Path, data: dict) -> None:

@@ -23,7 +23,7 @@ from ..privacy.settings import DistributedNoise
 from .link import record_broadcast
 
 __all__ = ["ClientEndpoint", "Step", "client_action", "ACTIONS", "Program", "NoisePlan",
-           "SESSIONS"]
+           "SESSIONS", "refused_alone"]
 
 # What runs a method's named client computation: (the client, the task) -> its payload.
 Program = Callable[[Client, Task], Payload]
@@ -218,7 +218,21 @@ def accept(step: Step, round_: int, kind: str, data: bytes, seq: int | None,
     record_broadcast(step.client, round_, kind, digest)
 
 
+def refused_alone(step: Step) -> bool:
+    """Whether the client refuses to send its payload of the request's kind on its own (in
+    the clear, sealed, or for peers): its own protocol aggregates that kind, so the server may
+    learn only a sum. A refusal is a signed ``rejected`` event naming the kind and the stage."""
+    try:
+        step.endpoint.protocol.check_individual(step.request.kind)
+    except ProtocolError as err:
+        step.reject(SERVER, f"{step.client.id} refused to send its {step.request.kind} on its "
+                    f"own: {err}", refused=step.seq)
+        return True
+    return False
+
+
 @client_action("upload")
-def upload(step: Step) -> bytes:
-    """Aggregation in the clear: the client's payload, as it is."""
-    return serialize_payload(step.compute())
+def upload(step: Step) -> bytes | None:
+    """Aggregation in the clear: the client's payload, as it is (refused for a kind its
+    protocol aggregates, :func:`refused_alone`)."""
+    return None if refused_alone(step) else serialize_payload(step.compute())

@@ -25,7 +25,7 @@ from ..federation.message import (
 )
 from ..federation.parties import Party, Registry
 from .aggregation import check_payload
-from .endpoint import Step, client_action
+from .endpoint import Step, client_action, refused_alone
 
 __all__ = ["open_individual", "read_individual"]
 
@@ -75,8 +75,11 @@ def take(step: Step) -> None:
 
 
 @client_action("send")
-def send(step: Step) -> bytes:
-    """The client's payload for the server, sealed for it under a ``sealed`` stage."""
+def send(step: Step) -> bytes | None:
+    """The client's payload for the server, sealed for it under a ``sealed`` stage (refused
+    for a kind its protocol aggregates, :func:`~.endpoint.refused_alone`)."""
+    if refused_alone(step):
+        return None
     return _seal(step, step.compute(), step.request.reply_phase, [SERVER])
 
 
@@ -84,7 +87,10 @@ def send(step: Step) -> bytes:
 def gather_upload(step: Step) -> bytes | None:
     """The client's payload for the peers ``args["peers"]``, sealed once for all of them. A peer
     list that names the server, this client, an unregistered party or a party twice is
-    refused: sealing for it would let that party read the payload."""
+    refused: sealing for it would let that party read the payload; so is a kind its protocol
+    aggregates (:func:`~.endpoint.refused_alone`)."""
+    if refused_alone(step):
+        return None
     me, registry = step.client.id, step.endpoint.registry
     peers = step.args.get("peers")
     if (not isinstance(peers, list) or len(set(peers)) != len(peers)

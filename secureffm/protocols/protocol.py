@@ -18,15 +18,20 @@ from ..federation.message import RELAY_PHASE
 from ..privacy.settings import DPSettings, GeodesicPrivacy, NoiseGeometry
 from .registry import STAGES, ProtocolSpec, read_spec
 
-__all__ = ["Protocol", "load_protocol", "PLAIN_PHASES"]
+__all__ = ["Protocol", "load_protocol", "build_protocol", "PLAIN_PHASES"]
 
 PLAIN_PHASES = ("broadcast", "upload", RELAY_PHASE)
 
 
 def load_protocol(name_or_path: str) -> Protocol:
     """Load a shipped spec by name (``plaintext``) or a user's spec by path (``my.toml``)."""
+    return build_protocol(read_spec(name_or_path))
+
+
+def build_protocol(spec: ProtocolSpec) -> Protocol:
+    """The protocol of a parsed ``spec``, its stages built (and their parameters checked)."""
     _register_builtin_stages()
-    return Protocol(read_spec(name_or_path))
+    return Protocol(spec)
 
 
 def _register_builtin_stages() -> None:

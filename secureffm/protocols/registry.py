@@ -8,6 +8,8 @@ unknown or missing key, and a kind a stage cannot protect, by name.
 
 from __future__ import annotations
 
+import hashlib
+import json
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -15,7 +17,7 @@ from ..errors import ProtocolError
 from ..specs import check_keys, read_spec_file, shipped
 
 __all__ = ["STAGES", "ROLES", "register_stage", "check_table", "check_protects", "ProtocolSpec",
-           "read_spec", "known_protocols"]
+           "read_spec", "spec_from_table", "known_protocols"]
 
 # Stage classes by spec name; a stage module registers itself with @register_stage.
 STAGES: dict[str, type] = {}
@@ -52,6 +54,17 @@ class ProtocolSpec:
     stages: tuple[dict[str, Any], ...] = field(default=())
     source: str = ""
 
+    def canonical(self) -> bytes:
+        """The spec's content (name, description, stages; not where it was read from) as
+        sorted-key compact JSON: equal for equal specs, whatever their comments or layout."""
+        body = {"name": self.name, "description": self.description, "stages": list(self.stages)}
+        return json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
+
+    @property
+    def sha256(self) -> str:
+        """Hex sha256 of :meth:`canonical`: the digest a Flower node pins its protocol by."""
+        return hashlib.sha256(self.canonical()).hexdigest()
+
 
 def known_protocols() -> list[str]:
     """Names of the protocol specs shipped with the package."""
@@ -61,6 +74,14 @@ def known_protocols() -> list[str]:
 def read_spec(name_or_path: str) -> ProtocolSpec:
     """A shipped spec by name (``plaintext``) or a user's spec by path (``my.toml``)."""
     values, source = read_spec_file("protocols", name_or_path, "protocol", ProtocolError)
+    return spec_from_table(values, source)
+
+
+def spec_from_table(values: dict, source: str) -> ProtocolSpec:
+    """The spec of a parsed top-level table (a file's, or :meth:`ProtocolSpec.canonical`'s
+    JSON); ``source`` says where it came from in messages."""
+    if not isinstance(values, dict):
+        raise ProtocolError(f"protocol spec {source}: expected a table of name and stages")
     check_table(values, _SPEC_KEYS, ("name", "stages"), f"protocol spec {source}")
     stages = values["stages"]
     if not isinstance(stages, list) or not all(isinstance(s, dict) for s in stages):

@@ -1,21 +1,27 @@
-"""A client's own process on Flower: rebuild the client from its own keys, its own data and its
-saved state, answer one request, save the state again.
+"""A client's own process on Flower: rebuild the client from its own keys, its own data, its own
+policy and its saved state, answer one request, save the state again.
 
-:func:`serve` is what the ClientApp calls for every message
-(:func:`secureffm.federation.flower.make_client_app`). Everything a client holds comes from
-its node: the run's public config (the same config.toml the server has), its key file and the
-pinned registry in the folder ``keys`` of its node config (else the run config's
-``secureffm-keys``; see :mod:`secureffm.federation.keyfiles`), and its shard, drawn
+:func:`serve` is what the ClientApp calls for every message, :func:`admit` what it calls for
+the server's hello (:func:`secureffm.federation.flower.make_client_app`). What the server
+decides is the run config (the same config.toml the server has, and the protocol spec it
+runs, carried as its content); what the node decides is its node config, all mandatory:
+``keys`` (its key file and the pinned registry, :mod:`secureffm.federation.keyfiles`),
+``journal`` (its own journal file, :mod:`secureffm.federation.journal`) and ``policy`` (its
+policy file, :mod:`secureffm.runs.flower_policy`). Before it builds anything the node checks
+the run config against its policy (:func:`check_run_config`) and refuses a difference by name;
+it then builds its client from its own copy of the spec the policy pins. Its shard is drawn
 from the public data recipe by its own client index (``client-i`` holds shard i) or read from
-``client-data`` (a ``.pt`` tensor [N, d] loaded with ``weights_only=True``; not for DCFM,
-whose client draws its labelled shard i). The run config
-carries an FFM-family :class:`~secureffm.config.RunConfig` or a
-:class:`~secureffm.runs.fedwad.FedWADRun` (``secureffm fedwad``), and the node builds that
-family's client program. The server sends requests only: no data, no key, no state.
+``client-data`` (a ``.pt`` tensor [N, d] loaded with ``weights_only=True``; not for DCFM, whose
+client draws its labelled shard i). The run config carries an FFM-family
+:class:`~secureffm.config.RunConfig` or a :class:`~secureffm.runs.fedwad.FedWADRun`
+(``secureffm fedwad``), and the node builds that family's client program. The server sends
+requests only: no data, no key, no state, no protection's parameter.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import hashlib
 import json
 import pickle
@@ -27,40 +33,48 @@ import torch
 
 from ..config import DCFM_METHODS, RunConfig, config_from_dict
 from ..data.pairs import get_pair, make_shards
-from ..errors import ConfigError
+from ..errors import ConfigError, PolicyError, SecureFFMError
 from ..federation.codec import decode_request, encode_reply
 from ..federation.exchange import Incoming, Reply, Request
+from ..federation.flower import client_id
 from ..federation.journal import Journal
 from ..federation.keyfiles import load_party_keys, load_registry
+from ..federation.message import SERVER
 from ..federation.parties import Client, SecretStreams
 from ..federation.snapshot import client_state, pack, restore_client, unpack
 from ..methods.fedwad_federated import FedWADClient
 from ..methods.ffm import FFMClient, FFMSettings
 from ..protocols.endpoint import ClientEndpoint
 from ..protocols.protocol import load_protocol
+from ..protocols.registry import ProtocolSpec, read_spec, spec_from_table
 from ..runtime import resolve_device
 from .fedwad import FedWADRun, client_data
+from .flower_policy import Policy, differences, own_spec, policy_of, read_policy
 from .scaffold import resolve_dp
 
-__all__ = ["serve", "answer", "Build", "CONFIG_KEY", "KEYS_KEY", "JOURNALS_KEY", "FAMILY_KEY",
-           "run_config_of", "config_of", "client_ids"]
+__all__ = ["serve", "admit", "answer", "Build", "CONFIG_KEY", "KEYS_KEY", "SPEC_KEY", "FAMILY_KEY",
+           "NODE_KEYS", "RECEIVING", "run_config_of", "config_of", "spec_of", "check_run_config",
+           "client_ids"]
 
-CONFIG_KEY, KEYS_KEY, JOURNALS_KEY = "secureffm-config", "secureffm-keys", "secureffm-journals"
+# The server's keys folder (the server's own; a node never reads it) and the run's protocol
+# spec, carried as its content (a node checks it, and runs its own copy).
+CONFIG_KEY, KEYS_KEY, SPEC_KEY = "secureffm-config", "secureffm-keys", "secureffm-protocol"
 FAMILY_KEY, FEDWAD = "secureffm-family", "fedwad"  # no family: an FFM-family RunConfig
+NODE_KEYS = ("keys", "journal", "policy")  # what every node's config must give
+# Actions by which a client only keeps what the server sends it: allowed for any kind.
+RECEIVING = ("accept", "take")
 # (client id, sha256 of the state it left) -> the endpoint that left it: a node handling two
 # messages in a row in one process skips the rebuild; any other state rebuilds from the bytes.
 _LAST: dict[tuple[str, str], ClientEndpoint] = {}
 
 
-def run_config_of(config: RunConfig | FedWADRun, keys: str | Path,
-                  journals: str | Path | None = None) -> dict[str, str]:
+def run_config_of(config: RunConfig | FedWADRun, keys: str | Path) -> dict[str, str]:
     """The Flower run config that carries ``config`` (and, for a FedWAD run, its family), the
-    keys folder and (when given) the folder of the clients' journals to every node."""
-    out = {CONFIG_KEY: json.dumps(config.to_dict()), KEYS_KEY: str(Path(keys).resolve())}
+    content of the protocol spec it names, and the server's keys folder."""
+    out = {CONFIG_KEY: json.dumps(config.to_dict()), KEYS_KEY: str(Path(keys).resolve()),
+           SPEC_KEY: read_spec(config.protocol).canonical().decode()}
     if isinstance(config, FedWADRun):
         out[FAMILY_KEY] = FEDWAD
-    if journals is not None:
-        out[JOURNALS_KEY] = str(Path(journals).resolve())
     return out
 
 
@@ -77,6 +91,60 @@ def config_of(run_config: dict) -> RunConfig | FedWADRun:
         return config_from_dict(values, RunConfig())
     except (KeyError, ValueError) as err:
         raise ConfigError(f"the Flower run config lacks a secureffm config: {err}") from None
+
+
+def spec_of(run_config: dict) -> ProtocolSpec:
+    """The protocol spec the run config carries (its content, :func:`run_config_of`)."""
+    try:
+        return spec_from_table(json.loads(run_config[SPEC_KEY]), "of the run config")
+    except (KeyError, ValueError):
+        raise PolicyError(f"the run config carries no protocol spec ({SPEC_KEY}): submit it "
+                          "with secureffm flower-app, which writes it") from None
+
+
+def check_run_config(policy: Policy, run_config: dict) -> None:
+    """Refuse a run config that asks other than ``policy``: a PolicyError naming every field
+    that differs, with both values (the run's fields resolved from the config and the spec
+    it carries, :func:`~secureffm.runs.flower_policy.policy_of`)."""
+    try:
+        asked = policy_of(config_of(run_config), spec_of(run_config))
+    except PolicyError:
+        raise
+    except SecureFFMError as err:
+        raise PolicyError(f"the run config does not resolve ({err}); the policy in "
+                          f"{policy.source} pins protocol {policy.protocol!r}, method "
+                          f"{policy.method!r}") from None
+    found = differences(policy, asked)
+    if found:
+        raise PolicyError(f"the run config differs from the policy in {policy.source}: "
+                          + "; ".join(found) + ". Submit the run this node pinned, or its "
+                          "operator rewrites the policy (secureffm flower-policy)")
+
+
+def _node(node_config: dict) -> tuple[str, Policy]:
+    """The node's client id and policy; a node config without ``keys``, ``journal`` or
+    ``policy`` is refused by name (a node never uses paths the server names)."""
+    cid = client_id(node_config)
+    missing = [key for key in NODE_KEYS if not node_config.get(key)]
+    if missing:
+        raise ConfigError(f"{cid}'s node config lacks {', '.join(missing)}: a node reads its "
+                          "keys, writes its journal and pins its policy at paths of its own: "
+                          "start it with --node-config \"keys='DIR' journal='FILE.jsonl' "
+                          "policy='FILE.toml'\" (docs/flower.md)")
+    return cid, read_policy(str(node_config["policy"]))
+
+
+def admit(node_config: dict, run_config: dict) -> Policy:
+    """The node's policy, once the run config is checked against it; a PolicyError that names
+    the node otherwise (what the node answers the server's hello with, and what stops
+    :func:`serve` before it builds anything)."""
+    cid, policy = _node(node_config)
+    try:
+        own_spec(policy)
+        check_run_config(policy, run_config)
+    except PolicyError as err:
+        raise PolicyError(f"{cid} refuses the run: {err}") from None
+    return policy
 
 
 def _data_file(path: str, device: torch.device) -> torch.Tensor:
@@ -130,10 +198,12 @@ def _client(keys: str, cid: str, deterministic_seed: int | None,
                   sealing=sealing, streams=streams, protocol_rng=streams.numpy("protocol"))
 
 
-def _endpoint(node_config: dict, run_config: dict, cid: str) -> ClientEndpoint:
-    """The client rebuilt from its node: keys, registry, shard, protocol, program."""
-    config = config_of(run_config)
-    keys = node_config.get("keys") or run_config[KEYS_KEY]
+def _endpoint(policy: Policy, node_config: dict, run_config: dict, cid: str) -> ClientEndpoint:
+    """The client rebuilt from its node: keys, registry, shard, its own copy of the protocol
+    (the spec ``policy`` pins), program."""
+    config = dataclasses.replace(config_of(run_config),
+                                 protocol=policy.spec_file or policy.protocol)
+    keys = str(node_config["keys"])
     if isinstance(config, FedWADRun):
         return _fedwad_endpoint(node_config, keys, cid, config)
     if config.method in DCFM_METHODS:
@@ -198,14 +268,12 @@ def _hold(node_config: dict, request: Request) -> None:
             time.sleep(1)
 
 
-def _journal(node_config: dict, run_config: dict, endpoint: ClientEndpoint,
-             received: tuple[Incoming, ...], reply: Reply) -> None:
+def _journal(node_config: dict, endpoint: ClientEndpoint, received: tuple[Incoming, ...],
+             reply: Reply) -> None:
     """The client notes what it received and sent in its own journal: ``journal`` of its node
-    config, else ``<secureffm-journals>/<client id>.jsonl`` when the run config names a folder
-    (the simulation engine, where nodes have no config of their own), else nowhere."""
+    config (:func:`serve` requires one; a benchmark's node built by :func:`answer` may keep
+    none)."""
     path = node_config.get("journal")
-    if not path and run_config.get(JOURNALS_KEY):
-        path = Path(run_config[JOURNALS_KEY]) / f"{endpoint.client.id}.jsonl"
     if not path:
         return
     journal = Journal(path, endpoint.client)
@@ -219,8 +287,22 @@ def _journal(node_config: dict, run_config: dict, endpoint: ClientEndpoint,
 
 def serve(node_config: dict, run_config: dict, state: bytes | None,
           request: bytes) -> tuple[bytes, bytes]:
-    """Answer one request as this node's client; returns (its new state, the reply)."""
-    return answer(node_config, run_config, state, request, _endpoint)
+    """Answer one request as this node's client; returns (its new state, the reply). The run
+    config is checked against the node's policy first, for every message (:func:`admit`)."""
+    policy = admit(node_config, run_config)
+    return answer(node_config, run_config, state, request, functools.partial(_endpoint, policy),
+                  policy)
+
+
+def _outside(policy: Policy, request: Request) -> str:
+    """Why ``request`` is outside ``policy`` ("" when it is not, or only delivers)."""
+    if request.action in RECEIVING:
+        return ""
+    if request.kind not in policy.kinds:
+        return f"answers only {', '.join(policy.kinds)}"
+    if policy.last_round is not None and request.round > policy.last_round:
+        return f"answers no round past {policy.last_round}"
+    return ""
 
 
 # How a node builds its client's endpoint: (node config, run config, client id) -> endpoint.
@@ -228,11 +310,11 @@ Build = Callable[[dict, dict, str], ClientEndpoint]
 
 
 def answer(node_config: dict, run_config: dict, state: bytes | None, request: bytes,
-           build: Build) -> tuple[bytes, bytes]:
+           build: Build, policy: Policy | None = None) -> tuple[bytes, bytes]:
     """:func:`serve` with the endpoint ``build`` makes (a benchmark's or a test's node reuses
-    the rest: restoring, answering, saving)."""
-    from ..federation.flower import client_id
-
+    the rest: restoring, answering, saving). With a ``policy``, a request outside it (a kind
+    outside its ``kinds``, a round past its last) is refused in a signed ``rejected`` event
+    unless the client only receives it (:data:`RECEIVING`)."""
     cid = client_id(node_config)
     endpoint = _LAST.pop((cid, hashlib.sha256(state or b"").hexdigest()), None)
     if endpoint is None:
@@ -243,9 +325,15 @@ def answer(node_config: dict, run_config: dict, state: bytes | None, request: by
             endpoint.restore(header["endpoint"])
     request, incoming, broadcasts = decode_request(request)
     _hold(node_config, request)
-    reply = endpoint(request, incoming, broadcasts)
-    _journal(node_config, run_config, endpoint, (*broadcasts, *([incoming] if incoming else [])),
-             reply)
+    outside = None if policy is None else _outside(policy, request)
+    if outside:
+        reply = Reply(None, (endpoint.client.event(
+            request.round, request.phase, "rejected", SERVER,
+            f"{cid} refused {request.action} of kind {request.kind!r} in round "
+            f"{request.round}: its policy ({policy.source}) {outside}"),))
+    else:
+        reply = endpoint(request, incoming, broadcasts)
+    _journal(node_config, endpoint, (*broadcasts, *([incoming] if incoming else [])), reply)
     header, arrays = client_state(endpoint.client)
     saved = pack({"client": header, "endpoint": endpoint.saved()}, arrays)
     _LAST[(cid, hashlib.sha256(saved).hexdigest())] = endpoint

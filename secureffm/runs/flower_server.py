@@ -8,7 +8,9 @@ server's own key file and the pinned registry, learns which Flower node is which
 :func:`secureffm.runs.dcfm.run_dcfm`, for a FedWAD run :func:`secureffm.runs.fedwad.run_fedwad`)
 over a :class:`~secureffm.federation.remote.RemoteTransport`. It holds no client data and no client
 key. :func:`run_on_flower` provisions fresh keys and runs the whole federation on Flower's
-simulation engine from this process (what ``secureffm run --engine flower`` does).
+simulation engine from this process (what ``secureffm run --engine flower`` does), each
+simulated node pinning the run as the user gave it (its own policy file, checked through the
+same :func:`~secureffm.runs.flower_node.admit` as a deployed node).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from .dcfm import run_dcfm
 from .fedwad import FedWADRun, FedWADRunResult, fedwad_folder, run_fedwad
 from .ffm import run_ffm
 from .flower_node import KEYS_KEY, client_ids, config_of, run_config_of
+from .flower_policy import policy_of, write_policy
 from .scaffold import JOURNALS_DIR, RunResult, run_folder
 
 __all__ = ["main", "flower_channel", "remote_channel", "run_on_flower", "client_ids"]
@@ -93,11 +96,13 @@ def _fedwad_main(calls, run_config: dict, run: FedWADRun) -> dict:
 def run_on_flower(config: RunConfig | FedWADRun,
                   keys: str | Path | None = None) -> RunResult | FedWADRunResult:
     """Run ``config`` on Flower's simulation engine from this process: each client a Flower
-    node with its own key file and saved state (Ray starts first, about 15-20 s here).
+    node with its own key file, policy and saved state (Ray starts first, about 15-20 s here).
     ``keys``: a provisioned folder (:func:`~secureffm.federation.keyfiles.provision`); by
-    default fresh keys in a temporary folder, removed afterwards. Each client keeps its own
-    journal (:mod:`~secureffm.federation.journal`) in the run folder's ``journals/`` (one
-    machine; in a deployment each node keeps its own, ``--node-config journal=PATH``)."""
+    default fresh keys in a temporary folder, removed afterwards. Every node pins ``config`` as
+    given here (a policy file in a temporary folder, :func:`~.flower_policy.policy_of`) and
+    checks the run config the ServerApp submits against it. Each client keeps its own journal
+    (:mod:`~secureffm.federation.journal`) in the run folder's ``journals/`` (one machine; in a
+    deployment each node keeps its own, ``--node-config journal=PATH``)."""
     from ..federation.flower import simulate  # Flower is an optional extra
 
     with tempfile.TemporaryDirectory(prefix="secureffm-keys-") as fresh:
@@ -105,9 +110,14 @@ def run_on_flower(config: RunConfig | FedWADRun,
         if not keys:
             provision(folder, client_ids(config.clients))
         out = fedwad_folder(config) if isinstance(config, FedWADRun) else run_folder(config)
-        journals = out.resolve() / JOURNALS_DIR
+        policy = Path(fresh) / "policy.toml"
+        write_policy(policy_of(config), policy)
+        nodes = {cid: {"keys": str(folder.resolve()), "policy": str(policy),
+                       "journal": str(out.resolve() / JOURNALS_DIR / f"{cid}.jsonl")}
+                 for cid in client_ids(config.clients)}
         done = simulate("secureffm.runs.flower_server:main", "secureffm.runs.flower_node:serve",
-                        config.clients, run_config_of(config, folder, journals))
+                        config.clients, run_config_of(config, folder), nodes=nodes,
+                        admit="secureffm.runs.flower_node:admit")
     if done is None:
         raise ConfigError("the Flower run ended without a result; its log above says why")
     if isinstance(config, FedWADRun):

@@ -25,6 +25,7 @@ from secureffm.config import RunConfig  # noqa: E402
 from secureffm.federation.flower import LocalDeployment  # noqa: E402
 from secureffm.federation.keyfiles import provision  # noqa: E402
 from secureffm.runs.flower_node import run_config_of  # noqa: E402
+from secureffm.runs.flower_policy import policy_of, write_policy  # noqa: E402
 
 CLIENTS = ["client-1", "client-2", "client-3"]
 VICTIM = "client-3"
@@ -40,12 +41,15 @@ def test_a_supernode_killed_in_masked_input_leaves_the_exact_sum_of_the_survivor
                        candidates=16, eval_samples=200, nfe=(1,), trajectories=20,
                        progress=False, device="cpu", phase_timeout=150.0,
                        out=str(tmp_path / "run"))
-    nodes = {cid: {"keys": str(keys)} for cid in CLIENTS}
+    write_policy(policy_of(config), tmp_path / "policy.toml")  # each hospital's, here one file
+    nodes = {cid: {"keys": str(keys), "policy": str(tmp_path / "policy.toml"),
+                   "journal": str(tmp_path / "journals" / f"{cid}.jsonl")} for cid in CLIENTS}
     nodes[VICTIM] |= {"fault-hold": "2:secagg.mask", "fault-hold-file": str(hold)}
     started = time.monotonic()
     with LocalDeployment("secureffm.runs.flower_server:main",
                          "secureffm.runs.flower_node:serve", CLIENTS, node_config=nodes,
-                         home=str(tmp_path / "flower"), start_timeout=300) as deployment:
+                         home=str(tmp_path / "flower"), start_timeout=300,
+                         admit="secureffm.runs.flower_node:admit") as deployment:
         out = deployment.submit(run_config_of(config, keys))
         while not hold.exists():
             assert time.monotonic() - started < 1500, "round 2's masked input never came"

@@ -22,7 +22,7 @@ from secureffm.runs import flower_node, flower_server
 from secureffm.runs.fedwad import FedWADRun, run_fedwad
 from secureffm.runs.scaffold import JOURNALS_DIR
 
-from .test_flower_node import Nodes
+from .test_flower_node import Nodes, node_configs, pinning
 
 LOGGED = ("round", "phase", "kind", "sender", "recipient", "bytes", "stages", "event", "party",
           "detail")
@@ -53,8 +53,9 @@ def keys(tmp_path_factory) -> Path:
 @pytest.mark.parametrize("protocol", ["fedwad-private", "plaintext"])
 def test_fedwad_on_rebuilt_nodes_equals_the_in_process_run(tmp_path, keys, protocol):
     run = fedwad_run(tmp_path / "nodes", protocol)
-    nodes = Nodes(flower_node.run_config_of(run, keys, tmp_path / "nodes" / JOURNALS_DIR),
-                  rebuild=True)
+    nodes = Nodes(flower_node.run_config_of(run, keys), rebuild=True,
+                  nodes=node_configs(keys, tmp_path / "nodes" / JOURNALS_DIR,
+                                     pinning(run, tmp_path / "policy.toml")))
     try:
         done = flower_server.main(nodes, nodes.run_config)
     finally:

@@ -42,7 +42,8 @@ class UseNodes(Nodes):
 
     def __init__(self, keys, program):
         run = FedWADRun(protocol=PROTOCOL, seed=SEED, insecure_deterministic=True)
-        super().__init__(flower_node.run_config_of(run, keys), rebuild=True)
+        super().__init__(flower_node.run_config_of(run, keys), rebuild=True,
+                         nodes={cid: {"partition-id": i} for i, cid in enumerate(CLIENTS)})
         self.keys, self.program, self.run = keys, program, run
 
     def build(self, node_config: dict, run_config: dict, cid: str) -> ClientEndpoint:
@@ -58,8 +59,7 @@ class UseNodes(Nodes):
         out = {}
         for cid, frame in requests.items():
             flower_node._LAST.clear()
-            node = {"partition-id": CLIENTS.index(cid)}
-            self.state[cid], out[cid] = flower_node.answer(node, self.run_config,
+            self.state[cid], out[cid] = flower_node.answer(self.nodes[cid], self.run_config,
                                                            self.state.get(cid), frame,
                                                            self.build)
             self.replies.append((cid, out[cid]))

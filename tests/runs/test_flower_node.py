@@ -33,7 +33,10 @@ from secureffm.federation.message import SERVER, serialize_payload
 from secureffm.federation.parties import Party
 from secureffm.runs import flower_node, flower_server
 from secureffm.runs.dcfm import run_dcfm
+from secureffm.runs.fedwad import FedWADRun
 from secureffm.runs.ffm import run_ffm
+from secureffm.runs.flower_policy import policy_of, write_policy
+from secureffm.runs.scaffold import JOURNALS_DIR
 
 CLIENTS = ["client-1", "client-2"]
 LOGGED = ("round", "phase", "kind", "sender", "recipient", "bytes", "stages")
@@ -50,15 +53,37 @@ def config(out: Path, protocol: str = "plaintext") -> RunConfig:
                      **dp)
 
 
+def node_configs(keys: Path, journals: Path, policy: Path) -> dict[str, dict]:
+    """Each client's node config (``partition-id`` i for client-(i+1)): its keys folder, its
+    journal and its policy file."""
+    return {cid: {"partition-id": i, "keys": str(keys), "journal": str(journals / f"{cid}.jsonl"),
+                  "policy": str(policy)} for i, cid in enumerate(CLIENTS)}
+
+
+def pinning(run: RunConfig | FedWADRun, path: Path) -> Path:
+    """A policy file at ``path`` that pins ``run`` as given (what an honest node agrees to)."""
+    write_policy(policy_of(run), path)
+    return path
+
+
+def own(folder: Path, keys: Path, run: RunConfig | FedWADRun, **node) -> dict:
+    """One node's config (``node``: its client-id or partition-id, more keys) with its keys
+    folder, a journal in ``folder`` and a policy file there pinning ``run``."""
+    cid = node.get("client-id") or f"client-{node['partition-id'] + 1}"
+    return {"keys": str(keys), "journal": str(folder / f"{cid}.jsonl"),
+            "policy": str(pinning(run, folder / "policy.toml")), **node}
+
+
 class Nodes:
     """What Flower does for the server's process, in this process: each client id a node
-    (``partition-id`` i for client-(i+1)) whose saved state the loopback keeps between its
-    calls, as a ClientApp's context does. ``rebuild``: clear the in-process cache before each
-    message, so every message is served by a client rebuilt from its node and its bytes."""
+    (config ``nodes[cid]``) whose saved state the loopback keeps between its calls, as a
+    ClientApp's context does. ``rebuild``: clear the in-process cache before each message, so
+    every message is served by a client rebuilt from its node and its bytes."""
 
-    def __init__(self, run_config: dict, rebuild: bool):
+    def __init__(self, run_config: dict, rebuild: bool, nodes: dict[str, dict]):
         self.run_config = run_config
         self.rebuild = rebuild
+        self.nodes = nodes
         self.state: dict[str, bytes] = {}
         self.replies: list[tuple[str, bytes]] = []
 
@@ -70,8 +95,7 @@ class Nodes:
         for cid, frame in requests.items():
             if self.rebuild:
                 flower_node._LAST.clear()
-            node = {"partition-id": CLIENTS.index(cid)}
-            self.state[cid], out[cid] = flower_node.serve(node, self.run_config,
+            self.state[cid], out[cid] = flower_node.serve(self.nodes[cid], self.run_config,
                                                           self.state.get(cid), frame)
             self.replies.append((cid, out[cid]))
         return out
@@ -79,7 +103,10 @@ class Nodes:
 
 def on_nodes(run: RunConfig, keys: Path, rebuild: bool) -> tuple[dict, Nodes]:
     flower_node._LAST.clear()
-    nodes = Nodes(flower_node.run_config_of(run, keys), rebuild)
+    out = Path(run.out)
+    policy = pinning(run, out.parent / f"{out.name}-policy.toml")
+    nodes = Nodes(flower_node.run_config_of(run, keys), rebuild,
+                  node_configs(keys, out / JOURNALS_DIR, policy))
     done = flower_server.main(nodes, nodes.run_config)
     flower_node._LAST.clear()
     return done, nodes
@@ -282,19 +309,20 @@ def test_a_dcfm_node_holds_its_labelled_shard_of_the_public_recipe(tmp_path, key
     run_config = flower_node.run_config_of(cfg, keys)
     shards = conditional_data(cfg).shards
     for index, cid in enumerate(CLIENTS):
-        _, _, endpoint = served({"partition-id": index}, run_config, broadcast(keys, cid))
+        node = own(tmp_path, keys, cfg, **{"partition-id": index})
+        _, _, endpoint = served(node, run_config, broadcast(keys, cid))
         torch.testing.assert_close(endpoint.client.data, shards[index][0], rtol=0, atol=0)
         assert torch.equal(endpoint.client.state["labels"], shards[index][1])
         assert set(endpoint.client.kept) == {"expert"}
 
 
 def test_a_dcfm_node_refuses_client_data_it_cannot_label(tmp_path, keys):
-    run_config = flower_node.run_config_of(dcfm_config(tmp_path / "unused", "dcfm-a",
-                                                       "sealed"), keys)
+    cfg = dcfm_config(tmp_path / "unused", "dcfm-a", "sealed")
+    run_config = flower_node.run_config_of(cfg, keys)
     torch.save(torch.zeros(5, 2), tmp_path / "x.pt")
+    node = own(tmp_path, keys, cfg, **{"partition-id": 0, "client-data": str(tmp_path / "x.pt")})
     with pytest.raises(ConfigError, match="no labels"):
-        flower_node.serve({"partition-id": 0, "client-data": str(tmp_path / "x.pt")},
-                          run_config, None, broadcast(keys, "client-1"))
+        flower_node.serve(node, run_config, None, broadcast(keys, "client-1"))
 
 
 # -- what a node rebuilds its client from ------------------------------------------------------
@@ -328,7 +356,8 @@ def test_a_node_rebuilds_its_client_from_its_key_file_registry_and_shard(tmp_pat
                          cfg.seed, alpha=cfg.dirichlet_alpha, min_size=cfg.batch_size)
     registry = load_registry(keys)
     for index, cid in enumerate(CLIENTS):
-        for node in ({"partition-id": index}, {"client-id": cid}):
+        for given in ({"partition-id": index}, {"client-id": cid}):
+            node = own(tmp_path, keys, cfg, **given)
             _, reply, endpoint = served(node, run_config, broadcast(keys, cid))
             assert reply.envelope is None and reply.events == ()
             assert endpoint.client.id == cid
@@ -337,14 +366,17 @@ def test_a_node_rebuilds_its_client_from_its_key_file_registry_and_shard(tmp_pat
             assert endpoint.client.sealing.public == registry.seal[cid]
             assert endpoint.registry == registry
     with pytest.raises(ConfigError, match=r"client-3\.key"):  # no keys provisioned for it
-        served({"client-id": "client-3"}, run_config, broadcast(keys, "client-3"))
+        served(own(tmp_path, keys, cfg, **{"client-id": "client-3"}), run_config,
+               broadcast(keys, "client-3"))
 
 
 def test_a_node_reads_its_own_data_file(tmp_path, keys):
     data = torch.randn(40, 2)
     torch.save(data, tmp_path / "shard.pt")
-    run_config = flower_node.run_config_of(config(tmp_path / "unused"), keys)
-    node = {"client-id": "client-2", "client-data": str(tmp_path / "shard.pt")}
+    cfg = config(tmp_path / "unused")
+    run_config = flower_node.run_config_of(cfg, keys)
+    node = own(tmp_path, keys, cfg, **{"client-id": "client-2",
+                                       "client-data": str(tmp_path / "shard.pt")})
     _, _, endpoint = served(node, run_config, broadcast(keys, "client-2"))
     torch.testing.assert_close(endpoint.client.data, data, rtol=0, atol=0)
     torch.save(torch.zeros(3), tmp_path / "flat.pt")
@@ -354,8 +386,9 @@ def test_a_node_reads_its_own_data_file(tmp_path, keys):
 
 
 def test_a_rebuilt_node_keeps_its_inbox_and_refuses_a_replay(tmp_path, keys):
-    run_config = flower_node.run_config_of(config(tmp_path / "unused"), keys)
-    node = {"client-id": "client-1"}
+    cfg = config(tmp_path / "unused")
+    run_config = flower_node.run_config_of(cfg, keys)
+    node = own(tmp_path, keys, cfg, **{"client-id": "client-1"})
     first = broadcast(keys, "client-1")
     state, _, _ = served(node, run_config, first)
     state, reply, endpoint = served(node, run_config, first, state)
@@ -377,8 +410,10 @@ class Planted:
 
 def test_a_client_data_file_holding_a_pickle_is_not_run(tmp_path, keys):
     torch.save(Planted(tmp_path / "ran"), tmp_path / "planted.pt")
-    run_config = flower_node.run_config_of(config(tmp_path / "unused"), keys)
-    node = {"client-id": "client-1", "client-data": str(tmp_path / "planted.pt")}
+    cfg = config(tmp_path / "unused")
+    run_config = flower_node.run_config_of(cfg, keys)
+    node = own(tmp_path, keys, cfg, **{"client-id": "client-1",
+                                       "client-data": str(tmp_path / "planted.pt")})
     with pytest.raises(Exception):  # noqa: B017 - refused; which error is the next test
         served(node, run_config, broadcast(keys, "client-1"))
     assert not (tmp_path / "ran").exists()
@@ -386,14 +421,18 @@ def test_a_client_data_file_holding_a_pickle_is_not_run(tmp_path, keys):
 
 def test_a_client_data_file_holding_a_pickle_is_a_config_error_naming_it(tmp_path, keys):
     torch.save(Planted(tmp_path / "ran"), tmp_path / "planted.pt")
-    run_config = flower_node.run_config_of(config(tmp_path / "unused"), keys)
-    node = {"client-id": "client-1", "client-data": str(tmp_path / "planted.pt")}
+    cfg = config(tmp_path / "unused")
+    run_config = flower_node.run_config_of(cfg, keys)
+    node = own(tmp_path, keys, cfg, **{"client-id": "client-1",
+                                       "client-data": str(tmp_path / "planted.pt")})
     with pytest.raises(ConfigError, match=r"planted\.pt"):
         served(node, run_config, broadcast(keys, "client-1"))
 
 
 def test_a_missing_client_data_file_is_a_config_error_naming_it(tmp_path, keys):
-    run_config = flower_node.run_config_of(config(tmp_path / "unused"), keys)
-    node = {"client-id": "client-1", "client-data": str(tmp_path / "missing.pt")}
+    cfg = config(tmp_path / "unused")
+    run_config = flower_node.run_config_of(cfg, keys)
+    node = own(tmp_path, keys, cfg, **{"client-id": "client-1",
+                                       "client-data": str(tmp_path / "missing.pt")})
     with pytest.raises(ConfigError, match=r"missing\.pt"):
         served(node, run_config, broadcast(keys, "client-1"))

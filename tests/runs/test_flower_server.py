@@ -103,3 +103,26 @@ def test_what_does_not_run_on_flower_is_refused_by_name(tmp_path, changes, fragm
     config = RunConfig(**{**TINY, **changes, "out": str(tmp_path / "run")})
     with pytest.raises(ConfigError, match=fragment):
         main(None, run_config_of(config, tmp_path))
+
+
+@pytest.mark.slow  # Ray's start: about 30 s here
+def test_simulated_nodes_refuse_a_run_config_that_differs_from_the_run_given(tmp_path,
+                                                                            monkeypatch):
+    """``secureffm run --engine flower``: every simulated node pins the run as the user gave
+    it (run_on_flower's policy file) and checks what the ServerApp submits through the same
+    ``admit`` as a deployed node. Adversary: the server side, here made to submit ``plaintext``
+    for a ``dp-secagg`` run. Every node refuses it in its hello reply and the run stops there,
+    naming each node and the fields; no node served a request (no journal)."""
+    from secureffm.errors import PolicyError
+    from secureffm.runs import flower_server
+
+    given = RunConfig(**TINY, protocol="dp-secagg", engine="flower", out=str(tmp_path / "run"))
+    served = RunConfig(**TINY, protocol="plaintext", engine="flower", out=str(tmp_path / "run"))
+    submit = flower_server.run_config_of
+    monkeypatch.setattr(flower_server, "run_config_of", lambda _, keys: submit(served, keys))
+    with pytest.raises(PolicyError, match="3 of 3 nodes refused the run") as refused:
+        flower_server.run_on_flower(given)
+    for cid in ("client-1", "client-2", "client-3"):
+        assert f"{cid} refuses the run" in str(refused.value)
+    assert "protocol: policy 'dp-secagg', run config 'plaintext'" in str(refused.value)
+    assert not (tmp_path / "run" / "journals").exists()
