@@ -146,6 +146,11 @@ _ALLOWED = {
     "privacy/canaries.py": "canary directions from a generator seeded by secrets.randbits(64)",
     "audit/attacks/inversion_run.py": "the attacker's own starts (outside the federation)",
     "audit/attacks/membership.py": "the attacker's choice of members and draws",
+    "audit/attacks/tabular_membership.py": "the attacker's draws on a tabular run",
+    "protocols/ckks.py": "flooding noise from a generator seeded by secrets.randbits(128)",
+    "data/silo.py": "which rows a client holds out: a public fraction, by the public seed",
+    "metrics/tabular.py": "which held-out rows a client's W2 uses (its score is released anyway)",
+    "runs/synthetic.py": "sampling noise of a released model: OS entropy unless --seed is given",
 }
 
 
