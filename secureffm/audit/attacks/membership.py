@@ -22,59 +22,17 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
 import torch
-from sklearn.metrics import roc_auc_score, roc_curve
-from torch import nn
 
 from ...config import load_config
 from ...data.silo import CLIENT_DATA
 from ...errors import SecureFFMError
-from ...methods.flow_matching import flow_matching_loss
 from ...models.params import load_flat_params
 from .ffm_run import load_image_run
+from .membership_scores import TARGET_FPR, auc_and_tpr, fm_losses, membership_scores
 
 __all__ = ["fm_losses", "membership_scores", "auc_and_tpr", "membership_inference",
            "TARGET_FPR"]
-
-TARGET_FPR = 0.01
-
-
-@torch.no_grad()
-def fm_losses(model: nn.Module, x: torch.Tensor, x0: torch.Tensor,
-              t: torch.Tensor) -> torch.Tensor:
-    """Flow-matching losses [N, K] of examples x [N, ...] (images [N, C, H, W], encoded rows
-    [N, d]) at K draws: noise x0 [K, N, ...] and times t [K, N]."""
-    return torch.stack([flow_matching_loss(model, x0[k], x, t[k]) for k in range(len(x0))],
-                       dim=1)
-
-
-def _draws(x: torch.Tensor, draws: int, generator: torch.Generator):
-    noise = torch.randn((draws, *x.shape), generator=generator)
-    return noise, torch.rand((draws, len(x)), generator=generator)
-
-
-def membership_scores(model: nn.Module, x: torch.Tensor, generator: torch.Generator,
-                      draws: int = 16, reference: nn.Module | None = None
-                      ) -> dict[str, torch.Tensor]:
-    """The scores [N] of examples ``x`` [N, ...] (module docstring): ``loss``, ``averaged``
-    and, with a ``reference`` model, ``calibrated``; the draws come from the attacker's
-    ``generator``."""
-    noise, t = _draws(x, draws, generator)
-    losses = fm_losses(model, x, noise, t)
-    scores = {"loss": -losses[:, 0], "averaged": -losses.mean(dim=1)}
-    if reference is not None:
-        scores["calibrated"] = fm_losses(reference, x, noise, t).mean(dim=1) - losses.mean(dim=1)
-    return scores
-
-
-def auc_and_tpr(members: torch.Tensor, others: torch.Tensor) -> tuple[float, float]:
-    """ROC AUC and TPR at :data:`TARGET_FPR` of scores [n] of members against [m] of others."""
-    labels = np.r_[np.ones(len(members)), np.zeros(len(others))]
-    scores = torch.cat([members, others]).double().numpy()
-    fpr, tpr, _ = roc_curve(labels, scores)
-    return float(roc_auc_score(labels, scores)), float(tpr[fpr <= TARGET_FPR].max())
-
 
 def membership_inference(run_dir: str | Path, count: int | None = None, draws: int = 16,
                          seed: int = 0, samples: int | None = None) -> dict[str, float]:
@@ -87,7 +45,7 @@ def membership_inference(run_dir: str | Path, count: int | None = None, draws: i
     run_dir = Path(run_dir)
     config = load_config(run_dir / "config.toml") if (run_dir / "config.toml").is_file() else None
     if config is not None and config.data == CLIENT_DATA:
-        from .tabular_membership import tabular_membership  # here: it imports this module
+        from .tabular_membership import tabular_membership
 
         options = {k: v for k, v in (("count", count), ("samples", samples)) if v is not None}
         return tabular_membership(run_dir, draws=draws, seed=seed, **options)

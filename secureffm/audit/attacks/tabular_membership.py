@@ -38,7 +38,7 @@ from ...errors import SecureFFMError
 from ...models.params import load_flat_params
 from ...progress import progress_bar
 from ...runs.synthetic import load
-from .membership import TARGET_FPR, auc_and_tpr, membership_scores
+from .membership_scores import TARGET_FPR, auc_and_tpr, membership_scores
 from .view import ServerView
 
 __all__ = ["tabular_membership", "distance_to_closest", "tpr_bound", "RESULT_FILE"]
