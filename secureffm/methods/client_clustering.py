@@ -4,7 +4,8 @@ The server clusters the clients by spectral clustering (scikit-learn) on an affi
 their pairwise distance matrix (federated OTDD or FedWAD, :mod:`.otdd`), then runs one FedAvg
 per cluster, each cluster a sub-federation with its own channel and log. Global FedAvg is the
 one-cluster case. FedAvg rounds go through the channel's ``aggregate`` (kind ``update``, weights
-by client size), so a protocol that protects ``update`` (secure aggregation) applies unchanged.
+by client size, equal under secure aggregation, which takes no other), so a protocol that
+protects ``update`` applies unchanged.
 Each client trains with :class:`FedAvgClient` (its own program, on any engine).
 """
 
@@ -152,7 +153,8 @@ def fedavg(channel: Channel, config: FedAvgConfig, *, dp: DPSettings | None, see
            progress: Callable[[], None] | None = None, dim: int | None = None) -> Classifier:
     """Train one classifier over ``channel``'s clients (each running :class:`FedAvgClient` on
     its rows and ``state["labels"]``), weighted by ``client.size`` (on Flower, the nominal
-    shard size the server knows them by).
+    shard size the server knows them by), or equally where the channel takes only equal
+    weights for ``update`` (secure aggregation).
 
     Rounds whose aggregation aborted leave the model unchanged. ``progress`` is called once per
     round. ``dp``: the DP settings the protocol asks of ``update`` messages; local training is
@@ -167,8 +169,9 @@ def fedavg(channel: Channel, config: FedAvgConfig, *, dp: DPSettings | None, see
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = Classifier(dim, config.classes, config.hidden)
-    total = sum(c.size for c in channel.clients)
-    weights = {c.id: c.size / total for c in channel.clients}
+    equal = channel.equal_weights("update")
+    total = sum(1 if equal else c.size for c in channel.clients)
+    weights = {c.id: (1 if equal else c.size) / total for c in channel.clients}
     count = sum(p.numel() for p in model.parameters())
     template = {"update": ((count,), np.dtype(np.float32))}
     for round_ in range(1, config.rounds + 1):
