@@ -35,7 +35,7 @@ from secureffm.runs.scaffold import open_channel
 from tests.security.test_party_keys import reachable
 
 D = 5000
-WEIGHTS = dict.fromkeys(("client-1", "client-2", "client-3"), 1.0)  # secagg takes no other
+WEIGHTS = dict.fromkeys(("client-1", "client-2", "client-3"), 1.0)  # he takes no other
 
 
 def _updates() -> dict[str, np.ndarray]:
