@@ -463,7 +463,7 @@ def _client_upload(step: Step) -> bytes | None:
     sends nothing without a key."""
     u, args = step.client.id, step.args
     try:
-        check_scale(args["scale"])
+        check_scale(args.get("scale"))
     except MessageError as err:
         step.reject(SERVER, f"{u} refused the upload request: {err}")
         return None

@@ -1285,7 +1285,7 @@ def own_parameters(step: Step, stage: SecAggStage, size: int) -> tuple[float, fl
     (tau, sensitivity, colluders) and its own stage over the federation it pinned, at equal
     weights. Raises MessageError naming what differs."""
     kind, asked = step.request.kind, step.args["share_variance"]
-    check_scale(step.args["scale"])
+    check_scale(step.args.get("scale"))
     if not _distributed(step):
         if asked:
             raise MessageError(f"share_variance = {asked!r}, but its own protocol adds no "
