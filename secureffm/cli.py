@@ -53,7 +53,8 @@ _HELP = {
                               "config.toml publishes; recorded in config.toml and privacy.json",
     "nfe": "comma-separated Euler step counts for evaluation",
     "shard_size": "points each client draws once (pool = clients x shard_size)",
-    "weighting": "lambda_i proportional to shard size or uniform",
+    "weighting": "lambda_i proportional to shard size or uniform (uniform under DP or secure "
+                 "aggregation, whatever this says: docs/protocols.md)",
     "eval_samples": "generated and held-out target points for exact W2",
     "engine": "inprocess (every party in this process) | flower (each client a Flower node "
               "with its own keys and data, on Flower's simulation engine; docs/flower.md)",

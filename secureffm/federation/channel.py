@@ -103,6 +103,11 @@ class Channel(Protocol):
                        sensitivity: dict[str, float], size: int) -> NoiseGeometry | None:
         """How distributed DP noise on ``kind`` adds up in the aggregate (None without it)."""
 
+    def equal_weights(self, kind: str) -> bool:
+        """Whether :meth:`aggregate` takes only equal weights for ``kind``: under secure
+        aggregation each client weighs its own input 1 and refuses any other weight the server
+        sends, so a method weighs its clients equally there."""
+
     def note(self, round_: int, event: str, detail: str, fields: dict) -> None:
         """The server signs an event of its own into the log (e.g. what its DP ledger charged),
         with structured ``fields`` (JSON-able) an audit reads."""

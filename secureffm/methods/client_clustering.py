@@ -4,7 +4,8 @@ The server clusters the clients by spectral clustering (scikit-learn) on an affi
 their pairwise distance matrix (federated OTDD or FedWAD, :mod:`.otdd`), then runs one FedAvg
 per cluster, each cluster a sub-federation with its own channel and log. Global FedAvg is the
 one-cluster case. FedAvg rounds go through the channel's ``aggregate`` (kind ``update``, weights
-by client size), so a protocol that protects ``update`` (secure aggregation) applies unchanged.
+by client size or uniform, equal under secure aggregation, which takes no other), so a protocol
+that protects ``update`` applies unchanged.
 Each client trains with :class:`FedAvgClient` (its own program, on any engine).
 """
 
@@ -27,6 +28,7 @@ from ..models.params import flat_params, load_flat_params
 from ..privacy.settings import DPSettings
 from ..progress import progress_bar
 from .fedwad_federated import client_labels, sample_dim
+from .ffm import client_weights
 
 __all__ = ["AFFINITIES", "cluster_clients", "Classifier", "FedAvgConfig", "fedavg",
            "clustered_fedavg", "accuracy", "ChannelFactory", "FedAvgClient"]
@@ -88,7 +90,9 @@ class Classifier(nn.Module):
 @dataclass(frozen=True)
 class FedAvgConfig:
     """FedAvg (McMahan et al. 2017): ``rounds`` rounds of ``local_epochs`` epochs of SGD with
-    mini-batches of ``batch_size`` on each client, then the size-weighted mean of the updates."""
+    mini-batches of ``batch_size`` on each client, then the mean of the updates weighted by
+    ``weighting``: ``size`` (client sizes) or ``uniform`` (equal under secure aggregation, which
+    takes no other weights, whatever this says)."""
 
     rounds: int = 30
     local_epochs: int = 1
@@ -96,6 +100,7 @@ class FedAvgConfig:
     lr: float = 0.05
     hidden: int = 64
     classes: int = 10
+    weighting: str = "size"
 
     def __post_init__(self):
         for name in ("rounds", "local_epochs", "batch_size", "hidden", "classes"):
@@ -103,6 +108,9 @@ class FedAvgConfig:
                 raise ConfigError(f"FedAvgConfig.{name} = {getattr(self, name)}: must be >= 1")
         if not self.lr > 0:
             raise ConfigError(f"FedAvgConfig.lr = {self.lr}: must be > 0")
+        if self.weighting not in ("size", "uniform"):
+            raise ConfigError(f"FedAvgConfig.weighting = {self.weighting!r}: use 'size' or "
+                              "'uniform'")
 
 
 class FedAvgClient:
@@ -151,8 +159,9 @@ ChannelFactory = Callable[[list[Client], Path, Callable[[Client, Task], Payload]
 def fedavg(channel: Channel, config: FedAvgConfig, *, dp: DPSettings | None, seed: int = 0,
            progress: Callable[[], None] | None = None, dim: int | None = None) -> Classifier:
     """Train one classifier over ``channel``'s clients (each running :class:`FedAvgClient` on
-    its rows and ``state["labels"]``), weighted by ``client.size`` (on Flower, the nominal
-    shard size the server knows them by).
+    its rows and ``state["labels"]``), weighted as ``config.weighting`` says (``size``: by
+    ``client.size``, on Flower the nominal shard size the server knows them by), or equally
+    where the channel takes only equal weights for ``update`` (secure aggregation).
 
     Rounds whose aggregation aborted leave the model unchanged. ``progress`` is called once per
     round. ``dp``: the DP settings the protocol asks of ``update`` messages; local training is
@@ -167,8 +176,8 @@ def fedavg(channel: Channel, config: FedAvgConfig, *, dp: DPSettings | None, see
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = Classifier(dim, config.classes, config.hidden)
-    total = sum(c.size for c in channel.clients)
-    weights = {c.id: c.size / total for c in channel.clients}
+    weights = client_weights(channel.clients, config.weighting,
+                             equal=channel.equal_weights("update"))
     count = sum(p.numel() for p in model.parameters())
     template = {"update": ((count,), np.dtype(np.float32))}
     for round_ in range(1, config.rounds + 1):

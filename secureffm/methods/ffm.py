@@ -68,13 +68,15 @@ def velocity_gradient(model, coupling, x0, x1, generator) -> tuple[np.ndarray, f
 
 
 def client_weights(clients: list[Client], weighting: str,
-                   private: bool = False) -> dict[str, float]:
+                   equal: bool = False) -> dict[str, float]:
     """lambda_i: proportional to shard sizes (``size``) or equal (``uniform``); sums to 1.
 
-    ``private`` (a dp stage protects the weighted updates): equal, whatever ``weighting``, since
-    weights by true shard size would release each size, which adding or removing one example
-    changes (add/remove adjacency holds at the public nominal size only)."""
-    size = weighting == "size" and not private
+    ``equal``: equal, whatever ``weighting``, when a dp stage protects the weighted updates
+    (weights by true shard size would release each size, which adding or removing one example
+    changes: add/remove adjacency holds at the public nominal size only) or secure aggregation
+    sums them (each client weighs its own input 1 and refuses another weight:
+    :meth:`Channel.equal_weights`)."""
+    size = weighting == "size" and not equal
     raw = {c.id: float(c.size) if size else 1.0 for c in clients}
     total = sum(raw.values())
     return {cid: w / total for cid, w in raw.items()}
@@ -460,7 +462,8 @@ class FederatedFlowMatching:
         self.dp = dp
         if dp is not None:
             self._check_dp()
-        self.weights = client_weights(channel.clients, settings.weighting, private=bool(dp))
+        self.weights = client_weights(channel.clients, settings.weighting, equal=bool(dp) or any(
+            channel.equal_weights(kind) for kind in settings.sent_kinds))
         self.ledger = PrivacyLedger(self.dp.delta) if self.dp else None
         self.rate = poisson_rate(settings.batch_size, settings.shard_size) if dp else 0.0
         self.distributed = self.dp is not None and self.dp.noise == "distributed"

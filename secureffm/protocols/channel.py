@@ -124,6 +124,9 @@ class ProtectedChannel:
                        sensitivity: dict[str, float], size: int) -> NoiseGeometry | None:
         return self.protocol.noise_geometry(kind, weights, sensitivity, size)
 
+    def equal_weights(self, kind: str) -> bool:
+        return self.protocol.aggregator(kind) is not None
+
     def _stages(self, kind: str, by_client: bool) -> tuple[str, ...]:
         """Stages named on an individual ``kind`` message: the client stages that shaped it
         (none for the server's own messages), then the sealer."""

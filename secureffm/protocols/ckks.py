@@ -16,9 +16,10 @@ One aggregation (round ``r``, one message kind) runs these phases:
    holds no key of the epoch gets one the same way, from the key holder, at its next
    aggregation. Each client keeps its own context in its ``memory``; one of another epoch is
    dropped.
-1. ``upload``: each client with the key scales its update (w_u = weight_u * n / sum of
-   weights, about 1), packs it into ceil(d / (N/2)) ciphertexts, every slot used (the last one
-   padded with zeros), and sends them. The server checks every ciphertext (count, slots,
+1. ``upload``: each client with the key packs its update at its own weight, 1 (it refuses a
+   server's other ``scale``, as under secagg: unequal weights are refused before the round),
+   into ceil(d / (N/2)) ciphertexts, every slot used (the last one padded with zeros), and
+   sends them. The server checks every ciphertext (count, slots,
    scale, level) and adds it to the running sum.
 2. ``he_sum``: the server sends the summed ciphertexts to the decryptors: the first
    ``decryptors`` clients, in federation order, online and holding the key.
@@ -30,9 +31,9 @@ One aggregation (round ``r``, one message kind) runs these phases:
    server accepts the decryptors' mean when every answer lies within ``AGREE`` flood
    deviations of the first (honest ones differ by noise alone) and within the range honest
    inputs can reach (a ciphertext under another key decrypts to noise spread over the whole
-   range); the mean is that sum over the sum of the included clients' w_u.
+   range); the mean is that sum over the number of included clients.
 
-A client whose scaled update has a coordinate beyond ``input_limit`` (beyond it, the sum could
+A client whose update has a coordinate beyond ``input_limit`` (beyond it, the sum could
 wrap the modulus: :mod:`.ckks_params`) or NaN/Inf withholds it and logs why (never the value).
 The server logs no statistic of any update: only counts and which client was left out.
 
@@ -41,7 +42,7 @@ after uploading is counted, and no recovery phase follows. The round aborts only
 set-up or no upload reaches the server, no decryptor answers, or the decrypted sum is refused
 (decryptors disagree, or it is out of range).
 
-Threat model (docs/protocols.md): the server learns the weighted sum of the uploads and
+Threat model (docs/protocols.md): the server learns the sum of the uploads and
 nothing else while no client colludes with it. Every client holds the secret key: a client
 that colludes with the server decrypts every other client's upload from the server's view, and
 a server that deviates can ask a decryptor to decrypt one client's upload in place of the sum.
@@ -75,7 +76,7 @@ from .endpoint import Step, client_action
 from .link import Call, Link, accepted, silence
 from .registry import check_protects, check_table, register_stage
 from .sealed import SealedStage
-from .secagg import SecAggStage
+from .secagg import SecAggStage, check_scale
 from .wire import bytes_payload, payload_bytes
 
 __all__ = ["CKKSStage", "PHASES", "AGREE", "new_context", "public_context", "secret_context",
@@ -293,7 +294,7 @@ class CKKSStage:
         """The key epoch of ``round_``: 0 for the whole run, or round // rotate_every."""
         return round_ // self.rotate_every if self.rotate_every else 0
 
-    # w_u = weight_u * n / sum of weights: each client's factor, about 1 (as secagg's).
+    # w_u = 1 for every client, the only factor a client takes; unequal weights are refused.
     scales = staticmethod(SecAggStage.scales)
 
     def aggregate(self, link: Link, compute: Compute, weights: dict[str, float],
@@ -301,6 +302,7 @@ class CKKSStage:
         """One aggregation over ``link``'s clients (distributed noise is refused at load)."""
         if noise is not None:
             raise ProtocolError(_NO_DISTRIBUTED_NOISE)
+        self.scales(weights)  # unequal weights are refused before the round
         r = _Round(link, self.epoch(link.round))
         self._keys(r)
         server_key = r.key(SERVER)
@@ -454,10 +456,17 @@ def _add(total: ts.CKKSVector, vector: ts.CKKSVector, sender: str) -> ts.CKKSVec
 
 @client_action("ckks.upload")
 def _client_upload(step: Step) -> bytes | None:
-    """The client's w_u x_u encrypted under the key it holds for the request's epoch; it
-    withholds (a ``rejected`` event of its own, naming the rule, never a value) an update
-    that is malformed or beyond the decodable range, and sends nothing without a key."""
+    """The client's update encrypted under the key it holds for the request's epoch, at its
+    own weight 1: it refuses a server's other ``scale`` (a ``rejected`` event naming the
+    server, :func:`.secagg.check_scale`), withholds (a ``rejected`` event of its own, naming
+    the rule, never a value) an update that is malformed or beyond the decodable range, and
+    sends nothing without a key."""
     u, args = step.client.id, step.args
+    try:
+        check_scale(args.get("scale"))
+    except MessageError as err:
+        step.reject(SERVER, f"{u} refused the upload request: {err}")
+        return None
     context = _held(step.client, int(args["epoch"]))
     if context is None:
         step.reject(u, f"holds no key of key epoch {args['epoch']}, so it did not encrypt")
@@ -469,9 +478,9 @@ def _client_upload(step: Step) -> bytes | None:
     try:
         check_payload(u, payload, {name: np.zeros(shape, dtype)
                                    for name, (shape, dtype) in template.items()})
-        x = float(args["scale"]) * flatten(payload, template)
+        x = flatten(payload, template)
         if np.abs(x).max(initial=0.0) > limit:
-            raise MessageError(f"a coordinate of {u}'s scaled update exceeds +-{limit:g}, "
+            raise MessageError(f"a coordinate of {u}'s update exceeds +-{limit:g}, "
                                "beyond which the encrypted sum could wrap the modulus")
     except MessageError as err:
         step.reject(u, f"withheld its update: {err}")

@@ -19,9 +19,11 @@ One aggregation (a fresh session, fresh keys) runs these phases:
    relayed by the server, which cannot read it.
 4. ``shares``: the server routes the ciphertexts; each recipient opens them at once, and
    refuses to mask when they come from fewer than t - 1 peers (t of its group of |S(u)|).
-5. ``masked_input``: u clips and quantizes w_u x_u to Z_{2^bits} (under distributed DP noise,
-   adds its share of integer Skellam noise, whose variance it derives from its own spec and
-   noise plan, and takes no w_u but 1: it refuses a server's other value of either) and adds
+5. ``masked_input``: u clips and quantizes its input x_u to Z_{2^bits} at its own weight, 1
+   (it refuses a server's other ``scale``: one that chose the weights could send 0 to all
+   clients but one and read that one's input as the sum); under distributed DP noise it adds
+   its share of integer Skellam noise, whose variance it derives from its own spec and noise
+   plan (it refuses a server's other value); and it adds
    PRG(b_u) and, for each neighbour v whose shares the server routed to u,
    +-PRG(HKDF(X25519(s_sk_u, s_pk_v))) (+ if u precedes v).
 6. ``consistency`` and ``consistency_sign`` (malicious variant): the server announces the
@@ -39,7 +41,8 @@ One aggregation (a fresh session, fresh keys) runs these phases:
 
 The server rebuilds each secret with :func:`~secureffm.protocols.shamir.decode`, checks it
 (b_u against u's commitment, s_sk against u's advertised s_pk), removes the self masks and the
-dropped clients' pairwise masks, and dequantizes: sum_{survivors} w_u x_u / sum_{survivors} w_u.
+dropped clients' pairwise masks, and dequantizes: the mean of the survivors' x_u, at equal
+weights (unequal ones are refused before the round).
 
 Every message is parsed under a guard, by the server or by the client it is for. A bad one is
 rejected by name (a ``rejected`` event, signed by whoever rejected it), and then:
@@ -115,7 +118,8 @@ from .wire import json_payload as _json_payload
 from .wire import payload_bytes as _payload_bytes
 from .wire import payload_json as _payload_json
 
-__all__ = ["SecAggStage", "harary_neighbours", "survivor_statement", "MALICIOUS_PHASES"]
+__all__ = ["SecAggStage", "harary_neighbours", "survivor_statement", "MALICIOUS_PHASES",
+           "check_scale"]
 
 PHASES = ("advertise_keys", "keys", "share_keys", "shares", "masked_input", "unmask_request",
           "unmask")
@@ -152,6 +156,10 @@ _SEALED_BYTES = 12 + 2 * SHARE_BYTES + 16  # nonce, the two shares, GCM tag
 # Headroom for distributed noise: the decoded sum must stay within half the modulus of the
 # centre of its noiseless range for this many standard deviations of the total noise.
 _NOISE_SIGMAS = 12.0
+# Why a secure-aggregation stage (secagg, ckks) refuses unequal weights before a round.
+EQUAL_WEIGHTS = ("secure aggregation needs equal weights: each client weighs its own input 1 "
+                 "and refuses any other scale, so the server cannot weigh out all clients but "
+                 "one. Give every client the same weight (weighting = 'uniform')")
 # Each secret the server rebuilds: how reasons name it, and what the rebuilt value must match.
 _SECRETS = {"b": ("b (self-mask seed)", "the seed it committed to"),
             "s": ("s (mask key, dropped)", "the key of its advertised s_pk")}
@@ -639,7 +647,7 @@ class SecAggStage:
 
     ``threshold``: shares needed to rebuild a secret, an integer or a fraction of |S(u)|.
     ``neighbours``: 0 masks with every other client (Bonawitz), k > 0 with k random
-    neighbours (SecAgg+). ``clip``, ``levels``, ``bits``: the quantizer of each w_u x_u.
+    neighbours (SecAgg+). ``clip``, ``levels``, ``bits``: the quantizer of each input x_u.
     ``key_batch`` (malicious variant, per-round set-up): rounds of keys a client signs at once
     (key_batch.py; 1 signs every round's).
     """
@@ -758,13 +766,13 @@ class SecAggStage:
 
     @staticmethod
     def scales(weights: dict[str, float]) -> dict[str, float]:
-        """w_u = weight_u * n / sum of weights: the factor each client multiplies its input by
-        (about 1 each, so the quantizer's clip range suits every client); exactly 1 each when
-        the weights are equal (what clients require under distributed noise)."""
-        if len(set(weights.values())) == 1:
-            return dict.fromkeys(weights, 1.0)
-        total = sum(weights.values())
-        return {cid: w * len(weights) / total for cid, w in weights.items()}
+        """w_u, the factor each client multiplies its input by: 1 for every client, the only
+        one a client takes (:func:`check_scale`), so the server obtains the equally weighted
+        sum. Unequal ``weights`` are refused (ProtocolError): a weight the server chose would
+        let it weigh out all but one client and read that client's input as the "sum"."""
+        if len(set(weights.values())) > 1:
+            raise ProtocolError(EQUAL_WEIGHTS)
+        return dict.fromkeys(weights, 1.0)
 
     def noise_geometry(self, weights: dict[str, float], sensitivity: dict[str, float],
                        size: int, colluders: int) -> NoiseGeometry:
@@ -786,6 +794,7 @@ class SecAggStage:
                   template: Template, noise: DistributedNoise | None = None) -> Aggregate:
         """One aggregation over ``link``'s clients. ``noise``: each client's share of
         distributed DP noise, or None."""
+        self.scales(weights)  # unequal weights are refused before the round
         if self.setup == "once":
             return EPOCH_AGGREGATE[0](self, link, compute, weights, template, noise)
         ids = [c.id for c in link.clients]
@@ -1053,17 +1062,11 @@ class SecAggStage:
     def _share_variance(self, noise: DistributedNoise | None, weights: dict[str, float],
                         size: int, n: int) -> float:
         """Each client's Skellam noise variance in levels (0 without distributed noise),
-        after checking that the weights are equal (each client sizes its noise share for its
-        update itself and refuses any scale but 1) and that the noisy sum of all n clients
-        cannot wrap the modulus. Each client derives the same value from its own spec and
-        noise plan (:func:`client_input`); the server's is only what they check."""
+        after checking that the weights are equal (:meth:`scales`) and that the noisy sum of
+        all n clients cannot wrap the modulus. Each client derives the same value from its own
+        spec and noise plan (:func:`client_input`); the server's is only what they check."""
         if noise is None:
             return 0.0
-        if len(set(weights.values())) != 1:
-            raise ProtocolError(
-                "distributed noise needs equal weights: each client sizes its noise share for "
-                "its update as it is and refuses to scale it, so give every client the same "
-                "weight (weighting = 'uniform') or use local noise")
         geometry = self.noise_geometry(weights, noise.sensitivity, size, noise.colluders)
         variance = geometry.share_variance(noise.multiplier)
         centre = n * (self.quantizer.levels - 1) / 2
@@ -1249,20 +1252,17 @@ def _distributed(step: Step) -> bool:
 def own_parameters(step: Step, stage: SecAggStage, size: int) -> tuple[float, float]:
     """(scale, share variance in levels) for the request's input of ``size`` coordinates,
     from the client's own spec: the server's ``scale`` and ``share_variance`` are only
-    checked. Without distributed noise the scale is the server's (it weighs the sum, which
-    the server learns anyway) and the variance must be 0. Under distributed noise the scale
-    must be 1 and the variance the one the client derives itself: its own noise plan (tau,
-    sensitivity, colluders) and its own stage over the federation it pinned, at equal weights.
-    Raises MessageError naming what differs."""
-    kind, scale, asked = step.request.kind, step.args["scale"], step.args["share_variance"]
+    checked. The scale is its own weight, 1 (:func:`check_scale`). Without distributed noise
+    the variance must be 0; under it, the one the client derives itself: its own noise plan
+    (tau, sensitivity, colluders) and its own stage over the federation it pinned, at equal
+    weights. Raises MessageError naming what differs."""
+    kind, asked = step.request.kind, step.args["share_variance"]
+    check_scale(step.args.get("scale"))
     if not _distributed(step):
         if asked:
             raise MessageError(f"share_variance = {asked!r}, but its own protocol adds no "
                                f"distributed noise to {kind}")
-        return scale, 0.0
-    if scale != 1.0:
-        raise MessageError(f"scale = {scale!r} under distributed noise: its noise share is "
-                           "sized for its update as it is, so it takes no scale but 1")
+        return 1.0, 0.0
     clients = list(_order(step.endpoint.registry))
     try:
         noise = step.endpoint.own_noise(kind, clients)
@@ -1274,6 +1274,17 @@ def own_parameters(step: Step, stage: SecAggStage, size: int) -> tuple[float, fl
         raise MessageError(f"share_variance = {asked!r} levels^2, not the {variance:.6g} it "
                            "derives from its own spec and noise plan")
     return 1.0, variance
+
+
+def check_scale(asked: object) -> None:
+    """A client's check of the server's ``scale`` for its input: under secure aggregation
+    (every secagg variant, ckks) each client weighs its own input 1, so the server obtains the
+    equally weighted sum; any other value is refused (MessageError), since a server that chose
+    the scales could send 0 to all clients but one and read that one's input as the "sum"."""
+    if isinstance(asked, bool) or not isinstance(asked, (int, float)) or asked != 1:
+        raise MessageError(f"scale = {asked!r}: under secure aggregation it weighs its own "
+                           "input 1 (a server choosing the weights could weigh out all other "
+                           "clients and read its input alone), so it takes no scale but 1")
 
 
 def report_clipped(step: Step, clipped: int, size: int, quantizer: Quantizer) -> None:

@@ -242,7 +242,8 @@ def _train(config: RunConfig, settings: DCFMSettings, channel: Channel,
     sampler_args = (settings.cardinalities, settings.shape, c.guidance)
     if settings.fedflow:
         model = initial_model(settings, len(channel.clients)).to(device)
-        weights = client_weights(channel.clients, c.weighting, private=ledger is not None)
+        weights = client_weights(channel.clients, c.weighting, equal=ledger is not None
+                                 or channel.equal_weights("update"))
         aborted = FedFlow(channel, model, weights, c.fedflow_local_steps,
                           ledger).run(c.fedflow_rounds, c.progress)
         none = torch.zeros(0, math.prod(settings.cardinalities), dtype=torch.long)

@@ -392,12 +392,12 @@ def test_got_broadcasts_the_potential_at_set_up_and_after_each_dual_update(tmp_p
 
 def test_under_a_dp_stage_the_step_is_the_equal_weight_mean_of_the_uploads(tmp_path):
     """Shards of 12, 36 and 60 rows (size weighting asked): the dp protocol releases no shard
-    size, so the weights are client_weights(private=True), 1/3 each, and the velocity moves by
+    size, so the weights are client_weights(equal=True), 1/3 each, and the velocity moves by
     -lr times the plain mean of the three (noisy) uploads the server received."""
     ffm = _ffm(tmp_path, protocol="dp", noise_multiplier=1.0, sizes=(12, 36, 60), lr=0.05,
                **DP)
     clients = ffm.channel.clients
-    assert ffm.weights == client_weights(clients, "size", private=True) == {
+    assert ffm.weights == client_weights(clients, "size", equal=True) == {
         c.id: pytest.approx(1 / 3) for c in clients}
     assert client_weights(clients, "size") == pytest.approx(
         {"client-1": 12 / 108, "client-2": 36 / 108, "client-3": 60 / 108})

@@ -123,7 +123,7 @@ def test_weights_under_dp_do_not_reveal_true_shard_sizes():
 
     clients = [new_client(f"client-{i}", torch.zeros(n, 2)) for i, n in ((1, 30), (2, 31))]
     assert client_weights(clients, "size") != client_weights(clients, "uniform")
-    assert client_weights(clients, "size", private=True) == {"client-1": 0.5, "client-2": 0.5}
+    assert client_weights(clients, "size", equal=True) == {"client-1": 0.5, "client-2": 0.5}
 
 
 @pytest.mark.parametrize("method, kind", CASES)

@@ -62,7 +62,7 @@ def test_weighted_aggregation_equals_gradient_of_pooled_weighted_loss(tmp_path, 
     clients = make_clients([30, 70, 120])
     model = VelocityMLP(2, 16)
     channel, _ = make_channel(tmp_path, clients, protocol)
-    weights = client_weights(clients, "size")
+    weights = client_weights(clients, "size", equal=channel.equal_weights("gradient"))
     gen = torch.Generator().manual_seed(1)
     fixed = {c.id: (torch.randn(c.size, 2, generator=gen), torch.rand(c.size, generator=gen))
              for c in clients}
@@ -85,7 +85,8 @@ def test_weighted_aggregation_equals_gradient_of_pooled_weighted_loss(tmp_path, 
     pooled.backward()
     assert result.included == [c.id for c in clients]
     np.testing.assert_allclose(result.payload["gradient"], flat_grad(model), rtol=0, atol=tol)
-    assert weights["client-3"] == pytest.approx(120 / 220)
+    # secure aggregation takes only equal weights: weighting = "size" gives them there
+    assert weights["client-3"] == pytest.approx(1 / 3 if protocol == "secagg" else 120 / 220)
 
 
 def test_every_delivery_is_logged_with_hash_chain_and_keys(tmp_path):

@@ -103,11 +103,10 @@ def payload_of(directory: Path, record: dict) -> bytes:
 # -- the aggregate -------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("n, d, seed", [(2, 1, 0), (3, 4096, 1), (3, 4097, 2), (5, 9000, 3)])
-def test_the_aggregate_is_the_plaintext_weighted_mean_within_the_ckks_bound(tmp_path, n, d,
-                                                                            seed):
+def test_the_aggregate_is_the_plaintext_mean_within_the_ckks_bound(tmp_path, n, d, seed):
     channel = make_channel(tmp_path, n)
     xs = updates(n, d, seed)
-    weights = {c: 1.0 + i for i, c in enumerate(xs)}
+    weights = dict.fromkeys(xs, 1.0)  # secure aggregation takes no other
     result = aggregate(channel, 1, xs, weights)
     ids = list(xs)
     assert result.included == ids and result.dropped == {}
@@ -136,7 +135,8 @@ def test_a_dropout_after_upload_costs_nothing(tmp_path):
     """client-1 (the decryptor by default) drops after its upload: it is still counted, another
     client decrypts, and no phase beyond the normal three follows."""
     channel = make_channel(tmp_path, 3, [Fault("drop", "client-1", "he_sum", (2,))])
-    xs, weights = updates(3, 500), {"client-1": 1.0, "client-2": 2.0, "client-3": 3.0}
+    xs = updates(3, 500)
+    weights = dict.fromkeys(xs, 1.0)
     for round_ in (1, 2):
         result = aggregate(channel, round_, xs, weights)
         assert result.included == list(xs) and result.dropped == {}
@@ -153,7 +153,8 @@ def test_a_dropout_after_upload_costs_nothing(tmp_path):
 
 def test_a_dropout_before_upload_leaves_the_survivors_sum(tmp_path):
     channel = make_channel(tmp_path, 3, [Fault("drop", "client-2", "upload")])
-    xs, weights = updates(3, 300), {"client-1": 1.0, "client-2": 1.0, "client-3": 2.0}
+    xs = updates(3, 300)
+    weights = dict.fromkeys(xs, 1.0)
     result = aggregate(channel, 1, xs, weights)
     ids = ["client-1", "client-3"]
     assert result.included == ids and set(result.dropped) == {"client-2"}
@@ -260,7 +261,7 @@ def test_no_statistic_of_an_update_appears_in_the_log(tmp_path):
     channel = make_channel(tmp_path, 3, scale_bits=87)  # input limit 2^9 / 3, not whole
     xs = updates(3, 400, seed=5, scale=7.0)
     xs["client-3"][7] = 1e6  # beyond the input limit: withheld
-    weights = {"client-1": 1.0, "client-2": 2.0, "client-3": 3.0}
+    weights = dict.fromkeys(xs, 1.0)
     result = aggregate(channel, 1, xs, weights)
     assert result.included == ["client-1", "client-2"]
     s = CKKSStage.scales(weights)
@@ -391,7 +392,9 @@ def test_the_shipped_protocols():
 def test_a_got_run_under_he_matches_plaintext_and_passes_the_audit(small_config, tmp_path):
     from secureffm.audit import verify_run
 
-    common = dict(method="got", rounds=10, potential_every=2, eval_samples=300, nfe=(1, 8))
+    # uniform: secure aggregation weighs clients equally, so plaintext must too to compare
+    common = dict(method="got", rounds=10, potential_every=2, eval_samples=300, nfe=(1, 8),
+                  weighting="uniform")
     plain = run(small_config(protocol="plaintext", out=str(tmp_path / "plain"), **common))
     he = run(small_config(protocol="he", out=str(tmp_path / "he"), **common))
     for nfe in ("1", "8"):

@@ -74,7 +74,9 @@ def test_centralized_baseline_refuses_a_protective_protocol(small_config):
 
 @pytest.mark.parametrize("method", ["vanilla", "got"])
 def test_secagg_run_matches_plaintext_within_quantization_noise(small_config, tmp_path, method):
-    common = dict(method=method, rounds=60, potential_every=2, eval_samples=600, nfe=(1, 8))
+    # uniform: secure aggregation weighs clients equally, so plaintext must too to compare
+    common = dict(method=method, rounds=60, potential_every=2, eval_samples=600, nfe=(1, 8),
+                  weighting="uniform")
     plain = run(small_config(protocol="plaintext", out=str(tmp_path / "plain"), **common))
     masked = run(small_config(protocol="secagg", out=str(tmp_path / "masked"), **common))
     for nfe in ("1", "8"):

@@ -35,7 +35,7 @@ from secureffm.runs.scaffold import open_channel
 from tests.security.test_party_keys import reachable
 
 D = 5000
-WEIGHTS = {"client-1": 1.0, "client-2": 2.0, "client-3": 3.0}
+WEIGHTS = dict.fromkeys(("client-1", "client-2", "client-3"), 1.0)  # he takes no other
 
 
 def _updates() -> dict[str, np.ndarray]:

@@ -85,7 +85,7 @@ def play(tmp_path: Path, tamper: dict, n: int = 5, protocol: str = "secagg", fau
          noise: DistributedNoise | None = None) -> Outcome:
     """One aggregation of ``n`` clients, ``tamper[(party, phase)]`` played by ``party`` (see
     :func:`corrupt`); checks the log closes and verifies afterwards. ``noise``: each client's
-    own plan under distributed noise (weights then equal, as that needs)."""
+    own plan under distributed noise. Weights are equal: secure aggregation takes no other."""
     clients = [Client(f"client-{i}", torch.zeros(1, 2), torch.Generator(),
                       protocol_rng=np.random.default_rng(i)) for i in range(1, n + 1)]
     log = MessageLog(tmp_path / "messages.jsonl")
@@ -99,7 +99,7 @@ def play(tmp_path: Path, tamper: dict, n: int = 5, protocol: str = "secagg", fau
     rng = np.random.default_rng(7)
     updates = values or {c.id: rng.uniform(-1, 1, D).astype(np.float32) for c in clients}
     size = next(iter(updates.values())).size
-    weights = {c.id: 1.0 if noise else 1.0 + i % 3 for i, c in enumerate(clients)}
+    weights = dict.fromkeys((c.id for c in clients), 1.0)
     result = channel.aggregate(round_, KIND, lambda c: {KIND: updates[c.id]}, weights,
                                {KIND: ((size,), np.dtype(np.float32))}, noise)
     channel.close()

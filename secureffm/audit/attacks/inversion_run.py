@@ -177,7 +177,8 @@ def _sum_attack(run: ImageRun, model, by_id: dict[str, ClientStep], ids: list[st
         return {}
     weights = client_weights([ClientInfo(cid, len(s)) for cid, s in zip(ids, run.shards,
                                                                          strict=True)],
-                             run.config.weighting, private=dp is not None)
+                             run.config.weighting, equal=dp is not None
+                             or protocol.aggregator("gradient") is not None)
     steps = [by_id[cid] for cid in ids]
     vectors = []
     for cid, s in zip(ids, steps, strict=True):
