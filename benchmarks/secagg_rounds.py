@@ -92,7 +92,7 @@ def main() -> None:
     for name in feds:
         first, rest = wall[name][0], wall[name][1:] or wall[name]
         rows.append([name, f"{1e3 * first:,.1f}", f"{1e3 * statistics.median(rest):,.2f}",
-                     f"{sum(wall[name]):,.2f}", f"{sum(wall[name]) / base:.2f}x",
+                     f"{sum(wall[name]):,.3g}", f"{sum(wall[name]) / base:.2f}x",
                      f"{sum(cpu[name]) / base_cpu:.2f}x"])
     table = markdown_table(["protocol (adversary, set-up)", "round 1 ms",
                             "median later round ms", f"{args.rounds} rounds s",
