@@ -44,7 +44,6 @@ from ..methods.ffm import (
     FFMSettings,
     autocast_dtype,
     image_velocity,
-    velocity_network,
 )
 from ..metrics.evaluate import evaluate_flow, potential_health
 from ..metrics.fid import fid, image_features
@@ -67,7 +66,14 @@ from .scaffold import (
     resolve_dp,
     run_folder,
 )
-from .silo import UNACCOUNTED_EVALUATION, SiloProgram, evaluate_on_silos, hold_silo
+from .silo import (
+    UNACCOUNTED_EVALUATION,
+    evaluate_on_silos,
+    hold_silo,
+    own_silo,
+    silo_program,
+    table_nfe,
+)
 
 __all__ = ["run_ffm", "build_run", "image_shards", "load_velocity", "Connect"]
 
@@ -147,11 +153,8 @@ def build_run(config: RunConfig, device: torch.device, log: MessageLog, connect:
 
 def _build_table_run(config: RunConfig, device: torch.device, log: MessageLog,
                      connect: Connect | None):
-    """A run on the clients' own tables: the public pair from the schema, each client reading
-    its own file (:func:`~.silo.hold_silo`); the server holds no shard (None)."""
-    if connect is not None:
-        raise ConfigError("a run on the clients' own tables (--client-data) runs on the "
-                          "in-process engine for now; use --engine inprocess")
+    """A run on the clients' own tables: the public pair from the schema; in-process, each
+    client reads its own file (:func:`~.silo.own_silo`); the server holds no shard (None)."""
     if config.canaries:
         raise ConfigError("canaries audit 2D runs; drop --canaries on a tabular run")
     schema = Schema.load(config.schema)
@@ -161,25 +164,18 @@ def _build_table_run(config: RunConfig, device: torch.device, log: MessageLog,
     pair = table_pair(schema)
     protocol = load_protocol(config.protocol)
     settings = FFMSettings.of(config)
-    clients = new_clients([torch.zeros(0, schema.dim)] * config.clients,
+    dp = resolve_dp(config, protocol, settings.sent_kinds)
+    if connect is not None:  # each node reads its own file (runs/flower_node.py)
+        return pair, None, FederatedFlowMatching(settings, dp, pair, connect(protocol, log),
+                                                 device)
+    clients = new_clients([torch.zeros(0, schema.dim, device=device)] * config.clients,
                           config.deterministic_seed)
     for client, path in zip(clients, config.client_data, strict=True):
-        client.data = hold_silo(client, path, schema, config.holdout, config.seed,
-                                config.batch_size).x.to(device)
+        hold_silo(client, own_silo(config, path, schema))
     faults = load_threat_model(config.threat_model) if config.threat_model else None
-    dp = resolve_dp(config, protocol, settings.sent_kinds)
-    method = FFMClient(settings, dp, pair, device)
-    program = SiloProgram(method, schema, velocity_network(settings, pair),
-                          config.eval_samples, _table_nfe(config),
-                          config.target_column or None, device)
+    program = silo_program(config, schema, dp, device)
     channel = open_channel(protocol, clients, log, faults, config.deterministic_seed, program)
     return pair, None, FederatedFlowMatching(settings, dp, pair, channel, device)
-
-
-def _table_nfe(config: RunConfig) -> int:
-    """The Euler steps of a tabular run's synthetic rows: the largest evaluated NFE, at most
-    100."""
-    return min(max(config.nfe), 100)
 
 
 def _check_canaries(config: RunConfig, protocol: Protocol, connect: Connect | None) -> None:
@@ -306,7 +302,7 @@ def run_ffm(config: RunConfig, connect: Connect | None = None) -> RunResult:
                                                   budget + 1),
                      "schema": {"path": config.schema,
                                 "digest": Schema.load(config.schema).digest()},
-                     "synthetic_rows": config.eval_samples, "nfe": _table_nfe(config),
+                     "synthetic_rows": config.eval_samples, "nfe": table_nfe(config),
                      "seconds": time.perf_counter() - started}
     except BaseException as error:
         with signals_held():  # a second Ctrl-C must not cut the wrap-up short

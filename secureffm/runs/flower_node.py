@@ -33,6 +33,8 @@ import torch
 
 from ..config import DCFM_METHODS, RunConfig, config_from_dict
 from ..data.pairs import get_pair, make_shards
+from ..data.schema import Schema
+from ..data.silo import CLIENT_DATA
 from ..errors import ConfigError, PolicyError, SecureFFMError
 from ..federation.codec import decode_request, encode_reply
 from ..federation.exchange import Incoming, Reply, Request
@@ -51,14 +53,17 @@ from ..runtime import resolve_device
 from .fedwad import FedWADRun, client_data
 from .flower_policy import Policy, differences, own_spec, policy_of, read_policy
 from .scaffold import resolve_dp
+from .silo import hold_silo, own_silo, silo_program
 
-__all__ = ["serve", "admit", "answer", "Build", "CONFIG_KEY", "KEYS_KEY", "SPEC_KEY", "FAMILY_KEY",
+__all__ = ["serve", "admit", "answer", "Build", "CONFIG_KEY", "KEYS_KEY", "SPEC_KEY", "SCHEMA_KEY",
+           "FAMILY_KEY",
            "NODE_KEYS", "RECEIVING", "run_config_of", "config_of", "spec_of", "check_run_config",
            "client_ids"]
 
 # The server's keys folder (the server's own; a node never reads it) and the run's protocol
 # spec, carried as its content (a node checks it, and runs its own copy).
 CONFIG_KEY, KEYS_KEY, SPEC_KEY = "secureffm-config", "secureffm-keys", "secureffm-protocol"
+SCHEMA_KEY = "secureffm-schema"  # a run on the clients' own tables: the public schema's TOML
 FAMILY_KEY, FEDWAD = "secureffm-family", "fedwad"  # no family: an FFM-family RunConfig
 NODE_KEYS = ("keys", "journal", "policy")  # what every node's config must give
 # Actions by which a client only keeps what the server sends it: allowed for any kind.
@@ -75,6 +80,8 @@ def run_config_of(config: RunConfig | FedWADRun, keys: str | Path) -> dict[str, 
            SPEC_KEY: read_spec(config.protocol).canonical().decode()}
     if isinstance(config, FedWADRun):
         out[FAMILY_KEY] = FEDWAD
+    elif config.data == CLIENT_DATA:
+        out[SCHEMA_KEY] = Schema.load(config.schema).to_toml()
     return out
 
 
@@ -107,7 +114,15 @@ def check_run_config(policy: Policy, run_config: dict) -> None:
     that differs, with both values (the run's fields resolved from the config and the spec
     it carries, :func:`~secureffm.runs.flower_policy.policy_of`)."""
     try:
-        asked = policy_of(config_of(run_config), spec_of(run_config))
+        config = config_of(run_config)
+        schema = None
+        if isinstance(config, RunConfig) and config.data == CLIENT_DATA:
+            if SCHEMA_KEY not in run_config:
+                raise PolicyError(f"the run config carries no schema ({SCHEMA_KEY}) for a run "
+                                  "on the clients' own tables: submit it with secureffm "
+                                  "flower-app, which writes it")
+            schema = Schema.loads(run_config[SCHEMA_KEY], "the run config's schema")
+        asked = policy_of(config, spec_of(run_config), schema)
     except PolicyError:
         raise
     except SecureFFMError as err:
@@ -208,6 +223,8 @@ def _endpoint(policy: Policy, node_config: dict, run_config: dict, cid: str) -> 
         return _fedwad_endpoint(node_config, keys, cid, config)
     if config.method in DCFM_METHODS:
         return _dcfm_endpoint(node_config, keys, cid, config)
+    if config.data == CLIENT_DATA:
+        return _table_endpoint(policy, node_config, keys, cid, config)
     device = resolve_device(config.device)
     client = _client(keys, cid, config.deterministic_seed,
                      lambda: _shard(config, cid, node_config, device))
@@ -216,6 +233,32 @@ def _endpoint(policy: Policy, node_config: dict, run_config: dict, cid: str) -> 
     dp = resolve_dp(config, protocol, settings.sent_kinds)
     program = FFMClient(settings, dp, get_pair(config.data), device)
     program.setup(client)
+    return ClientEndpoint(client, load_registry(keys), protocol, program)
+
+
+def _table_endpoint(policy: Policy, node_config: dict, keys: str, cid: str,
+                    config: RunConfig) -> ClientEndpoint:
+    """A client on its own table: ``client-data`` (its file) and ``schema`` (its copy of the
+    public schema, whose digest its policy pins) from its node config, never the run's."""
+    missing = [key for key in ("client-data", "schema") if not node_config.get(key)]
+    if missing:
+        raise ConfigError(f"{cid}'s node config lacks {', '.join(missing)}: a run on the "
+                          "clients' own tables reads each node's own file and schema: start it "
+                          "with --node-config \"client-data='FILE.csv' schema='schema.toml' "
+                          "...\" (docs/flower.md)")
+    schema = Schema.load(str(node_config["schema"]))
+    if schema.digest() != policy.schema_sha256:
+        raise PolicyError(f"{cid}'s schema {node_config['schema']} has sha256 "
+                          f"{schema.digest()}, not the {policy.schema_sha256} its policy "
+                          f"({policy.source}) pins: check the schema, then rewrite the policy")
+    device = resolve_device(config.device)
+    silo = own_silo(config, str(node_config["client-data"]), schema)
+    client = _client(keys, cid, config.deterministic_seed, lambda: silo.x.to(device))
+    hold_silo(client, silo)
+    protocol = load_protocol(config.protocol)
+    program = silo_program(config, schema, resolve_dp(
+        config, protocol, FFMSettings.of(config).sent_kinds), device)
+    program.method.setup(client)
     return ClientEndpoint(client, load_registry(keys), protocol, program)
 
 

@@ -19,6 +19,7 @@ copy of the protocol spec, whose digest the policy pins. A policy file:
     clip = 1.0
     # noise_multiplier = 1.0          # absent: calibrated to target_epsilon
     threshold = 0.6                   # each secure-aggregation stage's, in the spec's order
+    # schema_sha256 = "9d2e..."       # a run on the clients' own tables: the public schema
 
 A field absent from the file is one the run must not set either (no DP, no threshold, no
 round count). ``secureffm flower-policy FILE`` writes the file from the options of a run.
@@ -33,19 +34,22 @@ from pathlib import Path
 import tomli_w
 
 from ..config import DCFM_METHODS, RunConfig, read_toml
+from ..data.schema import Schema
+from ..data.silo import CLIENT_DATA
 from ..errors import PolicyError, SecureFFMError
 from ..methods.ffm import FFMSettings
 from ..protocols.protocol import build_protocol
 from ..protocols.registry import ProtocolSpec, read_spec
 from .fedwad import FedWADRun
 from .scaffold import resolve_dp
+from .silo import EVALUATION
 
 __all__ = ["Policy", "policy_of", "read_policy", "write_policy", "own_spec", "differences",
            "PINNED"]
 
 # The fields a run config must match (every field of Policy but where the spec file is).
 PINNED = ("protocol", "protocol_sha256", "method", "rounds", "kinds", "target_epsilon", "delta",
-          "clip", "noise_multiplier", "threshold")
+          "clip", "noise_multiplier", "threshold", "schema_sha256")
 # The config field that counts a method's rounds (FFM's ``rounds`` otherwise; DCFM-B and DDM
 # have none: their clients train ``local_steps`` and publish).
 _ROUNDS = {"dcfm-a": "dcfm_rounds", "fedflow": "fedflow_rounds", "fedflow-l": "fedflow_rounds",
@@ -63,7 +67,9 @@ class Policy:
     count (None where it has none); ``kinds``: the message kinds the client sends from its
     data, sorted; the DP fields as the run resolves them (None without DP; a None
     ``noise_multiplier`` is calibrated to ``target_epsilon``); ``threshold``: each
-    secure-aggregation stage's, in spec order (a fraction of the group, or a count).
+    secure-aggregation stage's, in spec order (a fraction of the group, or a count);
+    ``schema_sha256``: a run on the clients' own tables: the public schema's digest (its
+    clients also send their ``evaluation`` once, in the round after the last).
     ``source``: the file it was read from ("" when derived from a run)."""
 
     protocol: str
@@ -76,13 +82,16 @@ class Policy:
     clip: float | None = None
     noise_multiplier: float | None = None
     threshold: tuple[float, ...] = ()
+    schema_sha256: str = ""
     spec_file: str = ""
     source: str = ""
 
     @property
     def last_round(self) -> int | None:
         """The last round a request of the pinned run carries (None: no round count)."""
-        return None if self.rounds is None else self.rounds + _EXTRA_ROUNDS.get(self.method, 0)
+        if self.rounds is None:
+            return None
+        return self.rounds + _EXTRA_ROUNDS.get(self.method, 0) + bool(self.schema_sha256)
 
 
 def _kinds(config: RunConfig | FedWADRun) -> tuple[str, ...]:
@@ -91,6 +100,8 @@ def _kinds(config: RunConfig | FedWADRun) -> tuple[str, ...]:
         return ("measure", "scalar")
     if config.method in DCFM_METHODS:  # DCFMSettings.kind
         return ("update",) if config.method.startswith("fedflow") else ("model",)
+    if config.data == CLIENT_DATA:  # and each client's scores of the released model
+        return (*FFMSettings.of(config).sent_kinds, EVALUATION)
     return FFMSettings.of(config).sent_kinds
 
 
@@ -101,14 +112,19 @@ def _rounds(config: RunConfig | FedWADRun) -> int | None:
     return None if field is None else getattr(config, field)
 
 
-def policy_of(config: RunConfig | FedWADRun, spec: ProtocolSpec | None = None) -> Policy:
+def policy_of(config: RunConfig | FedWADRun, spec: ProtocolSpec | None = None,
+              schema: Schema | None = None) -> Policy:
     """What a run of ``config`` under ``spec`` (default: the spec ``config.protocol`` names)
-    asks of a client: the policy a node that agrees to it pins."""
+    and, on the clients' own tables, ``schema`` (default: ``config.schema``'s) asks of a
+    client: the policy a node that agrees to it pins."""
     spec = spec or read_spec(config.protocol)
     kinds = _kinds(config)
     dp = None
+    digest = ""
     if isinstance(config, RunConfig):
-        dp = resolve_dp(config, build_protocol(spec), kinds)
+        dp = resolve_dp(config, build_protocol(spec), tuple(k for k in kinds if k != EVALUATION))
+        if config.data == CLIENT_DATA:
+            digest = (schema or Schema.load(config.schema)).digest()
     else:
         build_protocol(spec)  # its stages' parameters checked
     shipped = not (config.protocol.endswith(".toml") or "/" in config.protocol)
@@ -118,7 +134,7 @@ def policy_of(config: RunConfig | FedWADRun, spec: ProtocolSpec | None = None) -
         target_epsilon=dp.target_epsilon if dp else None, delta=dp.delta if dp else None,
         clip=dp.clip if dp else None, noise_multiplier=dp.noise_multiplier if dp else None,
         threshold=tuple(t["threshold"] for t in spec.stages if "threshold" in t),
-        spec_file="" if shipped else str(Path(config.protocol).resolve()))
+        schema_sha256=digest, spec_file="" if shipped else str(Path(config.protocol).resolve()))
 
 
 def write_policy(policy: Policy, path: str | Path) -> None:
@@ -175,7 +191,8 @@ def read_policy(path: str | Path) -> Policy:
         kinds=tuple(sorted(kinds)), target_epsilon=typed("target_epsilon", (int, float)),
         delta=typed("delta", (int, float)), clip=typed("clip", (int, float)),
         noise_multiplier=typed("noise_multiplier", (int, float)), threshold=tuple(thresholds),
-        spec_file=spec_file, source=str(path))
+        schema_sha256=typed("schema_sha256", (str,)) or "", spec_file=spec_file,
+        source=str(path))
 
 
 def own_spec(policy: Policy) -> ProtocolSpec:

@@ -19,6 +19,7 @@ import tempfile
 from pathlib import Path
 
 from ..config import DCFM_METHODS, RunConfig
+from ..data.silo import CLIENT_DATA
 from ..errors import ConfigError
 from ..federation.keyfiles import load_party_keys, load_registry, provision
 from ..federation.log import MessageLog
@@ -115,6 +116,10 @@ def run_on_flower(config: RunConfig | FedWADRun,
         nodes = {cid: {"keys": str(folder.resolve()), "policy": str(policy),
                        "journal": str(out.resolve() / JOURNALS_DIR / f"{cid}.jsonl")}
                  for cid in client_ids(config.clients)}
+        if isinstance(config, RunConfig) and config.data == CLIENT_DATA:
+            for node, path in zip(nodes.values(), config.client_data, strict=True):
+                node.update({"client-data": str(Path(path).resolve()),
+                             "schema": str(Path(config.schema).resolve())})
         done = simulate("secureffm.runs.flower_server:main", "secureffm.runs.flower_node:serve",
                         config.clients, run_config_of(config, folder), nodes=nodes,
                         admit="secureffm.runs.flower_node:admit")

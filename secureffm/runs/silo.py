@@ -17,17 +17,20 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from ..config import RunConfig
 from ..data.schema import Schema
-from ..data.silo import Silo, load_silo
+from ..data.silo import Silo, load_silo, table_pair
 from ..federation.channel import Channel, Task, TaskRefused, task_count
 from ..federation.message import SERVER
 from ..federation.parties import Client
+from ..methods.ffm import FFMClient, FFMSettings, velocity_network
 from ..metrics.sampling import integrate
 from ..metrics.tabular import evaluate_table
 from ..models.params import flat_params, load_flat_params
+from ..privacy.settings import DPSettings
 
-__all__ = ["EVALUATE", "RELEASED", "EVALUATION", "SiloProgram", "hold_silo", "evaluate_on_silos",
-           "UNACCOUNTED_EVALUATION"]
+__all__ = ["EVALUATE", "RELEASED", "EVALUATION", "SiloProgram", "own_silo", "hold_silo",
+           "silo_program", "table_nfe", "evaluate_on_silos", "UNACCOUNTED_EVALUATION"]
 
 EVALUATE = "silo.evaluate"
 RELEASED = "released_model"  # kind of the model the clients evaluate
@@ -41,13 +44,39 @@ UNACCOUNTED_EVALUATION = (
     "the clear; no DP mechanism covers them and no epsilon is charged for them")
 
 
-def hold_silo(client: Client, path: str, schema: Schema, holdout: float, seed: int,
-              min_rows: int) -> Silo:
-    """``client`` reads its own file at ``path`` and keeps it (its training rows become its
-    shard, its held-out rows stay for :data:`EVALUATE`)."""
-    silo = load_silo(path, schema, holdout, seed, min_rows)
+def own_silo(config: RunConfig, path: str, schema: Schema) -> Silo:
+    """A client's own file at ``path``, read and checked by the client, split by the run's
+    public ``holdout`` and seed (:func:`~secureffm.data.silo.load_silo`)."""
+    return load_silo(path, schema, config.holdout, config.seed, config.batch_size)
+
+
+def hold_silo(client: Client, silo: Silo) -> None:
+    """``client`` keeps its own ``silo``: its training rows are its shard, its held-out rows
+    stay for :data:`EVALUATE`."""
+    client.data = silo.x.to(client.data.device)
     client.state[_SILO] = silo
-    return silo
+
+
+def table_nfe(config: RunConfig) -> int:
+    """The Euler steps of a tabular run's synthetic rows: the largest evaluated NFE, at most
+    100."""
+    return min(max(config.nfe), 100)
+
+
+def silo_program(config: RunConfig, schema: Schema, dp: DPSettings | None,
+                 device: torch.device) -> SiloProgram:
+    """A client's program on its own table: FFM's client (:class:`FFMClient`) on the schema's
+    public pair, and the evaluation on its held-out rows; from public settings only, so every
+    engine builds the same one."""
+    settings = FFMSettings.of(config)
+    pair = table_pair(schema)
+    # Its weights come from the released model; drawing initial ones must not shift the global
+    # generator, which draws the server's initial model next (the engines would differ).
+    with torch.random.fork_rng(devices=[]):
+        network = velocity_network(settings, pair)
+    return SiloProgram(FFMClient(settings, dp, pair, device), schema, network,
+                       config.eval_samples, table_nfe(config), config.target_column or None,
+                       device)
 
 
 @dataclass
