@@ -61,7 +61,7 @@ def _grid(runs: Path, reuse: bool, settings: dict, protocols: list[str]) -> dict
     for protocol in protocols:
         for batch, rounds in ((1, settings["short_rounds"]), (4, settings["rounds"])):
             folder = runs / f"{protocol}-b{batch}"
-            if not (reuse and (folder / "checkpoint.pt").is_file()):
+            if not (reuse and (folder / "checkpoint.safetensors").is_file()):
                 run(_config(protocol, batch, rounds, settings["shard"], folder))
             results[protocol, batch] = _attacked(folder, batch, settings, reuse)
             print(protocol, batch, json.dumps(results[protocol, batch]), flush=True)

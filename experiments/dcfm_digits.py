@@ -10,7 +10,7 @@ IID and Dirichlet(0.1), 10 clients at total coverage 1/2, over seeds.
         --methods fedflow,ddm,dcfm-a,dcfm-b --partitions dirichlet   # learning curves
 
 Runs go to runs/dcfm_digits[-quick|-smoke][-xK]/<method>-<partition>-s<seed> (``--runs``) through
-``secureffm run``'s library entry; a finished run (checkpoint.pt present) is reused, its
+``secureffm run``'s library entry; a finished run (checkpoint.safetensors present) is reused, its
 evaluation redone. Evaluation (docs/dcfm-digits.md): an attribute classifier trained on the fully
 colored training images gives the features of the Frechet distance and the compositional
 accuracy; generated images of every known (held) and every novel combination are compared with
@@ -178,7 +178,7 @@ def _run_dir(root: Path, method: str, partition: str, seed: int) -> Path:
 
 def _train(method: str, partition: str, seed: int, sizes: dict, root: Path) -> Path:
     out = _run_dir(root, method, partition, seed)
-    if not (out / "checkpoint.pt").exists():  # a finished run is reused
+    if not (out / "checkpoint.safetensors").exists():  # a finished run is reused
         run(load_config(None, {**COMMON, **sizes, "method": method, "partition": partition,
                                 "seed": seed, "out": str(out)}))
     return out

@@ -89,8 +89,8 @@ _HELP = {
                    "parameters at width 128, mult 1,2,2,2, 2 blocks, attention 16)",
     "precision": "auto (bf16 autocast for images on CUDA) | fp32 | bf16",
     "sample_every": "rounds between sample grids samples/round-N.png (0: only samples.png)",
-    "checkpoint_every": "rounds between checkpoint.pt writes (0: only at the end)",
-    "resume": "an FFM run folder (or its checkpoint.pt) to continue, also one that was "
+    "checkpoint_every": "rounds between checkpoint.safetensors writes (0: only at the end)",
+    "resume": "an FFM run folder (or its checkpoint.safetensors) to continue, also one that was "
               "interrupted; counts every round its log charged; give a new --out",
     "fid_weights": "pytorch-fid Inception weights (.pth) at a local path; else a labelled "
                    "classifier-feature fallback",

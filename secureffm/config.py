@@ -135,8 +135,10 @@ class RunConfig:
     unet_layout: str = "compact"  # compact | guided (the paper's: torchcfm's, 35.75M at 128)
     precision: str = "auto"  # auto: bf16 autocast for images on CUDA, else float32
     sample_every: int = 0  # rounds between sample grids (samples/); 0: only at the end
-    checkpoint_every: int = 0  # rounds between checkpoints (checkpoint.pt); 0: only at the end
-    resume: str = ""  # an FFM run folder (or its checkpoint.pt) to continue (docs/privacy.md)
+    # rounds between checkpoints (checkpoint.safetensors); 0: only at the end
+    checkpoint_every: int = 0
+    # an FFM run folder (or its checkpoint.safetensors) to continue (docs/privacy.md)
+    resume: str = ""
     fid_weights: str = ""  # pytorch-fid's Inception weights (.pth) at a local path
     # A run on the clients' own tables (data = "table", docs/data.md): one file per client, in
     # client order (CSV, .npy, .parquet), each read by its client alone; the public schema

@@ -421,7 +421,7 @@ def test_dcfm_digits_curve(run_script, tmp_path):
                         "fedflow", "--partitions", "dirichlet", "--runs", str(runs), "--docs",
                         str(docs)).check()
     for folder in ("dcfm_digits-smoke", "dcfm_digits-smoke-x2"):
-        assert (runs / folder / "fedflow-dirichlet-s0" / "checkpoint.pt").exists()
+        assert (runs / folder / "fedflow-dirichlet-s0" / "checkpoint.safetensors").exists()
     with (runs / "dcfm_digits-smoke-curve-dirichlet.csv").open() as handle:
         rows = list(csv.DictReader(handle))
     assert [(r["method"], r["partition"], r["local_steps"]) for r in rows] == [

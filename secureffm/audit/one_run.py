@@ -29,6 +29,7 @@ from scipy.stats import binom
 
 from ..errors import SecureFFMError
 from ..privacy.canaries import CANARY_FILE, load_canaries
+from ..runs.scaffold import CHECKPOINT, load_checkpoint
 from .verify import insecure_deterministic
 
 __all__ = ["p_value", "epsilon_lower_bound", "guess_counts", "canary_scores", "one_run_audit",
@@ -110,10 +111,10 @@ def canary_scores(directions: torch.Tensor, initial: torch.Tensor,
 
 def _final_velocity(run_dir: Path) -> torch.Tensor:
     """The checkpoint's live velocity parameters [P] (in parameter order)."""
-    path = run_dir / "checkpoint.pt"
+    path = run_dir / CHECKPOINT
     if not path.exists():
         raise SecureFFMError(f"{path} does not exist: audit a finished run")
-    state = torch.load(path, map_location="cpu", weights_only=True)["state"]["velocity"]
+    state = load_checkpoint(path)["state"]["velocity"]
     return torch.cat([t.reshape(-1).float() for t in state["module"].values()])
 
 

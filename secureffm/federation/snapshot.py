@@ -25,7 +25,7 @@ from safetensors.numpy import save as save_arrays
 from ..errors import MessageError, ProtocolError
 from .parties import Client
 
-__all__ = ["client_state", "restore_client", "pack", "unpack"]
+__all__ = ["client_state", "restore_client", "pack", "unpack", "encode_tree", "decode_tree"]
 
 _PLAIN = (bool, int, float, str, type(None))
 _MEMORY = ("broadcasts", "sealed", "ckks")  # what of a client's memory crosses
@@ -35,7 +35,7 @@ def _generator_state(generator: torch.Generator) -> np.ndarray:
     return generator.get_state().numpy().copy()
 
 
-def _encode(value, name: str, arrays: dict[str, np.ndarray]):
+def encode_tree(value, name: str, arrays: dict[str, np.ndarray]):
     """A state dict (nested dicts, lists and tuples of tensors and plain values) as JSON, its
     tensors moved to ``arrays`` under ``name``/path. Dict keys keep their type (an optimizer's
     state is keyed by parameter index), so a dict is a list of [key, value] pairs."""
@@ -46,9 +46,9 @@ def _encode(value, name: str, arrays: dict[str, np.ndarray]):
         if any(not isinstance(k, (str, int)) for k in value):
             raise ProtocolError(f"{name}: a kept object's state dict has a key that is neither "
                                 "a string nor an integer")
-        return {"dict": [[k, _encode(v, f"{name}/{k}", arrays)] for k, v in value.items()]}
+        return {"dict": [[k, encode_tree(v, f"{name}/{k}", arrays)] for k, v in value.items()]}
     if isinstance(value, (list, tuple)):
-        items = [_encode(v, f"{name}/{i}", arrays) for i, v in enumerate(value)]
+        items = [encode_tree(v, f"{name}/{i}", arrays) for i, v in enumerate(value)]
         return {"tuple" if isinstance(value, tuple) else "list": items}
     if isinstance(value, _PLAIN):
         return {"value": value}
@@ -56,16 +56,16 @@ def _encode(value, name: str, arrays: dict[str, np.ndarray]):
                         "which a snapshot does not carry (tensors and plain values only)")
 
 
-def _decode(table: dict, arrays: dict[str, np.ndarray]):
-    """The inverse of :func:`_encode`."""
+def decode_tree(table: dict, arrays: dict[str, np.ndarray]):
+    """The inverse of :func:`encode_tree`."""
     if "tensor" in table:
         return torch.from_numpy(arrays[table["tensor"]].copy())
     if "dict" in table:
-        return {key: _decode(item, arrays) for key, item in table["dict"]}
+        return {key: decode_tree(item, arrays) for key, item in table["dict"]}
     if "tuple" in table:
-        return tuple(_decode(item, arrays) for item in table["tuple"])
+        return tuple(decode_tree(item, arrays) for item in table["tuple"])
     if "list" in table:
-        return [_decode(item, arrays) for item in table["list"]]
+        return [decode_tree(item, arrays) for item in table["list"]]
     return table["value"]
 
 
@@ -84,7 +84,7 @@ def client_state(client: Client) -> tuple[dict, dict[str, np.ndarray]]:
         elif isinstance(value, _PLAIN) or (isinstance(value, list)
                                            and all(isinstance(v, _PLAIN) for v in value)):
             state[key] = {"value": value}
-    kept = {key: _encode(value.state_dict(), f"kept/{key}", arrays)
+    kept = {key: encode_tree(value.state_dict(), f"kept/{key}", arrays)
             for key, value in client.kept.items()}
     for kind, payload in client.inbox.items():
         for name, array in payload.items():
@@ -135,7 +135,7 @@ def restore_client(client: Client, header: dict, arrays: dict[str, np.ndarray]) 
             raise ValueError(f"it keeps {sorted(header['kept'])}, the rebuilt client "
                              f"{sorted(client.kept)}")
         for key, table in header["kept"].items():
-            client.kept[key].load_state_dict(_decode(table, arrays))
+            client.kept[key].load_state_dict(decode_tree(table, arrays))
         for name, array in arrays.items():
             if name.startswith("inbox/"):
                 _, kind, field = name.split("/", 2)

@@ -2,8 +2,8 @@
 conditional data: parties, training through the channel, sampling, the run folder.
 
 The run folder holds config.toml, metrics.json (per-combination in-mode fractions on modes2d,
-communication per client from the log), messages.jsonl, samples.png, checkpoint.pt and, under
-DP, privacy.json. :func:`load_dcfm` turns a run folder back into a sampler of any combination.
+communication per client from the log), messages.jsonl, samples.png, checkpoint.safetensors and,
+under DP, privacy.json. :func:`load_dcfm` turns a run folder back into a sampler of any combination.
 
 The clients run :class:`~secureffm.methods.dcfm.DCFMClient` (in this process, or each in its own
 on Flower: ``connect``); the server holds only what they send and the data's public facts.
@@ -59,6 +59,7 @@ from ..protocols.statement import privacy_statement  # noqa: E402
 from ..runtime import party_generator, resolve_device  # noqa: E402
 from .ffm import Connect  # noqa: E402
 from .scaffold import (  # noqa: E402
+    CHECKPOINT,
     RunResult,
     check_pin_path,
     load_checkpoint,
@@ -67,6 +68,7 @@ from .scaffold import (  # noqa: E402
     record_pin,
     resolve_dp,
     run_folder,
+    save_checkpoint,
 )
 
 __all__ = ["ConditionalData", "DataFacts", "conditional_data", "public_facts",
@@ -464,11 +466,11 @@ def run_dcfm(config: RunConfig, connect: Connect | None = None) -> RunResult:
                                 deterministic=config.insecure_deterministic)
     (out / "privacy.json").write_text(json.dumps(privacy, indent=2))
     (out / "metrics.json").write_text(json.dumps(metrics, indent=2))
-    torch.save({"config": config.to_dict(), "kind": sampler.kind,
+    save_checkpoint(out / CHECKPOINT, {"config": config.to_dict(), "kind": sampler.kind,
                 "architecture": settings.architecture,
                 "models": [m.state_dict() for m in sampler.models],
                 "counts": sampler.counts.cpu(), "cardinalities": facts.cardinalities,
-                "shape": facts.shape}, out / "checkpoint.pt")
+                "shape": facts.shape})
     label = f"{config.method}, {protocol.name}, {config.partition} ({config.data})"
     _plot_samples(out / "samples.png", facts, None if data is None else data.shards, samples,
                   f"samples: {label}")
@@ -477,7 +479,7 @@ def run_dcfm(config: RunConfig, connect: Connect | None = None) -> RunResult:
 
 def load_dcfm(run_dir: str | Path, device: str = "cpu") -> DCFMSampler:
     """The sampler of a finished DCFM-family run (its experts, student or global model)."""
-    checkpoint = load_checkpoint(Path(run_dir) / "checkpoint.pt", device)
+    checkpoint = load_checkpoint(Path(run_dir) / CHECKPOINT, device)
     config = checkpoint["config"]
     architecture = checkpoint.get("architecture") or {  # runs before the U-Net experts
         "network": "mlp", "hidden": config["hidden"], "unet_width": 0, "unet_mult": (),

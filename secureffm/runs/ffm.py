@@ -1,11 +1,11 @@
 """One FFM run (FFM-vanilla, LOT, GOT, or a centralized baseline), end to end: data, parties,
 training through the channel, evaluation, run folder.
 
-The run folder holds config.toml, metrics.json, messages.jsonl, checkpoint.pt,
+The run folder holds config.toml, metrics.json, messages.jsonl, checkpoint.safetensors,
 trajectories.png and w2_nfe.png. On images (docs/images.md) the same method, channel and
 protocols train a U-Net; the folder holds samples.png and samples/round-N.png (sample grids)
-instead of the 2D plots, checkpoint.pt is also written every ``checkpoint_every`` rounds, and
-metrics.json reports FID (or its labelled fallback).
+instead of the 2D plots, checkpoint.safetensors is also written every ``checkpoint_every``
+rounds, and metrics.json reports FID (or its labelled fallback).
 
 A run stopped part way (Ctrl-C, SIGTERM under :func:`.interrupt.terminate_raises`, an exception)
 charges the aggregation it cut short, closes its log, and writes privacy.json (marked
@@ -57,6 +57,7 @@ from ..runtime import party_generator, resolve_device
 from .interrupt import cause_of, interruption, signals_held
 from .resume import ResumePoint, refuse_over_budget, resume_point
 from .scaffold import (
+    CHECKPOINT,
     RunResult,
     check_pin_path,
     load_checkpoint,
@@ -65,6 +66,7 @@ from .scaffold import (
     record_pin,
     resolve_dp,
     run_folder,
+    save_checkpoint,
 )
 from .silo import (
     UNACCOUNTED_EVALUATION,
@@ -328,7 +330,7 @@ def run_ffm(config: RunConfig, connect: Connect | None = None) -> RunResult:
             "curves": curves, "resumed": resumed, "table": table})
     except KeyboardInterrupt as error:
         raise RunInterrupted(f"interrupted ({cause_of(error)}) during the evaluation: training "
-                             f"finished, privacy.json and checkpoint.pt are written, "
+                             f"finished, privacy.json and checkpoint.safetensors are written, "
                              f"metrics.json is not") from None
 
 
@@ -403,7 +405,7 @@ def _evaluate(config: RunConfig, out: Path, pair, shards, trainer, device: torch
 
 class _Progress:
     """Where training stands, for a stop part way: the round in progress (None between
-    rounds), the rounds completed, and the round of the checkpoint.pt on disk."""
+    rounds), the rounds completed, and the round of the checkpoint.safetensors on disk."""
 
     def __init__(self, config: RunConfig):
         self.config = config
@@ -412,14 +414,12 @@ class _Progress:
         self.saved: int | None = None
 
     def checkpoint(self, out: Path, round_: int, state: dict) -> None:
-        """checkpoint.pt (replaced atomically): the config, the server ``state`` after
+        """checkpoint.safetensors (replaced atomically): the config, the server ``state`` after
         ``round_`` and the round."""
-        partial = out / "checkpoint.pt.partial"
         saved = {"config": self.config.to_dict(), "state": state, "round": round_}
         if self.config.data == CLIENT_DATA:  # the public schema travels with the model
             saved["schema"] = Schema.load(self.config.schema).to_toml()
-        torch.save(saved, partial)
-        partial.replace(out / "checkpoint.pt")
+        save_checkpoint(out / CHECKPOINT, saved)
         self.saved = round_
 
     def stop(self, out: Path, trainer, error: BaseException,
@@ -445,8 +445,9 @@ class _Progress:
             return error
         where = (f"in round {self.in_round} of {self.config.rounds}" if self.in_round else
                  f"after round {self.completed} of {self.config.rounds}")
-        resume = (f"checkpoint.pt holds round {self.saved}; continue with --resume {out} --out "
-                  "NEW_FOLDER" if self.saved else "no checkpoint was written (--resume needs one)")
+        resume = (f"checkpoint.safetensors holds round {self.saved}; continue with --resume "
+                  f"{out} --out NEW_FOLDER" if self.saved else
+                  "no checkpoint was written (--resume needs one)")
         return RunInterrupted(f"interrupted ({cause}) {where}: the log is closed and "
                               f"privacy.json states the epsilon of every round released; "
                               f"{resume}")
@@ -455,7 +456,7 @@ class _Progress:
 class _Periodic:
     """What an image run does between and after rounds: sample grids from the EMA model on fixed
     noise every ``sample_every`` rounds (samples/round-N.png), checkpoints every
-    ``checkpoint_every`` rounds (checkpoint.pt, replaced atomically), the images-per-second
+    ``checkpoint_every`` rounds (checkpoint.safetensors, replaced atomically), the images-per-second
     rate, and the final evaluation (FID at each NFE, or its labelled fallback)."""
 
     def __init__(self, config: RunConfig, out: Path, pair: ImagePair, trainer,
@@ -563,7 +564,7 @@ def load_velocity(run_dir: str | Path, device: str = "cpu") -> torch.nn.Module:
     from ..models.mlp import VelocityMLP
 
     run_dir = Path(run_dir)
-    checkpoint = load_checkpoint(run_dir / "checkpoint.pt", device)
+    checkpoint = load_checkpoint(run_dir / CHECKPOINT, device)
     config = checkpoint["config"]
     saved = config_from_dict(config)
     if saved.images:

@@ -69,7 +69,8 @@ def cause_of(error: BaseException) -> str:
 def interruption(at_round: int | None, completed: int, checkpoint: int | None,
                  cause: str) -> dict:
     """privacy.json's ``interrupted`` field: the round in progress when the run stopped (None
-    between rounds), the rounds completed, the round checkpoint.pt holds (None: none written),
-    and the cause. The epsilon beside it counts every charge made, the stopped round's too."""
+    between rounds), the rounds completed, the round checkpoint.safetensors holds (None: none
+    written), and the cause. The epsilon beside it counts every charge made, the stopped round's
+    too."""
     return {"at_round": at_round, "rounds_completed": completed, "checkpoint": checkpoint,
             "cause": cause}

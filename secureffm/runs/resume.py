@@ -38,7 +38,7 @@ RESUMABLE = frozenset({"rounds", "out", "overwrite", "resume", "progress", "devi
 
 @dataclass(frozen=True)
 class ResumePoint:
-    """``source``: the continued run's folder; ``checkpoint``: its checkpoint.pt (config,
+    """``source``: the continued run's folder; ``checkpoint``: its checkpoint.safetensors (config,
     state, round); ``round``: the last round the checkpoint completed; ``charged``: its log's
     ``charged`` records, in order, each as the ledger entries it states."""
 
@@ -57,12 +57,12 @@ class ResumePoint:
 
 
 def resume_point(config: RunConfig, device: torch.device) -> ResumePoint:
-    """The run ``config.resume`` names (its folder or its checkpoint.pt), after checking that
-    it used the same settings (every key but :data:`RESUMABLE`), that its checkpoint is before
+    """The run ``config.resume`` names (its folder or its checkpoint.safetensors), after checking
+    that it used the same settings (every key but :data:`RESUMABLE`), that its checkpoint is before
     ``config.rounds``, that the resumed run writes elsewhere, and that its log is intact and
     charges at least what the checkpoint's ledger holds."""
     path = Path(config.resume)
-    path = path / "checkpoint.pt" if path.is_dir() else path
+    path = path / "checkpoint.safetensors" if path.is_dir() else path
     source = path.parent
     if run_folder(config).resolve() == source.resolve():
         raise ConfigError(f"resume: give --out a new folder; {source} keeps the interrupted "

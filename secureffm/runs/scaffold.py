@@ -8,12 +8,13 @@ and writes the folder through these functions; the CLI only parses arguments.
 from __future__ import annotations
 
 import json
-import pickle
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError, safe_open
+from safetensors.numpy import save_file
 
 from ..audit.pin import pin_of
 from ..config import RunConfig
@@ -21,6 +22,7 @@ from ..errors import ConfigError
 from ..federation.faults import FaultPlan
 from ..federation.log import MessageLog
 from ..federation.parties import Client, Registry, new_server
+from ..federation.snapshot import decode_tree, encode_tree
 from ..federation.transport import InProcessTransport
 from ..privacy.settings import DPSettings
 from ..protocols.channel import ProtectedChannel
@@ -28,8 +30,11 @@ from ..protocols.endpoint import Program
 from ..protocols.protocol import Protocol
 
 __all__ = ["RunResult", "run_folder", "prepare_run_folder", "RUN_ARTIFACTS", "JOURNALS_DIR",
-           "load_checkpoint", "check_pin_path", "record_pin", "pin_message", "resolve_dp",
-           "open_channel"]
+           "CHECKPOINT", "load_checkpoint", "save_checkpoint", "check_pin_path", "record_pin",
+           "pin_message", "resolve_dp", "open_channel"]
+
+CHECKPOINT = "checkpoint.safetensors"  # a run's server state (save_checkpoint)
+CHECKPOINT_TREE = "secureffm-checkpoint"  # its metadata key: the JSON tree around the tensors
 
 
 @dataclass(frozen=True)
@@ -55,7 +60,7 @@ JOURNALS_DIR = "journals"
 # Files a run writes into its folder; --overwrite removes exactly these (and JOURNALS_DIR)
 # before a new run.
 RUN_ARTIFACTS = ("config.toml", "metrics.json", "result.json", "privacy.json", "messages.jsonl",
-                 "parties.json", "payloads.bin", "checkpoint.pt", "trajectories.png",
+                 "parties.json", "payloads.bin", "checkpoint.safetensors", "trajectories.png",
                  "w2_nfe.png", "samples.png", "audit.md", "audit_epsilon.png",
                  "canaries.safetensors")
 
@@ -78,18 +83,43 @@ def prepare_run_folder(out: Path, overwrite: bool) -> Path:
     return out
 
 
+def save_checkpoint(path: Path, content: dict) -> None:
+    """Write ``content`` (nested dicts, lists and tuples of tensors and plain values) to
+    ``path`` as safetensors (replaced atomically): the tensors as the file's tensors, the rest
+    as JSON in its metadata (:func:`~secureffm.federation.snapshot.encode_tree`); no pickle."""
+    arrays: dict = {}
+    tree = encode_tree(content, "checkpoint", arrays)
+    partial = path.with_name(path.name + ".partial")
+    save_file(arrays, partial, metadata={CHECKPOINT_TREE: json.dumps(tree)})
+    partial.replace(path)
+
+
 def load_checkpoint(path: Path, device: torch.device | str = "cpu") -> dict:
-    """A run's checkpoint.pt, read with ``weights_only=True``: tensors, numbers, strings and
-    containers only, so a planted pickle (a ``__reduce__`` that runs code) is refused, not run."""
+    """What :func:`save_checkpoint` wrote at ``path``, its tensors on ``device``. A file that is
+    not such a safetensors file (a pickle planted in a run folder, a torch checkpoint) is
+    refused by name; nothing in it is run."""
     if not path.is_file():
         raise ConfigError(f"{path} is missing: is {path.parent} a finished run folder?")
     try:
-        return torch.load(path, map_location=device, weights_only=True)
-    except pickle.UnpicklingError as err:
-        first = str(err).strip().splitlines()[0] if str(err).strip() else "unsupported object"
-        raise ConfigError(f"{path} holds something other than tensors and plain values, so it "
-                          f"was not loaded (nothing in it ran): {first}. Load only checkpoints "
-                          "that secureffm wrote") from None
+        with safe_open(path, framework="np") as handle:
+            tree = json.loads((handle.metadata() or {})[CHECKPOINT_TREE])
+            arrays = {name: handle.get_tensor(name) for name in handle.keys()}
+        content = decode_tree(tree, arrays)
+    except (SafetensorError, KeyError, ValueError, TypeError, OSError) as err:
+        raise ConfigError(f"{path} is not a checkpoint secureffm wrote (safetensors with its "
+                          f"tree in the metadata), so it was not loaded (nothing in it ran): "
+                          f"{err}") from None
+    return _to(content, torch.device(device))
+
+
+def _to(value, device: torch.device):
+    if isinstance(value, torch.Tensor):
+        return value.to(device)
+    if isinstance(value, dict):
+        return {k: _to(v, device) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_to(v, device) for v in value)
+    return value
 
 
 def check_pin_path(out: Path, pin_to: str) -> None:

@@ -102,7 +102,7 @@ def load(run: str | Path, device: str = "cpu") -> TrainedModel:
     privacy = _json(run / "privacy.json")
     if (run / EXPORT_CARD).is_file():
         return _load_export(run, privacy, device)
-    checkpoint = load_checkpoint(run / "checkpoint.pt", device)
+    checkpoint = load_checkpoint(run / "checkpoint.safetensors", device)
     config = checkpoint["config"]
     if config_from_dict(config).images or config.get("method") not in (
             "vanilla", "lot", "got", "icfm", "otcfm"):

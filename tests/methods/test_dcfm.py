@@ -219,7 +219,7 @@ def test_dcfm_a_run_all_gathers_then_uploads_and_writes_the_run_folder(tmp_path,
     result = run(_config(tmp_path, "dcfm-a", dcfm_rounds=rounds))
     names = {p.name for p in result.out.iterdir()}
     assert {"config.toml", "metrics.json", "messages.jsonl", "samples.png",
-            "checkpoint.pt"} <= names
+            "checkpoint.safetensors"} <= names
     assert verify_run(result.out).ok
     models = [r for r in _records(result.out) if r["kind"] == "model"]
     # per round: 2 uploads + 2 relays; then 2 uploads to the server for sampling

@@ -47,7 +47,7 @@ def test_a_fixed_noise_multiplier_stops_before_the_target_is_exceeded(small_conf
     report = privacy(result)
     assert 0 < report["rounds_run"] < 200 and result.metrics["rounds"] == report["rounds_run"]
     assert all(row["rdp"]["total"] <= 2.0 for row in report["clients"].values())
-    assert (result.out / "checkpoint.pt").exists()  # what was trained is kept
+    assert (result.out / "checkpoint.safetensors").exists()  # what was trained is kept
 
 
 def test_lot_under_dp_is_refused_with_the_reason(small_config):

@@ -4,14 +4,14 @@ trains, and behaves as its protocol says."""
 import json
 
 import pytest
-import torch
 
 from secureffm.audit import verify_run
 from secureffm.errors import ConfigError
 from secureffm.runs import run
+from secureffm.runs.scaffold import load_checkpoint
 
-FILES = {"config.toml", "metrics.json", "messages.jsonl", "checkpoint.pt", "trajectories.png",
-         "w2_nfe.png"}
+FILES = {"config.toml", "metrics.json", "messages.jsonl", "checkpoint.safetensors",
+         "trajectories.png", "w2_nfe.png"}
 
 
 @pytest.mark.parametrize("method", ["vanilla", "lot", "got", "icfm", "otcfm"])
@@ -33,7 +33,7 @@ def test_short_run_of_every_method_writes_the_run_folder(small_config, method):
     assert all(r["recipient"] == "server" for r in records if r["kind"] == "gradient")
     duals = kinds.count("dual_update")
     assert duals == (config.rounds // 5 * config.clients if method == "got" else 0)
-    state = torch.load(result.out / "checkpoint.pt", weights_only=True)
+    state = load_checkpoint(result.out / "checkpoint.safetensors")
     assert ("potential" in state["state"]) == (method == "got")
 
 

@@ -59,14 +59,14 @@ def test_each_method_trains_the_unet_through_the_channel(tmp_path, method):
 def test_resume_continues_from_the_checkpoint_and_keeps_the_ledger(tmp_path):
     first = run(_config(tmp_path, "first", method="vanilla", protocol="dp", rounds=4,
                         checkpoint_every=2, noise_multiplier=NOISE, lr_warmup=8))
-    saved = load_checkpoint(first.out / "checkpoint.pt")
+    saved = load_checkpoint(first.out / "checkpoint.safetensors")
     assert saved["round"] == 4
     before = torch.cat([v.flatten() for v in saved["state"]["velocity"]["module"].values()])
     second = run(_config(tmp_path, "second", method="vanilla", protocol="dp", rounds=5,
                          noise_multiplier=NOISE, lr_warmup=8,
-                         resume=str(first.out / "checkpoint.pt")))
+                         resume=str(first.out / "checkpoint.safetensors")))
     assert second.metrics["resumed_from"]["round"] == 4 and second.metrics["rounds"] == 5
-    after = load_checkpoint(second.out / "checkpoint.pt")
+    after = load_checkpoint(second.out / "checkpoint.safetensors")
     assert after["round"] == 5
     theta = torch.cat([v.flatten() for v in after["state"]["velocity"]["module"].values()])
     step = (theta - before).abs().max()
@@ -85,7 +85,7 @@ def test_resume_continues_from_the_checkpoint_and_keeps_the_ledger(tmp_path):
     with pytest.raises(ConfigError, match="unet_width = 16 but the checkpoint's run used 8"):
         run(_config(tmp_path, "third", method="vanilla", protocol="dp", rounds=6,
                     noise_multiplier=NOISE, unet_width=16, lr_warmup=8,
-                    resume=str(first.out / "checkpoint.pt")))
+                    resume=str(first.out / "checkpoint.safetensors")))
 
 
 @pytest.mark.parametrize("layout", ["compact", "guided"])

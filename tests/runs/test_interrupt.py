@@ -80,7 +80,7 @@ def test_an_interrupted_round_leaves_privacy_json_equal_to_the_audit(small_confi
     assert privacy["interrupted"]["at_round"] == 3 and privacy["interrupted"]["checkpoint"] == 2
     assert _charged_steps(out) == 3
     assert _stated(out) == pytest.approx(_audited(out), rel=1e-9) and _stated(out)
-    assert load_checkpoint(out / "checkpoint.pt")["round"] == 2
+    assert load_checkpoint(out / "checkpoint.safetensors")["round"] == 2
     assert not (out / "metrics.json").exists()  # a sweep must not take it for finished
 
 
@@ -113,10 +113,10 @@ def test_a_stop_during_gots_dual_step_checkpoints_the_round_as_if_it_aborted(sma
 
     monkeypatch.setattr(ProtectedChannel, "aggregate", aggregate)
     config = small_config(**{**TINY, "method": "got", "potential_every": 2, "candidates": 16})
-    with pytest.raises(RunInterrupted, match="checkpoint.pt holds round 2"):
+    with pytest.raises(RunInterrupted, match="checkpoint.safetensors holds round 2"):
         run(config)
     out = Path(config.out)
-    assert load_checkpoint(out / "checkpoint.pt")["round"] == 2
+    assert load_checkpoint(out / "checkpoint.safetensors")["round"] == 2
     assert _stated(out) == pytest.approx(_audited(out), rel=1e-9)
     kinds = json.loads((out / "privacy.json").read_text())["clients"]["client-1"]["rdp"]
     assert set(kinds["by_kind"]) == {"gradient", "dual_update"}
@@ -136,7 +136,7 @@ def test_a_killed_run_resumes_counting_the_inputs_its_log_holds(small_config, mo
     assert [json.loads(x)["event"] for x in lines[-2:]] == ["charged", "closed"]
     killed = tmp_path / "killed"  # as a kill in round 2 leaves it: the stop's charge not made
     killed.mkdir()
-    for name in ("parties.json", "checkpoint.pt"):
+    for name in ("parties.json", "checkpoint.safetensors"):
         (killed / name).write_bytes((first / name).read_bytes())
     (killed / "messages.jsonl").write_text("\n".join(lines[:-2]) + "\n")
     assert not verify_run(killed).ok
@@ -196,7 +196,7 @@ def test_resume_counts_every_released_round_and_refuses_to_exceed_the_target(
     assert stated == pytest.approx(audited, rel=1e-9)
     assert max(audited.values()) <= 1.0
     # the continuation's checkpoint planted in the interrupted run's folder: its log charges less
-    (first / "checkpoint.pt").write_bytes((out / "checkpoint.pt").read_bytes())
+    (first / "checkpoint.safetensors").write_bytes((out / "checkpoint.safetensors").read_bytes())
     with pytest.raises(ConfigError, match="charges less than the checkpoint's ledger"):
         run(small_config(**{**TINY, "rounds": fit + 1}, resume=str(first),
                          out=str(tmp_path / "third")))
@@ -216,8 +216,8 @@ def test_an_image_resume_counts_the_rounds_after_its_checkpoint(small_config, mo
         with pytest.raises(RunInterrupted):
             run(config)
     first = Path(config.out)
-    assert load_checkpoint(first / "checkpoint.pt")["round"] == 2
-    second = run(small_config(**images, resume=str(first / "checkpoint.pt"),
+    assert load_checkpoint(first / "checkpoint.safetensors")["round"] == 2
+    second = run(small_config(**images, resume=str(first / "checkpoint.safetensors"),
                               out=str(tmp_path / "second")))
     assert _charged_steps(second.out) == 3 + 2  # rounds 1-3 released, then 3-4 again
     assert _stated(second.out) == pytest.approx(_audited(second.out), rel=1e-9)
@@ -245,7 +245,7 @@ def test_ctrl_c_on_the_command_line(tmp_path):
     assert "--resume" in last
     assert verify_run(out).ok
     assert _stated(out) == pytest.approx(_audited(out), rel=1e-9)
-    checkpoint = load_checkpoint(out / "checkpoint.pt")["round"]
+    checkpoint = load_checkpoint(out / "checkpoint.safetensors")["round"]
     again = out.parent / "again"  # two rounds more, at the interrupted run's noise
     resumed = subprocess.run([*args, "--rounds", str(checkpoint + 2), "--resume", str(out),
                               "--out", str(again)], capture_output=True, text=True)

@@ -27,6 +27,7 @@ from secureffm.runs.scaffold import (
     pin_message,
     prepare_run_folder,
     record_pin,
+    save_checkpoint,
 )
 
 
@@ -73,16 +74,16 @@ def test_a_file_in_place_of_the_folder_is_refused(tmp_path):
 def test_a_planted_pickle_is_refused_naming_the_file_and_never_runs(tmp_path):
     """Adversary: whoever can write the run folder plants a pickle that runs a command."""
     marker = tmp_path / "pwned"
-    path = tmp_path / "checkpoint.pt"
+    path = tmp_path / "checkpoint.safetensors"
     torch.save({"state": _Planted(marker)}, path)
-    with pytest.raises(ConfigError, match=f"{path} holds something other than tensors"):
+    with pytest.raises(ConfigError, match=f"{path} is not a checkpoint secureffm wrote"):
         load_checkpoint(path)
     assert not marker.exists()
 
 
 def test_a_checkpoint_of_tensors_and_plain_values_loads(tmp_path):
-    path = tmp_path / "checkpoint.pt"
-    torch.save({"config": {"hidden": 8, "nfe": [1, 2]}, "w": torch.arange(3.0)}, path)
+    path = tmp_path / "checkpoint.safetensors"
+    save_checkpoint(path, {"config": {"hidden": 8, "nfe": [1, 2]}, "w": torch.arange(3.0)})
     loaded = load_checkpoint(path)
     assert loaded["config"] == {"hidden": 8, "nfe": [1, 2]}
     assert torch.equal(loaded["w"], torch.arange(3.0))

@@ -65,7 +65,7 @@ class ImageRun:
         return image_velocity(self.settings, self.pair.shape)
 
     def released(self) -> torch.nn.Module:
-        """The model the run released: checkpoint.pt's EMA when kept, else its live weights
+        """The model the run released: checkpoint.safetensors's EMA when kept, else its live weights
         (loaded with weights_only=True), in eval mode."""
         return load_velocity(self.folder)
 

@@ -1,9 +1,9 @@
 """Membership inference on a run's released model (``--attack membership``); on a tabular run
 it is :mod:`.tabular_membership`, which reuses these scores on encoded rows.
 
-Adversary: anyone holding the released velocity field v (checkpoint.pt) and a candidate image x,
-asking whether x was in a client's training shard. Members are images of the clients' shards
-(rebuilt from the public seed: the experimenter knows them), non-members held-out test images
+Adversary: anyone holding the released velocity field v (checkpoint.safetensors) and a candidate
+image x, asking whether x was in a client's training shard. Members are images of the clients'
+shards (rebuilt from the public seed: the experimenter knows them), non-members held-out test images
 of the same distribution. Scores, higher meaning "member":
 
 - ``loss``: minus the flow-matching loss of x at one draw of noise x0 and time t (the loss

@@ -1,10 +1,10 @@
 """Membership inference on a tabular run (``--attack membership`` on a run made with
 ``--client-data``; docs/audit.md, "Membership inference").
 
-Adversary: anyone holding the released model (checkpoint.pt or its export) or synthetic rows
-sampled from it, and a candidate row, asking whether the row was in a client's training rows.
-The attack is scored by the experimenter who holds the clients' files (config.toml names them):
-each file is split as its client split it (:func:`~secureffm.data.silo.load_silo`: the run's
+Adversary: anyone holding the released model (checkpoint.safetensors or its export) or synthetic
+rows sampled from it, and a candidate row, asking whether the row was in a client's training rows.
+The attack is scored by the experimenter who holds the clients' files (config.toml names them): each
+file is split as its client split it (:func:`~secureffm.data.silo.load_silo`: the run's
 ``holdout`` fraction and public ``seed``), members = its training rows, non-members = its
 held-out rows, per client and pooled. Scores of a row's encoding x [dim], higher = "member":
 
