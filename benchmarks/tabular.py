@@ -16,7 +16,8 @@ run's
   target, 151-152 training rows each), batch 32 per client, as the experiment runs them;
 - wine at 10^5 rows per client: three clients' tables of 100,000 rows each drawn from the wine
   table (rows resampled with replacement, each numeric value jittered by 2% of its column's
-  range and clipped into the public bounds), at the main job's batch.
+  range and clipped into the public bounds), at the main job's batch and delta 1e-6 (the
+  spec's 1e-5 is refused for 80,000 training rows: not well below 1/N).
 
 Evaluation: one client of the wine tables above, 10^5 rows held as 80,000 training and 20,000
 held-out rows (the CLI's 0.2), scores 100,000 synthetic rows (drawn the same way from another
@@ -131,7 +132,8 @@ def training(rounds: int, rows: int, folder: Path) -> list[tuple[str, dict]]:
     print(f"wine at {rows:,} rows per client ...", file=sys.stderr, flush=True)
     jobs.append((f"wine: 3 clients of {rows:,} rows, batch {batch}",
                  run_job([*_table_args(files, wine / "schema.toml", "cultivar",
-                                       int(0.8 * rows), batch), *steps], wine)))
+                                       int(0.8 * rows), batch), *steps, "--delta", "1e-6"],
+                         wine)))
     return jobs
 
 

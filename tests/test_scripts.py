@@ -391,11 +391,11 @@ def test_tabular_comparison(run_script, tmp_path):
         ("(b) each silo alone (OT-CFM)", "none (local)", "-"),
         ("(b) a silo's model at the other silos", "none (local)", "-"),
         ("(c) DP independent marginals", "Laplace, per silo", "8")]
-    assert all(0 <= float(r[5]) <= 1 and 0 <= float(r[6]) <= 1 for r in rows)  # KS, TV
+    assert all(0 <= float(r[6]) <= 1 and 0 <= float(r[7]) <= 1 for r in rows)  # KS, TV
     for figure in ("tabular_marginals", "tabular_correlations"):
         assert (docs / "figures" / f"{figure}.png").stat().st_size > 0
-    assert (root / "data" / "wine" / "pooled-train.csv").exists()
-    assert json.loads((root / "runs" / "wine" / "got-dp-secagg-eps8" / "privacy.json")
+    assert (root / "data" / "wine" / "pooled-train-seed0.csv").exists()
+    assert json.loads((root / "runs" / "wine" / "seed-0" / "got-dp-secagg-eps8" / "privacy.json")
                       .read_text())["target_epsilon"] == 8
 
 
