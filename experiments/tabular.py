@@ -29,12 +29,13 @@ each data set, through the command line as a user would (``secureffm.cli.main``,
 process, one run folder each; a finished one is reused):
 
 - FFM-vanilla and FFM-GOT on the three silos' files, under ``plaintext`` and under
-  ``dp-secagg`` at target epsilon 1, 4 and 8 per client (delta the spec's 1e-5), with
-  ``--shard-size`` the smallest silo's training rows (the public nominal size that sets q);
+  ``dp-secagg`` at target epsilon 1, 4 and 8 per client (delta the spec's 1e-5), 600 rounds at
+  a batch of 32 (breast-cancer) or 16 (wine) per client (``TRAINING``), with ``--shard-size``
+  the smallest silo's training rows (the public nominal size that sets q);
 - (a) the non-private ceiling: OT-CFM on the pooled training rows, run as one client holding
-  ``pooled-train.csv`` with ``--method lot`` (one client's local exact-OT minibatch coupling is
-  OT-CFM) and a batch three times the silos', holding out only 3 rows (its own evaluation is not
-  used);
+  ``pooled-train-seed<s>.csv`` with ``--method lot`` (one client's local exact-OT minibatch
+  coupling is OT-CFM) and a batch three times the silos', holding out only 3 rows (its own
+  evaluation is not used);
 - (b) each silo alone: a one-client ``--method lot`` run on its own file (same holdout rows),
   scored by its own client, and also by each other client on its held-out rows (what a silo's
   model knows of the rest of the joint law under the non-IID split);
@@ -43,13 +44,15 @@ process, one run folder each; a finished one is reused):
 
 Every model is scored by :func:`~secureffm.metrics.tabular.evaluate_table` on each client's
 held-out rows (``holdout_split``: 0.2 of its rows with the run's seed), against the client's
-training rows for ML efficacy: FFM runs and (b) report it themselves (metrics.json); for (a) and (c)
-this script samples 1,000 rows (NFE 32, as the runs) and scores them with the same function.
+training rows for ML efficacy: FFM runs and (b) on its own silo report it themselves
+(metrics.json); for (a), (c) and (b) at the other silos this script samples 1,000 rows (NFE 32,
+as the runs) and scores them with the same function.
 Seeds (``--seeds``, default 0 and 1): each is a whole replicate (its own holdout rows, the
 runs' public randomness, the sampled rows; DP noise comes from OS entropy whatever the seed);
 the table's numbers are means over the clients and the seeds, with each seed's mean W2
 beside them. Writes the table between the ``tabular`` markers of docs/results.md
-(``--docs``) and docs/figures/tabular_marginals.png and tabular_correlations.png. ``--smoke``
+(``--docs``) and docs/figures/tabular_marginals.png and tabular_correlations.png (models of the
+first seed). ``--smoke``
 runs wine only, GOT only, 3 rounds, under runs/smoke/tabular: its numbers are not results.
 """
 
