@@ -14,6 +14,7 @@ the numbers, which at these sizes mean nothing.
 from __future__ import annotations
 
 import csv
+import json
 import multiprocessing
 import os
 import re
@@ -123,7 +124,7 @@ def test_every_script_has_a_smoke_test():
     tested = {"benchmarks/audit.py", "benchmarks/dp.py", "benchmarks/engines.py",
               "benchmarks/fedwad.py",
               "benchmarks/he.py", "benchmarks/images.py", "benchmarks/main_job.py",
-              "benchmarks/secagg.py", "benchmarks/secagg_rounds.py",
+              "benchmarks/secagg.py", "benchmarks/secagg_rounds.py", "benchmarks/tabular.py",
               "experiments/attacks.py", "experiments/dcfm_2d.py", "experiments/dcfm_digits.py",
               "experiments/distributed_noise_gain.py", "experiments/dp_main_job.py",
               "experiments/fedwad_clustering.py",
@@ -333,6 +334,20 @@ def test_main_job_benchmark(run_script, tmp_path):
     assert _block(out, "main-job") == result.stdout.rstrip("\n")
 
 
+def test_tabular_benchmark(run_script, tmp_path):
+    """Seconds per round of the main job and of two tabular jobs, their ratios to the main
+    job's, and one client's evaluation; the --out block is the printed tables."""
+    out = tmp_path / "benchmarks.md"
+    result = run_script("benchmarks/tabular.py", "--smoke", "--out", str(out)).check()
+    jobs = [[c.strip() for c in line.strip("|").split("|")] for line in result.stdout.splitlines()
+            if line.startswith(("| main job", "| breast-cancer", "| wine"))]
+    assert [j[0].split(":")[0] for j in jobs] == ["main job", "breast-cancer", "wine"]
+    assert jobs[0][3] == "1.00" and all(float(j[2]) > 0 and float(j[3]) > 0 for j in jobs)
+    (evaluation,) = _rows(result.stdout, "400")  # 0.2 of 2,000 rows held out
+    assert evaluation[1:4] == ["1,600", "2,000", "200"] and float(evaluation[4]) > 0
+    assert _block(out, "tabular") == result.stdout.rstrip("\n")
+
+
 # -- experiments/ ---------------------------------------------------------------------------
 
 
@@ -359,6 +374,29 @@ def test_tabular_silos_fit_their_schema(run_script, tmp_path):
     wine = Schema.load(tmp_path / "data" / "wine" / "schema.toml")
     assert wine.column("proline").type == "integer"
     assert wine.column("cultivar").categories == ("class_0", "class_1", "class_2")
+
+
+def test_tabular_comparison(run_script, tmp_path):
+    """``run --smoke``: FFM-GOT plaintext and at epsilon 8 through the CLI, the three baselines,
+    each scored on the clients' held-out rows; the table, both figures, the silos' files."""
+    docs, root = tmp_path / "docs", tmp_path / "runs"
+    result = run_script("experiments/tabular.py", "run", "--smoke", "--root", str(root),
+                        "--docs", str(docs)).check()
+    block = _block(docs / "results.md", "tabular")
+    assert block.split("\n\n")[0] in result.stdout
+    rows = _rows(block, "wine")
+    assert [(r[1], r[2], r[3]) for r in rows] == [
+        ("FFM-got", "plaintext", "-"), ("FFM-got", "dp-secagg", "8"),
+        ("(a) OT-CFM on the pooled rows", "none (centralized)", "-"),
+        ("(b) each silo alone (OT-CFM)", "none (local)", "-"),
+        ("(b) a silo's model at the other silos", "none (local)", "-"),
+        ("(c) DP independent marginals", "Laplace, per silo", "8")]
+    assert all(0 <= float(r[6]) <= 1 and 0 <= float(r[7]) <= 1 for r in rows)  # KS, TV
+    for figure in ("tabular_marginals", "tabular_correlations"):
+        assert (docs / "figures" / f"{figure}.png").stat().st_size > 0
+    assert (root / "data" / "wine" / "pooled-train-seed0.csv").exists()
+    assert json.loads((root / "runs" / "wine" / "seed-0" / "got-dp-secagg-eps8" / "privacy.json")
+                      .read_text())["target_epsilon"] == 8
 
 
 def test_one_run_audit(run_script, tmp_path):
