@@ -449,6 +449,8 @@ def add_fedwad_arguments(parser: argparse.ArgumentParser) -> None:
         help="range of each random t without a randomized-t stage")
     add("--noise-std", type=float, default=default.noise_std,
         help="noise on returned support points without a randomized-t stage")
+    add("--no-bracket", dest="bracket", action="store_false",
+        help="no lower bound: clients do not release their rows' mean and spread")
     add("--protocol", default="plaintext", help="plaintext | fedwad-private | a .toml spec")
     add("--seed", type=int, default=0)
     add("--out", default="", help="run folder (default runs/fedwad-<protocol>-<data>-s<seed>)")
@@ -496,7 +498,7 @@ def fedwad_command(args: argparse.Namespace) -> None:
     """Build the run from parsed options, run it, print the folder and the distance(s)."""
     config = FedWADConfig(p=args.p, iterations=args.iterations, support_size=args.support,
                           exact=args.exact, t_range=tuple(args.t_range),
-                          noise_std=args.noise_std, seed=args.seed)
+                          noise_std=args.noise_std, seed=args.seed, bracket=args.bracket)
     run = FedWADRun(config, args.data, args.clients, args.samples, args.dim,
                     tuple(args.client_files), args.protocol, args.seed, args.out,
                     args.check_exact, args.keep_payloads, overwrite=args.overwrite,
@@ -518,6 +520,9 @@ def fedwad_command(args: argparse.Namespace) -> None:
     print(pin_message(done.out, done.pin, args.pin_to))
     if "distance" in done.result:
         line = f"FedWAD W_{args.p} <= {done.result['distance']:.6g} (an upper bound)"
+        if done.result.get("lower_bound") is not None:
+            line += (f", >= {done.result['lower_bound']:.6g} (a lower bound from the clients' "
+                     "means and spreads)")
         if "exact" in done.result:
             line += (f"; exact {done.result['exact']:.6g}, relative error "
                      f"{done.result['max_relative_error']:.2%}")
@@ -536,8 +541,10 @@ def _vouch(accuracy: dict) -> str:
     falling = accuracy["still_falling"]
     trend = ("" if falling is None else
              f" The best bound fell {falling:.2%} over the later half of the iterations.")
-    return (f"Its gap to W_p is not known to the server: {accuracy['support']} atoms set an "
-            f"error floor (docs/fedwad.md).{trend} To tighten: {accuracy['tighten']}.")
+    gap = ("Its gap to W_p is not known to the server" if accuracy.get("bracket") is None else
+           f"It is at most {accuracy['bracket']:.2%} above W_p (the bracket)")
+    return (f"{gap}: {accuracy['support']} atoms set an error floor (docs/fedwad.md).{trend} "
+            f"To tighten: {accuracy['tighten']}.")
 
 
 def main(argv: list[str] | None = None) -> int:

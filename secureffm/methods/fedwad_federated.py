@@ -5,7 +5,9 @@ Iteration k (round ``round_ + k - 1``): the server sends xi^(k-1) to both client
 ``fedwad.interpolate``: it interpolates between its own rows (t = 0) and xi^(k-1) (t = 1) at a t
 it draws and keeps, and returns that measure (``measure``, phase ``upload``); the server
 interpolates between the two at its own t to get xi^(k). A last round sends xi^(K) and each
-client returns W_p(its rows, xi^(K)) (``fedwad.final``, ``scalar``). Under a protocol without the
+client returns W_p(its rows, xi^(K)) (``fedwad.final``, ``scalar``), with its rows' mean and
+spread in the same message when its own ``config.bracket`` says so: they give a lower bound
+(:mod:`.fedwad_bounds`). Under a protocol without the
 ``randomized-t`` stage, clients also return W_p(rows, xi^(k-1)) every iteration
 (``fedwad.distance``) and the server keeps the smallest bound; under it (``privacy``, resolved by
 the runner from the protocol), t's range and the noise on support points come from the stage
@@ -47,6 +49,7 @@ from .fedwad import (
     interpolate_with_distance,
     wasserstein,
 )
+from .fedwad_bounds import Moments, lower_bound, moments
 
 __all__ = ["federated_distance", "pairwise_distances", "client_samples", "measure_payload",
            "payload_measure", "rounds_per_distance", "Rows", "Side", "FedWADClient", "LABELS",
@@ -162,9 +165,11 @@ _SUBSAMPLE = "fedwad.subsample"  # indices of the rows it drew for the current d
 class FedWADClient:
     """FedWAD's client side: the tasks ``fedwad.interpolate`` of round ``{"round": r}`` (a
     moved measure [S, d]), ``fedwad.distance`` (W_p(rows, xi) of that interpolation,
-    ``{"distance": [1]}``) and ``fedwad.final`` (W_p(rows, xi) for the measure in its inbox),
-    each with the optional args of :class:`Rows` (``label``, ``augment``, ``sample``), on the
-    measure the server left in ``client.inbox["measure"]``.
+    ``{"distance": [1]}``) and ``fedwad.final`` (W_p(rows, xi) for the measure in its inbox,
+    and, only if its own ``config.bracket`` releases them, the rows' ``"mean"`` [d] and
+    ``"spread"`` [1]), each with the optional args of :class:`Rows`
+    (``label``, ``augment``, ``sample``), on the measure the server left in
+    ``client.inbox["measure"]``.
 
     ``config`` and ``privacy`` are the client's own (its run config, its copy of the
     protocol's randomized-t stage): t ~ U(its range) and the noise come from its own
@@ -321,7 +326,11 @@ class FedWADClient:
         client.state[_MOVES] = 0
         client.state.pop(_KEPT, None)
         client.state.pop(_SUBSAMPLE, None)
-        return {"distance": np.array([wasserstein(Measure.uniform(rows), xi, self.config.p)])}
+        sent = {"distance": np.array([wasserstein(Measure.uniform(rows), xi, self.config.p)])}
+        if self.config.bracket:
+            found = moments(rows)
+            sent.update(mean=found.mean, spread=np.array([found.spread]))
+        return sent
 
 
 def _deliver(channel: Channel, round_: int, phase: str, kind: str, sender: str, recipient: str,
@@ -341,6 +350,21 @@ def _scalar(payload: Payload, sender: str) -> float:
     if value is None or value.shape != (1,) or not np.isfinite(value).all() or value[0] < 0:
         raise MessageError(f"distance from {sender} must be one finite non-negative number")
     return float(value[0])
+
+
+def _moments(payload: Payload, sender: str, dim: int) -> Moments:
+    if set(payload) != {"distance", "mean", "spread"}:
+        raise MessageError(f"the final distance from {sender} came without its rows' mean and "
+                           f"spread (it holds {sorted(payload)}): its own run config does not "
+                           "release them; run without bracket (--no-bracket)")
+    mean, spread = payload["mean"], payload["spread"]
+    if mean.shape != (dim,) or spread.shape != (1,):
+        raise MessageError(f"moments from {sender} have shapes {mean.shape} and {spread.shape}; "
+                           f"expected ({dim},) and (1,)")
+    try:
+        return Moments(mean, float(spread[0]))
+    except DataError as err:
+        raise MessageError(f"moments from {sender} are not valid: {err}") from None
 
 
 @dataclass(frozen=True)
@@ -389,7 +413,8 @@ def federated_distance(channel: Channel, privacy: GeodesicPrivacy | None, a: Sid
     the t of a side it holds) is seeded by (config.seed, round_); each client draws its t and
     noise from its own ``protocol_rng`` (:class:`FedWADClient`). ``init``: xi^(0) instead of a
     Gaussian draw. Returns the bounds the server learned (every iterate, or only xi^(K) under
-    ``randomized-t``) and the best of them. A message that does not arrive, or that a client
+    ``randomized-t``) and the best of them; with ``config.bracket``, also a lower bound from each
+    side's moments and final distance. A message that does not arrive, or that a client
     refuses, raises ProtocolError (the log says why).
     """
     (low, high), _, private = _protections(privacy, config)
@@ -434,20 +459,24 @@ def federated_distance(channel: Channel, privacy: GeodesicPrivacy | None, a: Sid
                          exact, tol)
         measures.append(xi)
     final = round_ + config.iterations
-    total = 0.0
+    to_xi, moment = [], []
     for side in sides:
         if isinstance(side, Measure):
-            total += wasserstein(side, xi, p)
+            to_xi.append(wasserstein(side, xi, p))
+            moment.append(moments(side.support, side.weights))
             continue
         _deliver(channel, final, "broadcast", "measure", SERVER, side.client,
                  measure_payload(xi))
         got = _deliver(channel, final, "upload", "scalar", side.client, SERVER, side.final)
-        total += _scalar(got, side.client)
-    bounds.append(total)
+        to_xi.append(_scalar(got, side.client))
+        if config.bracket:
+            moment.append(_moments(got, side.client, dim))
+    bounds.append(sum(to_xi))
     evaluated.append(config.iterations)
     best = int(np.argmin(bounds))
+    lower = lower_bound(*moment, p, tuple(to_xi)) if config.bracket else None
     return FedWADResult(float(bounds[best]), tuple(bounds), tuple(evaluated), evaluated[best],
-                        measures[evaluated[best]])
+                        measures[evaluated[best]], lower_bound=lower)
 
 
 def pairwise_distances(channel: Channel, privacy: GeodesicPrivacy | None,

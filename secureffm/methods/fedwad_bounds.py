@@ -1,0 +1,68 @@
+"""Lower bounds on W_p from a few moments of each data set: the other end of FedWAD's bracket.
+
+FedWAD's estimate is an upper bound U on W_p (:mod:`.fedwad`); these give an L <= W_p from
+each side's mean m [d] and root-mean-square spread s = sqrt(E|x - m|^2) (one float):
+
+- W_1(mu, nu) >= |m_mu - m_nu|: the linear map x -> <e, x> with e the unit vector along
+  m_mu - m_nu is 1-Lipschitz (Kantorovich-Rubinstein duality).
+- W_2(mu, nu)^2 = |m_mu - m_nu|^2 + W_2(mu_0, nu_0)^2 for the centred measures, and
+  W_2(mu_0, nu_0) >= |s_mu - s_nu| by the triangle inequality through the point mass at 0
+  (W_2(mu_0, delta_0) = s_mu), so W_2 >= sqrt(|m_mu - m_nu|^2 + (s_mu - s_nu)^2).
+- For any measure xi, W_p(mu, nu) >= |W_p(mu, xi) - W_p(xi, nu)| (the final distances FedWAD's
+  server already receives).
+
+The bounds are exact for translated copies (p = 2: also for scaled isotropic ones) and loose
+when the two data sets differ in shape more than in location and spread (a Gaussian against a
+mixture: docs/fedwad.md, "What a result vouches for").
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..errors import DataError
+
+__all__ = ["Moments", "moments", "moment_bound", "lower_bound"]
+
+
+@dataclass(frozen=True)
+class Moments:
+    """A data set's ``mean`` [d] (float64) and ``spread`` sqrt(E|x - mean|^2) (same unit as
+    the data)."""
+
+    mean: np.ndarray
+    spread: float
+
+    def __post_init__(self) -> None:
+        mean = np.asarray(self.mean, dtype=np.float64)
+        if mean.ndim != 1 or not np.isfinite(mean).all():
+            raise DataError(f"a mean must be a finite vector [d]; got shape {mean.shape}")
+        if not (np.isfinite(self.spread) and self.spread >= 0):
+            raise DataError(f"a spread must be finite and >= 0; got {self.spread!r}")
+        object.__setattr__(self, "mean", mean)
+        object.__setattr__(self, "spread", float(self.spread))
+
+
+def moments(points: np.ndarray, weights: np.ndarray | None = None) -> Moments:
+    """The moments of ``points`` [N, d] with ``weights`` [N] summing to 1 (default 1/N each)."""
+    points = np.asarray(points, dtype=np.float64)
+    weights = np.full(len(points), 1.0 / len(points)) if weights is None else weights
+    mean = weights @ points
+    squared = float(weights @ ((points - mean) ** 2).sum(axis=1))
+    return Moments(mean, float(np.sqrt(max(squared, 0.0))))
+
+
+def moment_bound(a: Moments, b: Moments, p: int) -> float:
+    """L <= W_p between two data sets with moments ``a`` and ``b`` (module docstring)."""
+    if a.mean.shape != b.mean.shape:
+        raise DataError(f"moments of dimension {a.mean.shape[0]} and {b.mean.shape[0]}")
+    gap = float(np.linalg.norm(a.mean - b.mean))
+    return gap if p == 1 else float(np.hypot(gap, a.spread - b.spread))
+
+
+def lower_bound(a: Moments, b: Moments, p: int, to_xi: tuple[float, float]) -> float:
+    """The larger of :func:`moment_bound` and |W_p(mu, xi) - W_p(xi, nu)| for the final
+    distances ``to_xi`` to one measure xi."""
+    return max(moment_bound(a, b, p), abs(to_xi[0] - to_xi[1]))
