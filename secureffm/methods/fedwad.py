@@ -255,13 +255,14 @@ def fedwad(x, y, config: FedWADConfig, rng: np.random.Generator | None = None,
     if xi.dim != mu.dim:
         raise DataError(f"the initial measure has dimension {xi.dim}, the data {mu.dim}")
     p, exact, tol = config.p, config.exact, config.prune_tol
-    measures, bounds, a_trace, seconds, path = [xi], [], [], [], 0.0
+    measures, bounds, pairs, a_trace, seconds, path = [xi], [], [], [], [], 0.0
     for _ in range(config.iterations):
         (xi_mu, d_mu), a = _timed(interpolate_with_distance, mu, xi, draw_t(config, rng), p,
                                   exact, tol)
         (xi_nu, d_nu), b = _timed(interpolate_with_distance, nu, xi, draw_t(config, rng), p,
                                   exact, tol)
         bounds.append(d_mu + d_nu)
+        pairs.append((d_mu, d_nu))
         seconds.append(path + max(a, b))
         start = time.process_time()
         xi_mu = add_noise(xi_mu, config.noise_std, rng)
@@ -277,7 +278,7 @@ def fedwad(x, y, config: FedWADConfig, rng: np.random.Generator | None = None,
     bounds.append(d_mu + d_nu)
     seconds.append(path + max(a, b))
     best = int(np.argmin(bounds))
-    lower = (lower_bound(moments(mu.support), moments(nu.support), p, (d_mu, d_nu))
+    lower = (lower_bound(moments(mu.support), moments(nu.support), p, [*pairs, (d_mu, d_nu)])
              if config.bracket else None)
     return FedWADResult(float(bounds[best]), tuple(bounds), tuple(range(len(bounds))), best,
                         measures[best], tuple(a_trace), tuple(seconds), lower)

@@ -432,7 +432,7 @@ def federated_distance(channel: Channel, privacy: GeodesicPrivacy | None, a: Sid
     if xi.dim != dim:
         raise DataError(f"the initial measure has dimension {xi.dim}, the data {dim}")
     p, exact, tol = config.p, config.exact, config.prune_tol
-    measures, bounds, evaluated = [xi], [], []
+    measures, bounds, evaluated, pairs = [xi], [], [], []
     for k in range(1, config.iterations + 1):
         r = round_ + k - 1
         returned, distances = [], []
@@ -454,6 +454,7 @@ def federated_distance(channel: Channel, privacy: GeodesicPrivacy | None, a: Sid
                 distances.append(_scalar(got, side.client))
         if not private:
             bounds.append(sum(distances))
+            pairs.append(tuple(distances))
             evaluated.append(k - 1)
         xi = interpolate(returned[0], returned[1], float(server_rng.uniform(low, high)), p,
                          exact, tol)
@@ -474,7 +475,7 @@ def federated_distance(channel: Channel, privacy: GeodesicPrivacy | None, a: Sid
     bounds.append(sum(to_xi))
     evaluated.append(config.iterations)
     best = int(np.argmin(bounds))
-    lower = lower_bound(*moment, p, tuple(to_xi)) if config.bracket else None
+    lower = lower_bound(*moment, p, [*pairs, tuple(to_xi)]) if config.bracket else None
     return FedWADResult(float(bounds[best]), tuple(bounds), tuple(evaluated), evaluated[best],
                         measures[evaluated[best]], lower_bound=lower)
 

@@ -92,7 +92,7 @@ def test_in_process_bracket_uses_the_final_distances():
     assert found.lower_bound >= moment_bound(moments(x), moments(y), 2)
     assert found.lower_bound <= exact_wp(x, y, 2) <= found.distance <= final
     assert fedwad(x, y, FedWADConfig(iterations=3, support_size=30)).lower_bound is None
-    assert lower_bound(moments(x), moments(y), 2, (5.0, 1.0)) == 4.0  # the triangle term
+    assert lower_bound(moments(x), moments(y), 2, [(5.0, 1.0), (2.0, 3.0)]) == 4.0  # triangle
 
 
 def test_a_client_whose_config_keeps_its_moments_does_not_send_them(tmp_path, data):
