@@ -167,8 +167,8 @@ class FedWADClient:
     moved measure [S, d]), ``fedwad.distance`` (W_p(rows, xi) of that interpolation,
     ``{"distance": [1]}``) and ``fedwad.final`` (W_p(rows, xi) for the measure in its inbox,
     and, only if its own ``config.bracket`` releases them, the rows' ``"mean"`` [d] and
-    ``"spread"`` [1]), each with the optional args of :class:`Rows`
-    (``label``, ``augment``, ``sample``), on the measure the server left in
+    ``"spread"`` [d], each coordinate's standard deviation), each with the optional args of
+    :class:`Rows` (``label``, ``augment``, ``sample``), on the measure the server left in
     ``client.inbox["measure"]``.
 
     ``config`` and ``privacy`` are the client's own (its run config, its copy of the
@@ -329,7 +329,7 @@ class FedWADClient:
         sent = {"distance": np.array([wasserstein(Measure.uniform(rows), xi, self.config.p)])}
         if self.config.bracket:
             found = moments(rows)
-            sent.update(mean=found.mean, spread=np.array([found.spread]))
+            sent.update(mean=found.mean, spread=found.spread)
         return sent
 
 
@@ -358,11 +358,11 @@ def _moments(payload: Payload, sender: str, dim: int) -> Moments:
                            f"spread (it holds {sorted(payload)}): its own run config does not "
                            "release them; run without bracket (--no-bracket)")
     mean, spread = payload["mean"], payload["spread"]
-    if mean.shape != (dim,) or spread.shape != (1,):
+    if mean.shape != (dim,) or spread.shape != (dim,):
         raise MessageError(f"moments from {sender} have shapes {mean.shape} and {spread.shape}; "
-                           f"expected ({dim},) and (1,)")
+                           f"expected ({dim},) for both")
     try:
-        return Moments(mean, float(spread[0]))
+        return Moments(mean, spread)
     except DataError as err:
         raise MessageError(f"moments from {sender} are not valid: {err}") from None
 

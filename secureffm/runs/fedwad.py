@@ -244,8 +244,8 @@ def run_fedwad(run: FedWADRun, connect: Connect | None = None) -> FedWADRunResul
                   "of a client's data, its t and the server's measure; no DP covers it",)
     if run.fedwad.bracket:
         exclusions += ("with bracket, each client releases its rows' mean (d floats) and "
-                       "root-mean-square spread (1 float) once per distance, for the lower "
-                       "bound; unaccounted, no DP covers them (docs/fedwad.md)",)
+                       "per-coordinate standard deviations (d floats) once per distance, for "
+                       "the lower bound; unaccounted, no DP covers them (docs/fedwad.md)",)
     privacy = privacy_statement(protocol, ("measure", "scalar"), exclusions=exclusions,
                                 deterministic=run.insecure_deterministic)
     (out / "privacy.json").write_text(json.dumps(privacy, indent=2))

@@ -62,13 +62,16 @@ def test_the_moment_bound_is_exact_for_a_translated_copy(p):
         exact_wp(x, x + shift, p), rel=1e-9)
 
 
-def test_the_w2_bound_counts_the_spread_and_stays_below_w2():
-    """Scaled copies with equal means: W_1's mean bound is 0, W_2's is |s_x - s_y| > 0."""
-    x = np.random.default_rng(2).normal(size=(80, 2))
-    y = 2.0 * (x - x.mean(0)) + x.mean(0)
+def test_the_w2_bound_counts_each_coordinate_spread_and_stays_below_w2():
+    """Copies scaled per coordinate, equal means: W_1's mean bound is 0, W_2's is exact; a
+    rotated copy (same spread in total, not per coordinate) stays below W_2."""
+    x = np.random.default_rng(2).normal(size=(80, 2)) * [0.5, 2.0]
+    y = [2.0, 0.5] * (x - x.mean(0)) + x.mean(0)
     truth = exact_wp(x, y, 2)
     assert moment_bound(moments(x), moments(y), 1) == pytest.approx(0, abs=1e-12)
-    assert 0.99 * truth < moment_bound(moments(x), moments(y), 2) <= truth * (1 + 1e-9)
+    assert moment_bound(moments(x), moments(y), 2) == pytest.approx(truth, rel=1e-9)
+    turned = x[:, ::-1]
+    assert 0 < moment_bound(moments(x), moments(turned), 2) <= exact_wp(x, turned, 2)
 
 
 @pytest.mark.parametrize("p", [1, 2])
