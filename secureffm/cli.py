@@ -450,7 +450,8 @@ def add_fedwad_arguments(parser: argparse.ArgumentParser) -> None:
     add("--noise-std", type=float, default=default.noise_std,
         help="noise on returned support points without a randomized-t stage")
     add("--no-bracket", dest="bracket", action="store_false",
-        help="no lower bound: clients do not release their rows' mean and spread")
+        help="no lower bound: clients do not release their rows' means and per-coordinate "
+             "standard deviations")
     add("--protocol", default="plaintext", help="plaintext | fedwad-private | a .toml spec")
     add("--seed", type=int, default=0)
     add("--out", default="", help="run folder (default runs/fedwad-<protocol>-<data>-s<seed>)")
@@ -531,8 +532,13 @@ def fedwad_command(args: argparse.Namespace) -> None:
     else:
         print(f"FedWAD W_{args.p} between clients {', '.join(done.result['clients'])}:")
         print(np.array2string(np.array(done.result["matrix"]), precision=4))
-        print("Each entry is an upper bound on W_p whose gap the server does not know; to "
-              f"tighten: --support above {args.support} and --iterations (docs/fedwad.md).")
+        gap = "whose gap the server does not know"
+        if "lower_matrix" in done.result:
+            print("and lower bounds from the clients' means and spreads:")
+            print(np.array2string(np.array(done.result["lower_matrix"]), precision=4))
+            gap = "above its lower bound"
+        print(f"Each entry is an upper bound on W_p {gap}; to tighten: --support above "
+              f"{args.support} and --iterations (docs/fedwad.md).")
     _insecure_line(done.result)
 
 

@@ -51,9 +51,9 @@ from .fedwad import (
 )
 from .fedwad_bounds import Moments, lower_bound, moments
 
-__all__ = ["federated_distance", "pairwise_distances", "client_samples", "measure_payload",
-           "payload_measure", "rounds_per_distance", "Rows", "Side", "FedWADClient", "LABELS",
-           "EMBEDDING", "client_labels", "augment", "sample_dim"]
+__all__ = ["federated_distance", "pairwise_distances", "pairwise_brackets", "client_samples",
+           "measure_payload", "payload_measure", "rounds_per_distance", "Rows", "Side",
+           "FedWADClient", "LABELS", "EMBEDDING", "client_labels", "augment", "sample_dim"]
 
 LABELS = "labels"
 EMBEDDING = "label_embedding"  # the kind of the server's message of label vectors (OTDD)
@@ -483,21 +483,32 @@ def federated_distance(channel: Channel, privacy: GeodesicPrivacy | None, a: Sid
 def pairwise_distances(channel: Channel, privacy: GeodesicPrivacy | None,
                        config: FedWADConfig, round_: int = 1, progress: bool = False,
                        dim: int | None = None) -> np.ndarray:
-    """FedWAD between every pair of the channel's clients, orchestrated by the server.
+    """FedWAD between every pair of the channel's clients, orchestrated by the server: the
+    upper bounds of :func:`pairwise_brackets`, [n, n]."""
+    return pairwise_brackets(channel, privacy, config, round_, progress, dim)[0]
+
+
+def pairwise_brackets(channel: Channel, privacy: GeodesicPrivacy | None,
+                      config: FedWADConfig, round_: int = 1, progress: bool = False,
+                      dim: int | None = None) -> tuple[np.ndarray, np.ndarray | None]:
+    """FedWAD between every pair of the channel's clients: (upper bounds, lower bounds), each
+    [n, n] in the order of ``channel.clients``, symmetric with a zero diagonal; the lower ones
+    only with ``config.bracket`` (else None).
 
     Pairs run one after another in consecutive blocks of :func:`rounds_per_distance` rounds
-    from ``round_``; ``dim`` as in :func:`federated_distance`. Returns [n, n] in the order of
-    ``channel.clients``: symmetric, zero diagonal.
+    from ``round_``; ``dim`` as in :func:`federated_distance`.
     """
     ids = [c.id for c in channel.clients]
     if len(ids) < 2:
         raise ConfigError(f"pairwise FedWAD needs at least 2 clients; this federation has "
                           f"{len(ids)}")
     pairs = [(i, j) for i in range(len(ids)) for j in range(i + 1, len(ids))]
-    matrix = np.zeros((len(ids), len(ids)))
+    upper, lower = np.zeros((len(ids), len(ids))), np.zeros((len(ids), len(ids)))
     for n, (i, j) in enumerate(progress_bar(pairs, desc="FedWAD pairs", unit="pair",
                                             disable=not progress, dynamic_ncols=True)):
         result = federated_distance(channel, privacy, ids[i], ids[j], config,
                                     round_ + n * rounds_per_distance(config), dim=dim)
-        matrix[i, j] = matrix[j, i] = result.distance
-    return matrix
+        upper[i, j] = upper[j, i] = result.distance
+        if config.bracket:
+            lower[i, j] = lower[j, i] = result.lower_bound
+    return upper, lower if config.bracket else None

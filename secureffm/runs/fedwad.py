@@ -29,7 +29,7 @@ from ..federation.channel import Channel
 from ..federation.log import MessageLog
 from ..federation.parties import new_clients, secret_randomness
 from ..methods.fedwad import FedWADConfig, accuracy, check_samples, ground_cost
-from ..methods.fedwad_federated import FedWADClient, federated_distance, pairwise_distances
+from ..methods.fedwad_federated import FedWADClient, federated_distance, pairwise_brackets
 from ..ot import emd_cost
 from ..protocols.protocol import Protocol, load_protocol
 from ..protocols.statement import privacy_statement
@@ -224,9 +224,11 @@ def run_fedwad(run: FedWADRun, connect: Connect | None = None) -> FedWADRunResul
                           evaluated=list(found.evaluated), best=found.best,
                           support=found.measure.size, accuracy=accuracy(found, run.fedwad))
         else:
-            matrix = pairwise_distances(channel, geodesic, run.fedwad, progress=run.progress,
-                                        dim=dim)
+            matrix, lower = pairwise_brackets(channel, geodesic, run.fedwad,
+                                              progress=run.progress, dim=dim)
             result["matrix"] = matrix.tolist()
+            if lower is not None:
+                result["lower_matrix"] = lower.tolist()
         result["seconds"] = time.perf_counter() - start
     finally:
         head = channel.close() if channel is not None else log.close()
