@@ -7,6 +7,8 @@ Fig. 2 of Rakotomamonjy et al. (2024), measured in one run.
     .venv/bin/python benchmarks/fedwad.py --sizes 30 --figure /tmp/f.png  # seconds: a check
     .venv/bin/python benchmarks/fedwad.py --speed --out docs/benchmarks.md  # the S x K grid
     .venv/bin/python benchmarks/fedwad.py --speed --quick                   # N = 1000 (2D)
+    .venv/bin/python benchmarks/fedwad.py --paper --out docs/benchmarks.md  # Fig. 2's protocol
+    .venv/bin/python benchmarks/fedwad.py --paper --smoke                   # seconds: a check
 
 Data: mu = N samples of N(0, I_d), nu = N (ratio 1:1) or N/3 (1:3) samples of N(m, I_d) with
 |m| = 2 along the diagonal, so the population W_2 is 2 (the closed form). Methods: exact W_2
@@ -31,6 +33,15 @@ is the critical path with the two clients in parallel, measured per party in one
 then the slower client's distance to xi^(K)); exact W is ``ot.emd2`` on the same samples, CPU
 seconds, in the same run. Errors are of the best evaluated bound (the reported distance) and, in
 brackets, of the last iterate's.
+
+``--paper`` runs Fig. 2's protocol instead (issue 42), on the paper's data: mu = N draws of
+N(0, 0.1 I_d), nu = N or N/3 draws of N(m, 0.1 I_d) with m = (4, ..., 4) / sqrt(d) (in 2D
+(4, 4) / sqrt(2)), so the closed form is |m| = 4; d = 2 and 50, ratios 1:1 and 1:3, S in
+{2, 10, 100}, K = 20 (t ~ U(0.05, 0.95)), the median of 3 draws. Every method is timed in CPU
+seconds (one thread): exact W (``ot.emd2`` through ``secureffm.ot.emd_cost``), FedWAD-e (Eq. 5,
+xi^(0) as large as the smaller set; only up to ``--exact-max``) and FedWAD-a, each FedWAD both
+sequentially (all parties' work) and on its critical path (``FedWADResult.seconds``). Errors are
+of the reported (best) bound against the closed form.
 """
 
 from __future__ import annotations
@@ -67,6 +78,10 @@ SPEED_SETS = (("two Gaussians", 2, 5000), ("Gaussian vs mixture", 2, 5000),
 QUICK_SPEED_SETS = (("two Gaussians", 2, 1000), ("Gaussian vs mixture", 2, 1000),
                     ("two Gaussians", 50, 300))
 FIGURE = Path("docs/figures/fedwad_fig2.png")
+PAPER_SIZES = (100, 300, 1000, 3000)
+PAPER_EXACT_MAX = 1000
+PAPER_DISTANCE = 4.0  # |m|, the closed form W_2 (and W_1) between the paper's two Gaussians
+PAPER_VARIANCE = 0.1
 
 
 def _data(n: int, ratio: int, dim: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
@@ -142,6 +157,71 @@ def speed_tables(rows: list[dict]) -> str:
                      for k in range(1, SPEED_K + 1)]
             out.append(f"| {r['t'][0]:g}-{r['t'][1]:g} | {r['S']} | " + " | ".join(cells) + " |")
         out.append("")
+    return "\n".join(out)
+
+
+def paper_data(n: int, ratio: int, dim: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """The paper's pair: N draws of N(0, 0.1 I_d) and N / ratio of N(m, 0.1 I_d), |m| = 4."""
+    rng = np.random.default_rng([seed, n, ratio, dim, 42])
+    scale = np.sqrt(PAPER_VARIANCE)
+    shift = np.full(dim, PAPER_DISTANCE / np.sqrt(dim))
+    return (scale * rng.standard_normal((n, dim)),
+            scale * rng.standard_normal((n // ratio, dim)) + shift)
+
+
+def paper(sizes, repeats: int, exact_max: int) -> dict:
+    """results[(dim, ratio, n, method)] = (median sequential CPU s, median critical-path CPU s,
+    median error vs the closed form); exact W's two times are equal."""
+    cells = [(d, r, n) for d in DIMS for r in RATIOS for n in sizes]
+    results = {}
+    emd_cost(ground_cost(*paper_data(10, 1, 2, 0), 2))  # the first solve loads POT's solver
+    bar = tqdm(total=sum(len(_methods(n, r, exact_max)) for _, r, n in cells) * repeats,
+               desc="FedWAD, Fig. 2's protocol", unit="run", file=sys.stderr)
+    for dim, ratio, n in cells:
+        runs: dict[str, list[tuple[float, float, float]]] = {}
+        for rep in range(repeats):
+            x, y = paper_data(n, ratio, dim, rep)
+            for name, config in _methods(n, ratio, exact_max):
+                bar.set_postfix_str(f"d={dim} 1:{ratio} N={n} {name}")
+                start = time.process_time()
+                if config is None:
+                    value = emd_cost(ground_cost(x, y, 2)) ** 0.5
+                    path = time.process_time() - start
+                else:
+                    found = fedwad(x, y, config, np.random.default_rng(rep))
+                    value, path = found.distance, found.seconds[-1]
+                seconds = time.process_time() - start
+                runs.setdefault(name, []).append(
+                    (seconds, path, abs(value / PAPER_DISTANCE - 1)))
+                bar.update()
+        for name, values in runs.items():
+            results[(dim, ratio, n, name)] = tuple(statistics.median(c)
+                                                   for c in zip(*values, strict=True))
+    bar.close()
+    return results
+
+
+def paper_tables(results: dict, sizes, exact_max: int) -> str:
+    names = [name for name, _ in _methods(min(sizes), 1, exact_max)]
+    out = []
+    for dim in DIMS:
+        for ratio in RATIOS:
+            out.append(f"**d = {dim}, ratio 1:{ratio}** (exact W: CPU seconds and error vs the "
+                       "closed form 4; FedWAD: sequential time over exact W's / critical path's "
+                       "over exact W's, error vs the closed form)\n")
+            out.append("| N | W (POT) s | W error | " + " | ".join(names[1:]) + " |")
+            out.append("| --- " * (len(names) + 2) + "|")
+            for n in sizes:
+                w_time, _, w_error = results[(dim, ratio, n, "W (POT)")]
+                row = [f"{n:,}", f"{w_time:.3f}", f"{w_error:.2%}"]
+                w_time = max(w_time, 1e-6)  # CPU clock ticks: a tiny solve may read 0
+                for name in names[1:]:
+                    cell = results.get((dim, ratio, n, name))
+                    row.append("not run" if cell is None else
+                               f"{cell[0] / w_time:.2f}x / {cell[1] / w_time:.2f}x, "
+                               f"{cell[2]:.2%}")
+                out.append("| " + " | ".join(row) + " |")
+            out.append("")
     return "\n".join(out)
 
 
@@ -221,7 +301,8 @@ def figure(results: dict, sizes, exact_max: int, path: Path) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     parser.add_argument("--quick", action="store_true", help=f"N in {QUICK_SIZES} only")
-    parser.add_argument("--repeats", type=int, default=1, help="data draws per cell (median)")
+    parser.add_argument("--repeats", type=int,
+                        help="data draws per cell (median; default 1, with --paper 3)")
     parser.add_argument("--exact-max", type=int, default=1000,
                         help="largest N for exact-interpolation FedWAD")
     parser.add_argument("--out", type=Path, help="markdown file to write the tables into")
@@ -233,8 +314,29 @@ def main() -> None:
                              "every set)")
     parser.add_argument("--dims", type=int, nargs="+",
                         help="with --speed: only the sets of these dimensions")
+    parser.add_argument("--paper", action="store_true",
+                        help=f"Fig. 2's protocol on the paper's data (N in {PAPER_SIZES}, 3 "
+                             f"draws, FedWAD-e up to N = {PAPER_EXACT_MAX})")
+    parser.add_argument("--smoke", action="store_true",
+                        help="with --paper: N = 30, one draw (checks that the script works)")
     args = parser.parse_args()
     torch.set_num_threads(1)
+    if args.paper:
+        sizes = (30,) if args.smoke else tuple(args.sizes or PAPER_SIZES)
+        repeats = 1 if args.smoke else args.repeats or 3
+        exact_max = max(sizes) if args.smoke else PAPER_EXACT_MAX
+        text = paper_tables(paper(sizes, repeats, exact_max), sizes, exact_max)
+        print(text)
+        if args.out:
+            flags = " --smoke" if args.smoke else (
+                f" --sizes {' '.join(map(str, sizes))}" if args.sizes else "")
+            flags += f" --repeats {args.repeats}" if args.repeats else ""
+            note = (f"Measured by `benchmarks/fedwad.py --paper{flags}` ({repeats} draw(s) per "
+                    "cell, median), one process, one thread, CPU seconds.\n\n")
+            # the default grid, and other sizes in a block of their own
+            block = "fedwad_paper" + (f"_n{'_'.join(map(str, sizes))}" if args.sizes else "")
+            write_block(args.out, block, note + text, title="# Benchmarks")
+        return
     if args.speed:
         sets = QUICK_SPEED_SETS if args.quick else SPEED_SETS
         if args.sizes:
@@ -254,7 +356,7 @@ def main() -> None:
             write_block(args.out, block, note + text, title="# Benchmarks")
         return
     sizes = tuple(args.sizes) if args.sizes else QUICK_SIZES if args.quick else SIZES
-    results = run(sizes, args.repeats, args.exact_max)
+    results = run(sizes, args.repeats or 1, args.exact_max)
     text = tables(results, sizes, args.exact_max)
     print(text)
     figure(results, sizes, args.exact_max, args.figure)
@@ -262,7 +364,7 @@ def main() -> None:
         flags = (" --quick" if args.quick else "") + (
             f" --sizes {' '.join(map(str, sizes))}" if args.sizes else "")
         note = (f"Measured by `benchmarks/fedwad.py{flags}` "
-                f"({args.repeats} draw(s) per cell, median), one process, one thread.\n\n")
+                f"({args.repeats or 1} draw(s) per cell, median), one process, one thread.\n\n")
         write_block(args.out, "fedwad", note + text, title="# Benchmarks")
 
 

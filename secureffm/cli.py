@@ -449,6 +449,9 @@ def add_fedwad_arguments(parser: argparse.ArgumentParser) -> None:
         help="range of each random t without a randomized-t stage")
     add("--noise-std", type=float, default=default.noise_std,
         help="noise on returned support points without a randomized-t stage")
+    add("--no-bracket", dest="bracket", action="store_false",
+        help="no lower bound: clients do not release their rows' means and per-coordinate "
+             "standard deviations")
     add("--protocol", default="plaintext", help="plaintext | fedwad-private | a .toml spec")
     add("--seed", type=int, default=0)
     add("--out", default="", help="run folder (default runs/fedwad-<protocol>-<data>-s<seed>)")
@@ -496,7 +499,7 @@ def fedwad_command(args: argparse.Namespace) -> None:
     """Build the run from parsed options, run it, print the folder and the distance(s)."""
     config = FedWADConfig(p=args.p, iterations=args.iterations, support_size=args.support,
                           exact=args.exact, t_range=tuple(args.t_range),
-                          noise_std=args.noise_std, seed=args.seed)
+                          noise_std=args.noise_std, seed=args.seed, bracket=args.bracket)
     run = FedWADRun(config, args.data, args.clients, args.samples, args.dim,
                     tuple(args.client_files), args.protocol, args.seed, args.out,
                     args.check_exact, args.keep_payloads, overwrite=args.overwrite,
@@ -518,6 +521,9 @@ def fedwad_command(args: argparse.Namespace) -> None:
     print(pin_message(done.out, done.pin, args.pin_to))
     if "distance" in done.result:
         line = f"FedWAD W_{args.p} <= {done.result['distance']:.6g} (an upper bound)"
+        if done.result.get("lower_bound") is not None:
+            line += (f", >= {done.result['lower_bound']:.6g} (a lower bound from the clients' "
+                     "means and spreads)")
         if "exact" in done.result:
             line += (f"; exact {done.result['exact']:.6g}, relative error "
                      f"{done.result['max_relative_error']:.2%}")
@@ -526,8 +532,13 @@ def fedwad_command(args: argparse.Namespace) -> None:
     else:
         print(f"FedWAD W_{args.p} between clients {', '.join(done.result['clients'])}:")
         print(np.array2string(np.array(done.result["matrix"]), precision=4))
-        print("Each entry is an upper bound on W_p whose gap the server does not know; to "
-              f"tighten: --support above {args.support} and --iterations (docs/fedwad.md).")
+        gap = "whose gap the server does not know"
+        if "lower_matrix" in done.result:
+            print("and lower bounds from the clients' means and spreads:")
+            print(np.array2string(np.array(done.result["lower_matrix"]), precision=4))
+            gap = "above its lower bound"
+        print(f"Each entry is an upper bound on W_p {gap}; to tighten: --support above "
+              f"{args.support} and --iterations (docs/fedwad.md).")
     _insecure_line(done.result)
 
 
@@ -536,8 +547,10 @@ def _vouch(accuracy: dict) -> str:
     falling = accuracy["still_falling"]
     trend = ("" if falling is None else
              f" The best bound fell {falling:.2%} over the later half of the iterations.")
-    return (f"Its gap to W_p is not known to the server: {accuracy['support']} atoms set an "
-            f"error floor (docs/fedwad.md).{trend} To tighten: {accuracy['tighten']}.")
+    gap = ("Its gap to W_p is not known to the server" if accuracy.get("bracket") is None else
+           f"It is at most {accuracy['bracket']:.2%} above W_p (the bracket)")
+    return (f"{gap}: {accuracy['support']} atoms set an error floor (docs/fedwad.md).{trend} "
+            f"To tighten: {accuracy['tighten']}.")
 
 
 def main(argv: list[str] | None = None) -> int:

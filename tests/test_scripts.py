@@ -303,6 +303,22 @@ def test_fedwad_benchmark(run_script, tmp_path):
     assert "| N | W (POT) s |" in _block(out, "fedwad")
 
 
+def test_fedwad_paper_protocol(run_script, tmp_path):
+    """Fig. 2's protocol on the paper's data (closed form 4): every method in every cell, both
+    times (sequential / critical path) over exact W's, and the block for docs/benchmarks.md."""
+    out = tmp_path / "benchmarks.md"
+    result = run_script("benchmarks/fedwad.py", "--paper", "--smoke", "--out",
+                        str(out)).check()
+    for dim in (2, 50):
+        for ratio in (1, 3):
+            assert f"**d = {dim}, ratio 1:{ratio}** (exact W: CPU seconds" in result.stdout
+    rows = _rows(result.stdout, "30")
+    assert len(rows) == 4 and all(len(r) == 7 and "not run" not in r for r in rows)
+    sequential, path = (float(v.rstrip("x")) for v in rows[0][3].split(",")[0].split(" / "))
+    assert sequential >= path > 0  # the critical path is part of all parties' work
+    assert "--paper --smoke" in _block(out, "fedwad_paper")
+
+
 def test_fedwad_speed_grid(run_script, tmp_path):
     out = tmp_path / "benchmarks.md"
     result = run_script("benchmarks/fedwad.py", "--speed", "--sizes", "110", "--dims", "2",

@@ -24,6 +24,7 @@ from scipy.spatial import cKDTree
 
 from ..errors import ConfigError, DataError
 from ..ot import emd_cost, emd_plan, pot
+from .fedwad_bounds import lower_bound, moments
 
 __all__ = ["Measure", "FedWADConfig", "FedWADResult", "interpolate", "interpolate_with_distance",
            "wasserstein",
@@ -79,7 +80,9 @@ class FedWADConfig:
     interpolation draws a fresh t ~ U(t_low, t_high) (equal ends: a fixed t). ``init``:
     ``gaussian`` (xi^(0) = S draws of N(0, init_scale^2 I), independent of the data).
     ``noise_std``: Gaussian noise each client adds to the support points it returns.
-    ``seed``: the server's generator (xi^(0), its own t).
+    ``seed``: the server's generator (xi^(0), its own t). ``bracket``: also give a lower bound
+    from each side's mean and spread (:mod:`.fedwad_bounds`; federated, each client's own
+    config decides whether it releases them).
     """
 
     p: int = 2
@@ -92,6 +95,7 @@ class FedWADConfig:
     noise_std: float = 0.0
     prune_tol: float = 0.5
     seed: int = 0
+    bracket: bool = False
 
     def __post_init__(self) -> None:
         if self.p not in (1, 2) or isinstance(self.p, bool):
@@ -106,6 +110,8 @@ class FedWADConfig:
             raise ConfigError(f"t_range = {self.t_range!r}; use (t_low, t_high) with 0 < t_low "
                               "<= t_high < 1 (t near 0 makes a client's measure its data)")
         object.__setattr__(self, "t_range", (low, high))
+        if not isinstance(self.bracket, bool):
+            raise ConfigError(f"bracket = {self.bracket!r}; use true or false")
         if self.init != "gaussian":
             raise ConfigError(f"init = {self.init!r}; use 'gaussian', or pass an explicit "
                               "initial Measure")
@@ -128,6 +134,8 @@ class FedWADResult:
     known, as if the two clients worked in parallel: per iteration the slower client's
     interpolation (which gives the bound of the xi it received), then the server's; at the end
     the slower client's final distance (:func:`fedwad` only; empty through the channel).
+    ``lower_bound``: L <= W_p from the sides' moments and final distances
+    (:func:`~secureffm.methods.fedwad_bounds.lower_bound`), when ``config.bracket``; else None.
     """
 
     distance: float
@@ -137,6 +145,7 @@ class FedWADResult:
     measure: Measure
     trace: tuple[float, ...] = field(default=())
     seconds: tuple[float, ...] = field(default=())
+    lower_bound: float | None = None
 
 
 def check_samples(x, name: str) -> np.ndarray:
@@ -246,13 +255,14 @@ def fedwad(x, y, config: FedWADConfig, rng: np.random.Generator | None = None,
     if xi.dim != mu.dim:
         raise DataError(f"the initial measure has dimension {xi.dim}, the data {mu.dim}")
     p, exact, tol = config.p, config.exact, config.prune_tol
-    measures, bounds, a_trace, seconds, path = [xi], [], [], [], 0.0
+    measures, bounds, pairs, a_trace, seconds, path = [xi], [], [], [], [], 0.0
     for _ in range(config.iterations):
         (xi_mu, d_mu), a = _timed(interpolate_with_distance, mu, xi, draw_t(config, rng), p,
                                   exact, tol)
         (xi_nu, d_nu), b = _timed(interpolate_with_distance, nu, xi, draw_t(config, rng), p,
                                   exact, tol)
         bounds.append(d_mu + d_nu)
+        pairs.append((d_mu, d_nu))
         seconds.append(path + max(a, b))
         start = time.process_time()
         xi_mu = add_noise(xi_mu, config.noise_std, rng)
@@ -268,8 +278,10 @@ def fedwad(x, y, config: FedWADConfig, rng: np.random.Generator | None = None,
     bounds.append(d_mu + d_nu)
     seconds.append(path + max(a, b))
     best = int(np.argmin(bounds))
+    lower = (lower_bound(moments(mu.support), moments(nu.support), p, [*pairs, (d_mu, d_nu)])
+             if config.bracket else None)
     return FedWADResult(float(bounds[best]), tuple(bounds), tuple(range(len(bounds))), best,
-                        measures[best], tuple(a_trace), tuple(seconds))
+                        measures[best], tuple(a_trace), tuple(seconds), lower)
 
 
 def _timed(function, *args):
@@ -287,7 +299,9 @@ def accuracy(result: FedWADResult, config: FedWADConfig) -> dict:
     randomized-t); above about 1e-3, more iterations lower it. The gap to W_p itself is not
     known: S atoms set an error floor that iterations do not remove (docs/fedwad.md, "What a
     result vouches for").
-    ``tighten``: the settings to raise.
+    ``tighten``: the settings to raise. ``lower_bound``: L <= W_p when the run computed one
+    (else None), and ``bracket``: how far the upper bound may sit above W_p, U / L - 1 (None
+    without L or with L = 0).
     """
     bounds = result.iterates
     falling = None
@@ -297,5 +311,8 @@ def accuracy(result: FedWADResult, config: FedWADConfig) -> dict:
               "an error floor)"]
     if falling is None or falling > 1e-3:
         advice.append(f"--iterations above {config.iterations}")
+    lower = result.lower_bound
+    bracket = None if not lower else float(result.distance / lower - 1)
     return {"upper_bound": True, "still_falling": falling, "support": result.measure.size,
+            "lower_bound": lower, "bracket": bracket,
             "tighten": " and ".join(advice) + ", or --check-exact where the data may be pooled"}

@@ -5,7 +5,9 @@ Iteration k (round ``round_ + k - 1``): the server sends xi^(k-1) to both client
 ``fedwad.interpolate``: it interpolates between its own rows (t = 0) and xi^(k-1) (t = 1) at a t
 it draws and keeps, and returns that measure (``measure``, phase ``upload``); the server
 interpolates between the two at its own t to get xi^(k). A last round sends xi^(K) and each
-client returns W_p(its rows, xi^(K)) (``fedwad.final``, ``scalar``). Under a protocol without the
+client returns W_p(its rows, xi^(K)) (``fedwad.final``, ``scalar``), with its rows' mean and
+spread in the same message when its own ``config.bracket`` says so: they give a lower bound
+(:mod:`.fedwad_bounds`). Under a protocol without the
 ``randomized-t`` stage, clients also return W_p(rows, xi^(k-1)) every iteration
 (``fedwad.distance``) and the server keeps the smallest bound; under it (``privacy``, resolved by
 the runner from the protocol), t's range and the noise on support points come from the stage
@@ -47,10 +49,11 @@ from .fedwad import (
     interpolate_with_distance,
     wasserstein,
 )
+from .fedwad_bounds import Moments, lower_bound, moments
 
-__all__ = ["federated_distance", "pairwise_distances", "client_samples", "measure_payload",
-           "payload_measure", "rounds_per_distance", "Rows", "Side", "FedWADClient", "LABELS",
-           "EMBEDDING", "client_labels", "augment", "sample_dim"]
+__all__ = ["federated_distance", "pairwise_distances", "pairwise_brackets", "client_samples",
+           "measure_payload", "payload_measure", "rounds_per_distance", "Rows", "Side",
+           "FedWADClient", "LABELS", "EMBEDDING", "client_labels", "augment", "sample_dim"]
 
 LABELS = "labels"
 EMBEDDING = "label_embedding"  # the kind of the server's message of label vectors (OTDD)
@@ -162,9 +165,11 @@ _SUBSAMPLE = "fedwad.subsample"  # indices of the rows it drew for the current d
 class FedWADClient:
     """FedWAD's client side: the tasks ``fedwad.interpolate`` of round ``{"round": r}`` (a
     moved measure [S, d]), ``fedwad.distance`` (W_p(rows, xi) of that interpolation,
-    ``{"distance": [1]}``) and ``fedwad.final`` (W_p(rows, xi) for the measure in its inbox),
-    each with the optional args of :class:`Rows` (``label``, ``augment``, ``sample``), on the
-    measure the server left in ``client.inbox["measure"]``.
+    ``{"distance": [1]}``) and ``fedwad.final`` (W_p(rows, xi) for the measure in its inbox,
+    and, only if its own ``config.bracket`` releases them, the rows' ``"mean"`` [d] and
+    ``"spread"`` [d], each coordinate's standard deviation), each with the optional args of
+    :class:`Rows` (``label``, ``augment``, ``sample``), on the measure the server left in
+    ``client.inbox["measure"]``.
 
     ``config`` and ``privacy`` are the client's own (its run config, its copy of the
     protocol's randomized-t stage): t ~ U(its range) and the noise come from its own
@@ -321,7 +326,11 @@ class FedWADClient:
         client.state[_MOVES] = 0
         client.state.pop(_KEPT, None)
         client.state.pop(_SUBSAMPLE, None)
-        return {"distance": np.array([wasserstein(Measure.uniform(rows), xi, self.config.p)])}
+        sent = {"distance": np.array([wasserstein(Measure.uniform(rows), xi, self.config.p)])}
+        if self.config.bracket:
+            found = moments(rows)
+            sent.update(mean=found.mean, spread=found.spread)
+        return sent
 
 
 def _deliver(channel: Channel, round_: int, phase: str, kind: str, sender: str, recipient: str,
@@ -341,6 +350,21 @@ def _scalar(payload: Payload, sender: str) -> float:
     if value is None or value.shape != (1,) or not np.isfinite(value).all() or value[0] < 0:
         raise MessageError(f"distance from {sender} must be one finite non-negative number")
     return float(value[0])
+
+
+def _moments(payload: Payload, sender: str, dim: int) -> Moments:
+    if set(payload) != {"distance", "mean", "spread"}:
+        raise MessageError(f"the final distance from {sender} came without its rows' mean and "
+                           f"spread (it holds {sorted(payload)}): its own run config does not "
+                           "release them; run without bracket (--no-bracket)")
+    mean, spread = payload["mean"], payload["spread"]
+    if mean.shape != (dim,) or spread.shape != (dim,):
+        raise MessageError(f"moments from {sender} have shapes {mean.shape} and {spread.shape}; "
+                           f"expected ({dim},) for both")
+    try:
+        return Moments(mean, spread)
+    except DataError as err:
+        raise MessageError(f"moments from {sender} are not valid: {err}") from None
 
 
 @dataclass(frozen=True)
@@ -389,7 +413,8 @@ def federated_distance(channel: Channel, privacy: GeodesicPrivacy | None, a: Sid
     the t of a side it holds) is seeded by (config.seed, round_); each client draws its t and
     noise from its own ``protocol_rng`` (:class:`FedWADClient`). ``init``: xi^(0) instead of a
     Gaussian draw. Returns the bounds the server learned (every iterate, or only xi^(K) under
-    ``randomized-t``) and the best of them. A message that does not arrive, or that a client
+    ``randomized-t``) and the best of them; with ``config.bracket``, also a lower bound from each
+    side's moments and final distance. A message that does not arrive, or that a client
     refuses, raises ProtocolError (the log says why).
     """
     (low, high), _, private = _protections(privacy, config)
@@ -407,7 +432,7 @@ def federated_distance(channel: Channel, privacy: GeodesicPrivacy | None, a: Sid
     if xi.dim != dim:
         raise DataError(f"the initial measure has dimension {xi.dim}, the data {dim}")
     p, exact, tol = config.p, config.exact, config.prune_tol
-    measures, bounds, evaluated = [xi], [], []
+    measures, bounds, evaluated, pairs = [xi], [], [], []
     for k in range(1, config.iterations + 1):
         r = round_ + k - 1
         returned, distances = [], []
@@ -429,45 +454,61 @@ def federated_distance(channel: Channel, privacy: GeodesicPrivacy | None, a: Sid
                 distances.append(_scalar(got, side.client))
         if not private:
             bounds.append(sum(distances))
+            pairs.append(tuple(distances))
             evaluated.append(k - 1)
         xi = interpolate(returned[0], returned[1], float(server_rng.uniform(low, high)), p,
                          exact, tol)
         measures.append(xi)
     final = round_ + config.iterations
-    total = 0.0
+    to_xi, moment = [], []
     for side in sides:
         if isinstance(side, Measure):
-            total += wasserstein(side, xi, p)
+            to_xi.append(wasserstein(side, xi, p))
+            moment.append(moments(side.support, side.weights))
             continue
         _deliver(channel, final, "broadcast", "measure", SERVER, side.client,
                  measure_payload(xi))
         got = _deliver(channel, final, "upload", "scalar", side.client, SERVER, side.final)
-        total += _scalar(got, side.client)
-    bounds.append(total)
+        to_xi.append(_scalar(got, side.client))
+        if config.bracket:
+            moment.append(_moments(got, side.client, dim))
+    bounds.append(sum(to_xi))
     evaluated.append(config.iterations)
     best = int(np.argmin(bounds))
+    lower = lower_bound(*moment, p, [*pairs, tuple(to_xi)]) if config.bracket else None
     return FedWADResult(float(bounds[best]), tuple(bounds), tuple(evaluated), evaluated[best],
-                        measures[evaluated[best]])
+                        measures[evaluated[best]], lower_bound=lower)
 
 
 def pairwise_distances(channel: Channel, privacy: GeodesicPrivacy | None,
                        config: FedWADConfig, round_: int = 1, progress: bool = False,
                        dim: int | None = None) -> np.ndarray:
-    """FedWAD between every pair of the channel's clients, orchestrated by the server.
+    """FedWAD between every pair of the channel's clients, orchestrated by the server: the
+    upper bounds of :func:`pairwise_brackets`, [n, n]."""
+    return pairwise_brackets(channel, privacy, config, round_, progress, dim)[0]
+
+
+def pairwise_brackets(channel: Channel, privacy: GeodesicPrivacy | None,
+                      config: FedWADConfig, round_: int = 1, progress: bool = False,
+                      dim: int | None = None) -> tuple[np.ndarray, np.ndarray | None]:
+    """FedWAD between every pair of the channel's clients: (upper bounds, lower bounds), each
+    [n, n] in the order of ``channel.clients``, symmetric with a zero diagonal; the lower ones
+    only with ``config.bracket`` (else None).
 
     Pairs run one after another in consecutive blocks of :func:`rounds_per_distance` rounds
-    from ``round_``; ``dim`` as in :func:`federated_distance`. Returns [n, n] in the order of
-    ``channel.clients``: symmetric, zero diagonal.
+    from ``round_``; ``dim`` as in :func:`federated_distance`.
     """
     ids = [c.id for c in channel.clients]
     if len(ids) < 2:
         raise ConfigError(f"pairwise FedWAD needs at least 2 clients; this federation has "
                           f"{len(ids)}")
     pairs = [(i, j) for i in range(len(ids)) for j in range(i + 1, len(ids))]
-    matrix = np.zeros((len(ids), len(ids)))
+    upper, lower = np.zeros((len(ids), len(ids))), np.zeros((len(ids), len(ids)))
     for n, (i, j) in enumerate(progress_bar(pairs, desc="FedWAD pairs", unit="pair",
                                             disable=not progress, dynamic_ncols=True)):
         result = federated_distance(channel, privacy, ids[i], ids[j], config,
                                     round_ + n * rounds_per_distance(config), dim=dim)
-        matrix[i, j] = matrix[j, i] = result.distance
-    return matrix
+        upper[i, j] = upper[j, i] = result.distance
+        if config.bracket:
+            lower[i, j] = lower[j, i] = result.lower_bound
+    return upper, lower if config.bracket else None

@@ -29,7 +29,7 @@ from ..federation.channel import Channel
 from ..federation.log import MessageLog
 from ..federation.parties import new_clients, secret_randomness
 from ..methods.fedwad import FedWADConfig, accuracy, check_samples, ground_cost
-from ..methods.fedwad_federated import FedWADClient, federated_distance, pairwise_distances
+from ..methods.fedwad_federated import FedWADClient, federated_distance, pairwise_brackets
 from ..ot import emd_cost
 from ..protocols.protocol import Protocol, load_protocol
 from ..protocols.statement import privacy_statement
@@ -219,13 +219,16 @@ def run_fedwad(run: FedWADRun, connect: Connect | None = None) -> FedWADRunResul
                         "insecure_deterministic": run.insecure_deterministic}
         if len(ids) == 2:
             found = federated_distance(channel, geodesic, ids[0], ids[1], run.fedwad, dim=dim)
-            result.update(distance=found.distance, iterates=list(found.iterates),
+            result.update(distance=found.distance, lower_bound=found.lower_bound,
+                          iterates=list(found.iterates),
                           evaluated=list(found.evaluated), best=found.best,
                           support=found.measure.size, accuracy=accuracy(found, run.fedwad))
         else:
-            matrix = pairwise_distances(channel, geodesic, run.fedwad, progress=run.progress,
-                                        dim=dim)
+            matrix, lower = pairwise_brackets(channel, geodesic, run.fedwad,
+                                              progress=run.progress, dim=dim)
             result["matrix"] = matrix.tolist()
+            if lower is not None:
+                result["lower_matrix"] = lower.tolist()
         result["seconds"] = time.perf_counter() - start
     finally:
         head = channel.close() if channel is not None else log.close()
@@ -241,6 +244,10 @@ def run_fedwad(run: FedWADRun, connect: Connect | None = None) -> FedWADRunResul
     (out / "result.json").write_text(json.dumps(result, indent=2))
     exclusions = ("every interpolating measure the server receives is a deterministic function "
                   "of a client's data, its t and the server's measure; no DP covers it",)
+    if run.fedwad.bracket:
+        exclusions += ("with bracket, each client releases its rows' mean (d floats) and "
+                       "per-coordinate standard deviations (d floats) once per distance, for "
+                       "the lower bound; unaccounted, no DP covers them (docs/fedwad.md)",)
     privacy = privacy_statement(protocol, ("measure", "scalar"), exclusions=exclusions,
                                 deterministic=run.insecure_deterministic)
     (out / "privacy.json").write_text(json.dumps(privacy, indent=2))

@@ -1,12 +1,16 @@
 """FedWAD's defaults on data the other tests do not use, against POT's exact ``ot.emd2``.
 
 Shapes: unequal client sizes, anisotropic Gaussians, a Gaussian against a mixture, d from 2 to
-10, W_1 and W_2, both orders of the clients. With its defaults (S = 100, K = 20) FedWAD gives an
-upper bound that can sit far above W_p (docs/fedwad.md, "What a result vouches for"); the bound
-is what it vouches for, and ``accuracy`` says how to tighten it. These tests check exactly that:
-every default estimate is at least exact W_p (summing p-th powers fails it), the measured band
-of the defaults' error holds, and following the advice (S = the smaller client's rows) tightens
-the estimate to the band docs/fedwad.md states."""
+10, W_1 and W_2, both orders of the clients. With ``secureffm fedwad``'s defaults (S = 100,
+K = 20, bracket on) FedWAD gives an upper bound that can sit far above W_p and a lower bound from
+the clients' means and spreads (docs/fedwad.md, "What a result vouches for"): the bracket is what
+it vouches for, and ``accuracy`` says how to tighten it. These tests check exactly that: every
+default estimate is at least exact W_p (summing p-th powers fails it), every lower bound at
+most W_p, so the reported bracket covers the true error; the measured band of the defaults'
+error holds, and following the advice (S = the smaller client's rows) tightens the estimate to
+the band docs/fedwad.md states."""
+
+from dataclasses import replace
 
 import numpy as np
 import ot
@@ -14,7 +18,7 @@ import pytest
 
 from secureffm.methods.fedwad import FedWADConfig, accuracy, fedwad
 
-DEFAULTS = FedWADConfig()
+DEFAULTS = FedWADConfig(bracket=True)  # the CLI's: bracket unless --no-bracket
 # Bands about 1.3x the largest error measured on these shapes (docs/fedwad.md, "What a result
 # vouches for"): the defaults' (S = 100, K = 20), and, by d, with S = the smaller client's rows.
 DEFAULT_BAND = 0.60
@@ -43,6 +47,7 @@ def shape(name: str, dim: int, n: int, m: int):
 FAST = [("anisotropic", 2, 300, 120), ("mixture", 3, 150, 250), ("close", 2, 250, 200)]
 SLOW = [("anisotropic", d, 800, 300) for d in (3, 5, 10)] + \
        [("mixture", d, 500, 700) for d in (3, 5, 10)] + [("close", 2, 1000, 700)]
+ISSUE = [("anisotropic", 3, 700, 1300), ("mixture", 10, 700, 1300)]  # issue 42's shapes
 
 
 def check_defaults(name, dim, n, m, p, swap):
@@ -50,14 +55,34 @@ def check_defaults(name, dim, n, m, p, swap):
     if swap:
         x, y = y, x
     truth = exact_wp(x, y, p)
-    found = fedwad(x, y, FedWADConfig(p=p))
-    assert found.distance >= truth * (1 - 1e-9), "every FedWAD estimate is an upper bound"
+    found, said = check_bracket(x, y, p, truth)
     assert found.distance <= truth * (1 + DEFAULT_BAND)
-    said = accuracy(found, DEFAULTS)
-    assert said["upper_bound"] and "--support" in said["tighten"]
+    assert "--support" in said["tighten"]
     tight = fedwad(x, y, FedWADConfig(p=p, support_size=min(n, m)))
     assert truth * (1 - 1e-9) <= tight.distance <= truth * (1 + TIGHT_BAND[dim])
     assert tight.distance < found.distance
+
+
+def check_bracket(x, y, p, truth):
+    """The defaults' result and what it vouches for: L <= W_p <= U, so the bracket U / L - 1
+    covers the true relative error."""
+    found = fedwad(x, y, replace(DEFAULTS, p=p))
+    assert found.distance >= truth * (1 - 1e-9), "every FedWAD estimate is an upper bound"
+    assert 0 < found.lower_bound <= truth * (1 + 1e-9), "the lower bound is below W_p"
+    said = accuracy(found, DEFAULTS)
+    assert said["upper_bound"] and said["lower_bound"] == found.lower_bound
+    assert said["bracket"] >= found.distance / truth - 1 - 1e-9
+    return found, said
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("swap", [False, True], ids=["a-b", "b-a"])
+@pytest.mark.parametrize("p", [1, 2])
+@pytest.mark.parametrize("name, dim, n, m", ISSUE)
+def test_the_bracket_covers_w_on_the_issue_shapes(name, dim, n, m, p, swap):
+    x, y = shape(name, dim, n, m)
+    x, y = (y, x) if swap else (x, y)
+    check_bracket(x, y, p, exact_wp(x, y, p))
 
 
 @pytest.mark.parametrize("swap", [False, True], ids=["a-b", "b-a"])

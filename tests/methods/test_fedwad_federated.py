@@ -175,6 +175,12 @@ def test_cli_writes_a_run_folder_that_audits(tmp_path, data, capsys):
     assert result["accuracy"]["still_falling"] is None  # fedwad-private: one bound
     assert result["exact"] == pytest.approx(pot_w2(*data), rel=1e-9)
     assert result["distance"] >= result["exact"] * (1 - 1e-9)
+    # the CLI's default bracket: a lower bound from the clients' means and spreads, a release
+    assert 0 < result["lower_bound"] <= result["exact"] * (1 + 1e-9)
+    assert "(a lower bound from the clients' means and spreads)" in printed
+    assert "above W_p (the bracket)" in printed
+    privacy = json.loads((out / "privacy.json").read_text())
+    assert any("mean (d floats)" in line for line in privacy["exclusions"])
     assert (out / "config.toml").is_file()
     assert main(["audit", "--verify", str(out)]) == 0
     assert main(["fedwad", "--p", "3", "--out", str(tmp_path / "bad")]) == 2

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 
 from secureffm.audit import verify_run
@@ -50,6 +51,17 @@ def test_pairwise_matrix_over_three_clients(tmp_path):
     matrix = result["matrix"]
     assert len(matrix) == 3 and all(matrix[i][i] == 0 for i in range(3))
     assert matrix[0][1] < matrix[0][2]  # client 3's Gaussian is twice as far from client 1's
+
+
+def test_pairwise_brackets_hold_against_exact_w(tmp_path):
+    """With bracket, each pair's lower bound is at most exact W_p, its upper bound at least."""
+    result = run_fedwad(FedWADRun(FedWADConfig(iterations=3, support_size=30, bracket=True),
+                                  samples=80, clients=3, out=str(tmp_path / "run"),
+                                  check_exact=True, progress=False)).result
+    lower, upper, exact = (np.array(result[k]) for k in ("lower_matrix", "matrix", "exact"))
+    off = ~np.eye(3, dtype=bool)
+    assert (lower[off] > 0).all() and (lower <= exact * (1 + 1e-9)).all()
+    assert (exact <= upper * (1 + 1e-9)).all()
 
 
 def test_a_protocol_that_only_sums_scalars_is_refused_and_the_log_still_closes(tmp_path):
