@@ -151,6 +151,7 @@ _ALLOWED = {
     "data/silo.py": "which rows a client holds out: a public fraction, by the public seed",
     "metrics/tabular.py": "which held-out rows a client's W2 uses (its score is released anyway)",
     "runs/synthetic.py": "sampling noise of a released model: OS entropy unless --seed is given",
+    "methods/dp_marginals.py": "the DP baseline's Laplace noise, seeded by secrets.randbits(128)",
 }
 
 
