@@ -14,11 +14,9 @@ from typing import Any
 
 import tomli_w
 
-from .data.images import IMAGE_DATA
-from .data.pairs import PAIRS
-from .data.silo import CLIENT_DATA
 from .errors import ConfigError
-from .models.unet import LAYOUTS
+from .names import CLIENT_DATA, IMAGE_DATA, PAIRS, UNET_LAYOUTS
+from .spelling import did_you_mean
 
 __all__ = ["RunConfig", "load_config", "read_toml", "config_from_dict", "write_config",
            "config_fields", "PATH_LISTS"]
@@ -191,7 +189,7 @@ class RunConfig:
 
     @property
     def images(self) -> bool:
-        """True when the run trains on image data (:data:`~secureffm.data.images.IMAGE_DATA`)."""
+        """True when the run trains on image data (:data:`~secureffm.names.IMAGE_DATA`)."""
         return self.data in IMAGE_DATA
 
 
@@ -201,10 +199,12 @@ def _validate(c: RunConfig) -> None:
             raise ConfigError(f"{key} = {getattr(c, key)!r}: {what}")
 
     need(c.method in METHODS + DCFM_METHODS, "method",
-         f"choose one of {', '.join(METHODS + DCFM_METHODS)}")
+         f"choose one of {', '.join(METHODS + DCFM_METHODS)}"
+         + did_you_mean(c.method, METHODS + DCFM_METHODS))
     need(c.partition in PARTITIONS, "partition", f"choose one of {', '.join(PARTITIONS)}")
     data = DCFM_DATA if c.method in DCFM_METHODS else PAIRS + IMAGE_DATA + (CLIENT_DATA,)
-    need(c.data in data, "data", f"method {c.method!r} needs one of {', '.join(data)}")
+    need(c.data in data, "data", f"method {c.method!r} needs one of {', '.join(data)}"
+         + did_you_mean(c.data, data))
     need(c.adaptive_solver in ADAPTIVE_SOLVERS, "adaptive_solver",
          f"choose one of {', '.join(ADAPTIVE_SOLVERS)} (torchdiffeq's adaptive solvers)")
     need(c.weighting in WEIGHTINGS, "weighting", f"choose one of {', '.join(WEIGHTINGS)}")
@@ -255,7 +255,8 @@ def _validate_images(c: RunConfig, need) -> None:
     need(c.unet_width >= 8 and c.unet_width % 8 == 0, "unet_width",
          "must be a positive multiple of 8 (the U-Net's GroupNorm has 8 groups)")
     need(c.unet_blocks >= 1, "unet_blocks", "must be a positive integer")
-    need(c.unet_layout in LAYOUTS, "unet_layout", f"choose one of {', '.join(LAYOUTS)}")
+    need(c.unet_layout in UNET_LAYOUTS, "unet_layout",
+         f"choose one of {', '.join(UNET_LAYOUTS)}")
     need(len(c.unet_mult) >= 1 and all(m >= 1 for m in c.unet_mult), "unet_mult",
          "list positive width multipliers, one per resolution, e.g. 1,2,2,2")
     need(not c.resume or (c.method in IMAGE_METHODS and c.engine == "inprocess"), "resume",
@@ -345,9 +346,9 @@ def config_from_dict(values: dict[str, Any], base: RunConfig | None = None) -> R
     changes = {}
     for name, value in values.items():
         if name not in known:
-            raise ConfigError(
-                f"unknown config key {name!r}; known keys: {', '.join(sorted(known))}"
-            )
+            hint = (did_you_mean(name, known)
+                    or "; secureffm run --help lists every key (as --key)")
+            raise ConfigError(f"unknown config key {name!r}{hint}")
         changes[name] = _coerce(name, value, getattr(base, name))
     return dataclasses.replace(base, **changes)
 

@@ -58,3 +58,61 @@ def test_flower_keys_refuses_a_folder_that_holds_keys(tmp_path, capsys):
     assert main(["flower-keys", str(tmp_path), "--clients", "2"]) == 0
     assert main(["flower-keys", str(tmp_path), "--clients", "2"]) == 2
     assert "already holds key files" in capsys.readouterr().err
+
+
+def _run_parser():
+    return build_parser()._subparsers._group_actions[0].choices["run"]
+
+
+def test_every_config_field_is_in_exactly_one_option_group():
+    from secureffm.cli import GROUPS
+
+    grouped = [name for names in GROUPS.values() for name in names]
+    assert sorted(grouped) == sorted(f.name for f in dataclasses.fields(RunConfig))
+    titles = {group.title for group in _run_parser()._action_groups}
+    assert set(GROUPS) <= titles
+
+
+def test_run_help_lists_the_choices_and_each_default_once():
+    """--help names every shipped protocol, data set and method, and no option's help shows
+    a default twice or an empty one ("(default none) (default )")."""
+    import re
+
+    from secureffm.config import DCFM_DATA, DCFM_METHODS, METHODS
+    from secureffm.names import IMAGE_DATA, PAIRS
+    from secureffm.specs import shipped
+
+    parser = _run_parser()
+    parser.format_help()  # formats every help string (a % in one would raise)
+    text = " ".join(action.help for action in parser._actions if action.help)
+    for name in (*shipped("protocols"), *PAIRS, *IMAGE_DATA, *DCFM_DATA, *METHODS,
+                 *DCFM_METHODS):
+        assert name in text, name
+    for action in parser._actions:
+        shown = re.findall(r"\(default:? ?([^)]*)\)", action.help or "")
+        assert len(shown) <= 1 and all(v.strip() not in ("", "None") for v in shown), action.help
+
+
+def test_version_is_printed(capsys):
+    from secureffm import __version__
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--version"])
+    assert exit_info.value.code == 0
+    assert __version__ in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv, fragment", [
+    (["run", "--roundz", "3"], "did you mean '--rounds'?"),
+    (["run", "--protocol", "plaintxt"], "did you mean 'plaintext'?"),
+    (["run", "--data", "8gaussians-moon"], "did you mean '8gaussians-moons'?"),
+    (["run", "--method", "gto"], "did you mean 'got'?"),
+])
+def test_a_misspelt_name_gets_a_did_you_mean(argv, fragment, capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    try:
+        code = main([*argv, "--rounds", "1", "--out", str(tmp_path / "run")])
+    except SystemExit as exit_info:  # argparse's own errors exit
+        code = exit_info.code
+    assert code == 2
+    assert fragment in capsys.readouterr().err

@@ -15,7 +15,8 @@ def test_cli_options_override_toml(tmp_path):
 def test_unknown_toml_key_is_named(tmp_path):
     path = tmp_path / "c.toml"
     path.write_text("roundz = 3\n")
-    with pytest.raises(ConfigError, match="unknown config key 'roundz'"):
+    with pytest.raises(ConfigError, match="unknown config key 'roundz' \\(did you mean "
+                       "'rounds'\\?\\)"):
         load_config(path)
 
 

@@ -32,6 +32,7 @@ import numpy as np
 import torch
 
 from ..errors import SecureFFMError
+from ..names import IMAGE_DATA
 from .toy2d import Distribution, normals
 
 __all__ = ["ImageSet", "ImagePair", "MissingDataError", "IMAGE_DATA", "load_cifar10",
@@ -39,7 +40,6 @@ __all__ = ["ImageSet", "ImagePair", "MissingDataError", "IMAGE_DATA", "load_cifa
            "gaussian_images", "image_pair", "image_shape", "read_idx", "mnist_intensity",
            "mnist_arrays"]
 
-IMAGE_DATA = ("cifar10", "mnist", "colored-mnist", "shapes", "digits")
 DIGITS_TEST_FRACTION = 0.25
 SHAPES_TRAIN, SHAPES_TEST = 20_000, 2_000  # images of the synthetic set per split
 
