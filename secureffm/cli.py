@@ -1,4 +1,7 @@
-"""The ``secureffm`` command. Thin: parse, build a config, call the library."""
+"""The ``secureffm`` command. Thin: parse, build a config, call the library.
+
+Only the light modules (the config, its names, the errors) load with this one: a command
+imports what it runs (torch, numpy, the audit) when it runs, so ``--help`` starts fast."""
 
 from __future__ import annotations
 
@@ -8,11 +11,7 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-import numpy as np
-
 from . import __version__
-from .audit.pin import RunPin, is_hex, load_pin
-from .audit.verify import pin_run, verify_run
 from .config import (
     ADAPTIVE_SOLVERS,
     DCFM_DATA,
@@ -29,10 +28,7 @@ from .config import (
     load_config,
 )
 from .errors import RunInterrupted, SecureFFMError
-from .methods.fedwad import FedWADConfig
 from .names import CLIENT_DATA, IMAGE_DATA, PAIRS, UNET_LAYOUTS
-from .runs.fedwad import FedWADRun, run_fedwad
-from .runs.scaffold import pin_message
 from .spelling import did_you_mean
 
 __all__ = ["main", "build_parser"]
@@ -174,25 +170,27 @@ class _Parser(argparse.ArgumentParser):
         return found, extras
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="secureffm", description=__doc__)
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The command's parser; with ``only``, the options of that subcommand alone (``""``: of
+    none), so that ``secureffm --help`` never loads what another subcommand's options need."""
+    parser = _Parser(prog="secureffm", description=__doc__.split("\n")[0])
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="train and evaluate one method under one protocol",
                          usage="%(prog)s [--config FILE] [options]",
                          description="Train and evaluate one method under one protocol; every "
                          "option below is also a key of a --config file.")
-    _add_config_options(run)
+    _fill(only, "run", _add_config_options, run)
     audit = sub.add_parser("audit", help="verify a run's signed, hash-chained message log "
                            "(against a pin kept apart), or print its pin")
-    add_audit_arguments(audit)
+    _fill(only, "audit", add_audit_arguments, audit)
     fedwad = sub.add_parser("fedwad", help="FedWAD: W_p between clients' data sets; the server "
                             "sees only interpolating measures (docs/fedwad.md)")
-    add_fedwad_arguments(fedwad)
+    _fill(only, "fedwad", add_fedwad_arguments, fedwad)
     sweep = sub.add_parser("sweep", help="a grid of methods x protocols x epsilons x seeds from "
                            "a sweep file: resumable, sweep.csv and the privacy-utility frontier "
                            "(docs/sweep.md)")
-    add_sweep_arguments(sweep)
+    _fill(only, "sweep", add_sweep_arguments, sweep)
     keys = sub.add_parser("flower-keys", help="provision each party's key file and the pinned "
                           "parties.json for a Flower deployment (docs/flower.md)")
     keys.add_argument("folder", help="an empty folder for server.key, client-i.key, "
@@ -203,7 +201,7 @@ def build_parser() -> argparse.ArgumentParser:
     app.add_argument("folder", help="the app folder to write")
     app.add_argument("--keys", required=True, help="the server's keys folder (secureffm "
                      "flower-keys); each SuperNode names its own: --node-config keys=PATH")
-    _add_config_options(app)
+    _fill(only, "flower-app", _add_config_options, app)
     sample = sub.add_parser("sample", help="synthetic rows (or 2D points) from a finished run "
                             "or an export, with a privacy notice beside them (docs/data.md)")
     sample.add_argument("run", help="a finished FFM run folder, or a folder secureffm export "
@@ -231,8 +229,19 @@ def build_parser() -> argparse.ArgumentParser:
                             "options of the run it agrees to: the node refuses a run config "
                             "that differs (docs/flower.md)")
     policy.add_argument("folder", metavar="FILE", help="the policy file to write (TOML)")
-    _add_config_options(policy)
+    _fill(only, "flower-policy", _add_config_options, policy)
     return parser
+
+
+def _fill(only: str | None, name: str, add, parser: argparse.ArgumentParser) -> None:
+    """``add(parser)``: the options of subcommand ``name``, unless ``only`` names another."""
+    if only is None or only == name:
+        add(parser)
+
+
+def _command_of(argv: list[str]) -> str:
+    """The subcommand ``argv`` names (its first word that is not an option), or ``""``."""
+    return next((word for word in argv if not word.startswith("-")), "")
 
 
 def _choices() -> dict[str, tuple[str, ...]]:
@@ -352,6 +361,7 @@ def _write_policy(run, path: str) -> None:
 def _run(args: argparse.Namespace) -> None:
     from .runs import run
     from .runs.interrupt import terminate_raises
+    from .runs.scaffold import pin_message
 
     config = _config_of(args)
     with terminate_raises():
@@ -441,7 +451,10 @@ def add_audit_arguments(parser: argparse.ArgumentParser) -> None:
                         help="with --attack: an option of the attack (e.g. steps=200)")
 
 
-def _pin_from_args(args: argparse.Namespace) -> RunPin:
+def _pin_from_args(args: argparse.Namespace):
+    """The :class:`~.audit.pin.RunPin` that --parties and --expect-head give."""
+    from .audit.pin import RunPin, is_hex, load_pin
+
     pin = load_pin(args.parties) if args.parties else RunPin()
     head = args.expect_head
     if head is None:
@@ -497,6 +510,8 @@ def audit_command(args: argparse.Namespace) -> int:
     """Print the verdict(s), the pin or the attacks' results; 0 intact (every claim PASS or NOT
     COVERED; or attacked), 1 tampered (a claim FAILs), 2 when the folder, pin or threat model
     cannot be read or the options do not fit. RUN_DIR may also be given as its messages.jsonl."""
+    from .audit.verify import pin_run, verify_run
+
     for name in ("run_dir", "verify", "pin"):
         setattr(args, name, _run_folder(getattr(args, name)))
     try:
@@ -543,6 +558,9 @@ def _claims(args: argparse.Namespace) -> int:
 
 def add_fedwad_arguments(parser: argparse.ArgumentParser) -> None:
     """The options of ``secureffm fedwad``."""
+    from .methods.fedwad import FedWADConfig
+    from .runs.fedwad import FedWADRun
+
     add = parser.add_argument
     default = FedWADConfig()
     add("--data", default="gaussians", help="gaussians | digits (ignored with --client-file)")
@@ -586,7 +604,7 @@ def add_fedwad_arguments(parser: argparse.ArgumentParser) -> None:
              "(docs/flower.md)")
 
 
-def _fedwad_app(run: FedWADRun, folder: str, keys: str) -> None:
+def _fedwad_app(run, folder: str, keys: str) -> None:
     """A Flower App folder for ``run`` (the ServerApp runs elsewhere: its folder, absolute)."""
     from pathlib import Path
 
@@ -605,6 +623,12 @@ def _fedwad_app(run: FedWADRun, folder: str, keys: str) -> None:
 
 def fedwad_command(args: argparse.Namespace) -> None:
     """Build the run from parsed options, run it, print the folder and the distance(s)."""
+    import numpy as np
+
+    from .methods.fedwad import FedWADConfig
+    from .runs.fedwad import FedWADRun, run_fedwad
+    from .runs.scaffold import pin_message
+
     config = FedWADConfig(p=args.p, iterations=args.iterations, support_size=args.support,
                           exact=args.exact, t_range=tuple(args.t_range),
                           noise_std=args.noise_std, seed=args.seed)
@@ -652,7 +676,8 @@ def _vouch(accuracy: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    args = build_parser(_command_of(argv)).parse_args(argv)
     try:
         if args.command == "run":
             _run(args)

@@ -116,3 +116,21 @@ def test_a_misspelt_name_gets_a_did_you_mean(argv, fragment, capsys, tmp_path, m
         code = exit_info.code
     assert code == 2
     assert fragment in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv", [[], ["--help"], ["run", "--help"], ["audit", "--help"],
+                                  ["schema", "infer", "--help"], ["sample", "--help"]])
+def test_help_loads_neither_torch_nor_numpy(argv):
+    """``secureffm --help`` (and a subcommand's that does not train) starts in a fraction of a
+    second: importing torch alone takes 3-9 s on a busy 2-core machine (docs/benchmarks.md,
+    "Start-up"). Checked on sys.modules in a fresh interpreter, not by timing."""
+    import subprocess
+    import sys
+
+    code = ("import sys\nfrom secureffm.cli import main\n"
+            f"try:\n    main({argv!r}) if {argv!r} else None\nexcept SystemExit:\n    pass\n"
+            "print(sorted(m for m in ('torch', 'numpy', 'scipy', 'opacus', 'flwr') "
+            "if m in sys.modules))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          check=True)
+    assert done.stdout.strip().splitlines()[-1] == "[]"
