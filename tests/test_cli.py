@@ -134,3 +134,41 @@ def test_help_loads_neither_torch_nor_numpy(argv):
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           check=True)
     assert done.stdout.strip().splitlines()[-1] == "[]"
+
+
+_TINY = ["--rounds", "2", "--shard-size", "200", "--batch-size", "32", "--eval-samples", "100",
+         "--nfe", "1", "--trajectories", "10", "--no-progress", "--device", "cpu"]
+_SCHEMA = '[[columns]]\nname = "age"\ntype = "integer"\nlow = 18\nhigh = 90\n'
+
+
+@pytest.mark.parametrize("argv, fragment", [
+    (["--protocol", "plaintxt"], "unknown protocol 'plaintxt'"),
+    (["--data", "cifar10", "--method", "vanilla"], "no --data-dir was given"),
+    (["--data", "cifar10", "--method", "vanilla", "--data-dir", "."], "is missing"),
+    (["--data", "mnist", "--method", "vanilla", "--data-dir", "."], "is in none of"),
+    (["--threat-model", "malicous-server"], "unknown threat model"),
+    (["--target-epsilon", "4"], "has no dp stage"),
+    (["--client-data", "a.csv", "--client-data", "b.csv", "--schema", "nope.toml",
+      "--method", "vanilla"], "no schema file at 'nope.toml'"),
+    (["--client-data", "a.csv", "--client-data", "gone.csv", "--schema", "schema.toml",
+      "--method", "vanilla"], "no data file at 'gone.csv'"),
+    (["--client-data", "a.csv", "--client-data", "a.csv", "--schema", "schema.toml",
+      "--method", "vanilla", "--target-column", "agee"], "'agee' is not a column"),
+])
+def test_a_failed_start_writes_no_file(argv, fragment, tmp_path, monkeypatch, capsys):
+    """A mistake in the command leaves no run folder behind (a stub folder blocked the
+    corrected command as "not empty"): the inputs are checked before anything is written."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "schema.toml").write_text(_SCHEMA)
+    (tmp_path / "a.csv").write_text("age\n" + "\n".join(str(20 + i) for i in range(40)) + "\n")
+    before = sorted(p.name for p in tmp_path.iterdir())
+    assert main(["run", *argv, *_TINY, "--out", "run"]) == 2
+    assert fragment in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == before
+
+
+def test_the_corrected_command_runs_after_a_typo(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert main(["run", "--protocol", "plaintxt", *_TINY, "--out", "run"]) == 2
+    assert main(["run", "--protocol", "plaintext", *_TINY, "--out", "run"]) == 0
+    assert (tmp_path / "run" / "metrics.json").is_file()

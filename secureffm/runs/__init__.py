@@ -30,6 +30,9 @@ def __getattr__(name: str):
 def run(config: RunConfig):
     """Train and evaluate as ``config`` says (DCFM methods on conditional data, else FFM);
     write everything to the run folder; returns its :class:`~.scaffold.RunResult`."""
+    from .preflight import preflight
+
+    preflight(config)  # before any file is written: a failed start leaves no folder behind
     torch.set_num_threads(config.threads)
     if config.engine == "flower":
         from .flower_server import run_on_flower  # Flower is an optional extra

@@ -154,10 +154,7 @@ def _build_table_run(config: RunConfig, device: torch.device, log: MessageLog,
                           "in-process engine for now; use --engine inprocess")
     if config.canaries:
         raise ConfigError("canaries audit 2D runs; drop --canaries on a tabular run")
-    schema = Schema.load(config.schema)
-    if config.target_column and config.target_column not in schema.names:
-        raise ConfigError(f"target_column = {config.target_column!r} is not a column of "
-                          f"{config.schema}; choose one of {', '.join(schema.names)}")
+    schema = Schema.load(config.schema)  # target_column checked by runs.preflight
     pair = table_pair(schema)
     protocol = load_protocol(config.protocol)
     settings = FFMSettings.of(config)
