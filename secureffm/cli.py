@@ -49,6 +49,8 @@ _HELP = {
     "threat_model": "fault injection: a threat_models/ name or a .toml path (default: none)",
     "keep_payloads": "also keep every delivered payload in payloads.bin for audits",
     "target_epsilon": "DP budget per client at --delta; sigma is calibrated to it (0: spec's)",
+    "allow_weak_privacy": "accept a target epsilon above 20, which excludes nothing an "
+                          "attacker could measure (docs/privacy.md)",
     "delta": "DP delta (0: the protocol spec's)",
     "noise_multiplier": "DP noise multiplier sigma instead of calibrating (0: spec's)",
     "canaries": "AUDIT RUN: plant this many gradient canaries (fair coins) in the clients' "
@@ -135,8 +137,8 @@ _HELP = {
 GROUPS = {
     "what and where": ("method", "protocol", "data", "clients", "partition", "dirichlet_alpha",
                        "shard_size", "engine", "phase_timeout", "device", "threads", "seed"),
-    "privacy": ("target_epsilon", "delta", "noise_multiplier", "threat_model", "keep_payloads",
-                "canaries", "insecure_deterministic"),
+    "privacy": ("target_epsilon", "allow_weak_privacy", "delta", "noise_multiplier",
+                "threat_model", "keep_payloads", "canaries", "insecure_deterministic"),
     "training": ("rounds", "batch_size", "lr", "lr_warmup", "hidden", "weighting", "ema_decay",
                  "progress"),
     "GOT (the dual potential and its c-transform)": (

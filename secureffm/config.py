@@ -35,6 +35,10 @@ WEIGHTINGS = ("size", "uniform")
 ADAPTIVE_SOLVERS = ("dopri5", "dopri8", "bosh3", "fehlberg2", "adaptive_heun")
 IMAGE_METHODS = ("vanilla", "lot", "got")  # FFM on images (docs/images.md)
 PRECISIONS = ("auto", "fp32", "bf16")
+# Above this target epsilon a run needs allow_weak_privacy (docs/privacy.md, "Refused up
+# front"): e^20 = 4.9e8 bounds the likelihood ratio of any output, which excludes nothing an
+# attacker could measure; a value this large is a typo or a run without meaningful privacy.
+WEAK_EPSILON = 20.0
 PATH_LISTS = frozenset({"client_data"})  # keys that hold a list of paths, not integers
 TABLE_METHODS = ("vanilla", "lot", "got")  # FFM on the clients' own tables
 
@@ -51,6 +55,7 @@ class RunConfig:
     target_epsilon: float = 0.0
     delta: float = 0.0
     noise_multiplier: float = 0.0
+    allow_weak_privacy: bool = False  # accept a target epsilon above WEAK_EPSILON
     # One-run DP audit (FFM vanilla/got under a dp protocol): plant this many gradient canaries,
     # each in a client's shard by a fair coin; the run is then an audit run (docs/audit.md).
     canaries: int = 0
@@ -158,10 +163,19 @@ class RunConfig:
         changes = {key: getattr(self, key) for key in ("target_epsilon", "delta",
                                                        "noise_multiplier") if getattr(self, key)}
         resolved = dataclasses.replace(settings, **changes)
+        self._check_epsilon(resolved.target_epsilon, "the protocol's dp stage sets ")
         if resolved.target_epsilon is None and resolved.noise_multiplier is None:
             raise ConfigError("the protocol's dp stage has neither target_epsilon nor "
                               "noise_multiplier; pass --target-epsilon or --noise-multiplier")
         return resolved
+
+    def _check_epsilon(self, epsilon: float | None, source: str) -> None:
+        """Refuse a target epsilon above :data:`WEAK_EPSILON` unless ``allow_weak_privacy``."""
+        if epsilon and epsilon > WEAK_EPSILON and not self.allow_weak_privacy:
+            raise ConfigError(f"{source}target_epsilon = {epsilon:g}, above {WEAK_EPSILON:g}: "
+                              "such a guarantee excludes nothing an attacker could measure "
+                              "(docs/privacy.md). Lower it, or pass --allow-weak-privacy to "
+                              "run anyway")
 
     def require_no_dp_options(self, protocol: str) -> None:
         """DP options without a dp stage would promise a guarantee nobody provides."""
@@ -218,6 +232,7 @@ def _validate(c: RunConfig) -> None:
         need(getattr(c, key) > 0, key, "must be > 0")
     for key in ("target_epsilon", "noise_multiplier"):
         need(getattr(c, key) >= 0, key, "must be >= 0 (0 keeps the protocol's value)")
+    c._check_epsilon(c.target_epsilon, "")
     need(c.canaries >= 0, "canaries", "must be >= 0 (0: no canaries, a production run)")
     need(0 <= c.delta < 1, "delta", "must be in [0, 1) (0 keeps the protocol's value)")
     need(0.0 <= c.ema_decay < 1.0, "ema_decay", "must be in [0, 1); 0 disables the average")

@@ -29,6 +29,8 @@ def preflight(config: RunConfig) -> None:
     protocol = load_protocol(config.protocol)
     if protocol.dp is None:
         config.require_no_dp_options(protocol.name)
+    else:
+        config.dp_overrides(protocol.dp.settings)  # refuses a weak target epsilon
     if config.threat_model:
         load_threat_model(config.threat_model)
     if config.data in FILE_IMAGES:
