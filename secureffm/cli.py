@@ -680,6 +680,10 @@ def _vouch(accuracy: dict) -> str:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = build_parser(_command_of(argv)).parse_args(argv)
+    if args.command in ("run", "fedwad", "sweep", "sample", "audit"):  # the ones that compute
+        from .quiet import quiet_known_noise
+
+        quiet_known_noise()
     try:
         if args.command == "run":
             _run(args)

@@ -172,3 +172,61 @@ def test_the_corrected_command_runs_after_a_typo(tmp_path, monkeypatch):
     assert main(["run", "--protocol", "plaintxt", *_TINY, "--out", "run"]) == 2
     assert main(["run", "--protocol", "plaintext", *_TINY, "--out", "run"]) == 0
     assert (tmp_path / "run" / "metrics.json").is_file()
+
+
+_NOISE = ("Optimal order is the", "overflow encountered", "invalid value encountered",
+          "LinAlgWarning", "run_simulation` function is deprecated", "FutureWarning")
+
+
+@pytest.mark.slow  # 11 s on a busy 2-core machine: a fresh interpreter imports torch
+def test_a_short_dp_run_prints_no_known_third_party_warning(tmp_path):
+    """At epsilon 1e9 (allowed as weak) Opacus warns that the best RDP order is the smallest
+    alpha and its PRV accountant overflows: the command's stderr carries none of it."""
+    import subprocess
+    import sys
+
+    argv = ["run", "--protocol", "dp", "--method", "vanilla", "--target-epsilon", "1e9",
+            "--allow-weak-privacy", *_TINY, "--out", str(tmp_path / "run")]
+    done = subprocess.run([sys.executable, "-m", "secureffm", *argv], capture_output=True,
+                          text=True, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert [noise for noise in _NOISE if noise in done.stderr] == []
+
+
+def test_the_noise_filter_is_by_message_and_category_not_blanket():
+    """Each known warning is dropped; the same category with another message, from the same
+    module, still shows; Flower's deprecation line is dropped from its logger, others kept."""
+    import logging
+    import warnings
+
+    from secureffm.quiet import FLOWER_DEPRECATION, KNOWN_WARNINGS, _category, quiet_known_noise
+
+    def shown(message, category, module):
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            quiet_known_noise()
+            warnings.warn_explicit(message, category, "x.py", 1, module=module)
+        return len(seen)
+
+    samples = {"UserWarning": "Optimal order is the largest alpha. Please consider",
+               "RuntimeWarning": "overflow encountered in exp",
+               "LinAlgWarning": "Matrix is ill-conditioned. The result might be inaccurate",
+               "FutureWarning": "Tip: In future versions of Ray, Ray will no longer"}
+    modules = {"UserWarning": "opacus.accountants.analysis.rdp",
+               "RuntimeWarning": "opacus.accountants.analysis.prv.prvs",
+               "LinAlgWarning": "secureffm.metrics.frechet", "FutureWarning": "ray._private.worker"}
+    for _message, name, _module, _why in KNOWN_WARNINGS:
+        category = _category(name)
+        assert shown(samples[name], category, modules[name]) == 0, name
+        assert shown("something else entirely", category, modules[name]) == 1, name
+        assert shown(samples[name], category, "mycode") == 1, name
+    logger, kept = logging.getLogger("flwr"), []
+    handler = logging.Handler()
+    handler.emit = kept.append
+    logger.addHandler(handler)
+    try:
+        logger.warning("DEPRECATED FEATURE: %s", FLOWER_DEPRECATION + " and will be removed")
+        logger.warning("a node went offline")
+    finally:
+        logger.removeHandler(handler)
+    assert [r.getMessage() for r in kept] == ["a node went offline"]
