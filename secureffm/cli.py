@@ -364,12 +364,11 @@ def _run(args: argparse.Namespace) -> None:
     from .runs import run
     from .runs.interrupt import terminate_raises
     from .runs.scaffold import pin_message
+    from .runs.summary import summary_lines
 
     config = _config_of(args)
     with terminate_raises():
         result = run(config)
-    print(f"run folder: {result.out}")
-    print(pin_message(result.out, result.pin, config.pin_to))
     evaluation = result.metrics["eval"]
     if "w2" in evaluation:
         print("W2 by NFE: " + ", ".join(f"{k}: {v:.3f}" for k, v in evaluation["w2"].items()))
@@ -381,6 +380,10 @@ def _run(args: argparse.Namespace) -> None:
                   evaluation["compositional_accuracy_novel"],
                   evaluation["compositional_accuracy_held"], evaluation["features"]["kind"],
                   evaluation["frechet_novel"], evaluation["frechet_held"]))
+    for line in summary_lines(result.metrics["summary"]):
+        print(line)
+    print(f"run folder: {result.out}")
+    print(pin_message(result.out, result.pin, config.pin_to))
     _insecure_line(result.metrics)
 
 

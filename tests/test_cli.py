@@ -167,11 +167,17 @@ def test_a_failed_start_writes_no_file(argv, fragment, tmp_path, monkeypatch, ca
     assert sorted(p.name for p in tmp_path.iterdir()) == before
 
 
-def test_the_corrected_command_runs_after_a_typo(tmp_path, monkeypatch):
+def test_the_corrected_command_runs_after_a_typo(tmp_path, monkeypatch, capsys):
+    """... and ends with its summary: no DP, W2 beside its floor, in metrics.json too."""
+    import json
+
     monkeypatch.chdir(tmp_path)
     assert main(["run", "--protocol", "plaintxt", *_TINY, "--out", "run"]) == 2
     assert main(["run", "--protocol", "plaintext", *_TINY, "--out", "run"]) == 0
-    assert (tmp_path / "run" / "metrics.json").is_file()
+    summary = json.loads((tmp_path / "run" / "metrics.json").read_text())["summary"]
+    out = capsys.readouterr().out
+    assert summary["privacy"] is None and "privacy: no DP" in out
+    assert f"W2 at NFE 1: {summary['quality']['w2']:.3f} (i.i.d. floor" in out
 
 
 _NOISE = ("Optimal order is the", "overflow encountered", "invalid value encountered",
@@ -230,3 +236,53 @@ def test_the_noise_filter_is_by_message_and_category_not_blanket():
     finally:
         logger.removeHandler(handler)
     assert [r.getMessage() for r in kept] == ["a node went offline"]
+
+
+def test_a_dp_run_ends_with_its_summary_printed_and_in_metrics(tmp_path, monkeypatch, capsys):
+    """The last lines say the epsilon each client spent against the target, W2 beside its
+    i.i.d. floor, the run folder and the log head; metrics.json keeps the same under
+    "summary", read from privacy.json and the log's own pin."""
+    import json
+
+    from secureffm.audit.verify import pin_run
+
+    monkeypatch.chdir(tmp_path)
+    assert main(["run", "--protocol", "dp", "--method", "vanilla", "--target-epsilon", "3",
+                 *_TINY, "--out", "run"]) == 0
+    out = capsys.readouterr().out
+    summary = json.loads((tmp_path / "run" / "metrics.json").read_text())["summary"]
+    privacy = json.loads((tmp_path / "run" / "privacy.json").read_text())
+    assert summary["log_head"] == pin_run(tmp_path / "run").head
+    assert summary["privacy"]["target_epsilon"] == 3
+    for cid, spent in summary["privacy"]["clients"].items():
+        assert spent["epsilon"] == privacy["clients"][cid]["rdp"]["total"] <= 3
+        assert f"{cid} {spent['epsilon']:.3f}" in out
+    assert "target 3)" in out
+    assert f"i.i.d. floor {summary['quality']['iid_floor']:.3f}" in out
+    assert f"log head: {summary['log_head']}" in out and "run folder: run" in out
+
+
+def test_the_summary_of_a_tabular_and_an_image_run_names_each_floor():
+    from secureffm.runs.summary import summary_lines
+
+    table = {"privacy": None, "quality": {"clients": {
+        "client-1": {"w2": 0.31, "w2_floor": 0.22}, "client-2": {"w2": 0.4, "w2_floor": 0.25}}}}
+    lines = summary_lines(table)
+    assert lines[0].startswith("privacy: no DP")
+    assert "client-2: W2 on its own held-out rows 0.400 (i.i.d. floor 0.250)" in lines
+    images = {"privacy": None, "quality": {"fid": 41.0, "nfe": 100, "fid_floor": 3.2}}
+    assert "FID at NFE 100: 41 (floor 3.2" in summary_lines(images)[1]
+
+
+def test_verify_says_on_its_first_line_which_checks_were_not_done(tmp_path, monkeypatch,
+                                                                  capsys):
+    """Without payloads.bin the malicious-server checks of secure aggregation cannot run: the
+    verdict line says so instead of a bare "OK: log intact"."""
+    monkeypatch.chdir(tmp_path)
+    assert main(["run", "--protocol", "secagg", "--method", "vanilla", *_TINY,
+                 "--out", "run"]) == 0
+    capsys.readouterr()
+    assert main(["audit", "--verify", "run"]) == 0
+    first = capsys.readouterr().out.splitlines()[0]
+    assert first.startswith("OK: log intact") and "3 check(s) NOT DONE" in first
+    assert "relayed keys equal the advertised ones" in first and "--keep-payloads" in first
