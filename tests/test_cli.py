@@ -177,6 +177,9 @@ def test_the_corrected_command_runs_after_a_typo(tmp_path, monkeypatch, capsys):
     summary = json.loads((tmp_path / "run" / "metrics.json").read_text())["summary"]
     out = capsys.readouterr().out
     assert summary["privacy"] is None and "privacy: no DP" in out
+    rows = (tmp_path / "run" / "metrics.csv").read_text().splitlines()
+    assert rows[0].startswith("round,aborted,loss") and [r.split(",")[0] for r in rows[1:]] == [
+        "1", "2"]
     assert f"W2 at NFE 1: {summary['quality']['w2']:.3f} (i.i.d. floor" in out
 
 
