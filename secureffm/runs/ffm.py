@@ -5,8 +5,8 @@ The run folder holds config.toml, metrics.json, metrics.csv (one row per round,
 :mod:`.round_log`), messages.jsonl, checkpoint.pt, trajectories.png and w2_nfe.png. On images
 (docs/images.md) the same method, channel and protocols train a U-Net; the folder holds
 samples.png and samples/round-N.png (sample grids) instead of the 2D plots, checkpoint.pt is
-also written every ``checkpoint_every`` rounds, and
-metrics.json reports FID (or its labelled fallback).
+also written every ``checkpoint_every`` rounds, and metrics.json reports FID (or its labelled
+fallback).
 
 A run stopped part way (Ctrl-C, SIGTERM under :func:`.interrupt.terminate_raises`, an exception)
 charges the aggregation it cut short, closes its log, and writes privacy.json (marked
