@@ -253,7 +253,12 @@ def test_a_dp_run_ends_with_its_summary_printed_and_in_metrics(tmp_path, monkeyp
     assert main(["run", "--protocol", "dp", "--method", "vanilla", "--target-epsilon", "3",
                  *_TINY, "--out", "run"]) == 0
     out = capsys.readouterr().out
-    summary = json.loads((tmp_path / "run" / "metrics.json").read_text())["summary"]
+    metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
+    summary = metrics["summary"]
+    assert metrics["curves"] == {"loss": [], "dual": []} and "not privatized" in metrics[
+        "curves_note"]  # the empty curves say why
+    assert (tmp_path / "run" / "metrics.csv").read_text().splitlines() == [
+        "round,aborted", "1,0", "2,0"]
     privacy = json.loads((tmp_path / "run" / "privacy.json").read_text())
     assert summary["log_head"] == pin_run(tmp_path / "run").head
     assert summary["privacy"]["target_epsilon"] == 3

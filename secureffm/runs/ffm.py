@@ -58,7 +58,7 @@ from ..protocols.statement import mark_randomness, privacy_statement
 from ..runtime import party_generator, resolve_device
 from .interrupt import cause_of, interruption, signals_held
 from .resume import ResumePoint, refuse_over_budget, resume_point
-from .round_log import ROUNDS_FILE, RoundLog
+from .round_log import CURVES_NOTE, ROUNDS_FILE, RoundLog
 from .scaffold import (
     RunResult,
     check_pin_path,
@@ -386,6 +386,8 @@ def _evaluate(config: RunConfig, out: Path, pair, shards, trainer, device: torch
         "curves": facts["curves"],
         "insecure_deterministic": config.insecure_deterministic,  # then no privacy claim holds
     }
+    if not any(facts["curves"].values()):
+        metrics["curves_note"] = CURVES_NOTE
     if config.canaries:
         metrics["audit_run"] = {"canaries": config.canaries, "notice": AUDIT_NOTICE}
     if config.images:

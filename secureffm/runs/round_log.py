@@ -9,9 +9,13 @@ from __future__ import annotations
 import csv
 from pathlib import Path
 
-__all__ = ["RoundLog", "ROUNDS_FILE"]
+__all__ = ["RoundLog", "ROUNDS_FILE", "CURVES_NOTE"]
 
 ROUNDS_FILE = "metrics.csv"
+# Why a run's loss curves are empty (metrics.json's "curves_note"; methods/ffm.py, _diagnose).
+CURVES_NOTE = ("no loss or dual curve: the server reads the clients' losses only from clients "
+               "in this process and without DP (under DP the losses are not privatized, so "
+               "they are not read)")
 
 
 class RoundLog:
