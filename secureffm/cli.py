@@ -1,22 +1,35 @@
-"""The ``secureffm`` command. Thin: parse, build a config, call the library."""
+"""The ``secureffm`` command. Thin: parse, build a config, call the library.
+
+Only the light modules (the config, its names, the errors) load with this one: a command
+imports what it runs (torch, numpy, the audit) when it runs, so ``--help`` starts fast."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import sys
-from dataclasses import MISSING, replace
+from dataclasses import replace
 from pathlib import Path
 
-import numpy as np
-
-from .audit.pin import RunPin, is_hex, load_pin
-from .audit.verify import pin_run, verify_run
-from .config import PATH_LISTS, config_fields, load_config
+from . import __version__
+from .config import (
+    ADAPTIVE_SOLVERS,
+    DCFM_DATA,
+    DCFM_METHODS,
+    DCFM_NETWORKS,
+    DCFM_TEACHERS,
+    ENGINES,
+    METHODS,
+    PARTITIONS,
+    PATH_LISTS,
+    PRECISIONS,
+    WEIGHTINGS,
+    config_fields,
+    load_config,
+)
 from .errors import RunInterrupted, SecureFFMError
-from .methods.fedwad import FedWADConfig
-from .runs.fedwad import FedWADRun, run_fedwad
-from .runs.scaffold import pin_message
+from .names import CLIENT_DATA, IMAGE_DATA, PAIRS, UNET_LAYOUTS
+from .spelling import did_you_mean
 
 __all__ = ["main", "build_parser"]
 
@@ -29,21 +42,25 @@ _HELP = {
                "own side",
     "target_column": "a schema column whose machine-learning efficacy (train on synthetic, test "
                      "on real held-out rows) each client scores",
-    "method": "vanilla | lot | got (federated FFM), icfm | otcfm (centralized baselines), "
-              "dcfm-a | dcfm-b | fedflow | fedflow-l | ddm | ddm-l (DCFM, docs/dcfm.md)",
-    "protocol": "protocol name (shipped spec) or path to a .toml spec",
-    "threat_model": "fault injection: a threat_models/ name or a .toml path (default none)",
+    "method": "federated FFM (vanilla, lot, got), a centralized baseline (icfm, otcfm), or "
+              "DCFM and its baselines (docs/dcfm.md)",
+    "clients": "number of clients",
+    "protocol": "a shipped protocol or the path of a .toml spec (docs/protocols.md)",
+    "threat_model": "fault injection: a threat_models/ name or a .toml path (default: none)",
     "keep_payloads": "also keep every delivered payload in payloads.bin for audits",
     "target_epsilon": "DP budget per client at --delta; sigma is calibrated to it (0: spec's)",
+    "allow_weak_privacy": "accept a target epsilon above 20, which excludes nothing an "
+                          "attacker could measure (docs/privacy.md)",
     "delta": "DP delta (0: the protocol spec's)",
     "noise_multiplier": "DP noise multiplier sigma instead of calibrating (0: spec's)",
     "canaries": "AUDIT RUN: plant this many gradient canaries (fair coins) in the clients' "
                 "shards for the one-run DP audit; the coins go to canaries.safetensors",
-    "data": "source-target pair, e.g. 8gaussians-moons, uniform-8gaussians",
-    "partition": "disjoint | iid | dirichlet",
+    "data": "a source-target pair (2D), an image set (docs/images.md), a DCFM data set "
+            "(docs/dcfm.md) or table (the clients' own files, --client-data)",
+    "partition": "how the pool is split into the clients' shards",
     "rounds": "communication rounds (one global step each)",
     "batch_size": "mini-batch size per client and step",
-    "device": "auto | cpu | cuda",
+    "device": "where tensors live",
     "out": "run folder (default runs/<method>-<protocol>-<data>-s<seed>)",
     "pin_to": "also write the run's pin (log head, key fingerprints) to this file, kept apart "
               "from the run folder; secureffm audit --verify RUN --parties FILE checks it",
@@ -56,7 +73,7 @@ _HELP = {
     "weighting": "lambda_i proportional to shard size or uniform (uniform under DP or secure "
                  "aggregation, whatever this says: docs/protocols.md)",
     "eval_samples": "generated and held-out target points for exact W2",
-    "engine": "inprocess (every party in this process) | flower (each client a Flower node "
+    "engine": "inprocess (every party in this process) or flower (each client a Flower node "
               "with its own keys and data, on Flower's simulation engine; docs/flower.md)",
     "phase_timeout": "seconds a phase waits for remote clients' replies (engine flower)",
     "threads": "torch CPU threads (small models run fastest on one, above all on a busy CPU)",
@@ -65,8 +82,8 @@ _HELP = {
     "dcfm_steps": "DCFM-A local steps per round (peer CI penalty, Eq. 14)",
     "distill_steps": "DCFM-B student steps on the server (Eq. 17)",
     "teacher_steps": "Euler steps of DCFM-B's teacher paths",
-    "dcfm_teacher": "DCFM-B teacher paths: observed (Eq. 15 as it reads) | marginal (unobserved "
-                    "y along Eq. 5 over the experts' marginals) | anchored (unobserved y along "
+    "dcfm_teacher": "DCFM-B teacher paths: observed (Eq. 15 as it reads), marginal (unobserved "
+                    "y along Eq. 5 over the experts' marginals) or anchored (unobserved y along "
                     "Eq. 5 anchored on an observed combination; docs/dcfm.md)",
     "fedflow_rounds": "FedFlow FedAvg rounds",
     "fedflow_local_steps": "FedFlow local steps per client and round",
@@ -85,33 +102,97 @@ _HELP = {
     "unet_attention": "resolutions with self-attention, in pixels (paper: 16)",
     "lr_warmup": "FFM: rounds over which the velocity's lr rises linearly (paper's CIFAR-10: "
                  "5000; 0: none)",
-    "unet_layout": "compact (one skip per level) | guided (the paper's torchcfm U-Net: 35.75M "
+    "unet_layout": "compact (one skip per level) or guided (the paper's torchcfm U-Net: 35.75M "
                    "parameters at width 128, mult 1,2,2,2, 2 blocks, attention 16)",
-    "precision": "auto (bf16 autocast for images on CUDA) | fp32 | bf16",
+    "precision": "auto: bf16 autocast for images on CUDA, else fp32",
     "sample_every": "rounds between sample grids samples/round-N.png (0: only samples.png)",
     "checkpoint_every": "rounds between checkpoint.safetensors writes (0: only at the end)",
     "resume": "an FFM run folder (or its checkpoint.safetensors) to continue, also one that was "
               "interrupted; counts every round its log charged; give a new --out",
     "fid_weights": "pytorch-fid Inception weights (.pth) at a local path; else a labelled "
                    "classifier-feature fallback",
+    "dirichlet_alpha": "concentration of --partition dirichlet (smaller: more skewed shards)",
+    "seed": "seed of the public choices (data, partition, initialisation); the parties' secret "
+            "streams come from OS entropy unless --insecure-deterministic",
+    "progress": "print a progress line while training",
+    "lr": "learning rate of the velocity field (Adam)",
+    "hidden": "hidden width of the 2D velocity MLP",
+    "ema_decay": "decay of the velocity's exponential moving average (0: none)",
+    "potential_hidden": "hidden width of the dual potential f_phi",
+    "potential_lr": "learning rate of the dual potential",
+    "potential_every": "rounds between updates of the dual potential",
+    "candidates": "candidate targets per source point of the c-transform",
+    "ctransform_steps": "gradient steps refining the c-transform (0: candidates only)",
+    "ctransform_lr": "step size of those refinement steps",
+    "adaptive_solver": "torchdiffeq solver of the adaptive-step evaluation",
+    "adaptive_tol": "its relative and absolute tolerance",
+    "trajectories": "source points whose paths trajectories.png draws",
+    "dcfm_network": "DCFM's networks: auto (the U-Net on colored-mnist, else the MLP)",
+    "eval_classifier_epochs": "epochs of the attribute classifier that scores DCFM's images "
+                              "(0: samples.png only)",
+}
+
+# The option groups of ``run`` (and of every command that takes a run's options), in order;
+# each config field is in exactly one (tests/test_cli.py).
+GROUPS = {
+    "what and where": ("method", "protocol", "data", "clients", "partition", "dirichlet_alpha",
+                       "shard_size", "engine", "phase_timeout", "device", "threads", "seed"),
+    "privacy": ("target_epsilon", "allow_weak_privacy", "delta", "noise_multiplier",
+                "threat_model", "keep_payloads", "canaries", "insecure_deterministic"),
+    "training": ("rounds", "batch_size", "lr", "lr_warmup", "hidden", "weighting", "ema_decay",
+                 "progress"),
+    "GOT (the dual potential and its c-transform)": (
+        "potential_hidden", "potential_lr", "potential_every", "candidates", "ctransform_steps",
+        "ctransform_lr"),
+    "DCFM and its baselines (docs/dcfm.md)": (
+        "local_steps", "dcfm_rounds", "dcfm_steps", "distill_steps", "teacher_steps",
+        "dcfm_teacher", "dcfm_network", "fedflow_rounds", "fedflow_local_steps", "ci_weight",
+        "p_full", "p_marginal", "p_uncond", "guidance", "coverage", "eval_classifier_epochs"),
+    "images and U-Net (docs/images.md)": (
+        "data_dir", "image_size", "unet_width", "unet_mult", "unet_blocks", "unet_attention",
+        "unet_layout", "precision", "sample_every", "checkpoint_every", "resume",
+        "fid_weights"),
+    "tabular: the clients' own tables (docs/data.md)": (
+        "client_data", "schema", "holdout", "target_column"),
+    "evaluation": ("eval_samples", "nfe", "adaptive_solver", "adaptive_tol", "trajectories"),
+    "output": ("out", "overwrite", "pin_to"),
 }
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="secureffm", description=__doc__)
+class _Parser(argparse.ArgumentParser):
+    """argparse with a "did you mean" for an unknown option (its subcommands' parsers too)."""
+
+    def parse_known_args(self, args=None, namespace=None):
+        found, extras = super().parse_known_args(args, namespace)
+        known = [flag for action in self._actions for flag in action.option_strings]
+        for extra in extras:
+            hint = did_you_mean(extra.split("=")[0], known) if extra.startswith("--") else ""
+            if hint:
+                self.error(f"unrecognized argument: {extra}{hint}")
+        return found, extras
+
+
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The command's parser; with ``only``, the options of that subcommand alone (``""``: of
+    none), so that ``secureffm --help`` never loads what another subcommand's options need."""
+    parser = _Parser(prog="secureffm", description=__doc__.split("\n")[0])
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
-    run = sub.add_parser("run", help="train and evaluate one method under one protocol")
-    _add_config_options(run)
+    run = sub.add_parser("run", help="train and evaluate one method under one protocol",
+                         usage="%(prog)s [--config FILE] [options]",
+                         description="Train and evaluate one method under one protocol; every "
+                         "option below is also a key of a --config file.")
+    _fill(only, "run", _add_config_options, run)
     audit = sub.add_parser("audit", help="verify a run's signed, hash-chained message log "
                            "(against a pin kept apart), or print its pin")
-    add_audit_arguments(audit)
+    _fill(only, "audit", add_audit_arguments, audit)
     fedwad = sub.add_parser("fedwad", help="FedWAD: W_p between clients' data sets; the server "
                             "sees only interpolating measures (docs/fedwad.md)")
-    add_fedwad_arguments(fedwad)
+    _fill(only, "fedwad", add_fedwad_arguments, fedwad)
     sweep = sub.add_parser("sweep", help="a grid of methods x protocols x epsilons x seeds from "
                            "a sweep file: resumable, sweep.csv and the privacy-utility frontier "
                            "(docs/sweep.md)")
-    add_sweep_arguments(sweep)
+    _fill(only, "sweep", add_sweep_arguments, sweep)
     keys = sub.add_parser("flower-keys", help="provision each party's key file and the pinned "
                           "parties.json for a Flower deployment (docs/flower.md)")
     keys.add_argument("folder", help="an empty folder for server.key, client-i.key, "
@@ -122,7 +203,7 @@ def build_parser() -> argparse.ArgumentParser:
     app.add_argument("folder", help="the app folder to write")
     app.add_argument("--keys", required=True, help="the server's keys folder (secureffm "
                      "flower-keys); each SuperNode names its own: --node-config keys=PATH")
-    _add_config_options(app)
+    _fill(only, "flower-app", _add_config_options, app)
     sample = sub.add_parser("sample", help="synthetic rows (or 2D points) from a finished run "
                             "or an export, with a privacy notice beside them (docs/data.md)")
     sample.add_argument("run", help="a finished FFM run folder, or a folder secureffm export "
@@ -150,26 +231,67 @@ def build_parser() -> argparse.ArgumentParser:
                             "options of the run it agrees to: the node refuses a run config "
                             "that differs (docs/flower.md)")
     policy.add_argument("folder", metavar="FILE", help="the policy file to write (TOML)")
-    _add_config_options(policy)
+    _fill(only, "flower-policy", _add_config_options, policy)
     return parser
 
 
+def _fill(only: str | None, name: str, add, parser: argparse.ArgumentParser) -> None:
+    """``add(parser)``: the options of subcommand ``name``, unless ``only`` names another."""
+    if only is None or only == name:
+        add(parser)
+
+
+def _command_of(argv: list[str]) -> str:
+    """The subcommand ``argv`` names (its first word that is not an option), or ``""``."""
+    return next((word for word in argv if not word.startswith("-")), "")
+
+
+def _choices() -> dict[str, tuple[str, ...]]:
+    """The names each choice option takes (protocols: the shipped specs)."""
+    from .specs import shipped
+
+    return {"method": METHODS + DCFM_METHODS, "protocol": tuple(shipped("protocols")),
+            "data": tuple(dict.fromkeys(PAIRS + IMAGE_DATA + (CLIENT_DATA,) + DCFM_DATA)),
+            "partition": PARTITIONS, "engine": ENGINES, "weighting": WEIGHTINGS,
+            "device": ("auto", "cpu", "cuda"), "adaptive_solver": ADAPTIVE_SOLVERS,
+            "precision": PRECISIONS, "unet_layout": UNET_LAYOUTS,
+            "dcfm_teacher": DCFM_TEACHERS, "dcfm_network": DCFM_NETWORKS}
+
+
+def _option_help(name: str, default, choices: tuple[str, ...] | None) -> str:
+    """An option's help: what it does, the names it takes, its default (when it has one)."""
+    text = _HELP.get(name, "")
+    if choices:
+        text += f"; one of: {', '.join(choices)}"
+    if isinstance(default, bool):
+        text += f" (default: {'on' if default else 'off'})"
+    elif default not in ("", ()) and "(default" not in text and "(0:" not in text:
+        shown = ",".join(map(str, default)) if isinstance(default, tuple) else default
+        text += f" (default: {shown})"
+    return text.lstrip("; ")
+
+
 def _add_config_options(parser: argparse.ArgumentParser) -> None:
-    """``--config`` and one option per run setting."""
-    parser.add_argument("--config", help="TOML file of run settings; options below override it")
-    for f in config_fields():
-        flag = "--" + f.name.replace("_", "-")
-        default = f.default if f.default is not MISSING else None
-        if isinstance(default, bool):
-            parser.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction,
-                                default=None, help=_HELP.get(f.name, f"default {default}"))
-        elif f.name in PATH_LISTS:
-            parser.add_argument(flag, dest=f.name, action="append", default=None,
-                                metavar="PATH", help=_HELP.get(f.name, ""))
-        else:
-            shown = ",".join(map(str, default)) if isinstance(default, tuple) else default
-            parser.add_argument(flag, dest=f.name, default=None, metavar=f.name.upper(),
-                                help=f"{_HELP.get(f.name, '')} (default {shown})".strip())
+    """``--config`` and one option per run setting, in the :data:`GROUPS`."""
+    parser.add_argument("--config", metavar="FILE",
+                        help="TOML file of run settings; options below override it")
+    fields = {f.name: f for f in config_fields()}
+    choices = _choices()
+    for title, names in GROUPS.items():
+        group = parser.add_argument_group(title)
+        for name in names:
+            flag = "--" + name.replace("_", "-")
+            default = fields[name].default
+            text = _option_help(name, default, choices.get(name))
+            if isinstance(default, bool):
+                group.add_argument(flag, dest=name, action=argparse.BooleanOptionalAction,
+                                   default=None, help=text)
+            elif name in PATH_LISTS:
+                group.add_argument(flag, dest=name, action="append", default=None,
+                                   metavar="PATH", help=text)
+            else:
+                group.add_argument(flag, dest=name, default=None, help=text,
+                                   metavar="NAME" if name in choices else name.upper())
 
 
 def _config_of(args: argparse.Namespace):
@@ -241,12 +363,12 @@ def _write_policy(run, path: str) -> None:
 def _run(args: argparse.Namespace) -> None:
     from .runs import run
     from .runs.interrupt import terminate_raises
+    from .runs.scaffold import pin_message
+    from .runs.summary import summary_lines
 
     config = _config_of(args)
     with terminate_raises():
         result = run(config)
-    print(f"run folder: {result.out}")
-    print(pin_message(result.out, result.pin, config.pin_to))
     evaluation = result.metrics["eval"]
     if "w2" in evaluation:
         print("W2 by NFE: " + ", ".join(f"{k}: {v:.3f}" for k, v in evaluation["w2"].items()))
@@ -258,6 +380,10 @@ def _run(args: argparse.Namespace) -> None:
                   evaluation["compositional_accuracy_novel"],
                   evaluation["compositional_accuracy_held"], evaluation["features"]["kind"],
                   evaluation["frechet_novel"], evaluation["frechet_held"]))
+    for line in summary_lines(result.metrics["summary"]):
+        print(line)
+    print(f"run folder: {result.out}")
+    print(pin_message(result.out, result.pin, config.pin_to))
     _insecure_line(result.metrics)
 
 
@@ -330,7 +456,10 @@ def add_audit_arguments(parser: argparse.ArgumentParser) -> None:
                         help="with --attack: an option of the attack (e.g. steps=200)")
 
 
-def _pin_from_args(args: argparse.Namespace) -> RunPin:
+def _pin_from_args(args: argparse.Namespace):
+    """The :class:`~.audit.pin.RunPin` that --parties and --expect-head give."""
+    from .audit.pin import RunPin, is_hex, load_pin
+
     pin = load_pin(args.parties) if args.parties else RunPin()
     head = args.expect_head
     if head is None:
@@ -386,6 +515,8 @@ def audit_command(args: argparse.Namespace) -> int:
     """Print the verdict(s), the pin or the attacks' results; 0 intact (every claim PASS or NOT
     COVERED; or attacked), 1 tampered (a claim FAILs), 2 when the folder, pin or threat model
     cannot be read or the options do not fit. RUN_DIR may also be given as its messages.jsonl."""
+    from .audit.verify import pin_run, verify_run
+
     for name in ("run_dir", "verify", "pin"):
         setattr(args, name, _run_folder(getattr(args, name)))
     try:
@@ -432,6 +563,9 @@ def _claims(args: argparse.Namespace) -> int:
 
 def add_fedwad_arguments(parser: argparse.ArgumentParser) -> None:
     """The options of ``secureffm fedwad``."""
+    from .methods.fedwad import FedWADConfig
+    from .runs.fedwad import FedWADRun
+
     add = parser.add_argument
     default = FedWADConfig()
     add("--data", default="gaussians", help="gaussians | digits (ignored with --client-file)")
@@ -478,7 +612,7 @@ def add_fedwad_arguments(parser: argparse.ArgumentParser) -> None:
              "(docs/flower.md)")
 
 
-def _fedwad_app(run: FedWADRun, folder: str, keys: str) -> None:
+def _fedwad_app(run, folder: str, keys: str) -> None:
     """A Flower App folder for ``run`` (the ServerApp runs elsewhere: its folder, absolute)."""
     from pathlib import Path
 
@@ -497,6 +631,12 @@ def _fedwad_app(run: FedWADRun, folder: str, keys: str) -> None:
 
 def fedwad_command(args: argparse.Namespace) -> None:
     """Build the run from parsed options, run it, print the folder and the distance(s)."""
+    import numpy as np
+
+    from .methods.fedwad import FedWADConfig
+    from .runs.fedwad import FedWADRun, run_fedwad
+    from .runs.scaffold import pin_message
+
     config = FedWADConfig(p=args.p, iterations=args.iterations, support_size=args.support,
                           exact=args.exact, t_range=tuple(args.t_range),
                           noise_std=args.noise_std, seed=args.seed, bracket=args.bracket)
@@ -554,7 +694,12 @@ def _vouch(accuracy: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    args = build_parser(_command_of(argv)).parse_args(argv)
+    if args.command in ("run", "fedwad", "sweep", "sample", "audit"):  # the ones that compute
+        from .quiet import quiet_known_noise
+
+        quiet_known_noise()
     try:
         if args.command == "run":
             _run(args)

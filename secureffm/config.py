@@ -14,11 +14,9 @@ from typing import Any
 
 import tomli_w
 
-from .data.images import IMAGE_DATA
-from .data.pairs import PAIRS
-from .data.silo import CLIENT_DATA
 from .errors import ConfigError
-from .models.unet import LAYOUTS
+from .names import CLIENT_DATA, IMAGE_DATA, PAIRS, UNET_LAYOUTS
+from .spelling import did_you_mean
 
 __all__ = ["RunConfig", "load_config", "read_toml", "config_from_dict", "write_config",
            "config_fields", "PATH_LISTS"]
@@ -37,6 +35,10 @@ WEIGHTINGS = ("size", "uniform")
 ADAPTIVE_SOLVERS = ("dopri5", "dopri8", "bosh3", "fehlberg2", "adaptive_heun")
 IMAGE_METHODS = ("vanilla", "lot", "got")  # FFM on images (docs/images.md)
 PRECISIONS = ("auto", "fp32", "bf16")
+# Above this target epsilon a run needs allow_weak_privacy (docs/privacy.md, "Refused up
+# front"): e^20 = 4.9e8 bounds the likelihood ratio of any output, which excludes nothing an
+# attacker could measure; a value this large is a typo or a run without meaningful privacy.
+WEAK_EPSILON = 20.0
 PATH_LISTS = frozenset({"client_data"})  # keys that hold a list of paths, not integers
 TABLE_METHODS = ("vanilla", "lot", "got")  # FFM on the clients' own tables
 
@@ -53,6 +55,7 @@ class RunConfig:
     target_epsilon: float = 0.0
     delta: float = 0.0
     noise_multiplier: float = 0.0
+    allow_weak_privacy: bool = False  # accept a target epsilon above WEAK_EPSILON
     # One-run DP audit (FFM vanilla/got under a dp protocol): plant this many gradient canaries,
     # each in a client's shard by a fair coin; the run is then an audit run (docs/audit.md).
     canaries: int = 0
@@ -162,10 +165,19 @@ class RunConfig:
         changes = {key: getattr(self, key) for key in ("target_epsilon", "delta",
                                                        "noise_multiplier") if getattr(self, key)}
         resolved = dataclasses.replace(settings, **changes)
+        self._check_epsilon(resolved.target_epsilon, "the protocol's dp stage sets ")
         if resolved.target_epsilon is None and resolved.noise_multiplier is None:
             raise ConfigError("the protocol's dp stage has neither target_epsilon nor "
                               "noise_multiplier; pass --target-epsilon or --noise-multiplier")
         return resolved
+
+    def _check_epsilon(self, epsilon: float | None, source: str) -> None:
+        """Refuse a target epsilon above :data:`WEAK_EPSILON` unless ``allow_weak_privacy``."""
+        if epsilon and epsilon > WEAK_EPSILON and not self.allow_weak_privacy:
+            raise ConfigError(f"{source}target_epsilon = {epsilon:g}, above {WEAK_EPSILON:g}: "
+                              "such a guarantee excludes nothing an attacker could measure "
+                              "(docs/privacy.md). Lower it, or pass --allow-weak-privacy to "
+                              "run anyway")
 
     def require_no_dp_options(self, protocol: str) -> None:
         """DP options without a dp stage would promise a guarantee nobody provides."""
@@ -193,7 +205,7 @@ class RunConfig:
 
     @property
     def images(self) -> bool:
-        """True when the run trains on image data (:data:`~secureffm.data.images.IMAGE_DATA`)."""
+        """True when the run trains on image data (:data:`~secureffm.names.IMAGE_DATA`)."""
         return self.data in IMAGE_DATA
 
 
@@ -203,10 +215,12 @@ def _validate(c: RunConfig) -> None:
             raise ConfigError(f"{key} = {getattr(c, key)!r}: {what}")
 
     need(c.method in METHODS + DCFM_METHODS, "method",
-         f"choose one of {', '.join(METHODS + DCFM_METHODS)}")
+         f"choose one of {', '.join(METHODS + DCFM_METHODS)}"
+         + did_you_mean(c.method, METHODS + DCFM_METHODS))
     need(c.partition in PARTITIONS, "partition", f"choose one of {', '.join(PARTITIONS)}")
     data = DCFM_DATA if c.method in DCFM_METHODS else PAIRS + IMAGE_DATA + (CLIENT_DATA,)
-    need(c.data in data, "data", f"method {c.method!r} needs one of {', '.join(data)}")
+    need(c.data in data, "data", f"method {c.method!r} needs one of {', '.join(data)}"
+         + did_you_mean(c.data, data))
     need(c.adaptive_solver in ADAPTIVE_SOLVERS, "adaptive_solver",
          f"choose one of {', '.join(ADAPTIVE_SOLVERS)} (torchdiffeq's adaptive solvers)")
     need(c.weighting in WEIGHTINGS, "weighting", f"choose one of {', '.join(WEIGHTINGS)}")
@@ -220,6 +234,7 @@ def _validate(c: RunConfig) -> None:
         need(getattr(c, key) > 0, key, "must be > 0")
     for key in ("target_epsilon", "noise_multiplier"):
         need(getattr(c, key) >= 0, key, "must be >= 0 (0 keeps the protocol's value)")
+    c._check_epsilon(c.target_epsilon, "")
     need(c.canaries >= 0, "canaries", "must be >= 0 (0: no canaries, a production run)")
     need(0 <= c.delta < 1, "delta", "must be in [0, 1) (0 keeps the protocol's value)")
     need(0.0 <= c.ema_decay < 1.0, "ema_decay", "must be in [0, 1); 0 disables the average")
@@ -257,7 +272,8 @@ def _validate_images(c: RunConfig, need) -> None:
     need(c.unet_width >= 8 and c.unet_width % 8 == 0, "unet_width",
          "must be a positive multiple of 8 (the U-Net's GroupNorm has 8 groups)")
     need(c.unet_blocks >= 1, "unet_blocks", "must be a positive integer")
-    need(c.unet_layout in LAYOUTS, "unet_layout", f"choose one of {', '.join(LAYOUTS)}")
+    need(c.unet_layout in UNET_LAYOUTS, "unet_layout",
+         f"choose one of {', '.join(UNET_LAYOUTS)}")
     need(len(c.unet_mult) >= 1 and all(m >= 1 for m in c.unet_mult), "unet_mult",
          "list positive width multipliers, one per resolution, e.g. 1,2,2,2")
     need(not c.resume or (c.method in IMAGE_METHODS and c.engine == "inprocess"), "resume",
@@ -347,9 +363,9 @@ def config_from_dict(values: dict[str, Any], base: RunConfig | None = None) -> R
     changes = {}
     for name, value in values.items():
         if name not in known:
-            raise ConfigError(
-                f"unknown config key {name!r}; known keys: {', '.join(sorted(known))}"
-            )
+            hint = (did_you_mean(name, known)
+                    or "; secureffm run --help lists every key (as --key)")
+            raise ConfigError(f"unknown config key {name!r}{hint}")
         changes[name] = _coerce(name, value, getattr(base, name))
     return dataclasses.replace(base, **changes)
 

@@ -48,14 +48,22 @@ def plot_trajectories(path: Path, shards: list[torch.Tensor], paths: torch.Tenso
 
 
 def plot_w2_nfe(path: Path, curves: dict[str, dict[int, float]], title: str,
-                errors: dict[str, dict[int, float]] | None = None) -> None:
-    """W2 (y) against Euler NFE (x, log scale), one line per label; optional error bars."""
+                errors: dict[str, dict[int, float]] | None = None,
+                floor: tuple[float, int] | None = None) -> None:
+    """W2 (y) against Euler NFE (x, log scale), one line per label; optional error bars;
+    ``floor``: (the i.i.d. floor, its sample size), drawn as a dashed line."""
     fig, ax = plt.subplots(figsize=(6, 4))
     for label, curve in curves.items():
         nfes = sorted(curve)
         err = [errors[label][n] for n in nfes] if errors else None
         ax.errorbar(nfes, [curve[n] for n in nfes], yerr=err, marker="o", capsize=3, label=label)
+    if floor is not None:
+        ax.axhline(floor[0], color="gray", linestyle="--",
+                   label=f"i.i.d. floor {floor[0]:.3f}: a perfect model at {floor[1]:,} points")
     ax.set_xscale("log")
+    ticks = sorted({n for curve in curves.values() for n in curve})
+    ax.set_xticks(ticks, [str(n) for n in ticks])  # 1, 2, 4, not 2 x 10^0
+    ax.minorticks_off()
     ax.set_xlabel("NFE (Euler steps)")
     ax.set_ylabel("W2 to held-out target")
     ax.set_title(title)

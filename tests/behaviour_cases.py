@@ -136,11 +136,13 @@ CASES: list[Case] = [
 def _flatten(value: Any, prefix: str, out: dict[str, Any]) -> None:
     """Numeric leaves of ``value`` (dicts and lists) under ``a/b/c`` keys; wall-clock times
     and strings left out, floats rounded to :data:`SIGNIFICANT` digits (NaN and inf kept as
-    strings, which JSON can hold)."""
+    strings, which JSON can hold). The run's ``summary`` is left out: it repeats numbers of
+    ``eval`` and privacy.json (secureffm/runs/summary.py, tests/test_cli.py checks it)."""
     if isinstance(value, dict):
         for key, item in value.items():
-            if "seconds" not in key:  # wall clock (training, inference, FedWAD): never equal
-                _flatten(item, f"{prefix}{key}/", out)
+            if "seconds" in key or (not prefix and key == "summary"):  # wall clock: never equal
+                continue
+            _flatten(item, f"{prefix}{key}/", out)
     elif isinstance(value, (list, tuple)):
         for index, item in enumerate(value):
             _flatten(item, f"{prefix}{index}/", out)

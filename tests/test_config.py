@@ -1,5 +1,9 @@
+import re
+from pathlib import Path
+
 import pytest
 
+import secureffm.specs
 from secureffm.cli import main
 from secureffm.config import RunConfig, load_config
 from secureffm.errors import ConfigError
@@ -15,7 +19,8 @@ def test_cli_options_override_toml(tmp_path):
 def test_unknown_toml_key_is_named(tmp_path):
     path = tmp_path / "c.toml"
     path.write_text("roundz = 3\n")
-    with pytest.raises(ConfigError, match="unknown config key 'roundz'"):
+    with pytest.raises(ConfigError, match="unknown config key 'roundz' \\(did you mean "
+                       "'rounds'\\?\\)"):
         load_config(path)
 
 
@@ -54,3 +59,30 @@ def test_resolved_config_roundtrips(tmp_path):
     config = RunConfig(method="otcfm", nfe=(2, 5), progress=False)
     write_config(config, tmp_path / "config.toml")
     assert load_config(tmp_path / "config.toml") == config
+
+
+def test_a_target_epsilon_above_the_sanity_bound_needs_allow_weak_privacy():
+    """A user who types 1e9 for 1 (or asks for a guarantee that excludes nothing) is stopped
+    by name; --allow-weak-privacy runs it anyway (docs/privacy.md, "Refused up front")."""
+    from secureffm.config import WEAK_EPSILON
+
+    assert load_config(None, {"target_epsilon": WEAK_EPSILON}).target_epsilon == WEAK_EPSILON
+    with pytest.raises(ConfigError, match="target_epsilon = 1e\\+09, above 20.*"
+                                          "--allow-weak-privacy"):
+        load_config(None, {"target_epsilon": "1e9"})
+    assert load_config(None, {"target_epsilon": "1e9", "allow_weak_privacy": True})
+
+
+def test_a_weak_epsilon_in_a_protocol_spec_is_refused_before_the_folder(tmp_path, monkeypatch,
+                                                                         capsys):
+    """The bound holds for a spec's own target too, checked before any file is written."""
+    spec = (Path(secureffm.specs.__file__).parent / "protocols" / "dp.toml").read_text()
+    weak = re.sub(r"target_epsilon\s*=\s*[0-9.e+]+", "target_epsilon = 1000.0", spec)
+    assert weak != spec
+    (tmp_path / "weak.toml").write_text(weak)
+    monkeypatch.chdir(tmp_path)
+    tiny = ["--rounds", "2", "--shard-size", "200", "--batch-size", "32", "--eval-samples",
+            "100", "--nfe", "1", "--no-progress"]  # should the check fail, the run is short
+    assert main(["run", "--protocol", str(tmp_path / "weak.toml"), *tiny, "--out", "run"]) == 2
+    assert "target_epsilon = 1000" in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()

@@ -38,3 +38,21 @@ def test_w2_against_nfe_is_drawn_with_or_without_error_bars(tmp_path):
                 errors={"vanilla": {1: 0.1, 4: 0.1}, "got": {1: 0.2, 4: 0.05}})
     assert _png_size(tmp_path / "a.png") == _png_size(tmp_path / "b.png") == (720, 480)
     assert (tmp_path / "a.png").read_bytes() != (tmp_path / "b.png").read_bytes()
+
+
+def test_w2_against_nfe_draws_the_iid_floor_when_given(tmp_path):
+    curves = {"got": {1: 0.9, 4: 0.5}}
+    plot_w2_nfe(tmp_path / "a.png", curves, "W2")
+    plot_w2_nfe(tmp_path / "b.png", curves, "W2", floor=(0.2, 3000))
+    assert _png_size(tmp_path / "b.png") == (720, 480)
+    assert (tmp_path / "a.png").read_bytes() != (tmp_path / "b.png").read_bytes()
+
+
+@pytest.mark.parametrize("side, width", [(8, 73 * 7), (32, 265)])
+def test_a_grid_of_small_images_is_enlarged_to_be_seen(tmp_path, side, width):
+    """64 digits of 8 x 8 made a 73 px grid; whole-pixel enlargement brings it to 511 px, and
+    a grid already wider than 256 px (CIFAR's 265) keeps its size."""
+    from secureffm.runs.ffm import write_grid
+
+    write_grid(tmp_path / "grid.png", torch.rand(64, 1, side, side) * 2 - 1)
+    assert _png_size(tmp_path / "grid.png") == (width, width)

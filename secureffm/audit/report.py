@@ -66,7 +66,8 @@ def plot_epsilon(path: Path, epsilon: dict[str, dict[str, float]], target: float
         ax.axhline(target, color="black", linestyle="--", label=f"target {target:g}")
     ax.set_xticks(range(len(clients)), clients)
     ax.set_ylabel("epsilon (recomputed from the log)")
-    ax.set_title("epsilon spent per client and kind")
+    ax.set_title("epsilon spent per client and kind\n'total': the kinds composed by the "
+                 "accountant, not their sum", fontsize=10)
     ax.legend(fontsize=8)
     ax.grid(True, axis="y", alpha=0.3)
     fig.tight_layout()

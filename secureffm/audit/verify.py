@@ -207,11 +207,21 @@ class AuditReport:
         """What an ``ok`` verdict proves, given what was pinned."""
         return _SCOPE[("head",) if "head" in self.pinned else self.pinned]
 
+    def _verdict_ok(self) -> str:
+        """The first line of an intact log's report: what was checked, and what was not."""
+        undone = [rule for rule, status in self.checks.items() if "NOT DONE" in status]
+        line = (f"OK: log intact: {self.records} records chained and signed by known parties "
+                "and obeying the protocol rules")
+        if not undone:
+            return line
+        why = ("payloads.bin was not kept; run with --keep-payloads to check them"
+               if not self.payloads else "see their lines below")
+        return f"{line}; {len(undone)} check(s) NOT DONE ({'; '.join(undone)}): {why}"
+
     def summary(self) -> str:
-        """A few human lines, the verdict first."""
+        """A few human lines, the verdict first: an OK names the checks that were NOT DONE."""
         if self.ok:
-            out = [f"OK: log intact: {self.records} records chained and signed by known parties "
-                   "and obeying the protocol rules", f"proves: {self.scope}",
+            out = [self._verdict_ok(), f"proves: {self.scope}",
                    f"head: {self.head}",
                    f"signatures: {self.records - self.linked} verified; {self.linked} records "
                    "authenticated by another signed record of their signer that holds their hash"]

@@ -32,14 +32,15 @@ import numpy as np
 import torch
 
 from ..errors import SecureFFMError
+from ..names import IMAGE_DATA
 from .toy2d import Distribution, normals
 
-__all__ = ["ImageSet", "ImagePair", "MissingDataError", "IMAGE_DATA", "load_cifar10",
+__all__ = ["ImageSet", "ImagePair", "MissingDataError", "IMAGE_DATA", "check_image_files",
+           "load_cifar10",
            "load_mnist", "load_colored_mnist", "make_shapes", "load_digit_images", "load_images",
            "gaussian_images", "image_pair", "image_shape", "read_idx", "mnist_intensity",
            "mnist_arrays"]
 
-IMAGE_DATA = ("cifar10", "mnist", "colored-mnist", "shapes", "digits")
 DIGITS_TEST_FRACTION = 0.25
 SHAPES_TRAIN, SHAPES_TEST = 20_000, 2_000  # images of the synthetic set per split
 
@@ -111,6 +112,22 @@ def _need_dir(data_dir: str | Path | None, name: str, help_text: str) -> Path:
     if not path.is_dir():
         raise MissingDataError(f"--data-dir {str(path)!r} is not a folder: {help_text}")
     return path
+
+
+def check_image_files(name: str, data_dir: str | Path | None) -> None:
+    """Raise :class:`MissingDataError` unless ``data_dir`` holds the files of image data set
+    ``name`` (cifar10, mnist, colored-mnist), both splits; reads none of them."""
+    if name == "cifar10":
+        root = _need_dir(data_dir, name, CIFAR_HELP)
+        folder = root / "cifar-10-batches-bin" if (root / "cifar-10-batches-bin").is_dir() else root
+        for path in (folder / file for files in CIFAR_FILES.values() for file in files):
+            if not path.is_file():
+                raise MissingDataError(f"{path} is missing: {CIFAR_HELP}")
+        return
+    root = _need_dir(data_dir, name, MNIST_HELP)
+    for prefix in MNIST_PREFIX.values():
+        for kind in ("images-idx3", "labels-idx1"):
+            _idx_file([root, root / "MNIST" / "raw"], f"{prefix}-{kind}-ubyte")
 
 
 def load_cifar10(data_dir: str | Path | None, split: str = "train") -> ImageSet:

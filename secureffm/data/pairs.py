@@ -8,12 +8,12 @@ import numpy as np
 import torch
 
 from ..errors import DataError
+from ..names import PAIRS
 from .partition import partition
 from .toy2d import DISTRIBUTIONS, Distribution
 
 __all__ = ["DataPair", "get_pair", "make_shards", "PAIRS"]
 
-PAIRS = ("8gaussians-moons", "uniform-8gaussians", "gaussian-moons", "gaussian-8gaussians")
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from ..errors import DataError
+from ..names import CLIENT_DATA
 from .encoding import encode
 from .pairs import DataPair
 from .schema import Schema
@@ -25,7 +26,6 @@ from .toy2d import Distribution, normals
 
 __all__ = ["Silo", "load_silo", "standard_normal", "table_pair", "CLIENT_DATA", "holdout_split"]
 
-CLIENT_DATA = "table"  # the ``data`` name of a run on the clients' own tables
 
 
 def standard_normal(dim: int) -> Distribution:

@@ -12,6 +12,8 @@ import math
 import torch
 from torch import nn
 
+from ..names import UNET_LAYOUTS
+
 __all__ = ["UNet", "GuidedUNet", "make_unet", "LAYOUTS", "time_embedding", "PAPER_CIFAR"]
 
 PAPER_CIFAR = {"base_width": 128, "channel_mult": (1, 2, 2, 2), "blocks": 2,
@@ -261,7 +263,7 @@ class GuidedUNet(_TimeConditioned):
         return self.out(h)
 
 
-LAYOUTS = {"compact": UNet, "guided": GuidedUNet}
+LAYOUTS = dict(zip(UNET_LAYOUTS, (UNet, GuidedUNet), strict=True))
 """The U-Net layouts by name (``unet_layout`` in a run config)."""
 
 

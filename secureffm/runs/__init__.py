@@ -29,16 +29,24 @@ def __getattr__(name: str):
 
 def run(config: RunConfig):
     """Train and evaluate as ``config`` says (DCFM methods on conditional data, else FFM);
-    write everything to the run folder; returns its :class:`~.scaffold.RunResult`."""
+    write everything to the run folder, with the summary in metrics.json (:mod:`.summary`);
+    returns its :class:`~.scaffold.RunResult`."""
+    from .preflight import preflight
+    from .summary import add_summary
+
+    preflight(config)  # before any file is written: a failed start leaves no folder behind
     torch.set_num_threads(config.threads)
     if config.engine == "flower":
         from .flower_server import run_on_flower  # Flower is an optional extra
 
-        return run_on_flower(config)
-    if config.method in DCFM_METHODS:
+        result = run_on_flower(config)
+    elif config.method in DCFM_METHODS:
         from .dcfm import run_dcfm
 
-        return run_dcfm(config)
-    from .ffm import run_ffm
+        result = run_dcfm(config)
+    else:
+        from .ffm import run_ffm
 
-    return run_ffm(config)
+        result = run_ffm(config)
+    add_summary(result.out, result.metrics, result.pin)
+    return result

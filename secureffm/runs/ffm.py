@@ -1,11 +1,12 @@
 """One FFM run (FFM-vanilla, LOT, GOT, or a centralized baseline), end to end: data, parties,
 training through the channel, evaluation, run folder.
 
-The run folder holds config.toml, metrics.json, messages.jsonl, checkpoint.safetensors,
-trajectories.png and w2_nfe.png. On images (docs/images.md) the same method, channel and
-protocols train a U-Net; the folder holds samples.png and samples/round-N.png (sample grids)
-instead of the 2D plots, checkpoint.safetensors is also written every ``checkpoint_every``
-rounds, and metrics.json reports FID (or its labelled fallback).
+The run folder holds config.toml, metrics.json, metrics.csv (one row per round,
+:mod:`.round_log`), messages.jsonl, checkpoint.safetensors, trajectories.png and w2_nfe.png. On
+images (docs/images.md) the same method, channel and protocols train a U-Net; the folder holds
+samples.png and samples/round-N.png (sample grids) instead of the 2D plots,
+checkpoint.safetensors is also written every ``checkpoint_every`` rounds, and metrics.json
+reports FID (or its labelled fallback).
 
 A run stopped part way (Ctrl-C, SIGTERM under :func:`.interrupt.terminate_raises`, an exception)
 charges the aggregation it cut short, closes its log, and writes privacy.json (marked
@@ -56,6 +57,7 @@ from ..protocols.statement import mark_randomness, privacy_statement
 from ..runtime import party_generator, resolve_device
 from .interrupt import cause_of, interruption, signals_held
 from .resume import ResumePoint, refuse_over_budget, resume_point
+from .round_log import CURVES_NOTE, ROUNDS_FILE, RoundLog
 from .scaffold import (
     CHECKPOINT,
     RunResult,
@@ -159,10 +161,7 @@ def _build_table_run(config: RunConfig, device: torch.device, log: MessageLog,
     client reads its own file (:func:`~.silo.own_silo`); the server holds no shard (None)."""
     if config.canaries:
         raise ConfigError("canaries audit 2D runs; drop --canaries on a tabular run")
-    schema = Schema.load(config.schema)
-    if config.target_column and config.target_column not in schema.names:
-        raise ConfigError(f"target_column = {config.target_column!r} is not a column of "
-                          f"{config.schema}; choose one of {', '.join(schema.names)}")
+    schema = Schema.load(config.schema)  # target_column checked by runs.preflight
     pair = table_pair(schema)
     protocol = load_protocol(config.protocol)
     settings = FFMSettings.of(config)
@@ -267,6 +266,7 @@ def run_ffm(config: RunConfig, connect: Connect | None = None) -> RunResult:
         periodic = (_Periodic(config, out, pair, trainer, device, progress) if config.images
                     else None)
         curves: dict[str, list[list[float]]] = {"loss": [], "dual": []}
+        rounds = RoundLog()
         aborted = 0
         every = max(1, config.rounds // 200)
         budget = (trainer.rounds_within_budget(first)
@@ -283,6 +283,8 @@ def run_ffm(config: RunConfig, connect: Connect | None = None) -> RunResult:
         for round_ in bar:
             progress.in_round = round_
             report = trainer.train_round(round_)
+            rounds.add(round_, int(report.get("aborted", 0)), {k: v for k, v in report.items()
+                                                              if k != "aborted"})
             aborted += int(report.pop("aborted", 0))
             if round_ % every == 0 or round_ == budget:
                 if "loss" in report:
@@ -323,6 +325,7 @@ def run_ffm(config: RunConfig, connect: Connect | None = None) -> RunResult:
     privacy_seconds = time.perf_counter() - started
     if progress.saved != budget:
         progress.checkpoint(out, budget, trainer.state_dict())
+    rounds.write(out / ROUNDS_FILE)
     try:
         return _evaluate(config, out, pair, shards, trainer, device, log, periodic, pin, {
             "setup_seconds": start - begun, "train_seconds": train_seconds, "budget": budget,
@@ -381,6 +384,8 @@ def _evaluate(config: RunConfig, out: Path, pair, shards, trainer, device: torch
         "curves": facts["curves"],
         "insecure_deterministic": config.insecure_deterministic,  # then no privacy claim holds
     }
+    if not any(facts["curves"].values()):
+        metrics["curves_note"] = CURVES_NOTE
     if config.canaries:
         metrics["audit_run"] = {"canaries": config.canaries, "notice": AUDIT_NOTICE}
     if config.images:
@@ -399,7 +404,8 @@ def _evaluate(config: RunConfig, out: Path, pair, shards, trainer, device: torch
     plot_trajectories(out / "trajectories.png", held, paths, f"trajectories: {label}",
                       None if shards is not None else "target sample (the server holds no "
                       "client data)", target=generated["target"].cpu())
-    plot_w2_nfe(out / "w2_nfe.png", {config.method: report.w2}, f"W2 against NFE: {label}")
+    plot_w2_nfe(out / "w2_nfe.png", {config.method: report.w2}, f"W2 against NFE: {label}",
+                floor=(report.iid_floor, config.eval_samples))
     return RunResult(out, metrics, pin)
 
 
@@ -540,8 +546,9 @@ class _Periodic:
 
 
 def write_grid(path: Path, images: torch.Tensor, title: str = "") -> None:
-    """Images [N, C, H, W] in [-1, 1] as a PNG grid of ceil(sqrt(N)) columns (1 px gaps);
-    ``title`` goes into the PNG's metadata."""
+    """Images [N, C, H, W] in [-1, 1] as a PNG grid of ceil(sqrt(N)) columns (1 px gaps),
+    enlarged by whole pixels to about 512 px wide when smaller (8 x 8 digits: 73 px, too
+    small to see); ``title`` goes into the PNG's metadata."""
     import matplotlib.pyplot as plt
 
     n, channels, h, w = images.shape
@@ -555,6 +562,8 @@ def write_grid(path: Path, images: torch.Tensor, title: str = "") -> None:
         r, k = divmod(i, cols)
         canvas[1 + r * (h + 1):1 + r * (h + 1) + h, 1 + k * (w + 1):1 + k * (w + 1) + w] = \
             pixels[i]
+    scale = max(1, 512 // canvas.shape[1])
+    canvas = canvas.repeat(scale, axis=0).repeat(scale, axis=1)
     path.parent.mkdir(parents=True, exist_ok=True)
     plt.imsave(path, canvas, metadata={"Title": title} if title else None)
 

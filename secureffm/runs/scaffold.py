@@ -59,9 +59,9 @@ def run_folder(config: RunConfig) -> Path:
 JOURNALS_DIR = "journals"
 # Files a run writes into its folder; --overwrite removes exactly these (and JOURNALS_DIR)
 # before a new run.
-RUN_ARTIFACTS = ("config.toml", "metrics.json", "result.json", "privacy.json", "messages.jsonl",
-                 "parties.json", "payloads.bin", "checkpoint.safetensors", "trajectories.png",
-                 "w2_nfe.png", "samples.png", "audit.md", "audit_epsilon.png",
+RUN_ARTIFACTS = ("config.toml", "metrics.json", "metrics.csv", "result.json", "privacy.json",
+                 "messages.jsonl", "parties.json", "payloads.bin", "checkpoint.safetensors",
+                 "trajectories.png", "w2_nfe.png", "samples.png", "audit.md", "audit_epsilon.png",
                  "canaries.safetensors")
 
 

@@ -13,6 +13,7 @@ from importlib import resources
 from pathlib import Path
 
 from ..errors import SecureFFMError
+from ..spelling import did_you_mean
 
 __all__ = ["read_spec_file", "shipped", "check_keys"]
 
@@ -36,8 +37,9 @@ def read_spec_file(folder: str, name_or_path: str, what: str,
     else:
         resource = resources.files(__name__) / folder / f"{name_or_path}.toml"
         if not resource.is_file():
-            raise error(f"unknown {what} {name_or_path!r}; shipped: "
-                        f"{', '.join(shipped(folder)) or 'none'}, or give a path to a .toml file")
+            names = shipped(folder)
+            raise error(f"unknown {what} {name_or_path!r}{did_you_mean(name_or_path, names)}; "
+                        f"shipped: {', '.join(names) or 'none'}, or give a path to a .toml file")
         text, source = resource.read_text(), f"{name_or_path}.toml"
     try:
         return tomllib.loads(text), source

@@ -1,0 +1,15 @@
+"""The public names a run config chooses among, kept apart from the modules that implement
+them so that ``secureffm.config`` and the command line load without torch (docs/benchmarks.md,
+"Start-up")."""
+
+from __future__ import annotations
+
+__all__ = ["PAIRS", "IMAGE_DATA", "CLIENT_DATA", "UNET_LAYOUTS"]
+
+# The 2D source-target pairs (secureffm.data.pairs).
+PAIRS = ("8gaussians-moons", "uniform-8gaussians", "gaussian-moons", "gaussian-8gaussians")
+# Image data sets (secureffm.data.images).
+IMAGE_DATA = ("cifar10", "mnist", "colored-mnist", "shapes", "digits")
+CLIENT_DATA = "table"  # the ``data`` name of a run on the clients' own tables (data/silo.py)
+# U-Net layouts by name (secureffm.models.unet.LAYOUTS holds one class per name).
+UNET_LAYOUTS = ("compact", "guided")
