@@ -260,9 +260,10 @@ def _validate_table(c: RunConfig, need) -> None:
          f"use one of {', '.join(TABLE_METHODS)}")
     need(bool(c.schema), "schema", "a run on the clients' own tables needs the public schema "
          "every party holds: pass --schema schema.toml (draft one with secureffm schema infer)")
-    need(len(c.client_data) == c.clients, "client_data", f"give one file per client: "
-         f"{len(c.client_data)} file(s) for clients = {c.clients} (repeat --client-data, or "
-         "set --clients)")
+    # A Flower deployment's server names no file: each node names its own (docs/flower.md).
+    need(len(c.client_data) == c.clients or (c.engine == "flower" and not c.client_data),
+         "client_data", f"give one file per client: {len(c.client_data)} file(s) for clients = "
+         f"{c.clients} (repeat --client-data, or set --clients)")
 
 
 def _validate_images(c: RunConfig, need) -> None:

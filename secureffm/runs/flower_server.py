@@ -117,6 +117,10 @@ def run_on_flower(config: RunConfig | FedWADRun,
                        "journal": str(out.resolve() / JOURNALS_DIR / f"{cid}.jsonl")}
                  for cid in client_ids(config.clients)}
         if isinstance(config, RunConfig) and config.data == CLIENT_DATA:
+            if not config.client_data:
+                raise ConfigError("the simulation gives each node its own file: pass "
+                                  "--client-data once per client (a deployment's nodes name "
+                                  "theirs in their node config)")
             for node, path in zip(nodes.values(), config.client_data, strict=True):
                 node.update({"client-data": str(Path(path).resolve()),
                              "schema": str(Path(config.schema).resolve())})

@@ -15,6 +15,7 @@ from secureffm.errors import ConfigError, PolicyError
 from secureffm.federation.keyfiles import provision
 from secureffm.runs import flower_node, flower_server
 from secureffm.runs.ffm import run_ffm
+from secureffm.runs.flower_policy import policy_of
 from secureffm.runs.scaffold import JOURNALS_DIR
 
 from .test_flower_node import CLIENTS, Nodes, logged, node_configs, pinning
@@ -95,3 +96,17 @@ def test_a_node_whose_own_schema_is_not_the_pinned_one_refuses_to_build(setting)
     without = {k: v for k, v in configs["client-1"].items() if k != "client-data"}
     with pytest.raises(ConfigError, match="lacks client-data"):
         flower_node._endpoint(policy, without, flower_node.run_config_of(run, keys), "client-1")
+
+
+def test_a_deployments_server_and_policy_name_no_client_file(setting):
+    """On a deployment the server holds no client's file and names none (``--engine flower``
+    without ``--client-data``); the policy a hospital writes that way is the one the
+    simulated run pins, and the simulation itself needs every node's file."""
+    folder, _, schema = setting
+    run = _run(folder, "deployment", schema)
+    server_side = dataclasses.replace(run, engine="flower", client_data=())
+    assert policy_of(server_side) == policy_of(run)
+    with pytest.raises(ConfigError, match="one file per client"):
+        dataclasses.replace(run, client_data=run.client_data[:1])
+    with pytest.raises(ConfigError, match="gives each node its own file"):
+        flower_server.run_on_flower(server_side)
