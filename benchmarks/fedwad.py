@@ -169,36 +169,47 @@ def paper_data(n: int, ratio: int, dim: int, seed: int) -> tuple[np.ndarray, np.
             scale * rng.standard_normal((n // ratio, dim)) + shift)
 
 
-def paper(sizes, repeats: int, exact_max: int) -> dict:
-    """results[(dim, ratio, n, method)] = (median sequential CPU s, median critical-path CPU s,
-    median error vs the closed form); exact W's two times are equal."""
+def _grid(sizes, repeats: int, exact_max: int, data, measure, desc: str) -> dict:
+    """results[(dim, ratio, n, method)] = the medians over ``repeats`` draws of
+    ``measure(x, y, config, rep, exact)``'s row (``exact``: exact W's value on that draw, the
+    first method); ``data(n, ratio, dim, rep)`` draws the pair."""
     cells = [(d, r, n) for d in DIMS for r in RATIOS for n in sizes]
     results = {}
-    emd_cost(ground_cost(*paper_data(10, 1, 2, 0), 2))  # the first solve loads POT's solver
     bar = tqdm(total=sum(len(_methods(n, r, exact_max)) for _, r, n in cells) * repeats,
-               desc="FedWAD, Fig. 2's protocol", unit="run", file=sys.stderr)
+               desc=desc, unit="run", file=sys.stderr, dynamic_ncols=True)
     for dim, ratio, n in cells:
         runs: dict[str, list[tuple[float, float, float]]] = {}
         for rep in range(repeats):
-            x, y = paper_data(n, ratio, dim, rep)
+            x, y = data(n, ratio, dim, rep)
+            exact = None
             for name, config in _methods(n, ratio, exact_max):
                 bar.set_postfix_str(f"d={dim} 1:{ratio} N={n} {name}")
-                start = time.process_time()
-                if config is None:
-                    value = emd_cost(ground_cost(x, y, 2)) ** 0.5
-                    path = time.process_time() - start
-                else:
-                    found = fedwad(x, y, config, np.random.default_rng(rep))
-                    value, path = found.distance, found.seconds[-1]
-                seconds = time.process_time() - start
-                runs.setdefault(name, []).append(
-                    (seconds, path, abs(value / PAPER_DISTANCE - 1)))
+                row, value = measure(x, y, config, rep, exact)
+                exact = value if config is None else exact
+                runs.setdefault(name, []).append(row)
                 bar.update()
         for name, values in runs.items():
             results[(dim, ratio, n, name)] = tuple(statistics.median(c)
                                                    for c in zip(*values, strict=True))
     bar.close()
     return results
+
+
+def paper(sizes, repeats: int, exact_max: int) -> dict:
+    """results[(dim, ratio, n, method)] = (median sequential CPU s, median critical-path CPU s,
+    median error vs the closed form); exact W's two times are equal."""
+    def measure(x, y, config, rep, exact):
+        start = time.process_time()
+        if config is None:
+            value = emd_cost(ground_cost(x, y, 2)) ** 0.5
+            path = time.process_time() - start
+        else:
+            found = fedwad(x, y, config, np.random.default_rng(rep))
+            value, path = found.distance, found.seconds[-1]
+        return (time.process_time() - start, path, abs(value / PAPER_DISTANCE - 1)), value
+
+    emd_cost(ground_cost(*paper_data(10, 1, 2, 0), 2))  # the first solve loads POT's solver
+    return _grid(sizes, repeats, exact_max, paper_data, measure, "FedWAD, Fig. 2's protocol")
 
 
 def paper_tables(results: dict, sizes, exact_max: int) -> str:
@@ -228,27 +239,12 @@ def paper_tables(results: dict, sizes, exact_max: int) -> str:
 def run(sizes, repeats: int, exact_max: int) -> dict:
     """results[(dim, ratio, n, method)] = (median seconds, median error vs closed form, median
     error vs exact W)."""
-    cells = [(d, r, n) for d in DIMS for r in RATIOS for n in sizes]
-    results = {}
-    bar = tqdm(total=sum(len(_methods(n, r, exact_max)) for _, r, n in cells) * repeats,
-               desc="FedWAD benchmark", unit="run", file=sys.stderr, dynamic_ncols=True)
-    for dim, ratio, n in cells:
-        runs: dict[str, list[tuple[float, float, float]]] = {}
-        for rep in range(repeats):
-            x, y = _data(n, ratio, dim, rep)
-            exact = None
-            for name, config in _methods(n, ratio, exact_max):
-                bar.set_postfix_str(f"d={dim} 1:{ratio} N={n} {name}")
-                value, seconds = _measure(x, y, config, rep)
-                exact = value if config is None else exact
-                runs.setdefault(name, []).append(
-                    (seconds, abs(value / SHIFT - 1), abs(value / exact - 1)))
-                bar.update()
-        for name, values in runs.items():
-            columns = zip(*values, strict=True)
-            results[(dim, ratio, n, name)] = tuple(statistics.median(c) for c in columns)
-    bar.close()
-    return results
+    def measure(x, y, config, rep, exact):
+        value, seconds = _measure(x, y, config, rep)
+        exact = value if config is None else exact
+        return (seconds, abs(value / SHIFT - 1), abs(value / exact - 1)), value
+
+    return _grid(sizes, repeats, exact_max, _data, measure, "FedWAD benchmark")
 
 
 def tables(results: dict, sizes, exact_max: int) -> str:
