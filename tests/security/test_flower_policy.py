@@ -103,7 +103,7 @@ def test_a_node_refuses_a_run_config_that_differs_from_its_policy(tmp_path, keys
     a bare float32 gradient.)"""
     honest = config(tmp_path / "run", SPEC)
     served = {"plaintext": replace(honest, protocol="plaintext", noise_multiplier=0.0),
-              "weaker epsilon": replace(honest, target_epsilon=50.0),
+              "weaker epsilon": replace(honest, target_epsilon=16.0),
               "larger clip": replace(honest, protocol=edited_spec(
                   tmp_path / "clip.toml", "clip = 1.0", "clip = 100.0")),
               "lower threshold": replace(honest, protocol=edited_spec(
