@@ -14,8 +14,10 @@ from PIL import Image
 
 import secureffm
 from secureffm.audit import verify_run
+from secureffm.audit.attacks.ffm_run import load_image_run
 from secureffm.cli import main
 from secureffm.config import RunConfig, load_config
+from secureffm.data.silo import load_image_silo
 from secureffm.errors import ConfigError, SecureFFMError
 from secureffm.federation.log import MessageLog
 from secureffm.runs import run
@@ -143,3 +145,17 @@ def test_sample_writes_png_files_and_load_gives_image_arrays(tmp_path, clinics, 
     assert images.shape == (4, 3, SIDE, SIDE) and images.min() >= -1 and images.max() <= 1
     assert main(["export", str(result.out), "--out", str(tmp_path / "export")]) == 2
     assert "is an image run" in capsys.readouterr().err
+    with pytest.raises(SecureFFMError, match="clients' own image folders"):
+        load_image_run(result.out)  # the image attacks rebuild named sets only
+
+
+def test_labels_come_from_the_file_names_or_the_folders_own_csv(clinics):
+    folder = clinics[0]
+    named = load_image_silo(folder, (3, SIDE, SIDE), "names", 0.25, 0)
+    files = sorted(p.name for p in folder.iterdir())
+    (folder / "labels.csv").write_text("file,label\n" + "".join(
+        f"{name},{'red' if name.startswith('0_') else 'green'}\n" for name in files))
+    from_csv = load_image_silo(folder, (3, SIDE, SIDE), "csv", 0.25, 0)
+    assert named.classes == ("0", "1") and from_csv.classes == ("green", "red")
+    assert torch.equal(named.train_labels, 1 - from_csv.train_labels)  # same split, renamed
+    assert load_image_silo(folder, (3, SIDE, SIDE), "none", 0.25, 0).train_labels is None
