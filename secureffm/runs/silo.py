@@ -28,7 +28,7 @@ from ..federation.channel import Channel, Task, TaskRefused, task_count
 from ..federation.message import SERVER
 from ..federation.parties import Client
 from ..methods.ffm import FFMClient, FFMSettings, velocity_network
-from ..metrics.fid import fid, image_features, pixel_features
+from ..metrics.fid import fid, image_features, inception_features, pixel_features
 from ..metrics.sampling import integrate
 from ..metrics.tabular import evaluate_table
 from ..models.params import flat_params, load_flat_params
@@ -92,7 +92,7 @@ def silo_program(config: RunConfig, schema: Schema | None, dp: DPSettings | None
     if schema is None:
         pair = folder_pair(folder_shape(config))
         score = partial(score_images, fid_weights=config.fid_weights, device=device,
-                        seed=config.seed, epochs=config.eval_classifier_epochs)
+                        seed=config.seed)
     else:
         pair = table_pair(schema)
         score = partial(_score_table, schema=schema, target_column=config.target_column or None)
@@ -113,19 +113,23 @@ def _score_table(silo: Silo, synthetic: torch.Tensor, schema: Schema,
 
 
 def score_images(silo: ImageSilo, synthetic: torch.Tensor, fid_weights: str = "",
-                 device: torch.device | str = "cpu", seed: int = 0, epochs: int = 4) -> dict:
+                 device: torch.device | str = "cpu", seed: int = 0) -> dict:
     """A client's report on ``synthetic`` images [n, C, H, W]: the Frechet distance of their
     features to its held-out images', and its floor (the first half of the held-out images
     against the second). Features: Inception with ``fid_weights``, else a classifier trained on
     the silo's own labelled training images, else (no labels) raw pixels."""
-    if fid_weights or (silo.train_labels is not None and len(silo.classes) >= 2):
-        labels = silo.train_labels if silo.train_labels is not None else \
-            torch.zeros(len(silo.x), dtype=torch.long)
-        features = image_features(silo.x, labels, max(len(silo.classes), 1), fid_weights,
-                                  device, seed, epochs=epochs)
+    unlabelled = "the folder has no labels (or one class) to train a classifier on"
+    if silo.train_labels is not None and len(silo.classes) >= 2:
+        features = image_features(silo.x, silo.train_labels, len(silo.classes), fid_weights,
+                                  device, seed)
+    elif fid_weights:
+        try:
+            features = inception_features(fid_weights, torch.device(device))
+        except (ImportError, RuntimeError, OSError) as err:  # torchvision's import fails here
+            features = pixel_features(f"pytorch-fid could not run ({type(err).__name__}) and "
+                                      f"{unlabelled}")
     else:
-        features = pixel_features("the folder has no labels (or one class) to train a "
-                                  "classifier on; --image-labels names or csv gives them")
+        features = pixel_features(f"{unlabelled}; --image-labels names or csv gives them")
     half = len(silo.holdout) // 2
     return {"fid": fid(features, synthetic.float(), silo.holdout),
             "fid_floor": fid(features, silo.holdout[:half], silo.holdout[half:]),
