@@ -28,14 +28,15 @@ from .config import (
     load_config,
 )
 from .errors import RunInterrupted, SecureFFMError
-from .names import CLIENT_DATA, IMAGE_DATA, PAIRS, UNET_LAYOUTS
+from .names import IMAGE_DATA, IMAGE_LABELS, PAIRS, SILO_DATA, UNET_LAYOUTS
 from .spelling import did_you_mean
 
 __all__ = ["main", "build_parser"]
 
 _HELP = {
-    "client_data": "a client's own table (.csv with a header, .npy, .parquet): repeat once per "
-                   "client, in client order; implies --data table (docs/data.md)",
+    "client_data": "a client's own table (.csv with a header, .npy, .parquet) or image folder "
+                   "(PNG/JPEG): repeat once per client, in client order; implies --data table "
+                   "(files) or image-folder (folders) (docs/data.md)",
     "schema": "the public schema (TOML) of a run on the clients' own tables: columns, types, "
               "public bounds (draft one with secureffm schema infer)",
     "holdout": "public fraction of its rows each client holds out to evaluate the model on its "
@@ -95,7 +96,11 @@ _HELP = {
     "coverage": "fraction of attribute combinations observed (colored-digits)",
     "data_dir": "folder of local image files for --data cifar10 | mnist | colored-mnist "
                 "(never downloaded; docs/images.md)",
-    "image_size": "side of the synthetic --data shapes images",
+    "image_size": "side of the synthetic --data shapes images, and the public side of an "
+                  "image-folder run's images",
+    "image_channels": "channels of an image-folder run's images (1 or 3): public",
+    "image_labels": "an image-folder run's labels: each file name's prefix before _, or the "
+                    "labels.csv (file,label) in each client's folder",
     "unet_width": "U-Net base width (paper's CIFAR-10: 128)",
     "unet_mult": "U-Net width multipliers, one per resolution (paper: 1,2,2,2)",
     "unet_blocks": "U-Net residual blocks per resolution (paper: 2)",
@@ -153,7 +158,7 @@ GROUPS = {
         "unet_layout", "precision", "sample_every", "checkpoint_every", "resume",
         "fid_weights"),
     "tabular: the clients' own tables (docs/data.md)": (
-        "client_data", "schema", "holdout", "target_column"),
+        "client_data", "schema", "holdout", "target_column", "image_channels", "image_labels"),
     "evaluation": ("eval_samples", "nfe", "adaptive_solver", "adaptive_tol", "trajectories"),
     "output": ("out", "overwrite", "pin_to"),
 }
@@ -209,8 +214,9 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     sample.add_argument("run", help="a finished FFM run folder, or a folder secureffm export "
                         "wrote")
     sample.add_argument("--n", type=int, required=True, help="how many samples")
-    sample.add_argument("--out", required=True, help="file to write: .csv, .npy or .parquet "
-                        "(and <out>.privacy.json beside it)")
+    sample.add_argument("--out", required=True, help="file to write: .csv, .npy or .parquet, "
+                        "or for an image run a new folder of PNG files (and <out>.privacy.json "
+                        "beside it)")
     sample.add_argument("--nfe", type=int, help="Euler steps (default: the run's largest "
                         "evaluated NFE, at most 100)")
     sample.add_argument("--seed", type=int, help="seed of the source noise, to repeat a draw "
@@ -251,10 +257,10 @@ def _choices() -> dict[str, tuple[str, ...]]:
     from .specs import shipped
 
     return {"method": METHODS + DCFM_METHODS, "protocol": tuple(shipped("protocols")),
-            "data": tuple(dict.fromkeys(PAIRS + IMAGE_DATA + (CLIENT_DATA,) + DCFM_DATA)),
+            "data": tuple(dict.fromkeys(PAIRS + IMAGE_DATA + SILO_DATA + DCFM_DATA)),
             "partition": PARTITIONS, "engine": ENGINES, "weighting": WEIGHTINGS,
             "device": ("auto", "cpu", "cuda"), "adaptive_solver": ADAPTIVE_SOLVERS,
-            "precision": PRECISIONS, "unet_layout": UNET_LAYOUTS,
+            "precision": PRECISIONS, "unet_layout": UNET_LAYOUTS, "image_labels": IMAGE_LABELS,
             "dcfm_teacher": DCFM_TEACHERS, "dcfm_network": DCFM_NETWORKS}
 
 

@@ -15,7 +15,15 @@ from typing import Any
 import tomli_w
 
 from .errors import ConfigError
-from .names import CLIENT_DATA, IMAGE_DATA, PAIRS, UNET_LAYOUTS
+from .names import (
+    CLIENT_DATA,
+    IMAGE_DATA,
+    IMAGE_FOLDER,
+    IMAGE_LABELS,
+    PAIRS,
+    SILO_DATA,
+    UNET_LAYOUTS,
+)
 from .spelling import did_you_mean
 
 __all__ = ["RunConfig", "load_config", "read_toml", "config_from_dict", "write_config",
@@ -130,7 +138,11 @@ class RunConfig:
     # FFM on images (data cifar10, mnist, colored-mnist from local files; shapes, synthetic;
     # digits, scikit-learn's 8 x 8).
     data_dir: str = ""  # where cifar10 / mnist files are; nothing is ever downloaded
-    image_size: int = 32  # side of the synthetic shapes images
+    image_size: int = 32  # side of the synthetic shapes images, and of an image-folder run's
+    # The channels of an image-folder run's images (1 grayscale, 3 RGB): with image_size, the
+    # public shape every client's images must have (the server builds the U-Net from it).
+    image_channels: int = 3
+    image_labels: str = "none"  # an image-folder run's labels (IMAGE_LABELS), for its FID
     unet_width: int = 32  # U-Net base width (the paper's CIFAR-10 run: 128)
     unet_mult: tuple[int, ...] = (1, 2, 2)  # width multiplier per resolution (paper: 1,2,2,2)
     unet_blocks: int = 1  # residual blocks per resolution (paper: 2)
@@ -205,8 +217,9 @@ class RunConfig:
 
     @property
     def images(self) -> bool:
-        """True when the run trains on image data (:data:`~secureffm.names.IMAGE_DATA`)."""
-        return self.data in IMAGE_DATA
+        """True when the run trains on image data (:data:`~secureffm.names.IMAGE_DATA`, or the
+        clients' own image folders)."""
+        return self.data in IMAGE_DATA or self.data == IMAGE_FOLDER
 
 
 def _validate(c: RunConfig) -> None:
@@ -218,7 +231,7 @@ def _validate(c: RunConfig) -> None:
          f"choose one of {', '.join(METHODS + DCFM_METHODS)}"
          + did_you_mean(c.method, METHODS + DCFM_METHODS))
     need(c.partition in PARTITIONS, "partition", f"choose one of {', '.join(PARTITIONS)}")
-    data = DCFM_DATA if c.method in DCFM_METHODS else PAIRS + IMAGE_DATA + (CLIENT_DATA,)
+    data = DCFM_DATA if c.method in DCFM_METHODS else PAIRS + IMAGE_DATA + SILO_DATA
     need(c.data in data, "data", f"method {c.method!r} needs one of {', '.join(data)}"
          + did_you_mean(c.data, data))
     need(c.adaptive_solver in ADAPTIVE_SOLVERS, "adaptive_solver",
@@ -251,10 +264,22 @@ def _validate(c: RunConfig) -> None:
 
 def _validate_table(c: RunConfig, need) -> None:
     need(0 < c.holdout < 1, "holdout", "must lie strictly between 0 and 1 (e.g. 0.2)")
+    need(c.image_labels in IMAGE_LABELS, "image_labels", f"choose one of {', '.join(IMAGE_LABELS)}")
+    need(c.image_labels == "none" or c.data == IMAGE_FOLDER, "image_labels",
+         f"applies to data = {IMAGE_FOLDER!r} only, not {c.data!r}")
+    need(c.image_channels in (1, 3), "image_channels", "must be 1 (grayscale) or 3 (RGB)")
+    if c.data == IMAGE_FOLDER:
+        for key in ("schema", "target_column"):
+            need(not getattr(c, key), key, f"applies to data = {CLIENT_DATA!r}, not to the "
+                 "clients' image folders")
+        need(len(c.client_data) == c.clients, "client_data", f"give one image folder per "
+             f"client: {len(c.client_data)} folder(s) for clients = {c.clients} (repeat "
+             "--client-data, or set --clients)")
+        return
     if c.data != CLIENT_DATA:
         for key in ("client_data", "schema", "target_column"):
-            need(not getattr(c, key), key, f"applies to data = {CLIENT_DATA!r} (the clients' "
-                 f"own tables) only, not {c.data!r}")
+            need(not getattr(c, key), key, f"applies to data = {CLIENT_DATA!r} or "
+                 f"{IMAGE_FOLDER!r} (the clients' own data) only, not {c.data!r}")
         return
     need(c.method in TABLE_METHODS, "method", f"a run on the clients' own tables trains FFM: "
          f"use one of {', '.join(TABLE_METHODS)}")
@@ -290,7 +315,8 @@ def _validate_images(c: RunConfig, need) -> None:
     else:
         need(c.method in IMAGE_METHODS, "method", f"data {c.data!r} is images: use one of "
              f"{', '.join(IMAGE_METHODS)} (the centralized baselines train the 2D MLP only)")
-    need(c.engine == "inprocess", "engine", "image runs use the in-process engine")
+    need(c.engine == "inprocess", "engine", f"image runs ({c.data!r} too) use the in-process "
+         "engine; the Flower engine runs 2D and tabular FFM")
     factor = 2 ** (len(c.unet_mult) - 1)
     side = {"cifar10": 32, "mnist": 28, "colored-mnist": 28, "digits": 8}.get(c.data, c.image_size)
     need(side % factor == 0, "unet_mult", f"{len(c.unet_mult)} resolutions halve the "
@@ -395,7 +421,9 @@ def load_config(path: str | Path | None, overrides: dict[str, Any] | None = None
         config = config_from_dict(values, config)
     overrides = dict(overrides or {})
     if overrides.get("client_data") and "data" not in overrides:
-        overrides["data"] = CLIENT_DATA  # --client-data alone names the clients' own tables
+        # --client-data alone names the clients' own tables, or (folders) their image folders
+        folders = Path(overrides["client_data"][0]).is_dir()
+        overrides["data"] = IMAGE_FOLDER if folders else CLIENT_DATA
     return config_from_dict(overrides, config)
 
 

@@ -1,10 +1,15 @@
-"""A silo's own table as a client holds it, and the public pair a tabular run trains on.
+"""A silo's own table (or image folder) as a client holds it, and the public pair its run
+trains on.
 
 A tabular run's target is the clients' data: no party can sample it, and nothing is generated
 from the public seed. Each client reads its own file (:func:`load_silo`), checks it against the
 public schema, holds out a public fraction of its rows for its own evaluation and encodes the
 rest through the schema (docs/data.md). The source is public noise, a standard normal in the
 schema's dimension, which every party samples.
+
+An image-folder run is the same with a folder of PNG/JPEG files per client
+(:func:`load_image_silo`): the public shape (C, H, W) comes from the run's config, never from a
+client's file, and a client refuses its own folder when an image differs from it.
 """
 
 from __future__ import annotations
@@ -19,13 +24,14 @@ import torch
 from ..errors import DataError
 from ..names import CLIENT_DATA
 from .encoding import encode
+from .images import ImagePair, ImageSet, gaussian_images
 from .pairs import DataPair
 from .schema import Schema
-from .tables import CheckReport, Table, load_table
+from .tables import CheckReport, Table, load_image_folder, load_table
 from .toy2d import Distribution, normals
 
-__all__ = ["Silo", "load_silo", "standard_normal", "table_pair", "CLIENT_DATA", "holdout_split"]
-
+__all__ = ["Silo", "load_silo", "standard_normal", "table_pair", "CLIENT_DATA", "holdout_split",
+           "ImageSilo", "load_image_silo", "folder_pair"]
 
 
 def standard_normal(dim: int) -> Distribution:
@@ -98,3 +104,50 @@ def load_silo(path: str | Path, schema: Schema, holdout: float, seed: int,
     train = {name: values[train_rows] for name, values in table.items()}
     held = {name: values[held_rows] for name, values in table.items()}
     return Silo(path, train, held, torch.from_numpy(encode(train, schema)), report)
+
+
+def folder_pair(shape: tuple[int, int, int]) -> ImagePair:
+    """Public noise N(0, I) on images of the public ``shape`` (C, H, W) -> the clients' own
+    images: the server holds none, so its train and test sets are empty."""
+    empty = ImageSet(torch.zeros(0, *shape), torch.zeros(0, dtype=torch.long))
+    return ImagePair("image-folder", gaussian_images(shape), empty, empty, 1)
+
+
+@dataclass
+class ImageSilo:
+    """One client's own image folder: training images ``x`` [N, C, H, W] and ``holdout``
+    [M, C, H, W] in [-1, 1], their labels (``train_labels`` [N], None without labels) and the
+    label names ``classes``. All of it stays with the client; only evaluation numbers leave."""
+
+    path: Path
+    x: torch.Tensor
+    holdout: torch.Tensor
+    train_labels: torch.Tensor | None
+    classes: tuple[str, ...]
+
+
+def load_image_silo(path: str | Path, shape: tuple[int, int, int], labels: str,
+                    holdout: float, seed: int, min_rows: int = 1) -> ImageSilo:
+    """The client's image folder at ``path`` (:func:`~.tables.load_image_folder`; ``labels``
+    "none", "names" or "csv": its ``labels.csv``), checked against the public ``shape``
+    (C, H, W) and split into training and held-out images by the public ``holdout`` and
+    ``seed``."""
+    path = Path(path)
+    folder = load_image_folder(path, labels_from_names=labels == "names",
+                               labels_csv=path / "labels.csv" if labels == "csv" else None)
+    if tuple(folder.x.shape[1:]) != tuple(shape):
+        raise DataError(f"image {folder.files[0]!r} of {str(path)!r} has shape "
+                        f"{tuple(folder.x.shape[1:])} (C, H, W), not the run's public "
+                        f"{tuple(shape)}: resize the folder's images, or set --image-size and "
+                        "--image-channels for every client")
+    train, held = holdout_split(len(folder.x), holdout, seed)
+    if len(train) < min_rows:
+        raise DataError(f"{path} keeps {len(train)} training images after holding out "
+                        f"{holdout:g} of {len(folder.x)}, fewer than the batch size {min_rows}; "
+                        "lower --batch-size or --holdout")
+    if len(held) < 2:
+        raise DataError(f"{path} holds out {len(held)} image(s) at holdout = {holdout:g}: "
+                        "evaluation needs at least 2; raise --holdout")
+    index = torch.from_numpy(train)
+    return ImageSilo(path, folder.x[index], folder.x[torch.from_numpy(held)],
+                     None if folder.labels is None else folder.labels[index], folder.classes)

@@ -26,7 +26,7 @@ from .attribute_classifier import (
 )
 from .frechet import feature_stats, frechet_distance
 
-__all__ = ["ImageFeatures", "image_features", "inception_features", "fid"]
+__all__ = ["ImageFeatures", "image_features", "inception_features", "pixel_features", "fid"]
 
 NOT_COMPARABLE = ("Frechet distance on the features of a classifier trained on the data set's "
                   "training images, not Inception-v3: NOT comparable with published FID values")
@@ -100,6 +100,14 @@ def image_features(train: torch.Tensor, labels: torch.Tensor, classes: int,
         device=device)
     return ImageFeatures("classifier", False, f"{NOT_COMPARABLE}; {why}",
                          lambda x: classifier_features(model, x.to(device)).cpu())
+
+
+def pixel_features(why: str) -> ImageFeatures:
+    """The Frechet distance on raw pixels (each image flattened to C*H*W values), for images
+    without labels to train a classifier on; ``why`` says why it was used."""
+    return ImageFeatures("pixels", False, "Frechet distance on raw pixels, not Inception-v3: NOT "
+                         f"comparable with published FID values; {why}",
+                         lambda x: x.flatten(1))
 
 
 def fid(features: ImageFeatures, generated: torch.Tensor, reference: torch.Tensor) -> float:

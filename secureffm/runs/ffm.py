@@ -33,7 +33,7 @@ from ..data.images import ImagePair, image_pair, image_shape
 from ..data.pairs import get_pair, make_shards
 from ..data.partition import partition
 from ..data.schema import Schema
-from ..data.silo import CLIENT_DATA, table_pair
+from ..data.silo import CLIENT_DATA, folder_pair, table_pair
 from ..errors import ConfigError, DataError, RunInterrupted
 from ..federation.channel import Channel
 from ..federation.faults import load_threat_model
@@ -49,6 +49,7 @@ from ..methods.ffm import (
 from ..metrics.evaluate import evaluate_flow, potential_health
 from ..metrics.fid import fid, image_features
 from ..metrics.sampling import integrate, trajectories
+from ..names import IMAGE_FOLDER, SILO_DATA
 from ..plots import plot_trajectories, plot_w2_nfe
 from ..privacy.canaries import AUDIT_NOTICE, CANARY_FILE, draw_canaries, save_canaries
 from ..progress import progress_bar
@@ -72,7 +73,9 @@ from .scaffold import (
 )
 from .silo import (
     UNACCOUNTED_EVALUATION,
+    UNACCOUNTED_IMAGE_EVALUATION,
     evaluate_on_silos,
+    folder_shape,
     hold_silo,
     own_silo,
     silo_program,
@@ -113,8 +116,8 @@ def build_run(config: RunConfig, device: torch.device, log: MessageLog, connect:
     """The data pair, the shards the server may plot (None when the clients run elsewhere:
     then it holds none), and the trainer; with ``config.canaries``, the clients' planted
     canaries, saved to ``out``/canaries.safetensors."""
-    if config.data == CLIENT_DATA:
-        return _build_table_run(config, device, log, connect)
+    if config.data in SILO_DATA:
+        return _build_silo_run(config, device, log, connect)
     pair = (image_pair(config.data, config.data_dir, config.seed, config.image_size,
                        config.clients * config.shard_size, config.eval_samples)
             if config.images else get_pair(config.data))
@@ -155,22 +158,25 @@ def build_run(config: RunConfig, device: torch.device, log: MessageLog, connect:
     return pair, shards, trainer
 
 
-def _build_table_run(config: RunConfig, device: torch.device, log: MessageLog,
-                     connect: Connect | None):
-    """A run on the clients' own tables: the public pair from the schema; in-process, each
-    client reads its own file (:func:`~.silo.own_silo`); the server holds no shard (None)."""
+def _build_silo_run(config: RunConfig, device: torch.device, log: MessageLog,
+                    connect: Connect | None):
+    """A run on the clients' own tables or image folders: the public pair from the schema (or
+    the images' public shape, :func:`~.silo.folder_shape`); in-process, each client reads its
+    own file or folder (:func:`~.silo.own_silo`); the server holds no shard (None)."""
     if config.canaries:
-        raise ConfigError("canaries audit 2D runs; drop --canaries on a tabular run")
-    schema = Schema.load(config.schema)  # target_column checked by runs.preflight
-    pair = table_pair(schema)
+        raise ConfigError(f"canaries audit 2D runs; drop --canaries on a {config.data!r} run")
+    # target_column checked by runs.preflight
+    schema = Schema.load(config.schema) if config.data == CLIENT_DATA else None
+    pair = table_pair(schema) if schema is not None else folder_pair(folder_shape(config))
     protocol = load_protocol(config.protocol)
     settings = FFMSettings.of(config)
     dp = resolve_dp(config, protocol, settings.sent_kinds)
     if connect is not None:  # each node reads its own file (runs/flower_node.py)
         return pair, None, FederatedFlowMatching(settings, dp, pair, connect(protocol, log),
                                                  device)
-    clients = new_clients([torch.zeros(0, schema.dim, device=device)] * config.clients,
-                          config.deterministic_seed)
+    clients = new_clients([torch.zeros(0, *pair.shape, device=device)
+                           if schema is None else torch.zeros(0, schema.dim, device=device)]
+                          * config.clients, config.deterministic_seed)
     for client, path in zip(clients, config.client_data, strict=True):
         hold_silo(client, own_silo(config, path, schema))
     faults = load_threat_model(config.threat_model) if config.threat_model else None
@@ -220,7 +226,8 @@ def _privacy(config: RunConfig, trainer, rounds_run: int,
         accounting = trainer.ledger.report(trainer.dp.target_epsilon, trainer.dp.accountant)
         accounting.update(noise_multiplier=trainer.noise_multipliers, clip=trainer.dp.clip,
                           rounds_run=rounds_run)
-    unaccounted = (UNACCOUNTED_EVALUATION,) if config.data == CLIENT_DATA else ()
+    unaccounted = {CLIENT_DATA: (UNACCOUNTED_EVALUATION,),
+                   IMAGE_FOLDER: (UNACCOUNTED_IMAGE_EVALUATION,)}.get(config.data, ())
     statement = privacy_statement(trainer.channel.protocol, kinds,
                                   deterministic=config.insecure_deterministic,
                                   nominal_records=config.shard_size, sample_rate=trainer.rate,
@@ -300,14 +307,18 @@ def run_ffm(config: RunConfig, connect: Connect | None = None) -> RunResult:
             progress.in_round, progress.completed = None, round_
         train_seconds = time.perf_counter() - start
         table = None
-        if config.data == CLIENT_DATA:  # where the data lives, before the log closes
+        if config.data in SILO_DATA:  # where the data lives, before the log closes
             started = time.perf_counter()
             table = {"clients": evaluate_on_silos(trainer.channel, trainer.velocity.averaged,
-                                                  budget + 1),
-                     "schema": {"path": config.schema,
-                                "digest": Schema.load(config.schema).digest()},
-                     "synthetic_rows": config.eval_samples, "nfe": table_nfe(config),
-                     "seconds": time.perf_counter() - started}
+                                                  budget + 1)}
+            if config.data == CLIENT_DATA:
+                table.update(schema={"path": config.schema,
+                                     "digest": Schema.load(config.schema).digest()},
+                             synthetic_rows=config.eval_samples)
+            else:
+                table.update(image_shape=list(folder_shape(config)),
+                             synthetic_images=config.eval_samples)
+            table.update(nfe=table_nfe(config), seconds=time.perf_counter() - started)
     except BaseException as error:
         with signals_held():  # a second Ctrl-C must not cut the wrap-up short
             try:
@@ -347,9 +358,9 @@ def _evaluate(config: RunConfig, out: Path, pair, shards, trainer, device: torch
     evaluator = party_generator(config.seed, EVALUATOR, device)
     model = trainer.velocity.averaged
     started = time.perf_counter()
-    if config.images:
+    if config.images and config.data != IMAGE_FOLDER:
         evaluation = periodic.evaluate(evaluator)
-    elif config.data == CLIENT_DATA:  # the clients evaluated before the log closed
+    elif config.data in SILO_DATA:  # the clients evaluated before the log closed
         evaluation = facts["table"]
         started -= evaluation.pop("seconds")
     else:
@@ -576,7 +587,9 @@ def load_velocity(run_dir: str | Path, device: str = "cpu") -> torch.nn.Module:
     checkpoint = load_checkpoint(run_dir / CHECKPOINT, device)
     config = checkpoint["config"]
     saved = config_from_dict(config)
-    if saved.images:
+    if saved.data == IMAGE_FOLDER:
+        model = image_velocity(FFMSettings.of(saved), folder_shape(saved))
+    elif saved.images:
         model = image_velocity(FFMSettings.of(saved), image_shape(saved.data, saved.image_size))
     elif "schema" in checkpoint:  # a run on the clients' own tables
         model = VelocityMLP(Schema.loads(checkpoint["schema"]).dim, config["hidden"])

@@ -4,7 +4,8 @@
 :func:`load` returns a :class:`TrainedModel` from a run folder (its checkpoint, read with
 ``weights_only=True``) or from an exported folder (safetensors and JSON: no pickle at all).
 ``sample(n)`` pushes public noise through the evaluated velocity field (its EMA) with Euler
-steps and, on a tabular run, decodes the rows through the public schema. Sampling is
+steps and, on a tabular run, decodes the rows through the public schema; on an image run it
+gives images [n, C, H, W] in [-1, 1], which :func:`write_samples` writes as PNG files. Sampling is
 post-processing of the released model: a DP model's samples carry its guarantee, whatever
 their number; :meth:`TrainedModel.privacy_notice` says what the run's privacy.json claims.
 """
@@ -21,14 +22,17 @@ import torch
 
 from ..config import config_from_dict
 from ..data.files import write_table
+from ..data.images import gaussian_images, image_shape
 from ..data.schema import Schema
 from ..data.silo import standard_normal
 from ..errors import ConfigError
 from ..metrics.sampling import integrate
+from ..names import IMAGE_FOLDER
 from .ffm import load_velocity
 from .scaffold import load_checkpoint
 
-__all__ = ["TrainedModel", "load", "export", "write_samples", "EXPORT_WEIGHTS", "EXPORT_CARD"]
+__all__ = ["TrainedModel", "load", "export", "write_samples", "write_png_folder",
+           "EXPORT_WEIGHTS", "EXPORT_CARD"]
 
 EXPORT_WEIGHTS = "velocity.safetensors"
 EXPORT_CARD = "model.json"
@@ -38,7 +42,8 @@ EXPORT_CARD = "model.json"
 class TrainedModel:
     """A run's evaluated velocity field ``velocity`` on R^dim (``schema``: the public schema of
     a tabular run, else None: 2D points), its default Euler ``nfe``, the run's ``config``
-    (a dict) and its ``privacy`` statement (privacy.json, a dict; empty when absent)."""
+    (a dict) and its ``privacy`` statement (privacy.json, a dict; empty when absent);
+    ``image_shape`` (C, H, W) on an image run (dim = C * H * W), else None."""
 
     velocity: torch.nn.Module
     dim: int
@@ -46,16 +51,23 @@ class TrainedModel:
     nfe: int
     config: dict
     privacy: dict
+    image_shape: tuple[int, int, int] | None = None
 
     def sample_array(self, n: int, nfe: int | None = None, seed: int | None = None
                      ) -> np.ndarray:
-        """[n, dim] float32 samples: n public-noise points pushed through the field with
-        ``nfe`` Euler steps (the run's default when None); ``seed`` makes them repeatable,
-        else the noise comes from OS entropy."""
+        """[n, dim] float32 samples (an image run's: [n, C, H, W] in [-1, 1]): n public-noise
+        points pushed through the field with ``nfe`` Euler steps (the run's default when None);
+        ``seed`` makes them repeatable, else the noise comes from OS entropy."""
         if n < 1:
             raise ConfigError(f"n = {n}: ask for at least one sample")
         generator = torch.Generator().manual_seed(secrets.randbits(63) if seed is None else seed)
         device = next(self.velocity.parameters()).device
+        if self.image_shape is not None:
+            x0 = gaussian_images(self.image_shape).sample(n, generator)[0].to(device)
+            with torch.no_grad():
+                parts = [integrate(self.velocity, chunk, nfe or self.nfe)[0].cpu()
+                         for chunk in x0.split(500)]
+            return torch.cat(parts).clamp(-1, 1).numpy()
         x0 = standard_normal(self.dim).sample(n, generator)[0].to(device)
         parts = [integrate(self.velocity, chunk, nfe or self.nfe)[0].cpu()
                  for chunk in x0.split(10_000)]
@@ -65,6 +77,10 @@ class TrainedModel:
                ) -> dict[str, np.ndarray]:
         """n synthetic rows as a table (column -> values): decoded through the schema on a
         tabular run, else columns ``x0``, ``x1``, ... of the points."""
+        if self.image_shape is not None:
+            raise ConfigError("an image run's samples are images, not a table: write them to a "
+                              "folder (secureffm sample RUN --n N --out DIR) or .npy, or call "
+                              "sample_array")
         x = self.sample_array(n, nfe, seed)
         if self.schema is not None:
             from ..data.encoding import decode
@@ -104,12 +120,17 @@ def load(run: str | Path, device: str = "cpu") -> TrainedModel:
         return _load_export(run, privacy, device)
     checkpoint = load_checkpoint(run / "checkpoint.safetensors", device)
     config = checkpoint["config"]
-    if config_from_dict(config).images or config.get("method") not in (
-            "vanilla", "lot", "got", "icfm", "otcfm"):
-        raise ConfigError(f"{run} is not a 2D or tabular FFM run: sample and export take those "
-                          "(image runs draw their grids with the run)")
-    schema = Schema.loads(checkpoint["schema"]) if "schema" in checkpoint else None
+    if config.get("method") not in ("vanilla", "lot", "got", "icfm", "otcfm"):
+        raise ConfigError(f"{run} is not an FFM run: sample and export take FFM's 2D, tabular "
+                          "and image runs")
     velocity = load_velocity(run, device)
+    saved = config_from_dict(config)
+    if saved.images:
+        shape = ((saved.image_channels, saved.image_size, saved.image_size)
+                 if saved.data == IMAGE_FOLDER else image_shape(saved.data, saved.image_size))
+        return TrainedModel(velocity, int(np.prod(shape)), None, _nfe(config), config, privacy,
+                            shape)
+    schema = Schema.loads(checkpoint["schema"]) if "schema" in checkpoint else None
     dim = velocity.net[-1].out_features  # VelocityMLP's output: a velocity on R^dim
     return TrainedModel(velocity, dim, schema, _nfe(config), config, privacy)
 
@@ -130,6 +151,10 @@ def export(run: str | Path, out: str | Path) -> Path:
     from safetensors.torch import save_file
 
     model = load(run)
+    if model.image_shape is not None:
+        raise ConfigError(f"{run} is an image run: export writes the MLP velocity of 2D and "
+                          "tabular runs, not a U-Net; sample its images with secureffm sample "
+                          "(or secureffm.load) from the run folder itself")
     out = Path(out)
     if out.exists() and any(out.iterdir()):
         raise ConfigError(f"{out} is not empty; export into a new folder")
@@ -162,12 +187,35 @@ def _load_export(folder: Path, privacy: dict, device: str) -> TrainedModel:
 
 def write_samples(model: TrainedModel, n: int, out: str | Path, nfe: int | None = None,
                   seed: int | None = None) -> Path:
-    """``n`` samples to ``out`` (.csv, .npy, .parquet) and, beside it, ``<out>.privacy.json``:
-    what holds of them (:meth:`TrainedModel.privacy_notice`). Returns the notice's path."""
+    """``n`` samples to ``out`` (.csv, .npy, .parquet; an image run's: a new folder of PNG
+    files, or .npy [n, C, H, W]) and, beside it, ``<out>.privacy.json``: what holds of them
+    (:meth:`TrainedModel.privacy_notice`). Returns the notice's path."""
     out = Path(out)
     if out.exists():
         raise ConfigError(f"{out} exists; choose a new --out")
-    write_table(model.sample(n, nfe, seed), out)
+    if model.image_shape is None:
+        write_table(model.sample(n, nfe, seed), out)
+    elif out.suffix == ".npy":
+        np.save(out, model.sample_array(n, nfe, seed))
+    elif out.suffix:
+        raise ConfigError(f"--out {out}: an image run's samples go to a new folder of PNG files "
+                          "(a name without a suffix) or a .npy file")
+    else:
+        write_png_folder(model.sample_array(n, nfe, seed), out)
     notice = out.with_name(out.name + ".privacy.json")
-    notice.write_text(json.dumps({"rows": n, **model.privacy_notice()}, indent=2))
+    count = "rows" if model.image_shape is None else "images"
+    notice.write_text(json.dumps({count: n, **model.privacy_notice()}, indent=2))
     return notice
+
+
+def write_png_folder(images: np.ndarray, out: Path) -> None:
+    """Images [n, C, H, W] in [-1, 1] as ``out``/sample-00000.png, ... (8-bit; C = 1:
+    grayscale, C = 3: RGB) in a new folder."""
+    from PIL import Image
+
+    out.mkdir(parents=True)
+    pixels = np.clip(np.rint((images + 1) * 127.5), 0, 255).astype(np.uint8)
+    width = max(5, len(str(len(pixels) - 1)))
+    for i, image in enumerate(pixels):
+        array = image[0] if image.shape[0] == 1 else image.transpose(1, 2, 0)
+        Image.fromarray(array).save(out / f"sample-{i:0{width}d}.png")

@@ -22,6 +22,7 @@ from ...data.images import ImagePair, image_pair
 from ...errors import SecureFFMError
 from ...federation.parties import new_client
 from ...methods.ffm import FFMClient, FFMSettings, image_velocity
+from ...names import IMAGE_FOLDER
 from ...protocols.protocol import load_protocol
 from ...runs.ffm import image_shards, load_velocity
 from ...runs.scaffold import resolve_dp
@@ -123,6 +124,10 @@ def load_image_run(folder: str | Path) -> ImageRun:
     if not config.images:
         raise SecureFFMError(f"{folder} trained on data = {config.data!r}: this attack needs an "
                              "FFM image run (e.g. --data digits)")
+    if config.data == IMAGE_FOLDER:
+        raise SecureFFMError(f"{folder} trained on the clients' own image folders: the image "
+                             "attacks rebuild the members from the public config and a named "
+                             "image set (e.g. --data digits); no party here holds the folders")
     view = ServerView.read(folder)
     pair = image_pair(config.data, config.data_dir, config.seed, config.image_size,
                       config.clients * config.shard_size, config.eval_samples)
