@@ -36,6 +36,7 @@ __all__ = ["TrainedModel", "load", "export", "write_samples", "write_png_folder"
 
 EXPORT_WEIGHTS = "velocity.safetensors"
 EXPORT_CARD = "model.json"
+EXPORT_FORMAT = "secureffm-velocity/1"  # an MLP on R^dim, or the run's U-Net on image_shape
 
 
 @dataclass
@@ -151,18 +152,15 @@ def export(run: str | Path, out: str | Path) -> Path:
     from safetensors.torch import save_file
 
     model = load(run)
-    if model.image_shape is not None:
-        raise ConfigError(f"{run} is an image run: export writes the MLP velocity of 2D and "
-                          "tabular runs, not a U-Net; sample its images with secureffm sample "
-                          "(or secureffm.load) from the run folder itself")
     out = Path(out)
     if out.exists() and any(out.iterdir()):
         raise ConfigError(f"{out} is not empty; export into a new folder")
     out.mkdir(parents=True, exist_ok=True)
     save_file({k: v.contiguous() for k, v in model.velocity.state_dict().items()},
               out / EXPORT_WEIGHTS)
-    card = {"format": "secureffm-velocity-mlp/1", "dim": model.dim,
-            "hidden": model.config["hidden"], "nfe": model.nfe, "config": model.config,
+    card = {"format": EXPORT_FORMAT, "dim": model.dim, "nfe": model.nfe,
+            "image_shape": None if model.image_shape is None else list(model.image_shape),
+            "config": model.config,
             "schema": model.schema.to_toml() if model.schema is not None else None}
     (out / EXPORT_CARD).write_text(json.dumps(card, indent=2))
     (out / "privacy.json").write_text(json.dumps(model.privacy, indent=2))
@@ -172,17 +170,21 @@ def export(run: str | Path, out: str | Path) -> Path:
 def _load_export(folder: Path, privacy: dict, device: str) -> TrainedModel:
     from safetensors.torch import load_file
 
+    from ..methods.ffm import FFMSettings, image_velocity
     from ..models.mlp import VelocityMLP
 
     card = _json(folder / EXPORT_CARD)
-    if card.get("format") != "secureffm-velocity-mlp/1":
+    if card.get("format") != EXPORT_FORMAT:
         raise ConfigError(f"{folder / EXPORT_CARD} is not a secureffm export (format "
-                          f"{card.get('format')!r})")
-    velocity = VelocityMLP(int(card["dim"]), int(card["hidden"]))
+                          f"{card.get('format')!r}, not {EXPORT_FORMAT!r})")
+    config = config_from_dict(card["config"])
+    shape = tuple(card["image_shape"]) if card.get("image_shape") else None
+    velocity = (image_velocity(FFMSettings.of(config), shape) if shape is not None
+                else VelocityMLP(int(card["dim"]), config.hidden))
     velocity.load_state_dict(load_file(folder / EXPORT_WEIGHTS, device=device))
     schema = Schema.loads(card["schema"]) if card.get("schema") else None
     return TrainedModel(velocity.to(device).eval(), int(card["dim"]), schema, int(card["nfe"]),
-                        card["config"], privacy)
+                        card["config"], privacy, shape)
 
 
 def write_samples(model: TrainedModel, n: int, out: str | Path, nfe: int | None = None,
