@@ -28,7 +28,7 @@ from .config import (
     load_config,
 )
 from .errors import RunInterrupted, SecureFFMError
-from .names import CLIENT_DATA, IMAGE_DATA, PAIRS, UNET_LAYOUTS
+from .names import ACCOUNTANTS, CLIENT_DATA, IMAGE_DATA, PAIRS, UNET_LAYOUTS
 from .spelling import did_you_mean
 
 __all__ = ["main", "build_parser"]
@@ -53,6 +53,9 @@ _HELP = {
                           "attacker could measure (docs/privacy.md)",
     "delta": "DP delta (0: the protocol spec's)",
     "noise_multiplier": "DP noise multiplier sigma instead of calibrating (0: spec's)",
+    "max_grad_norm": "DP per-example L2 clip C, Opacus' max_grad_norm (0: the dp stage's clip)",
+    "accountant": "the accountant that calibrates sigma and enforces the target (default: the "
+                  "dp stage's; privacy.json reports both)",
     "canaries": "AUDIT RUN: plant this many gradient canaries (fair coins) in the clients' "
                 "shards for the one-run DP audit; the coins go to canaries.safetensors",
     "data": "a source-target pair (2D), an image set (docs/images.md), a DCFM data set "
@@ -138,6 +141,7 @@ GROUPS = {
     "what and where": ("method", "protocol", "data", "clients", "partition", "dirichlet_alpha",
                        "shard_size", "engine", "phase_timeout", "device", "threads", "seed"),
     "privacy": ("target_epsilon", "allow_weak_privacy", "delta", "noise_multiplier",
+                "max_grad_norm", "accountant",
                 "threat_model", "keep_payloads", "canaries", "insecure_deterministic"),
     "training": ("rounds", "batch_size", "lr", "lr_warmup", "hidden", "weighting", "ema_decay",
                  "progress"),
@@ -255,7 +259,8 @@ def _choices() -> dict[str, tuple[str, ...]]:
             "partition": PARTITIONS, "engine": ENGINES, "weighting": WEIGHTINGS,
             "device": ("auto", "cpu", "cuda"), "adaptive_solver": ADAPTIVE_SOLVERS,
             "precision": PRECISIONS, "unet_layout": UNET_LAYOUTS,
-            "dcfm_teacher": DCFM_TEACHERS, "dcfm_network": DCFM_NETWORKS}
+            "dcfm_teacher": DCFM_TEACHERS, "dcfm_network": DCFM_NETWORKS,
+            "accountant": ACCOUNTANTS}
 
 
 def _option_help(name: str, default, choices: tuple[str, ...] | None) -> str:

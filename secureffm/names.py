@@ -4,7 +4,7 @@ them so that ``secureffm.config`` and the command line load without torch (docs/
 
 from __future__ import annotations
 
-__all__ = ["PAIRS", "IMAGE_DATA", "CLIENT_DATA", "UNET_LAYOUTS"]
+__all__ = ["PAIRS", "IMAGE_DATA", "CLIENT_DATA", "UNET_LAYOUTS", "ACCOUNTANTS"]
 
 # The 2D source-target pairs (secureffm.data.pairs).
 PAIRS = ("8gaussians-moons", "uniform-8gaussians", "gaussian-moons", "gaussian-8gaussians")
@@ -13,3 +13,5 @@ IMAGE_DATA = ("cifar10", "mnist", "colored-mnist", "shapes", "digits")
 CLIENT_DATA = "table"  # the ``data`` name of a run on the clients' own tables (data/silo.py)
 # U-Net layouts by name (secureffm.models.unet.LAYOUTS holds one class per name).
 UNET_LAYOUTS = ("compact", "guided")
+# Opacus' accountants a DP run is calibrated and enforced by (secureffm.privacy.accounting).
+ACCOUNTANTS = ("rdp", "prv")
