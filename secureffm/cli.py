@@ -493,7 +493,10 @@ def _attack_options(pairs: list[str]) -> dict:
 
 
 def _attacks(args: argparse.Namespace) -> int:
-    """Run each --attack on RUN_DIR and print {name: results} as JSON."""
+    """Run each --attack on RUN_DIR and print {name: results} as JSON, then each attack's
+    ``interpretation`` (plain words) as a paragraph of its own."""
+    import textwrap
+
     from .audit.attacks import run_attack
 
     if not args.run_dir:
@@ -501,7 +504,11 @@ def _attacks(args: argparse.Namespace) -> int:
                              "RUN_DIR")
     options = _attack_options(args.attack_option)
     found = {name: run_attack(args.run_dir, name, **options) for name in args.attack}
+    words = {name: result.pop("interpretation") for name, result in found.items()
+             if "interpretation" in result}
     print(json.dumps(found, indent=1))
+    for name, text in words.items():
+        print(f"\n{textwrap.fill(f'{name}: {text}', width=100)}")
     if any(result.get("accounted_is_guarantee") == 0 for result in found.values()):
         from .protocols.statement import INSECURE
 
