@@ -28,7 +28,7 @@ from .config import (
     load_config,
 )
 from .errors import RunInterrupted, SecureFFMError
-from .names import IMAGE_DATA, IMAGE_LABELS, PAIRS, SILO_DATA, UNET_LAYOUTS
+from .names import ACCOUNTANTS, IMAGE_DATA, IMAGE_LABELS, PAIRS, SILO_DATA, UNET_LAYOUTS
 from .spelling import did_you_mean
 
 __all__ = ["main", "build_parser"]
@@ -54,6 +54,9 @@ _HELP = {
                           "attacker could measure (docs/privacy.md)",
     "delta": "DP delta (0: the protocol spec's)",
     "noise_multiplier": "DP noise multiplier sigma instead of calibrating (0: spec's)",
+    "max_grad_norm": "DP per-example L2 clip C, Opacus' max_grad_norm (0: the dp stage's clip)",
+    "accountant": "the accountant that calibrates sigma and enforces the target (default: the "
+                  "dp stage's; privacy.json reports both)",
     "canaries": "AUDIT RUN: plant this many gradient canaries (fair coins) in the clients' "
                 "shards for the one-run DP audit; the coins go to canaries.safetensors",
     "data": "a source-target pair (2D), an image set (docs/images.md), a DCFM data set "
@@ -143,6 +146,7 @@ GROUPS = {
     "what and where": ("method", "protocol", "data", "clients", "partition", "dirichlet_alpha",
                        "shard_size", "engine", "phase_timeout", "device", "threads", "seed"),
     "privacy": ("target_epsilon", "allow_weak_privacy", "delta", "noise_multiplier",
+                "max_grad_norm", "accountant",
                 "threat_model", "keep_payloads", "canaries", "insecure_deterministic"),
     "training": ("rounds", "batch_size", "lr", "lr_warmup", "hidden", "weighting", "ema_decay",
                  "progress"),
@@ -261,7 +265,8 @@ def _choices() -> dict[str, tuple[str, ...]]:
             "partition": PARTITIONS, "engine": ENGINES, "weighting": WEIGHTINGS,
             "device": ("auto", "cpu", "cuda"), "adaptive_solver": ADAPTIVE_SOLVERS,
             "precision": PRECISIONS, "unet_layout": UNET_LAYOUTS, "image_labels": IMAGE_LABELS,
-            "dcfm_teacher": DCFM_TEACHERS, "dcfm_network": DCFM_NETWORKS}
+            "dcfm_teacher": DCFM_TEACHERS, "dcfm_network": DCFM_NETWORKS,
+            "accountant": ACCOUNTANTS}
 
 
 def _option_help(name: str, default, choices: tuple[str, ...] | None) -> str:
@@ -494,7 +499,10 @@ def _attack_options(pairs: list[str]) -> dict:
 
 
 def _attacks(args: argparse.Namespace) -> int:
-    """Run each --attack on RUN_DIR and print {name: results} as JSON."""
+    """Run each --attack on RUN_DIR and print {name: results} as JSON, then each attack's
+    ``interpretation`` (plain words) as a paragraph of its own."""
+    import textwrap
+
     from .audit.attacks import run_attack
 
     if not args.run_dir:
@@ -502,7 +510,11 @@ def _attacks(args: argparse.Namespace) -> int:
                              "RUN_DIR")
     options = _attack_options(args.attack_option)
     found = {name: run_attack(args.run_dir, name, **options) for name in args.attack}
+    words = {name: result.pop("interpretation") for name, result in found.items()
+             if "interpretation" in result}
     print(json.dumps(found, indent=1))
+    for name, text in words.items():
+        print(f"\n{textwrap.fill(f'{name}: {text}', width=100)}")
     if any(result.get("accounted_is_guarantee") == 0 for result in found.values()):
         from .protocols.statement import INSECURE
 

@@ -7,6 +7,7 @@ Every key is a field of :class:`RunConfig`; an unknown key or an impossible valu
 from __future__ import annotations
 
 import dataclasses
+import math
 import tomllib
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -16,6 +17,7 @@ import tomli_w
 
 from .errors import ConfigError
 from .names import (
+    ACCOUNTANTS,
     CLIENT_DATA,
     IMAGE_DATA,
     IMAGE_FOLDER,
@@ -47,6 +49,10 @@ PRECISIONS = ("auto", "fp32", "bf16")
 # front"): e^20 = 4.9e8 bounds the likelihood ratio of any output, which excludes nothing an
 # attacker could measure; a value this large is a typo or a run without meaningful privacy.
 WEAK_EPSILON = 20.0
+# The run's overrides of the protocol's dp stage (0 or "" keeps the spec's value), and the
+# DPSettings field each overrides where the names differ (Opacus calls the clip max_grad_norm).
+DP_OPTIONS = ("target_epsilon", "delta", "noise_multiplier", "max_grad_norm", "accountant")
+_SETTING = {"max_grad_norm": "clip"}
 PATH_LISTS = frozenset({"client_data"})  # keys that hold a list of paths, not integers
 TABLE_METHODS = ("vanilla", "lot", "got")  # FFM on the clients' own tables
 
@@ -63,6 +69,8 @@ class RunConfig:
     target_epsilon: float = 0.0
     delta: float = 0.0
     noise_multiplier: float = 0.0
+    max_grad_norm: float = 0.0  # Opacus' name for the dp stage's per-example clip C
+    accountant: str = ""  # "rdp" or "prv": calibrates the noise and enforces the target
     allow_weak_privacy: bool = False  # accept a target epsilon above WEAK_EPSILON
     # One-run DP audit (FFM vanilla/got under a dp protocol): plant this many gradient canaries,
     # each in a client's shard by a fair coin; the run is then an audit run (docs/audit.md).
@@ -174,9 +182,13 @@ class RunConfig:
         A run needs a target epsilon, a noise multiplier, or both (then the target is enforced
         by stopping early).
         """
-        changes = {key: getattr(self, key) for key in ("target_epsilon", "delta",
-                                                       "noise_multiplier") if getattr(self, key)}
+        changes = {_SETTING.get(key, key): getattr(self, key) for key in DP_OPTIONS
+                   if getattr(self, key)}
         resolved = dataclasses.replace(settings, **changes)
+        if resolved.noise == "distributed" and resolved.accountant != "rdp":
+            raise ConfigError(f"accountant = {resolved.accountant!r}, but the protocol's "
+                              "distributed (Skellam) noise is accounted only by its RDP bound; "
+                              "pass --accountant rdp or drop --accountant")
         self._check_epsilon(resolved.target_epsilon, "the protocol's dp stage sets ")
         if resolved.target_epsilon is None and resolved.noise_multiplier is None:
             raise ConfigError("the protocol's dp stage has neither target_epsilon nor "
@@ -193,7 +205,7 @@ class RunConfig:
 
     def require_no_dp_options(self, protocol: str) -> None:
         """DP options without a dp stage would promise a guarantee nobody provides."""
-        given = [k for k in ("target_epsilon", "delta", "noise_multiplier") if getattr(self, k)]
+        given = [k for k in DP_OPTIONS if getattr(self, k)]
         if given:
             raise ConfigError(f"{given[0]} is set but protocol {protocol!r} has no dp stage, so "
                               "no DP would be applied; use protocol 'dp' or 'dp-secagg', or drop "
@@ -245,8 +257,12 @@ def _validate(c: RunConfig) -> None:
     need(c.ctransform_steps >= 0, "ctransform_steps", "must be >= 0")
     for key in ("lr", "potential_lr", "ctransform_lr", "dirichlet_alpha", "adaptive_tol"):
         need(getattr(c, key) > 0, key, "must be > 0")
-    for key in ("target_epsilon", "noise_multiplier"):
-        need(getattr(c, key) >= 0, key, "must be >= 0 (0 keeps the protocol's value)")
+    for key in ("target_epsilon", "noise_multiplier", "max_grad_norm"):
+        need(math.isfinite(getattr(c, key)) and getattr(c, key) >= 0, key,
+             "must be a finite number >= 0 (0 keeps the protocol's value)")
+    need(c.accountant in ("",) + ACCOUNTANTS, "accountant",
+         f"choose one of {', '.join(ACCOUNTANTS)} (empty keeps the protocol's)"
+         + did_you_mean(c.accountant, ACCOUNTANTS))
     c._check_epsilon(c.target_epsilon, "")
     need(c.canaries >= 0, "canaries", "must be >= 0 (0: no canaries, a production run)")
     need(0 <= c.delta < 1, "delta", "must be in [0, 1) (0 keeps the protocol's value)")

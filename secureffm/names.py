@@ -5,7 +5,7 @@ them so that ``secureffm.config`` and the command line load without torch (docs/
 from __future__ import annotations
 
 __all__ = ["PAIRS", "IMAGE_DATA", "CLIENT_DATA", "IMAGE_FOLDER", "SILO_DATA", "IMAGE_LABELS",
-           "UNET_LAYOUTS"]
+           "UNET_LAYOUTS", "ACCOUNTANTS"]
 
 # The 2D source-target pairs (secureffm.data.pairs).
 PAIRS = ("8gaussians-moons", "uniform-8gaussians", "gaussian-moons", "gaussian-8gaussians")
@@ -20,3 +20,5 @@ SILO_DATA = (CLIENT_DATA, IMAGE_FOLDER)  # runs where each client reads its own 
 IMAGE_LABELS = ("none", "names", "csv")
 # U-Net layouts by name (secureffm.models.unet.LAYOUTS holds one class per name).
 UNET_LAYOUTS = ("compact", "guided")
+# Opacus' accountants a DP run is calibrated and enforced by (secureffm.privacy.accounting).
+ACCOUNTANTS = ("rdp", "prv")

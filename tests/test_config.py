@@ -32,6 +32,9 @@ def test_unknown_toml_key_is_named(tmp_path):
     ("nfe", "1,x", "nfe"),
     ("data", "imagenet", "data = 'imagenet'"),  # mnist is data since issue 21
     ("adaptive_solver", "rk45", "adaptive_solver"),
+    ("max_grad_norm", -1.0, "max_grad_norm = -1.0: must be a finite number >= 0"),
+    ("max_grad_norm", "inf", "max_grad_norm = inf"),
+    ("accountant", "pvr", "accountant = 'pvr': choose one of rdp, prv.*did you mean 'prv'"),
 ])
 def test_bad_values_name_the_key(key, value, fragment):
     with pytest.raises(ConfigError, match=fragment):

@@ -30,6 +30,7 @@ def test_the_wheel_installs_every_module_and_runs(tmp_path):
     packed = set(zipfile.ZipFile(wheel).namelist())
     assert modules <= packed, f"missing from the wheel: {sorted(modules - packed)}"
     assert any(name.startswith("secureffm/specs/protocols/") for name in packed)
+    assert "secureffm/py.typed" in packed  # type checkers read the package's annotations
     target = tmp_path / "site"
     subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target",
                     str(target), str(wheel)], check=True)

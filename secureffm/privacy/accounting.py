@@ -19,12 +19,12 @@ from functools import lru_cache
 import numpy as np
 
 from ..errors import ConfigError
+from ..names import ACCOUNTANTS
 
 __all__ = ["epsilon", "calibrate_noise", "smallest_multiplier", "check_delta", "ACCOUNTANTS",
            "Schedule"]
 
 Schedule = list[tuple[float, float, int]]
-ACCOUNTANTS = ("rdp", "prv")
 
 
 def epsilon(schedule: Schedule, delta: float, accountant: str = "rdp") -> float:

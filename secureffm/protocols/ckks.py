@@ -61,9 +61,10 @@ from __future__ import annotations
 import math
 import secrets
 from dataclasses import dataclass, field
+from types import ModuleType
+from typing import TYPE_CHECKING
 
 import numpy as np
-import tenseal as ts
 
 from ..errors import MessageError, ProtocolError
 from ..federation.channel import Aggregate, Compute, Template
@@ -79,8 +80,12 @@ from .sealed import SealedStage
 from .secagg import SecAggStage, check_scale
 from .wire import bytes_payload, payload_bytes
 
+if TYPE_CHECKING:
+    import tenseal as ts
+
 __all__ = ["CKKSStage", "PHASES", "AGREE", "new_context", "public_context", "secret_context",
-           "load_context", "encrypt", "read_ciphertexts", "write_ciphertexts", "decrypt", "flood"]
+           "load_context", "encrypt", "read_ciphertexts", "write_ciphertexts", "decrypt", "flood",
+           "load_tenseal"]
 
 PHASES = ("he_keys", "he_sum", "he_decrypted")
 _KEYS = {"stage", "protects", "poly_modulus_degree", "coeff_mod_bit_sizes", "scale_bits",
@@ -95,10 +100,25 @@ _NO_DISTRIBUTED_NOISE = ("distributed DP noise holds only inside secure aggregat
                          "'secagg'); with 'ckks' use noise = 'local'")
 
 
+NEEDS_HE_EXTRA = ("the ckks stage (protocols he, dp-he) needs TenSEAL, which is not installed; "
+                  "run `pip install secureffm[he]` or choose another protocol")
+
+
+def load_tenseal() -> ModuleType:
+    """The TenSEAL module, imported when a ckks stage first needs it (the ``he`` extra), so
+    that the package imports and runs every other protocol without it."""
+    try:
+        import tenseal as ts
+    except ImportError as err:
+        raise ProtocolError(NEEDS_HE_EXTRA) from err
+    return ts
+
+
 # -- contexts: pure functions of TenSEAL objects ------------------------------------------------
 
 def new_context(params: CKKSParams) -> ts.Context:
     """A fresh CKKS context with a new secret key (symmetric encryption, one thread)."""
+    ts = load_tenseal()
     context = ts.context(ts.SCHEME_TYPE.CKKS, params.poly_modulus_degree,
                          coeff_mod_bit_sizes=list(params.coeff_mod_bit_sizes),
                          encryption_type=ts.ENCRYPTION_TYPE.SYMMETRIC, n_threads=1)
@@ -123,7 +143,7 @@ def load_context(data: bytes, params: CKKSParams, private: bool, sender: str) ->
     """A context from ``sender``'s bytes; MessageError unless it parses, has ``params`` and
     holds a secret key exactly when ``private``."""
     try:
-        context = ts.context_from(data, n_threads=1)
+        context = load_tenseal().context_from(data, n_threads=1)
         key_data = context.seal_context().data.key_context_data()
         found = (key_data.parms().poly_modulus_degree(), key_data.total_coeff_modulus_bit_count(),
                  context.global_scale)
@@ -147,6 +167,7 @@ def encrypt(context: ts.Context, x: np.ndarray, params: CKKSParams) -> list[ts.C
     count = params.ciphertexts(x.size)
     padded = np.zeros(count * params.slots)
     padded[:x.size] = x
+    ts = load_tenseal()
     return [ts.ckks_vector(context, chunk) for chunk in padded.reshape(count, params.slots)]
 
 
@@ -178,7 +199,7 @@ def read_ciphertexts(context: ts.Context, data: bytes, count: int, params: CKKSP
 
 def _read_one(context: ts.Context, data: bytes, params: CKKSParams, what: str) -> ts.CKKSVector:
     try:
-        vector = ts.ckks_vector_from(context, data)
+        vector = load_tenseal().ckks_vector_from(context, data)
         parts = vector.ciphertext()
         shape = (vector.size(), len(parts), parts[0].size(), parts[0].coeff_modulus_size(),
                  parts[0].scale)
@@ -233,7 +254,8 @@ def _held(party: Party, epoch: int) -> ts.Context | None:
         del memory[_MEMORY]
         return None
     if held is not None and "context" not in held:
-        held["context"] = ts.context_from(held["secret"])  # its own saved key, not a message
+        # its own saved key, not a message
+        held["context"] = load_tenseal().context_from(held["secret"])
     return None if held is None else held["context"]
 
 
@@ -270,6 +292,7 @@ class CKKSStage:
         if not protects:
             raise ProtocolError(f"{where}: protects is empty; name the kinds to aggregate")
         params = CKKSParams.from_table(table, where)
+        load_tenseal()  # refused here, when the spec is read, rather than in round 0
         counts = {key: table.get(key, default) for key, default in
                   (("decryptors", 1), ("rotate_every", 0))}
         for key, value in counts.items():

@@ -2,7 +2,8 @@
 training through the channel, evaluation, run folder.
 
 The run folder holds config.toml, metrics.json, metrics.csv (one row per round,
-:mod:`.round_log`), messages.jsonl, checkpoint.safetensors, trajectories.png and w2_nfe.png. On
+:mod:`.round_log`), messages.jsonl, checkpoint.safetensors, trajectories.png and w2_nfe.png
+(and tensorboard/ when tensorboard is installed, :mod:`.tensorboard`). On
 images (docs/images.md) the same method, channel and protocols train a U-Net; the folder holds
 samples.png and samples/round-N.png (sample grids) instead of the 2D plots,
 checkpoint.safetensors is also written every ``checkpoint_every`` rounds, and metrics.json
@@ -81,6 +82,7 @@ from .silo import (
     silo_program,
     table_nfe,
 )
+from .tensorboard import Board
 
 __all__ = ["run_ffm", "build_run", "image_shards", "load_velocity", "Connect"]
 
@@ -262,7 +264,7 @@ def run_ffm(config: RunConfig, connect: Connect | None = None) -> RunResult:
     write_config(config, out / "config.toml")
     torch.manual_seed(config.seed)  # network initialisation only; parties use their generators
     log = MessageLog(out / "messages.jsonl", keep_payloads=config.keep_payloads)
-    trainer, progress = None, _Progress(config)
+    trainer, progress, board = None, _Progress(config), Board(out)
     try:
         pair, shards, trainer = build_run(config, device, log, connect, out)
         first = 1
@@ -292,6 +294,7 @@ def run_ffm(config: RunConfig, connect: Connect | None = None) -> RunResult:
             report = trainer.train_round(round_)
             rounds.add(round_, int(report.get("aborted", 0)), {k: v for k, v in report.items()
                                                               if k != "aborted"})
+            board.round(round_, {k: v for k, v in rounds.rows[-1].items() if k != "round"})
             aborted += int(report.pop("aborted", 0))
             if round_ % every == 0 or round_ == budget:
                 if "loss" in report:
@@ -325,6 +328,7 @@ def run_ffm(config: RunConfig, connect: Connect | None = None) -> RunResult:
                 stop = progress.stop(out, trainer, error, resumed)
             finally:
                 _close_log(log, trainer)
+                board.close()
         if stop is error:
             raise
         raise stop from None
@@ -338,14 +342,18 @@ def run_ffm(config: RunConfig, connect: Connect | None = None) -> RunResult:
         progress.checkpoint(out, budget, trainer.state_dict())
     rounds.write(out / ROUNDS_FILE)
     try:
-        return _evaluate(config, out, pair, shards, trainer, device, log, periodic, pin, {
+        result = _evaluate(config, out, pair, shards, trainer, device, log, periodic, pin, {
             "setup_seconds": start - begun, "train_seconds": train_seconds, "budget": budget,
             "first": first, "privacy_seconds": privacy_seconds, "aborted": aborted,
             "curves": curves, "resumed": resumed, "table": table})
+        board.final(result.metrics, budget)
+        return result
     except KeyboardInterrupt as error:
         raise RunInterrupted(f"interrupted ({cause_of(error)}) during the evaluation: training "
                              f"finished, privacy.json and checkpoint.safetensors are written, "
                              f"metrics.json is not") from None
+    finally:
+        board.close()
 
 
 def _evaluate(config: RunConfig, out: Path, pair, shards, trainer, device: torch.device,

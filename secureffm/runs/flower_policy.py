@@ -16,8 +16,9 @@ copy of the protocol spec, whose digest the policy pins. A policy file:
     kinds = ["dual_update", "gradient"]  # what the client sends from its data
     target_epsilon = 8.0              # DP, as resolved (the spec's, or the run's override)
     delta = 1e-05
-    clip = 1.0
+    clip = 1.0                        # the per-example clip (--max-grad-norm overrides it)
     # noise_multiplier = 1.0          # absent: calibrated to target_epsilon
+    accountant = "rdp"                # calibrates sigma and enforces the target
     threshold = 0.6                   # each secure-aggregation stage's, in the spec's order
     # schema_sha256 = "9d2e..."       # a run on the clients' own tables: the public schema
 
@@ -49,7 +50,7 @@ __all__ = ["Policy", "policy_of", "read_policy", "write_policy", "own_spec", "di
 
 # The fields a run config must match (every field of Policy but where the spec file is).
 PINNED = ("protocol", "protocol_sha256", "method", "rounds", "kinds", "target_epsilon", "delta",
-          "clip", "noise_multiplier", "threshold", "schema_sha256")
+          "clip", "noise_multiplier", "accountant", "threshold", "schema_sha256")
 # The config field that counts a method's rounds (FFM's ``rounds`` otherwise; DCFM-B and DDM
 # have none: their clients train ``local_steps`` and publish).
 _ROUNDS = {"dcfm-a": "dcfm_rounds", "fedflow": "fedflow_rounds", "fedflow-l": "fedflow_rounds",
@@ -81,6 +82,7 @@ class Policy:
     delta: float | None = None
     clip: float | None = None
     noise_multiplier: float | None = None
+    accountant: str | None = None
     threshold: tuple[float, ...] = ()
     schema_sha256: str = ""
     spec_file: str = ""
@@ -133,6 +135,7 @@ def policy_of(config: RunConfig | FedWADRun, spec: ProtocolSpec | None = None,
         rounds=_rounds(config), kinds=tuple(sorted(kinds)),
         target_epsilon=dp.target_epsilon if dp else None, delta=dp.delta if dp else None,
         clip=dp.clip if dp else None, noise_multiplier=dp.noise_multiplier if dp else None,
+        accountant=dp.accountant if dp else None,
         threshold=tuple(t["threshold"] for t in spec.stages if "threshold" in t),
         schema_sha256=digest, spec_file="" if shipped else str(Path(config.protocol).resolve()))
 
@@ -190,7 +193,8 @@ def read_policy(path: str | Path) -> Policy:
         method=typed("method", (str,)), rounds=typed("rounds", (int,)),
         kinds=tuple(sorted(kinds)), target_epsilon=typed("target_epsilon", (int, float)),
         delta=typed("delta", (int, float)), clip=typed("clip", (int, float)),
-        noise_multiplier=typed("noise_multiplier", (int, float)), threshold=tuple(thresholds),
+        noise_multiplier=typed("noise_multiplier", (int, float)),
+        accountant=typed("accountant", (str,)), threshold=tuple(thresholds),
         schema_sha256=typed("schema_sha256", (str,)) or "", spec_file=spec_file,
         source=str(path))
 

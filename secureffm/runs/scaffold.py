@@ -28,6 +28,7 @@ from ..privacy.settings import DPSettings
 from ..protocols.channel import ProtectedChannel
 from ..protocols.endpoint import Program
 from ..protocols.protocol import Protocol
+from .tensorboard import TENSORBOARD_DIR
 
 __all__ = ["RunResult", "run_folder", "prepare_run_folder", "RUN_ARTIFACTS", "JOURNALS_DIR",
            "CHECKPOINT", "load_checkpoint", "save_checkpoint", "check_pin_path", "record_pin",
@@ -79,6 +80,7 @@ def prepare_run_folder(out: Path, overwrite: bool) -> Path:
     for name in RUN_ARTIFACTS:
         (out / name).unlink(missing_ok=True)
     shutil.rmtree(out / JOURNALS_DIR, ignore_errors=True)
+    shutil.rmtree(out / TENSORBOARD_DIR, ignore_errors=True)
     out.mkdir(parents=True, exist_ok=True)
     return out
 

@@ -100,6 +100,21 @@ def test_membership_is_a_coin_flip_on_a_model_that_memorised_nothing(plaintext_r
     found = run_attack(plaintext_run, "membership", count=400, draws=4)
     for score in ("loss", "averaged", "calibrated"):
         assert abs(found[f"{score}_auc"] - 0.5) < 0.1, (score, found)
+    assert json.loads((plaintext_run / "attack-membership.json").read_text()) == found
+    assert "0.50 is chance" in found["interpretation"] and "test images" in found["interpretation"]
+    assert "applied no DP" in found["interpretation"]
+
+
+def test_the_membership_command_prints_its_json_then_what_it_means(plaintext_run, capsys):
+    """A user of ``secureffm audit --attack membership`` on a digits run: the results as JSON
+    (parsable on their own), then one paragraph saying what AUC 0.5 and TPR at 1% FPR mean."""
+    assert main(["audit", "--attack", "membership", "--attack-option", "count=60",
+                 "--attack-option", "draws=2", str(plaintext_run)]) == 0
+    out = capsys.readouterr().out
+    data, words = out.split("\nmembership: ")
+    found = json.loads(data)["membership"]
+    assert found["members"] == 60 and "interpretation" not in found
+    assert "0.50 is chance" in words and "At 1% FPR" in words
 
 
 @pytest.mark.slow

@@ -2,6 +2,7 @@ import json
 
 import pytest
 
+from secureffm.cli import main
 from secureffm.errors import ConfigError, ProtocolError
 from secureffm.protocols import load_protocol
 from secureffm.runs import run
@@ -97,3 +98,22 @@ def test_got_potential_stays_healthy_under_dp(small_config):
 def test_dp_options_without_a_dp_stage_are_refused(small_config, method):
     with pytest.raises(ConfigError, match="has no dp stage"):
         run(small_config(method=method, protocol="plaintext", target_epsilon=8.0))
+
+
+def test_max_grad_norm_and_accountant_override_the_spec_in_privacy_json(tmp_path):
+    """Opacus users' knobs from the command line: --max-grad-norm replaces the dp stage's clip
+    (1.0) and --accountant prv calibrates and enforces; privacy.json states both as resolved."""
+    out = tmp_path / "run"
+    assert main(["run", "--method", "vanilla", "--protocol", "dp", "--rounds", "3",
+                 "--shard-size", "200", "--batch-size", "32", "--eval-samples", "100",
+                 "--nfe", "1", "--trajectories", "10", "--no-progress", "--device", "cpu",
+                 "--target-epsilon", "8", "--max-grad-norm", "0.5", "--accountant", "prv",
+                 "--out", str(out)]) == 0
+    report = json.loads((out / "privacy.json").read_text())
+    assert (report["clip"], report["enforced_by"]) == (0.5, "prv")
+    assert all(row["prv"]["total"] <= 8.0 for row in report["clients"].values())
+
+
+def test_prv_with_distributed_noise_is_refused_by_name(small_config):
+    with pytest.raises(ConfigError, match="accountant = 'prv'.*--accountant rdp"):
+        run(small_config(method="vanilla", protocol="dp-secagg-distributed", accountant="prv"))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -404,3 +405,14 @@ def test_a_got_run_under_he_matches_plaintext_and_passes_the_audit(small_config,
                and r["recipient"] == SERVER and r["phase"] == "upload"]
     assert uploads and all(r["stages"] == ["ckks"] for r in uploads)
     assert verify_run(he.out).ok
+
+
+def test_without_tenseal_the_he_spec_is_refused_naming_the_extra(monkeypatch):
+    """A user who installed only the core package (no ``he`` extra) asks for protocol ``he``:
+    the spec is refused with a ProtocolError naming ``pip install secureffm[he]``, while a
+    protocol without CKKS still builds (TenSEAL is imported only by the ckks stage)."""
+    monkeypatch.setitem(sys.modules, "tenseal", None)  # `import tenseal` now raises ImportError
+    assert load_protocol("plaintext").name == "plaintext"
+    for name in ("he", "dp-he"):
+        with pytest.raises(ProtocolError, match=r"pip install secureffm\[he\]"):
+            load_protocol(name)

@@ -80,9 +80,26 @@ def test_check_run_config_names_every_field_that_differs_with_both_values(tmp_pa
                                  ("kinds", "('dual_update', 'gradient')", "('gradient',)"),
                                  ("target_epsilon", "8.0", "None"), ("delta", "1e-05", "None"),
                                  ("clip", "1.0", "None"), ("noise_multiplier", "1.0", "None"),
+                                 ("accountant", "'rdp'", "None"),
                                  ("threshold", "(0.6,)", "()")]:
         assert f"{field}: policy {pinned}, run config {given}" in message
     assert str(tmp_path / "policy.toml") in message
+
+
+def test_the_policy_pins_the_runs_clip_and_accountant_overrides(tmp_path, keys):
+    """The adversary is a server that submits the run the node agreed to with a larger
+    per-example clip (more sensitivity for the same noise) or another accountant (another
+    calibrated sigma): the node's policy, written from the run's --max-grad-norm and
+    --accountant as resolved, names either difference."""
+    agreed = replace(config(tmp_path, "dp"), max_grad_norm=0.5, accountant="prv")
+    policy = read_policy(pinning(agreed, tmp_path / "policy.toml"))
+    assert (policy.clip, policy.accountant) == (0.5, "prv")
+    flower_node.check_run_config(policy, flower_node.run_config_of(agreed, keys))
+    for change, named in [({"max_grad_norm": 2.0}, "clip: policy 0.5, run config 2.0"),
+                          ({"accountant": "rdp"}, "accountant: policy 'prv', run config 'rdp'")]:
+        with pytest.raises(PolicyError, match=named):
+            flower_node.check_run_config(
+                policy, flower_node.run_config_of(replace(agreed, **change), keys))
 
 
 def test_a_run_config_without_the_spec_it_runs_is_refused(tmp_path, keys):

@@ -58,7 +58,8 @@ def shipped(name: str) -> str:
 
 def hospital_policy(path: Path) -> Path:
     """What a hospital pins for the tiny GOT run of tests/runs/test_flower_node.py under
-    dp-secagg: the spec by digest, epsilon 8 at delta 1e-5, clip 1, sigma 1, threshold 0.6."""
+    dp-secagg: the spec by digest, epsilon 8 at delta 1e-5 by the RDP accountant, clip 1,
+    sigma 1, threshold 0.6."""
     path.write_text(f'''
 protocol = "{SPEC}"
 protocol_sha256 = "{spec_digest(shipped(SPEC))}"
@@ -68,6 +69,7 @@ target_epsilon = 8.0
 delta = 1e-5
 clip = 1.0
 noise_multiplier = 1.0
+accountant = "rdp"
 threshold = 0.6
 kinds = ["dual_update", "gradient"]
 ''')

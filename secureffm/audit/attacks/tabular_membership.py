@@ -15,17 +15,14 @@ held-out rows, per client and pooled. Scores of a row's encoding x [dim], higher
   through the schema), both encoded (numeric columns scaled to [-1, 1] by their public bounds,
   categories one-hot): an overfit model's samples copy its training rows.
 
-Each score gives ROC AUC and TPR at 1% FPR (:func:`~.membership.auc_and_tpr`). Beside them: what
-the run's privacy.json claims. For an (eps, delta)-DP model (unit: one row), every test, these
-included, has TPR <= e^eps FPR + delta at every FPR (Kairouz et al. 2015); the report gives that
-bound at 1% FPR (pooled: the largest client epsilon).
+Each score gives ROC AUC and TPR at 1% FPR (:func:`~.membership.auc_and_tpr`); beside them,
+what the run's privacy.json claims and plain words (:mod:`.membership_report`).
 """
 
 from __future__ import annotations
 
 import copy
 import json
-import math
 from pathlib import Path
 
 import torch
@@ -38,12 +35,11 @@ from ...errors import SecureFFMError
 from ...models.params import load_flat_params
 from ...progress import progress_bar
 from ...runs.synthetic import load
-from .membership_scores import TARGET_FPR, auc_and_tpr, membership_scores
+from .membership_report import RESULT_FILE, dp_claim, interpret, tpr_bound
+from .membership_scores import auc_and_tpr, membership_scores
 from .view import ServerView
 
 __all__ = ["tabular_membership", "distance_to_closest", "tpr_bound", "RESULT_FILE"]
-
-RESULT_FILE = "attack-membership.json"
 
 
 def distance_to_closest(x: torch.Tensor, records: torch.Tensor, chunk: int = 4096
@@ -51,12 +47,6 @@ def distance_to_closest(x: torch.Tensor, records: torch.Tensor, chunk: int = 409
     """Euclidean distance [N] from each row of ``x`` [N, d] to its nearest row of ``records``
     [M, d]."""
     return torch.cat([torch.cdist(part, records).min(dim=1).values for part in x.split(chunk)])
-
-
-def tpr_bound(epsilon: float, delta: float, fpr: float = TARGET_FPR) -> float:
-    """The largest TPR any membership test can reach at ``fpr`` against an (epsilon, delta)-DP
-    mechanism: min(1, e^epsilon fpr + delta)."""
-    return min(1.0, math.exp(epsilon) * fpr + delta)
 
 
 def tabular_membership(run_dir: Path, count: int = 1000, draws: int = 16, seed: int = 0,
@@ -91,8 +81,8 @@ def tabular_membership(run_dir: Path, count: int = 1000, draws: int = 16, seed: 
             outside.setdefault(name, []).append(b)
     pooled = {name: (torch.cat(inside[name]), torch.cat(outside[name])) for name in inside}
     results = {**_separation(pooled), **results, "synthetic_rows": samples, "draws": draws}
-    results.update(_dp_claim(model.privacy, clients))
-    results["interpretation"] = interpret(results)
+    results.update(dp_claim(model.privacy, clients))
+    results["interpretation"] = interpret(results, "row", "held-out")
     (run_dir / RESULT_FILE).write_text(json.dumps(results, indent=1))
     return results
 
@@ -142,59 +132,3 @@ def _round_one_model(run_dir: Path, released: torch.nn.Module) -> torch.nn.Modul
     reference = copy.deepcopy(released)
     load_flat_params(reference, view.payload(record)["theta"])
     return reference.eval()
-
-
-def _dp_claim(privacy: dict, clients: list[str]) -> dict:
-    """What privacy.json claims, as numbers: each client's epsilon (the enforcing accountant's
-    total), delta, and the TPR bound at 1% FPR (1 without DP: nothing bounds the attack);
-    ``dp_bound_holds`` is false when the run's secrets came from the published seed."""
-    spent = privacy.get("clients") or {}
-    accountant = privacy.get("enforced_by", "rdp")
-    delta = privacy.get("delta")
-    found: dict = {"delta": delta}
-    epsilons = []
-    for client in clients:
-        epsilon = spent.get(client, {}).get(accountant, {}).get("total")
-        found[f"{client}_dp_epsilon"] = epsilon
-        found[f"{client}_dp_tpr_bound_at_1pct_fpr"] = (
-            1.0 if epsilon is None else tpr_bound(epsilon, delta))
-        epsilons.append(epsilon)
-    worst = None if None in epsilons else max(epsilons)
-    found["dp_epsilon"] = worst
-    found["dp_tpr_bound_at_1pct_fpr"] = 1.0 if worst is None else tpr_bound(worst, delta)
-    found["dp_bound_holds"] = worst is not None and "INSECURE" not in str(
-        privacy.get("secret_randomness", ""))
-    return found
-
-
-def interpret(results: dict) -> str:
-    """Plain words on pooled ``results`` of :func:`tabular_membership`."""
-    names = [k.removesuffix("_auc") for k in results if k.endswith("_auc") and "client-" not in k]
-    best = max(names, key=lambda n: results[f"{n}_auc"])
-    auc = results[f"{best}_auc"]
-    tpr = max(results[f"{n}_tpr_at_1pct_fpr"] for n in names)
-    others = results["non_members"]
-    words = [
-        f"Pooled over the clients, {results['members']} training rows against {others} "
-        f"held-out rows. The strongest score, {best!r}, has AUC {auc:.2f}: the chance that it "
-        "ranks a random training row above a random held-out row (0.50 is chance: the attack "
-        "cannot tell members from held-out rows; 1.00 tells them apart every time)."]
-    if others < 1 / TARGET_FPR:
-        words.append(f"With {others} held-out rows, 1% FPR admits no false alarm at all, so "
-                     "its TPR is that of the strictest threshold.")
-    words.append(f"At 1% FPR (flagging at most 1 held-out row in 100 as a member) the best "
-                 f"score finds {100 * tpr:.1f}% of the training rows; a blind guess finds 1%.")
-    if results["dp_epsilon"] is None:
-        words.append("The run applied no DP (privacy.json), so nothing bounds this attack: an "
-                     "overfit model or its samples may reveal training rows.")
-    else:
-        bound = results["dp_tpr_bound_at_1pct_fpr"]
-        words.append(f"privacy.json claims ({results['dp_epsilon']:.3g}, {results['delta']:.3g})"
-                     f"-DP per row, which caps any attack's TPR at 1% FPR at {100 * bound:.1f}% "
-                     f"(e^eps x 1% + delta); measured {100 * tpr:.1f}%. A measurement above the "
-                     "cap beyond sampling error would refute the claim; one below it does not "
-                     "prove it.")
-        if not results["dp_bound_holds"]:
-            words.append("But the run's secrets came from the published seed "
-                         "(--insecure-deterministic): no DP claim of it holds, this cap included.")
-    return " ".join(words)
