@@ -330,7 +330,7 @@ def _flower_app(args: argparse.Namespace) -> None:
     config = replace(config, out=str(run_folder(config).resolve()))
     write_app(Path(args.folder), "secureffm.runs.flower_server:main",
               "secureffm.runs.flower_node:serve", run_config_of(config, args.keys),
-              admit="secureffm.runs.flower_node:admit")
+              admit="secureffm.runs.flower_node:hello")
     print(f"Flower App in {args.folder}: flwr run {args.folder} <superlink>")
 
 
@@ -643,7 +643,7 @@ def _fedwad_app(run, folder: str, keys: str) -> None:
     run = replace(run, out=str(fedwad_folder(run).resolve()))
     write_app(Path(folder), "secureffm.runs.flower_server:main",
               "secureffm.runs.flower_node:serve", run_config_of(run, keys),
-              admit="secureffm.runs.flower_node:admit")
+              admit="secureffm.runs.flower_node:hello")
     print(f"Flower App in {folder}: flwr run {folder} <superlink>")
 
 

@@ -35,6 +35,7 @@ from ..config import DCFM_METHODS, RunConfig, config_from_dict
 from ..data.pairs import get_pair, make_shards
 from ..data.schema import Schema
 from ..data.silo import CLIENT_DATA
+from ..data.tables import load_table
 from ..errors import ConfigError, PolicyError, SecureFFMError
 from ..federation.codec import decode_request, encode_reply
 from ..federation.exchange import Incoming, Reply, Request
@@ -55,10 +56,9 @@ from .flower_policy import Policy, differences, own_spec, policy_of, read_policy
 from .scaffold import resolve_dp
 from .silo import hold_silo, own_silo, silo_program
 
-__all__ = ["serve", "admit", "answer", "Build", "CONFIG_KEY", "KEYS_KEY", "SPEC_KEY", "SCHEMA_KEY",
-           "FAMILY_KEY",
-           "NODE_KEYS", "RECEIVING", "run_config_of", "config_of", "spec_of", "check_run_config",
-           "client_ids"]
+__all__ = ["serve", "admit", "hello", "answer", "Build", "CONFIG_KEY", "KEYS_KEY", "SPEC_KEY",
+           "SCHEMA_KEY", "FAMILY_KEY", "NODE_KEYS", "RECEIVING", "run_config_of", "config_of",
+           "spec_of", "check_run_config", "client_ids"]
 
 # The server's keys folder (the server's own; a node never reads it) and the run's protocol
 # spec, carried as its content (a node checks it, and runs its own copy).
@@ -159,6 +159,22 @@ def admit(node_config: dict, run_config: dict) -> Policy:
         check_run_config(policy, run_config)
     except PolicyError as err:
         raise PolicyError(f"{cid} refuses the run: {err}") from None
+    return policy
+
+
+def hello(node_config: dict, run_config: dict) -> Policy:
+    """What a node answers the server's hello with: :func:`admit`, and on a run on the
+    clients' own tables its own file checked against its own schema, so a file that does not
+    fit is refused by name before the first round (a PolicyError naming the node and the file).
+    """
+    policy = admit(node_config, run_config)
+    if policy.schema_sha256 and node_config.get("client-data") and node_config.get("schema"):
+        cid = client_id(node_config)
+        try:
+            schema = Schema.load(str(node_config["schema"]))
+            load_table(str(node_config["client-data"]), schema)
+        except SecureFFMError as err:
+            raise PolicyError(f"{cid} refuses the run: its own data does not fit: {err}") from None
     return policy
 
 

@@ -126,7 +126,7 @@ def run_on_flower(config: RunConfig | FedWADRun,
                              "schema": str(Path(config.schema).resolve())})
         done = simulate("secureffm.runs.flower_server:main", "secureffm.runs.flower_node:serve",
                         config.clients, run_config_of(config, folder), nodes=nodes,
-                        admit="secureffm.runs.flower_node:admit")
+                        admit="secureffm.runs.flower_node:hello")
     if done is None:
         raise ConfigError("the Flower run ended without a result; its log above says why")
     if isinstance(config, FedWADRun):

@@ -49,7 +49,7 @@ def test_a_supernode_killed_in_masked_input_leaves_the_exact_sum_of_the_survivor
     with LocalDeployment("secureffm.runs.flower_server:main",
                          "secureffm.runs.flower_node:serve", CLIENTS, node_config=nodes,
                          home=str(tmp_path / "flower"), start_timeout=300,
-                         admit="secureffm.runs.flower_node:admit") as deployment:
+                         admit="secureffm.runs.flower_node:hello") as deployment:
         out = deployment.submit(run_config_of(config, keys))
         while not hold.exists():
             assert time.monotonic() - started < 1500, "round 2's masked input never came"

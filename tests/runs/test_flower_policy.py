@@ -168,7 +168,7 @@ def test_the_policy_command_pins_what_the_flower_app_submits(tmp_path, keys, mon
     with pytest.raises(PolicyError, match="client-1 refuses the run.*rounds: policy 5, run "
                                           "config 6"):
         flower_node.admit(node, carried["other"])
-    assert "admit='secureffm.runs.flower_node:admit'" in (
+    assert "admit='secureffm.runs.flower_node:hello'" in (
         tmp_path / "app" / "secureffm_client_app.py").read_text()
 
 
@@ -208,7 +208,7 @@ def test_a_nodes_hello_says_why_it_refuses_the_run(tmp_path, keys):
 
     honest = config(tmp_path / "run", "dp-secagg")
     app = make_client_app("secureffm.runs.flower_node:serve",
-                          admit="secureffm.runs.flower_node:admit")
+                          admit="secureffm.runs.flower_node:hello")
     node = own(tmp_path, keys, honest, **{"client-id": "client-2"})
     assert dict(_hello(app, node, flower_node.run_config_of(honest, keys))) == {
         "client-id": "client-2"}

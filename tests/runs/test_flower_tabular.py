@@ -110,3 +110,17 @@ def test_a_deployments_server_and_policy_name_no_client_file(setting):
         dataclasses.replace(run, client_data=run.client_data[:1])
     with pytest.raises(ConfigError, match="gives each node its own file"):
         flower_server.run_on_flower(server_side)
+
+
+def test_a_node_whose_file_does_not_fit_the_schema_refuses_in_its_hello(setting):
+    """The node checks its own file against its own schema when the server says hello: a file
+    that does not fit is refused by name before the first round, not inside one."""
+    folder, keys, schema = setting
+    run = _run(folder, "bad-file", schema)
+    _, configs = _nodes(run, keys, schema)
+    bad = folder / "bad.csv"
+    bad.write_text("age,dose,smoker,ward\n40,1.0,0,icu\n41,2.0,0,maternity\n")
+    asked = flower_node.run_config_of(run, keys)
+    assert flower_node.hello(configs["client-1"], asked).schema_sha256
+    with pytest.raises(PolicyError, match=r"client-1 refuses the run: its own data .*'maternity'"):
+        flower_node.hello({**configs["client-1"], "client-data": str(bad)}, asked)
