@@ -3,7 +3,6 @@ federated release (in the final distance's message), a client that keeps them wh
 config says so, and what the server could already compute without them."""
 
 import copy
-import json
 
 import numpy as np
 import ot
@@ -11,14 +10,15 @@ import pytest
 import torch
 
 from secureffm.errors import MessageError
-from secureffm.federation.log import PAYLOADS_FILE, MessageLog
-from secureffm.federation.message import deserialize_payload
+from secureffm.federation.log import MessageLog
 from secureffm.federation.parties import Client
 from secureffm.methods.fedwad import FedWADConfig, Measure, fedwad
 from secureffm.methods.fedwad_bounds import lower_bound, moment_bound, moments
 from secureffm.methods.fedwad_federated import FedWADClient, federated_distance
 from secureffm.protocols.protocol import load_protocol
 from secureffm.runs.scaffold import open_channel
+
+from .test_fedwad_federated import payload, records
 
 
 def exact_wp(x, y, p):
@@ -35,16 +35,6 @@ def federation(tmp_path, arrays, protocol, client_config):
     log = MessageLog(tmp_path / "messages.jsonl", keep_payloads=True)
     privacy = spec.geodesic_privacy()
     return open_channel(spec, clients, log, program=FedWADClient(client_config, privacy)), privacy
-
-
-def records(tmp_path):
-    return [json.loads(line) for line in (tmp_path / "messages.jsonl").read_text().splitlines()]
-
-
-def payload(tmp_path, record):
-    with (tmp_path / PAYLOADS_FILE).open("rb") as f:
-        f.seek(record["offset"])
-        return deserialize_payload(f.read(record["bytes"]))
 
 
 @pytest.fixture

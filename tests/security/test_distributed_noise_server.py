@@ -128,13 +128,17 @@ def test_each_client_derives_the_share_variance_an_honest_server_sends(tmp_path)
     assert np.std(error) == pytest.approx(honest_std(DISTRIBUTED), rel=0.25)
 
 
-def test_a_client_without_a_noise_plan_of_its_own_refuses_to_mask(tmp_path):
-    """A client whose own protocol adds distributed noise but that holds no plan of its own
-    (tau and sensitivity) does not take the server's share variance: it refuses by name."""
+def _refusals(tmp_path, own_noise=None) -> list[dict]:
+    """One aggregation under distributed noise (``own_noise``: every client's own plan, none
+    when None): it aborts with an intact log; returns the clients' ``rejected`` events, one
+    per client."""
     values = {cid: np.full(SIZE, 1e-3, dtype=np.float32) for cid in ids(N)}
     clients = [Client(cid, torch.zeros(1, 2), torch.Generator()) for cid in values]
     log = MessageLog(tmp_path / "messages.jsonl")
     channel = open_channel(load_protocol(DISTRIBUTED), clients, log)
+    if own_noise is not None:
+        for endpoint in channel.endpoints.values():
+            endpoint.noise = lambda *_: own_noise
     result = channel.aggregate(1, KIND, lambda c: {KIND: values[c.id]},
                                {cid: 1.0 for cid in values},
                                {KIND: ((SIZE,), np.dtype(np.float32))}, NOISE)
@@ -142,27 +146,21 @@ def test_a_client_without_a_noise_plan_of_its_own_refuses_to_mask(tmp_path):
     assert result.payload is None and verify_run(tmp_path).ok
     refusals = [e for e in log.events if e["event"] == "rejected"]
     assert {e["sender"] for e in refusals} == set(ids(N))
-    assert all("no noise plan of its own" in e["detail"] for e in refusals)
+    return refusals
+
+
+def test_a_client_without_a_noise_plan_of_its_own_refuses_to_mask(tmp_path):
+    """A client whose own protocol adds distributed noise but that holds no plan of its own
+    (tau and sensitivity) does not take the server's share variance: it refuses by name."""
+    assert all("no noise plan of its own" in e["detail"] for e in _refusals(tmp_path))
 
 
 def test_a_client_whose_own_plan_admits_no_noise_share_refuses_by_name(tmp_path):
     """A client whose own plan needs more noise than its stage's bits hold refuses the request
     by name (a signed event, the round aborts) instead of failing inside its handler."""
-    values = {cid: np.full(SIZE, 1e-3, dtype=np.float32) for cid in ids(N)}
-    clients = [Client(cid, torch.zeros(1, 2), torch.Generator()) for cid in values]
-    log = MessageLog(tmp_path / "messages.jsonl")
-    channel = open_channel(load_protocol(DISTRIBUTED), clients, log)
     loud = DistributedNoise(1e6, NOISE.sensitivity)
-    for endpoint in channel.endpoints.values():
-        endpoint.noise = lambda *_: loud
-    result = channel.aggregate(1, KIND, lambda c: {KIND: values[c.id]},
-                               {cid: 1.0 for cid in values},
-                               {KIND: ((SIZE,), np.dtype(np.float32))}, NOISE)
-    channel.close()
-    assert result.payload is None and verify_run(tmp_path).ok
-    refusals = [e for e in log.events if e["event"] == "rejected"]
-    assert {e["sender"] for e in refusals} == set(ids(N))
-    assert all("cannot size its own noise share" in e["detail"] for e in refusals)
+    assert all("cannot size its own noise share" in e["detail"]
+               for e in _refusals(tmp_path, loud))
 
 
 def test_unequal_weights_are_refused_under_distributed_noise(tmp_path):
