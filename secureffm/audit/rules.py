@@ -10,7 +10,8 @@ is a run the protocols could have produced. The first broken rule is named:
 - the ``closed`` record is signed by the server (by the only party when parties.json has no
   server: a centralized run) and its ``records`` equals the records before it;
 - every client in an ``aggregated`` event's ``included`` sent its input of that kind to the
-  server in that round (``masked_input`` under secure aggregation, ``upload`` in the clear);
+  server in that round (in its aggregate stage's ``input_phase``, ``masked_input`` under
+  secure aggregation, or ``upload``: :func:`secureffm.protocols.protocol.input_phases`);
 - the server's public broadcasts (:data:`PUBLIC_KINDS` in the clear, phase ``broadcast``) of one
   kind in one round carry the same bytes (sha256) to every client: a server that sends one
   client another model (to isolate its update in a sum) breaks it;
@@ -47,15 +48,15 @@ from ..errors import MessageError
 from ..federation.crypto import verify_signature
 from ..federation.message import SERVER
 from ..protocols.link import digest_of_broadcasts
+from ..protocols.protocol import input_phases
 from ..protocols.secagg import EPOCH_PHASES, survivor_statement
 from ..protocols.secagg import MALICIOUS_PHASES as SECAGG_PHASES
 from ..protocols.wire import fields_json, payload_bytes, payload_json
 
-__all__ = ["ProtocolRules", "INPUT_PHASES", "PUBLIC_KINDS"]
+__all__ = ["ProtocolRules", "PUBLIC_KINDS"]
 
 # The server state every client gets alike through Channel.broadcast.
 PUBLIC_KINDS = ("global_model", "global_potential")
-INPUT_PHASES = ("upload", "masked_input")  # a client's input to an aggregate
 _SERVER_EVENTS = ("dropped", "aborted", "aggregated")
 _RELAYED_KEYS = "secagg: relayed keys equal the advertised ones"
 _ONE_VIEW = "secagg: one graph and one survivor set announced to every client"
@@ -75,6 +76,7 @@ class ProtocolRules:
     def __init__(self, signing_keys: Mapping[str, bytes]):
         self.signing_keys = dict(signing_keys)
         self.parties = frozenset(signing_keys)
+        self._input_phases = input_phases()
         self._inputs: dict[tuple[int, str], set[str]] = {}
         # (round, kind) -> client -> its advertised keys (None: payload not kept or unreadable)
         self._advertised: dict[tuple[int, str], dict[str, Keys | None]] = {}
@@ -110,7 +112,8 @@ class ProtocolRules:
                  else ""))
         if problem is None and record["phase"] in SECAGG_PHASES + EPOCH_PHASES:
             problem = self._secagg(record, payload)
-        if problem is None and record["phase"] in INPUT_PHASES and record["recipient"] == SERVER:
+        if problem is None and record["phase"] in self._input_phases and (
+                record["recipient"] == SERVER):
             self._inputs.setdefault((record["round"], record["kind"]), set()).add(
                 record["sender"])
         return problem
@@ -206,7 +209,8 @@ class ProtocolRules:
         for client in record["included"]:
             if client not in sent:
                 return (f"record {seq}: {client} is counted in the round-{round_} {kind} "
-                        f"aggregate but sent no input to it ({' or '.join(INPUT_PHASES)})")
+                        f"aggregate but sent no input to it "
+                        f"({' or '.join(self._input_phases)})")
         self._aggregates += 1
         return None
 

@@ -33,6 +33,7 @@ class RandomizedTStage:
     role = "client"
     phases = ()
     can_protect = frozenset({"measure"})
+    memory = ()
 
     def __init__(self, protects: tuple[str, ...], t_low: float, t_high: float,
                  noise_std: float = 0.0):
@@ -67,6 +68,24 @@ class RandomizedTStage:
 
     def validate_for(self, clients: int) -> None:
         """Each client draws its own t: any number of clients works."""
+
+    def claim(self, kind: str) -> tuple[str, str]:
+        return (f"randomized t in [{self.t_low}, {self.t_high}] and distances only at the "
+                "end: the server does not know t. Not a formal guarantee (docs/fedwad.md "
+                "measures what it can still reconstruct)",
+                "t is drawn from the client's secret stream")
+
+    def exclusions(self, kinds: tuple[str, ...]) -> tuple[str, ...]:
+        return ()
+
+    @staticmethod
+    def readers(record: dict, relayed: bool) -> None:
+        """A measure at a secret t is still read as it is sent."""
+        return None
+
+    def audit_parameters(self, clients: int, colluders: int, malicious: bool,
+                         logged: list[dict], payload) -> tuple[list, list[str]]:
+        return [], []
 
 
 def _number(value, key: str, where: str) -> float:

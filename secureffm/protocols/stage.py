@@ -3,30 +3,48 @@
 ``client`` stages (DP-SGD, randomized t) change how a client computes a message and send
 nothing; ``aggregate`` stages (secure aggregation) let the server obtain only a sum;
 ``transport`` stages (sealed) encrypt individual messages end to end.
+
+A stage also describes itself, so that nothing outside ``protocols/`` switches on its name:
+its claims and trust for privacy.json (:mod:`.statement`), who can read a logged message it
+names and what its parameters must meet, for the audit (:mod:`secureffm.audit.claims`), the
+phase of a client's input to it (aggregate stages), and a codec for every entry it keeps in a
+client's memory (:mod:`secureffm.federation.memory`, for a snapshot).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Protocol
 
 from ..federation.channel import Aggregate, Compute, Template
+from ..federation.memory import MemoryCodec
 from ..federation.message import Payload
 from ..federation.parties import Party, Registry
 from ..privacy.settings import DistributedNoise, NoiseGeometry
 from .link import Link
 
-__all__ = ["Stage", "AggregateStage", "TransportStage"]
+__all__ = ["Stage", "AggregateStage", "TransportStage", "READERS", "Check"]
+
+
+# Who can read a logged message as is, in the audit's words: ``server``, ``wire`` (an
+# eavesdropper), ``folder`` (a writer of the run folder, when payloads.bin keeps it),
+# ``recipient`` (the client it is delivered to), ``key-holders`` (every client).
+READERS = frozenset({"server", "wire", "folder", "recipient", "key-holders"})
+# A parameter requirement the audit judges: (met, what it requires, in words).
+Check = tuple[bool, str]
 
 
 class Stage(Protocol):
     """What every stage has: its spec ``name``, ``role``, the ``phases`` it adds to a round,
-    the kinds it ``can_protect`` and those it ``protects`` in this spec."""
+    the kinds it ``can_protect`` and those it ``protects`` in this spec, and the ``memory``
+    codecs of the entries it keeps in a client's memory."""
 
     name: str
     role: str
     phases: tuple[str, ...]
     can_protect: frozenset[str]
     protects: tuple[str, ...]
+    memory: tuple[MemoryCodec, ...]
 
     @classmethod
     def from_table(cls, table: dict, source: str) -> Stage:
@@ -35,9 +53,33 @@ class Stage(Protocol):
     def validate_for(self, clients: int) -> None:
         """Reject parameters impossible for ``clients`` clients."""
 
+    def claim(self, kind: str) -> tuple[str, str]:
+        """(what the stage does for a ``kind`` message, the trust that needs), in words, as
+        privacy.json states them."""
+
+    def exclusions(self, kinds: tuple[str, ...]) -> tuple[str, ...]:
+        """What no claim covers in a run whose clients send ``kinds`` under this stage."""
+
+    @staticmethod
+    def readers(record: dict, relayed: bool) -> tuple[frozenset[str], str] | None:
+        """Who can read a logged ``record`` that names this stage (of :data:`READERS`) and why,
+        in words; None when the stage leaves its payload as readable as it was. ``relayed``:
+        the server relays the record's payload onward to the author's peers."""
+
+    def audit_parameters(self, clients: int, colluders: int, malicious: bool,
+                         logged: list[dict], payload: Callable[[dict], bytes | None]
+                         ) -> tuple[list[Check], list[str]]:
+        """What this stage's parameters must meet against ``colluders`` clients colluding with
+        the server (``malicious``: one that deviates) in a federation of ``clients``, and
+        where the values came from, in words; ``logged``: the log's messages that name this
+        stage; ``payload``: a record's kept payload (None when not kept)."""
+
 
 class AggregateStage(Stage, Protocol):
-    """A stage through which the server obtains only a (weighted) sum."""
+    """A stage through which the server obtains only a (weighted) sum; ``input_phase``: the
+    phase of each client's input to it."""
+
+    input_phase: str
 
     def aggregate(self, link: Link, compute: Compute, weights: dict[str, float],
                   template: Template, noise: DistributedNoise | None = None) -> Aggregate:

@@ -61,8 +61,8 @@ def flower_channel(calls, config: RunConfig, keys: str | Path, protocol: Protoco
                    log: MessageLog) -> ProtectedChannel:
     """:func:`remote_channel` for an FFM-family run, whose clients the server weights by the
     run's nominal shard size."""
-    if (config.partition == "dirichlet" and config.weighting == "size" and not any(
-            stage.name == "dp" or stage.role == "aggregate" for stage in protocol.stages)):
+    if (config.partition == "dirichlet" and config.weighting == "size"
+            and protocol.dp is None and not any(s.role == "aggregate" for s in protocol.stages)):
         raise ConfigError("on Flower the server weights clients by the run's nominal shard "
                           "size (it never sees a shard), which a dirichlet partition does not "
                           "give: use weighting = 'uniform' or another partition")
