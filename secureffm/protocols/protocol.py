@@ -11,6 +11,7 @@ themselves go through :class:`~secureffm.protocols.channel.ProtectedChannel`.
 
 from __future__ import annotations
 
+import functools
 from typing import cast
 
 from ..errors import ProtocolError
@@ -20,11 +21,11 @@ from ..privacy.settings import DPSettings, GeodesicPrivacy, NoiseGeometry
 from .dp import DPStage
 from .link import BROADCASTS
 from .randomized_t import RandomizedTStage
-from .registry import STAGES, ProtocolSpec, read_spec
+from .registry import STAGES, ProtocolSpec, known_protocols, read_spec
 from .stage import AggregateStage, Stage, TransportStage
 
 __all__ = ["Protocol", "load_protocol", "build_protocol", "stage_class", "input_phases",
-           "PLAIN_PHASES"]
+           "without_dp", "PLAIN_PHASES"]
 
 PLAIN_PHASES = ("broadcast", "upload", RELAY_PHASE)
 
@@ -55,6 +56,27 @@ def input_phases() -> tuple[str, ...]:
     _register_stages()
     stages = [s for s in STAGES.values() if s.role == "aggregate"]
     return tuple(dict.fromkeys(["upload", *(s.input_phase for s in stages)]))
+
+
+def without_dp(name_or_path: str) -> str | None:
+    """The shipped protocol that runs the stages of spec ``name_or_path`` but its dp stage,
+    with equal parameters (what each protects may be wider), or None when no shipped spec, or
+    more than one, is: what a sweep runs at epsilon = inf."""
+    def rest(spec: ProtocolSpec) -> list[dict]:
+        return [{k: v for k, v in t.items() if k != "protects"} for t in spec.stages
+                if t.get("stage") != DPStage.name]
+
+    asked = read_spec(name_or_path)
+    if len(rest(asked)) == len(asked.stages):
+        return None
+    found = [name for name, spec in _shipped_specs().items()
+             if len(rest(spec)) == len(spec.stages) and rest(spec) == rest(asked)]
+    return found[0] if len(found) == 1 else None
+
+
+@functools.cache
+def _shipped_specs() -> dict[str, ProtocolSpec]:
+    return {name: read_spec(name) for name in known_protocols()}
 
 
 def _register_stages() -> None:
