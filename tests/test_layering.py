@@ -146,3 +146,27 @@ def test_the_command_line_starts_without_pot_or_scikit_learn():
     found = sorted(f"{m} imports {lib}" for m in loaded
                    for lib in _third_party_at_import(paths[m]) & {"ot", "sklearn"})
     assert found == []
+
+
+def _names_a_stage(node: ast.AST, names: set[str]) -> bool:
+    """Whether ``node`` is a stage's name written out, alone or in a tuple, list or set."""
+    items = node.elts if isinstance(node, ast.Tuple | ast.List | ast.Set) else [node]
+    return any(isinstance(item, ast.Constant) and item.value in names for item in items)
+
+
+def test_no_stage_name_is_compared_outside_protocols():
+    """A stage describes itself (shared/DESIGN.md, Conventions): no module outside
+    ``protocols/`` compares anything with a stage's name (``== "secagg"``, ``"secagg" in
+    stages``, ``.name == "dp"``, ``in ("ckks", "sealed")``); it asks the stage or the
+    protocol, so adding a stage touches only its own module, the registry and its tests."""
+    from secureffm.protocols import load_protocol
+    from secureffm.protocols.registry import STAGES
+
+    load_protocol("plaintext")  # registers the built-in stages
+    names = set(STAGES)
+    found = sorted(f"{_module(path)}:{node.lineno}" for path in ROOT.rglob("*.py")
+                   if not _module(path).startswith("secureffm.protocols")
+                   for node in ast.walk(ast.parse(path.read_text()))
+                   if isinstance(node, ast.Compare)
+                   and any(_names_a_stage(o, names) for o in (node.left, *node.comparators)))
+    assert found == []
