@@ -128,6 +128,10 @@ class DPStage:
         """DP hides nothing: a DP update is as readable as any other."""
         return None
 
+    @staticmethod
+    def audit_rules(signing_keys) -> None:
+        return None
+
     def audit_parameters(self, clients: int, colluders: int, malicious: bool,
                          logged: list[dict], payload) -> tuple[list, list[str]]:
         """None here: the audit sizes distributed noise from the signed ``charged`` records."""

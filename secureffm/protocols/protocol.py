@@ -24,8 +24,8 @@ from .randomized_t import RandomizedTStage
 from .registry import STAGES, ProtocolSpec, known_protocols, read_spec
 from .stage import AggregateStage, Stage, TransportStage
 
-__all__ = ["Protocol", "load_protocol", "build_protocol", "stage_class", "input_phases",
-           "without_dp", "PLAIN_PHASES"]
+__all__ = ["Protocol", "load_protocol", "build_protocol", "stage_class", "stage_classes",
+           "input_phases", "without_dp", "PLAIN_PHASES"]
 
 PLAIN_PHASES = ("broadcast", "upload", RELAY_PHASE)
 
@@ -50,11 +50,16 @@ def stage_class(name: str) -> type[Stage] | None:
     return STAGES.get(name)
 
 
+def stage_classes() -> tuple[type[Stage], ...]:
+    """Every registered stage class, in registration order."""
+    _register_stages()
+    return tuple(STAGES.values())
+
+
 def input_phases() -> tuple[str, ...]:
     """The phases of a client's input to an aggregate: ``upload`` in the clear, and each
     registered aggregate stage's own."""
-    _register_stages()
-    stages = [s for s in STAGES.values() if s.role == "aggregate"]
+    stages = [s for s in stage_classes() if s.role == "aggregate"]
     return tuple(dict.fromkeys(["upload", *(s.input_phase for s in stages)]))
 
 

@@ -83,6 +83,10 @@ class RandomizedTStage:
         """A measure at a secret t is still read as it is sent."""
         return None
 
+    @staticmethod
+    def audit_rules(signing_keys) -> None:
+        return None
+
     def audit_parameters(self, clients: int, colluders: int, malicious: bool,
                          logged: list[dict], payload) -> tuple[list, list[str]]:
         return [], []

@@ -230,6 +230,10 @@ class SealedStage:
         return (frozenset(), "sealed to the peers it is relayed to") if relayed else (
             frozenset({"server"}), f"sealed to the server (stages {record['stages']})")
 
+    @staticmethod
+    def audit_rules(signing_keys) -> None:
+        return None
+
     def audit_parameters(self, clients: int, colluders: int, malicious: bool,
                          logged: list[dict], payload) -> tuple[list, list[str]]:
         return [], []

@@ -826,6 +826,14 @@ class SecAggStage:
         shares."""
         return frozenset(), "masked (secagg)"
 
+    @staticmethod
+    def audit_rules(signing_keys):
+        """Its key, view and signature rules over a log, for every variant's phases (a
+        :class:`~secureffm.protocols.secagg_rules.SecAggRules`)."""
+        from .secagg_rules import SecAggRules  # imported here: this block is all this file adds
+
+        return SecAggRules(signing_keys, MALICIOUS_PHASES + EPOCH_PHASES, survivor_statement)
+
     def audit_parameters(self, clients: int, colluders: int, malicious: bool,
                          logged: list[dict], payload) -> tuple[list, list[str]]:
         """More shares than the colluders hold, more neighbours than colluders, a quantizer

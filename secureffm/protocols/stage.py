@@ -13,7 +13,7 @@ client's memory (:mod:`secureffm.federation.memory`, for a snapshot).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Protocol
 
 from ..federation.channel import Aggregate, Compute, Template
@@ -23,7 +23,7 @@ from ..federation.parties import Party, Registry
 from ..privacy.settings import DistributedNoise, NoiseGeometry
 from .link import Link
 
-__all__ = ["Stage", "AggregateStage", "TransportStage", "READERS", "Check"]
+__all__ = ["Stage", "AggregateStage", "TransportStage", "Rules", "READERS", "Check"]
 
 
 # Who can read a logged message as is, in the audit's words: ``server``, ``wire`` (an
@@ -32,6 +32,18 @@ __all__ = ["Stage", "AggregateStage", "TransportStage", "READERS", "Check"]
 READERS = frozenset({"server", "wire", "folder", "recipient", "key-holders"})
 # A parameter requirement the audit judges: (met, what it requires, in words).
 Check = tuple[bool, str]
+
+
+class Rules(Protocol):
+    """A stage's rules over a log (:class:`~secureffm.audit.rules.ProtocolRules` feeds it
+    every verified record in order, after its own rules)."""
+
+    def check(self, record: dict, payload: bytes | None) -> str | None:
+        """The first of its rules ``record`` (its kept ``payload``, None when not kept)
+        breaks, as a sentence, or None."""
+
+    def status(self) -> dict[str, str]:
+        """Each of its rules that read a record: what it checked, or why it was not done."""
 
 
 class Stage(Protocol):
@@ -65,6 +77,11 @@ class Stage(Protocol):
         """Who can read a logged ``record`` that names this stage (of :data:`READERS`) and why,
         in words; None when the stage leaves its payload as readable as it was. ``relayed``:
         the server relays the record's payload onward to the author's peers."""
+
+    @staticmethod
+    def audit_rules(signing_keys: Mapping[str, bytes]) -> Rules | None:
+        """This stage's rules over a verified log, for parties with ``signing_keys`` (party ->
+        Ed25519 public key, as in parties.json), or None when it has none."""
 
     def audit_parameters(self, clients: int, colluders: int, malicious: bool,
                          logged: list[dict], payload: Callable[[dict], bytes | None]

@@ -60,7 +60,7 @@ def test_the_interface_is_what_this_test_reads():
                                                  "protects", "memory"}
     assert set(typing.get_type_hints(AggregateStage)) - set(typing.get_type_hints(Stage)) == {
         "input_phase"}
-    described = ["audit_parameters", "claim", "exclusions", "readers"]
+    described = ["audit_parameters", "audit_rules", "claim", "exclusions", "readers"]
     assert _methods(Stage) == sorted(["from_table", "validate_for", *described])
     assert _methods(AggregateStage) == sorted(["aggregate", "from_table", "noise_geometry",
                                                "validate_for", *described])

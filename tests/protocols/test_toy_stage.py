@@ -67,6 +67,10 @@ class ToyMask:
     def readers(record: dict, relayed: bool) -> tuple[frozenset[str], str]:
         return frozenset({"key-holders"}), "toy-masked under the key every client holds"
 
+    @staticmethod
+    def audit_rules(signing_keys) -> None:
+        return None
+
     def audit_parameters(self, clients: int, colluders: int, malicious: bool,
                          logged: list[dict], payload) -> tuple[list, list[str]]:
         return ([(clients >= self.clients, f"toy mask needs {self.clients} clients")],
