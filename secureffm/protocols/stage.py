@@ -14,16 +14,17 @@ client's memory (:mod:`secureffm.federation.memory`, for a snapshot).
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from ..federation.channel import Aggregate, Compute, Template
 from ..federation.memory import MemoryCodec
 from ..federation.message import Payload
 from ..federation.parties import Party, Registry
-from ..privacy.settings import DistributedNoise, NoiseGeometry
+from ..privacy.settings import DistributedNoise, DPSettings, NoiseGeometry
 from .link import Link
 
-__all__ = ["Stage", "AggregateStage", "TransportStage", "Rules", "READERS", "Check"]
+__all__ = ["Stage", "AggregateStage", "TransportStage", "StagedProtocol", "Rules", "READERS",
+           "Check"]
 
 
 # Who can read a logged message as is, in the audit's words: ``server``, ``wire`` (an
@@ -120,3 +121,24 @@ class TransportStage(Stage, Protocol):
     def open(self, recipient: Party, registry: Registry, data: bytes, kind: str, round_: int,
              phase: str, sender: str) -> Payload:
         """``recipient`` opens a message of ``sender`` with its own key."""
+
+
+@runtime_checkable
+class StagedProtocol(Protocol):
+    """What a client's handlers read of its own protocol (the one it built from its own spec,
+    :class:`~secureffm.protocols.protocol.Protocol`): the stage protecting each kind, its DP
+    settings, and whether it may send a kind on its own."""
+
+    stages: list[Stage]
+
+    def aggregator(self, kind: str) -> AggregateStage | None:
+        """The aggregate stage protecting ``kind``, or None (aggregated in the clear)."""
+
+    def sealer(self, kind: str) -> TransportStage | None:
+        """The transport stage sealing ``kind``, or None (sent in the clear)."""
+
+    def dp_for(self, kind: str) -> DPSettings | None:
+        """The DP settings ``kind`` is computed with, or None."""
+
+    def check_individual(self, kind: str) -> None:
+        """Refuse sending ``kind`` one by one when an aggregate stage protects it."""

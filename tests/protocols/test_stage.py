@@ -16,7 +16,7 @@ import pytest
 
 from secureffm.protocols import known_protocols, load_protocol
 from secureffm.protocols.registry import ROLES, STAGES, register_stage
-from secureffm.protocols.stage import AggregateStage, Stage, TransportStage
+from secureffm.protocols.stage import AggregateStage, Stage, StagedProtocol, TransportStage
 
 INTERFACE = {"client": Stage, "aggregate": AggregateStage, "transport": TransportStage}
 
@@ -67,6 +67,11 @@ def test_the_interface_is_what_this_test_reads():
     assert _methods(TransportStage) == sorted(["from_table", "open", "relay", "seal",
                                                "validate_for", *described])
     assert set(INTERFACE) == set(ROLES)
+
+
+def test_every_shipped_protocol_is_what_a_clients_handlers_read_of_it():
+    """ClientEndpoint.protocol is typed StagedProtocol; each built protocol has its members."""
+    assert all(isinstance(load_protocol(name), StagedProtocol) for name in known_protocols())
 
 
 def test_the_builtin_stages_cover_every_role():
