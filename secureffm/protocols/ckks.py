@@ -79,6 +79,7 @@ from .link import Call, Link, accepted, silence
 from .registry import check_protects, check_table, register_stage
 from .sealed import SealedStage
 from .secagg import SecAggStage, check_scale
+from .stage import StageDefaults
 from .wire import bytes_payload, payload_bytes
 
 if TYPE_CHECKING:
@@ -280,7 +281,7 @@ KEY = MemoryCodec(_MEMORY, _save_key, _load_key)
 
 
 @register_stage
-class CKKSStage:
+class CKKSStage(StageDefaults):
     """Homomorphic aggregation under one shared CKKS key; see the module docstring."""
 
     name = "ckks"
@@ -333,21 +334,10 @@ class CKKSStage:
                 "key and could decrypt any upload the server saw); an honest-but-curious server "
                 "(a deviating one can ask a decryptor to decrypt a single upload)")
 
-    def exclusions(self, kinds: tuple[str, ...]) -> tuple[str, ...]:
-        return ()
-
     @staticmethod
     def readers(record: dict, relayed: bool) -> tuple[frozenset[str], str]:
         """Whoever holds the clients' key: every client (the server, with one colluding)."""
         return frozenset({"key-holders"}), "CKKS-encrypted under the key every client holds"
-
-    @staticmethod
-    def audit_rules(signing_keys) -> None:
-        return None
-
-    def audit_parameters(self, clients: int, colluders: int, malicious: bool,
-                         logged: list[dict], payload) -> tuple[list, list[str]]:
-        return [], []
 
     def noise_geometry(self, weights: dict[str, float], sensitivity: dict[str, float],
                        size: int, colluders: int) -> NoiseGeometry:

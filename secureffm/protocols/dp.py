@@ -24,6 +24,7 @@ from __future__ import annotations
 from ..errors import ProtocolError
 from ..privacy.settings import DPSettings
 from .registry import check_protects, check_table, register_stage
+from .stage import StageDefaults
 
 __all__ = ["DPStage", "SYBIL"]
 
@@ -38,15 +39,13 @@ SYBIL = ("no Sybils: the clients counted toward the threshold are distinct parti
 
 
 @register_stage
-class DPStage:
+class DPStage(StageDefaults):
     """Marks kinds whose updates clients compute with DP-SGD; see the module docstring."""
 
     name = "dp"
     role = "client"
     phases = ()
     can_protect = frozenset({"gradient", "dual_update", "update", "model"})
-    memory = ()
-
     def __init__(self, protects: tuple[str, ...], settings: DPSettings):
         self.protects = protects
         self.settings = settings
@@ -122,20 +121,6 @@ class DPStage:
                 "client-level DP: the unit is one example of a client's shard; a client's "
                 "whole shard (whether it takes part at all) is not protected, its updates may "
                 "move by the per-example bound times its number of examples")
-
-    @staticmethod
-    def readers(record: dict, relayed: bool) -> None:
-        """DP hides nothing: a DP update is as readable as any other."""
-        return None
-
-    @staticmethod
-    def audit_rules(signing_keys) -> None:
-        return None
-
-    def audit_parameters(self, clients: int, colluders: int, malicious: bool,
-                         logged: list[dict], payload) -> tuple[list, list[str]]:
-        """None here: the audit sizes distributed noise from the signed ``charged`` records."""
-        return [], []
 
 
 def _positive(value, key: str, source: str) -> float:

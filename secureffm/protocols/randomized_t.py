@@ -19,6 +19,7 @@ import math
 
 from ..errors import ProtocolError
 from .registry import check_protects, check_table, register_stage
+from .stage import StageDefaults
 
 __all__ = ["RandomizedTStage"]
 
@@ -26,15 +27,13 @@ _KEYS = {"stage", "protects", "t_low", "t_high", "noise_std"}
 
 
 @register_stage
-class RandomizedTStage:
+class RandomizedTStage(StageDefaults):
     """Marks measure messages computed at a private random t; see the module docstring."""
 
     name = "randomized-t"
     role = "client"
     phases = ()
     can_protect = frozenset({"measure"})
-    memory = ()
-
     def __init__(self, protects: tuple[str, ...], t_low: float, t_high: float,
                  noise_std: float = 0.0):
         self.protects = protects
@@ -74,22 +73,6 @@ class RandomizedTStage:
                 "end: the server does not know t. Not a formal guarantee (docs/fedwad.md "
                 "measures what it can still reconstruct)",
                 "t is drawn from the client's secret stream")
-
-    def exclusions(self, kinds: tuple[str, ...]) -> tuple[str, ...]:
-        return ()
-
-    @staticmethod
-    def readers(record: dict, relayed: bool) -> None:
-        """A measure at a secret t is still read as it is sent."""
-        return None
-
-    @staticmethod
-    def audit_rules(signing_keys) -> None:
-        return None
-
-    def audit_parameters(self, clients: int, colluders: int, malicious: bool,
-                         logged: list[dict], payload) -> tuple[list, list[str]]:
-        return [], []
 
 
 def _number(value, key: str, where: str) -> float:

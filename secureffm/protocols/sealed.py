@@ -44,6 +44,7 @@ from ..federation.memory import MemoryCodec
 from ..federation.message import SERVER, Payload, deserialize_payload, serialize_payload
 from ..federation.parties import Party, Registry
 from .registry import check_protects, check_table, register_stage
+from .stage import StageDefaults
 
 __all__ = ["SealedStage", "SealHeader", "Opened", "seal_payload", "relay_part", "open_payload"]
 
@@ -182,7 +183,7 @@ COUNTERS = MemoryCodec("sealed", lambda counters: (counters, {}), _load_counters
 
 
 @register_stage
-class SealedStage:
+class SealedStage(StageDefaults):
     """Marks kinds sent one by one that only their recipients may read; see module docstring.
 
     Each party keeps its own counters in its ``memory``: the counter of its next sealed
@@ -218,9 +219,6 @@ class SealedStage:
                 "recipients are trusted with what they receive; sizes, timing and recipient "
                 "sets stay visible")
 
-    def exclusions(self, kinds: tuple[str, ...]) -> tuple[str, ...]:
-        return ()
-
     @staticmethod
     def readers(record: dict, relayed: bool) -> tuple[frozenset[str], str]:
         """Its recipients only: the client it is delivered to, the peers a server relays it
@@ -229,14 +227,6 @@ class SealedStage:
             return frozenset({"recipient"}), f"sealed to {record['recipient']}"
         return (frozenset(), "sealed to the peers it is relayed to") if relayed else (
             frozenset({"server"}), f"sealed to the server (stages {record['stages']})")
-
-    @staticmethod
-    def audit_rules(signing_keys) -> None:
-        return None
-
-    def audit_parameters(self, clients: int, colluders: int, malicious: bool,
-                         logged: list[dict], payload) -> tuple[list, list[str]]:
-        return [], []
 
     def seal(self, sender: Party, registry: Registry, payload: Payload, kind: str,
              round_: int, phase: str, recipients: list[str]) -> bytes:

@@ -23,8 +23,8 @@ from ..federation.parties import Party, Registry
 from ..privacy.settings import DistributedNoise, DPSettings, NoiseGeometry
 from .link import Link
 
-__all__ = ["Stage", "AggregateStage", "TransportStage", "StagedProtocol", "Rules", "READERS",
-           "Check"]
+__all__ = ["Stage", "AggregateStage", "TransportStage", "StageDefaults", "StagedProtocol",
+           "Rules", "READERS", "Check"]
 
 
 # Who can read a logged message as is, in the audit's words: ``server``, ``wire`` (an
@@ -91,6 +91,30 @@ class Stage(Protocol):
         the server (``malicious``: one that deviates) in a federation of ``clients``, and
         where the values came from, in words; ``logged``: the log's messages that name this
         stage; ``payload``: a record's kept payload (None when not kept)."""
+
+
+class StageDefaults:
+    """What a stage says where it has nothing to add (a base class its own statements
+    override): no exclusions, no readers of its own (its messages stay as readable as they
+    were), no client memory, no audit rules, no parameters for the audit to judge."""
+
+    memory: tuple[MemoryCodec, ...] = ()
+
+    def exclusions(self, kinds: tuple[str, ...]) -> tuple[str, ...]:
+        return ()
+
+    @staticmethod
+    def readers(record: dict, relayed: bool) -> tuple[frozenset[str], str] | None:
+        return None
+
+    @staticmethod
+    def audit_rules(signing_keys: Mapping[str, bytes]) -> Rules | None:
+        return None
+
+    def audit_parameters(self, clients: int, colluders: int, malicious: bool,
+                         logged: list[dict], payload: Callable[[dict], bytes | None]
+                         ) -> tuple[list[Check], list[str]]:
+        return [], []
 
 
 class AggregateStage(Stage, Protocol):

@@ -21,6 +21,7 @@ from secureffm.federation.parties import new_client
 from secureffm.federation.snapshot import client_state, pack, restore_client, unpack
 from secureffm.protocols.protocol import build_protocol, input_phases
 from secureffm.protocols.registry import STAGES, register_stage, spec_from_table
+from secureffm.protocols.stage import StageDefaults
 from secureffm.protocols.statement import privacy_statement
 from tests.audit.test_claims import _folder, _message, _verdicts
 
@@ -39,8 +40,9 @@ TOY_MEMORY = MemoryCodec(
                               {"key": np.frombuffer(held["key"], dtype=np.uint8)}), _load_key)
 
 
-class ToyMask:
-    """An aggregate stage that describes itself; it aggregates nothing in these tests."""
+class ToyMask(StageDefaults):
+    """An aggregate stage that describes itself (no log rules of its own: the default); it
+    aggregates nothing in these tests."""
 
     name, role, phases = "toy-mask", "aggregate", ("toy_input",)
     can_protect = frozenset({"gradient"})
@@ -66,10 +68,6 @@ class ToyMask:
     @staticmethod
     def readers(record: dict, relayed: bool) -> tuple[frozenset[str], str]:
         return frozenset({"key-holders"}), "toy-masked under the key every client holds"
-
-    @staticmethod
-    def audit_rules(signing_keys) -> None:
-        return None
 
     def audit_parameters(self, clients: int, colluders: int, malicious: bool,
                          logged: list[dict], payload) -> tuple[list, list[str]]:
