@@ -46,11 +46,12 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import MessageError, SecureFFMError
+from ..errors import MessageError, ProtocolError, SecureFFMError
 from ..federation.log import PARTIES_FILE, PAYLOADS_FILE
 from ..federation.message import RELAY_PHASE, SERVER, deserialize_payload
 from ..privacy.ledger import CHARGED, PrivacyLedger, charged_entries
-from ..protocols.protocol import input_phases, load_protocol, stage_class
+from ..protocols.protocol import input_phases, load_protocol, stage_classes
+from ..protocols.stage import READERS, Stage
 from .pin import RunPin, load_parties
 from .rules import PUBLIC_KINDS
 from .threat import Adversary
@@ -202,12 +203,13 @@ def _hidden(log: _Log, adversary: Adversary) -> Verdict:
     gathered = {(r["round"], r["kind"], r.get("origin")) for r in log.messages
                 if r["phase"] == RELAY_PHASE}
     seen, checked, payloads = [], 0, 0
+    classes = {cls.name: cls for cls in stage_classes()}
     for record in log.messages:
         author = record.get("origin") or record["sender"]
         if record["kind"] not in adversary.must_not_see or author == SERVER:
             continue
         checked += 1
-        readers, why = _readers(record, gathered)
+        readers, why = _readers(record, gathered, classes)
         payload = log.payload(record)
         if payload is not None:
             payloads += 1
@@ -233,14 +235,20 @@ def _hidden(log: _Log, adversary: Adversary) -> Verdict:
                    (basis,))
 
 
-def _readers(record: dict, gathered: set) -> tuple[set[str], str]:
+def _readers(record: dict, gathered: set, classes: dict[str, type[Stage]]
+             ) -> tuple[set[str], str]:
     """Who can read ``record``'s payload as is (:data:`~secureffm.protocols.stage.READERS`)
     and why, in words: what the first of its stages that hides it says, else everyone who
-    handles it. ``gathered``: (round, kind, author) of relayed all-gathers."""
+    handles it. ``gathered``: (round, kind, author) of relayed all-gathers; ``classes``: the
+    registered stage classes by name."""
     relayed = (record["round"], record["kind"], record["sender"]) in gathered
     for name in record["stages"]:
-        cls = stage_class(name)
+        cls = classes.get(name)
         hidden = None if cls is None else cls.readers(record, relayed)
+        if hidden is not None and not hidden[0] <= READERS:
+            raise ProtocolError(f"stage {name!r} says {sorted(hidden[0] - READERS)} can read "
+                                f"a message, which the audit does not know; name readers from "
+                                f"{sorted(READERS)} (protocols/stage.py)")
         if hidden is not None:
             return set(hidden[0]), hidden[1]
     readers = {"server", "wire"} | ({"recipient"} if record["recipient"] != SERVER else set())

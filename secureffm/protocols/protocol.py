@@ -24,8 +24,8 @@ from .randomized_t import RandomizedTStage
 from .registry import STAGES, ProtocolSpec, known_protocols, read_spec
 from .stage import AggregateStage, Stage, TransportStage
 
-__all__ = ["Protocol", "load_protocol", "build_protocol", "stage_class", "stage_classes",
-           "input_phases", "without_dp", "PLAIN_PHASES"]
+__all__ = ["Protocol", "load_protocol", "build_protocol", "stage_classes", "input_phases",
+           "without_dp", "PLAIN_PHASES"]
 
 PLAIN_PHASES = ("broadcast", "upload", RELAY_PHASE)
 
@@ -43,15 +43,9 @@ def build_protocol(spec: ProtocolSpec) -> Protocol:
     return Protocol(spec)
 
 
-def stage_class(name: str) -> type[Stage] | None:
-    """The stage class registered under spec name ``name`` (what a log record's ``stages``
-    names), or None."""
-    _register_stages()
-    return STAGES.get(name)
-
-
 def stage_classes() -> tuple[type[Stage], ...]:
-    """Every registered stage class, in registration order."""
+    """Every registered stage class, in registration order (a log record's ``stages`` name
+    them)."""
     _register_stages()
     return tuple(STAGES.values())
 

@@ -123,6 +123,16 @@ def test_the_audit_reads_the_toys_readers_and_parameters(toy, tmp_path):
             parameters.evidence
 
 
+def test_a_reader_the_audit_does_not_know_is_refused_by_name(toy, tmp_path, monkeypatch):
+    """A stage whose readers the audit would not match against any adversary (a misspelt
+    ``sever``) would pass as hidden from everyone: the audit refuses it instead."""
+    monkeypatch.setattr(ToyMask, "readers", staticmethod(
+        lambda record, relayed: (frozenset({"sever"}), "misspelt")))
+    masked = [_message(0, "gradient", "client-1", "server", ["toy-mask"], "toy_input")]
+    with pytest.raises(ProtocolError, match=r"stage 'toy-mask' says \['sever'\] can read"):
+        _verdicts(_folder(tmp_path / "run", masked), "honest-but-curious-server")
+
+
 def test_the_toys_input_phase_counts_as_an_input_to_an_aggregate(toy):
     """Adversary: a server that counts a client in an aggregate it sent nothing to; the
     toy's input (phase toy_input) is an input, the rule still catches the one that is not."""
