@@ -1,6 +1,6 @@
 """Signed key batches: one Ed25519 signature authenticates a client's keys for many rounds.
 
-Under the malicious-server variant of secure aggregation (secagg.py) every recipient checks
+Under the malicious-server variant of secure aggregation (secagg/) every recipient checks
 that a client's fresh per-round keys (c_pk, s_pk, and the commitment to its self-mask seed)
 were signed by that client's pinned identity. Signing each round's keys costs every neighbour
 one verification per round. Here a client draws the keys of its next ``size`` rounds of one

@@ -35,7 +35,7 @@ def build_protocol(spec: ProtocolSpec) -> Protocol:
 
 
 def _register_builtin_stages() -> None:
-    from . import ckks, dp, randomized_t, sealed, secagg, secagg_epoch  # noqa: F401 (register)
+    from . import ckks, dp, randomized_t, sealed, secagg  # noqa: F401 (register)
 
 
 class Protocol:
