@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from ..errors import ProtocolError
 from ..privacy.settings import DPSettings
-from .registry import check_protects, check_table, register_stage
+from .registry import check_protects, check_table
 
 __all__ = ["DPStage"]
 
@@ -32,7 +32,6 @@ _KEYS = {"stage", "protects", "clip", "delta", "target_epsilon", "noise_multipli
 NOISE = ("local", "distributed")
 
 
-@register_stage
 class DPStage:
     """Marks kinds whose updates clients compute with DP-SGD; see the module docstring."""
 

@@ -140,7 +140,7 @@ class KeyBatch:
     secrets: list[tuple[KeyPair, KeyPair, bytes] | None]
     leaves: list[bytes]
     signature: bytes
-    tag = "secagg-key-batch"  # its kind among what an endpoint keeps (endpoint.SESSIONS)
+    tag = "secagg-key-batch"  # its kind among what an endpoint keeps (SecAggStage.restore_session)
 
     @classmethod
     def new(cls, party: Party, kind: str, first: int, size: int,

@@ -15,7 +15,7 @@ from ...errors import ConfigError, MessageError, ProtocolError
 from ...federation.message import SERVER
 from ...federation.parties import Registry
 from ..aggregation import check_payload, template_of
-from ..endpoint import SESSIONS, Step, client_action
+from ..endpoint import Step, client_action
 from ..key_batch import KeyBatch
 from ..masking import as_vector
 from ..prg import word_dtype
@@ -91,15 +91,6 @@ def _new_session(step: Step, stage: SecAggParams) -> ClientSession:
     channel, mask, seed, proof = taken
     return ClientSession(step.client, registry, stage, round_, kind, channel, mask, seed,
                           proof=proof)
-
-
-def _load_session(endpoint, kind: str, table: dict) -> ClientSession:
-    stage = endpoint.protocol.aggregator(kind)
-    return ClientSession.from_json(endpoint.client, endpoint.registry, stage, table)
-
-
-SESSIONS[ClientSession.tag] = _load_session
-SESSIONS[KeyBatch.tag] = lambda endpoint, kind, table: KeyBatch.from_json(table)
 
 
 def taken_keys(step: Step) -> ClientSession | None:

@@ -109,7 +109,7 @@ class ClientSession:
     own: Share | None = None
     # malicious variant: the proof that its identity signed its keys (key_batch.PROOF_FIELDS)
     proof: dict[str, bytes] = field(default_factory=dict)
-    tag = "secagg"  # its kind among the sessions an endpoint keeps (endpoint.SESSIONS)
+    tag = "secagg"  # its kind among what an endpoint keeps (SecAggStage.restore_session)
 
     def to_json(self) -> dict:
         """Everything this session holds, as JSON values (private keys and seeds in hex): what

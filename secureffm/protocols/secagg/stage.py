@@ -6,12 +6,15 @@ from __future__ import annotations
 from ...errors import ProtocolError
 from ...federation.channel import Aggregate, Compute, Template
 from ...privacy.settings import DistributedNoise
+from ..endpoint import ClientEndpoint
+from ..key_batch import KeyBatch
 from ..link import Link
 from ..quantize import Quantizer
-from ..registry import check_protects, check_table, register_stage
+from ..registry import check_protects, check_table
 from . import keys_once, per_round
 from .common import ADVERSARIES, KEY_BATCH, SETUPS
 from .params import SecAggParams
+from .session import ClientSession
 
 __all__ = ["SecAggStage"]
 
@@ -19,7 +22,6 @@ _KEYS = {"stage", "protects", "threshold", "neighbours", "clip", "levels", "bits
          "setup", "key_batch"}
 
 
-@register_stage
 class SecAggStage(SecAggParams):
     """Pairwise-mask secure aggregation with dropout recovery (the package docstring; its
     parameters: :class:`~.params.SecAggParams`). In a spec: ``threshold``, ``neighbours``,
@@ -85,3 +87,14 @@ class SecAggStage(SecAggParams):
         self.scales(weights)  # unequal weights are refused before the round
         variant = keys_once if self.setup == "once" else per_round
         return variant.aggregate(self, link, compute, weights, template, noise)
+
+    def restore_session(self, endpoint: ClientEndpoint, tag: str, table: dict
+                        ) -> ClientSession | KeyBatch:
+        """A client's saved state of this, its own stage (its ``to_json()``): a session
+        (``ClientSession.tag``) or its batch of signed keys (``KeyBatch.tag``); KeyError for
+        another ``tag``."""
+        if tag == KeyBatch.tag:
+            return KeyBatch.from_json(table)
+        if tag != ClientSession.tag:
+            raise KeyError(tag)
+        return ClientSession.from_json(endpoint.client, endpoint.registry, self, table)
