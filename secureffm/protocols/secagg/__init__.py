@@ -23,19 +23,10 @@ noise); per-client range proofs would be needed to enforce the clip, and none ar
 """
 
 from .client import check_scale, epoch_session
-from .common import (
-    EPOCH_MALICIOUS_PHASES,
-    EPOCH_PHASES,
-    EQUAL_WEIGHTS,
-    KEY_BATCH,
-    MALICIOUS_PHASES,
-    PHASES,
-    harary_neighbours,
-    survivor_statement,
-)
+from .common import EPOCH_PHASES, KEY_BATCH, MALICIOUS_PHASES, harary_neighbours, survivor_statement
 from .keys_once import round_label, round_seed
 from .stage import SecAggStage
 
-__all__ = ["SecAggStage", "harary_neighbours", "survivor_statement", "PHASES", "EPOCH_PHASES",
-           "MALICIOUS_PHASES", "EPOCH_MALICIOUS_PHASES", "KEY_BATCH", "EQUAL_WEIGHTS",
-           "check_scale", "epoch_session", "round_label", "round_seed"]
+__all__ = ["SecAggStage", "harary_neighbours", "survivor_statement", "EPOCH_PHASES",
+           "MALICIOUS_PHASES", "KEY_BATCH", "check_scale", "epoch_session", "round_label",
+           "round_seed"]

@@ -1,6 +1,6 @@
 """What both secure-aggregation variants, and both sides of each, share: the phases, the
-parameters' fixed values, the neighbour graph, the survivor statement and the labels that bind
-keys and sealed shares to their use."""
+fields a client advertises, the neighbour graph, the survivor statement and the labels that
+bind keys and sealed shares to their use."""
 
 from __future__ import annotations
 
@@ -10,10 +10,9 @@ import random
 
 from ..shamir import SHARE_BYTES
 
-__all__ = ["PHASES", "EPOCH_PHASES", "MALICIOUS_PHASES", "EPOCH_MALICIOUS_PHASES",
-           "ADVERSARIES", "SETUPS", "KEY_BATCH", "EQUAL_WEIGHTS", "ADVERTISED", "ADVERTISED_ONCE",
-           "MASK_LABEL", "CHANNEL_LABEL", "SEALED_BYTES", "Confirmation", "harary_neighbours",
-           "survivor_statement", "share_context", "id_list"]
+__all__ = ["PHASES", "EPOCH_PHASES", "MALICIOUS_PHASES", "EPOCH_MALICIOUS_PHASES", "KEY_BATCH",
+           "ADVERTISED", "ADVERTISED_ONCE", "MASK_LABEL", "CHANNEL_LABEL", "SEALED_BYTES",
+           "Confirmation", "harary_neighbours", "survivor_statement", "share_context"]
 
 PHASES = ("advertise_keys", "keys", "share_keys", "shares", "masked_input", "unmask_request",
           "unmask")
@@ -27,15 +26,9 @@ EPOCH_PHASES = ("advertise_keys", "keys", "keys_taken", "mask_request", "masked_
 MALICIOUS_PHASES = ("advertise_keys", "keys", "share_keys", "shares", "masked_input",
                     "consistency", "consistency_sign", "unmask_request", "unmask")
 EPOCH_MALICIOUS_PHASES = EPOCH_PHASES[:5] + MALICIOUS_PHASES[5:]
-ADVERSARIES = ("malicious", "semi-honest")
-SETUPS = ("per-round", "once")
 # Rounds of keys a client signs at once under the malicious variant (key_batch.py): each
 # neighbour verifies one signature per client per 32 rounds instead of one per round.
 KEY_BATCH = 32
-# Why a secure-aggregation stage (secagg, ckks) refuses unequal weights before a round.
-EQUAL_WEIGHTS = ("secure aggregation needs equal weights: each client weighs its own input 1 "
-                 "and refuses any other scale, so the server cannot weigh out all clients but "
-                 "one. Give every client the same weight (weighting = 'uniform')")
 ADVERTISED = ("b_commit", "c_pk", "s_pk")  # 32 bytes each
 # Under setup = "once" a client advertises no self-mask commitment: it draws a fresh seed per
 # round and commits to it with its masked input (keys_once.py).
@@ -84,8 +77,3 @@ def survivor_statement(round_: int, kind: str, survivors: list[str], parameters:
 def share_context(round_: int, kind: str, author: str, recipient: str) -> bytes:
     """Associated data binding a sealed share to its round, kind and pair."""
     return f"{round_}|{kind}|{author}|{recipient}".encode()
-
-
-def id_list(value) -> bool:
-    """Whether ``value`` (parsed JSON) is a list of client ids."""
-    return isinstance(value, list) and all(isinstance(i, str) for i in value)

@@ -455,7 +455,6 @@ def _committed(value: int, commitment: bytes) -> bool:
     return value < 2**256 and commit(value.to_bytes(32, "big")) == commitment
 
 
-
 # -- the client's side --------------------------------------------------------------------------
 
 @client_action("secagg.epoch.keys")

@@ -17,7 +17,6 @@ from .common import (
     ADVERTISED_ONCE,
     EPOCH_MALICIOUS_PHASES,
     EPOCH_PHASES,
-    EQUAL_WEIGHTS,
     KEY_BATCH,
     MALICIOUS_PHASES,
     PHASES,
@@ -28,6 +27,10 @@ __all__ = ["SecAggParams"]
 # Headroom for distributed noise: the decoded sum must stay within half the modulus of the
 # centre of its noiseless range for this many standard deviations of the total noise.
 _NOISE_SIGMAS = 12.0
+# Why a secure-aggregation stage (secagg, ckks) refuses unequal weights before a round.
+EQUAL_WEIGHTS = ("secure aggregation needs equal weights: each client weighs its own input 1 "
+                 "and refuses any other scale, so the server cannot weigh out all clients but "
+                 "one. Give every client the same weight (weighting = 'uniform')")
 
 
 class SecAggParams:

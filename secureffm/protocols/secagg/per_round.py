@@ -95,7 +95,6 @@ _SECRETS = {"b": ("b (self-mask seed)", "the seed it committed to"),
             "s": ("s (mask key, dropped)", "the key of its advertised s_pk")}
 
 
-
 # -- the server's side --------------------------------------------------------------------------
 
 def aggregate(stage: SecAggParams, link: Link, compute: Compute, weights: dict[str, float],
@@ -316,7 +315,6 @@ def _matches(which: str, value: int, advertised: dict[str, bytes]) -> bool:
     return public_of(private_from_bytes(secret)) == advertised["s_pk"]
 
 
-
 def _parse_dealt(data: bytes, u: str, neighbours: set[str]) -> dict[str, bytes]:
     dealt = _payload_bytes(data, u)
     if set(dealt) != neighbours:
@@ -329,12 +327,10 @@ def _parse_dealt(data: bytes, u: str, neighbours: set[str]) -> dict[str, bytes]:
     return dealt
 
 
-
 def _parse_masked(data: bytes, u: str, size: int, wire: np.dtype) -> np.ndarray:
     """u's masked input, shape ``[size]``, in the mask word type ``wire`` (read in place;
     the format is :mod:`~secureffm.protocols.masking`'s)."""
     return parse_masked(data, u, size, wire)["y"]
-
 
 
 def _parse_reply(data: bytes, v: str, allowed: set[tuple[str, str]]) -> dict[tuple, Share]:

@@ -35,12 +35,15 @@ from .common import (
     MASK_LABEL,
     SEALED_BYTES,
     harary_neighbours,
-    id_list,
     survivor_statement,
 )
 from .params import SecAggParams
 
 __all__ = ["ClientSession", "Peer"]
+
+
+def _id_list(value) -> bool:
+    return isinstance(value, list) and all(isinstance(i, str) for i in value)
 
 
 def _parse_request(data: bytes, tables: tuple[str, ...]
@@ -50,7 +53,7 @@ def _parse_request(data: bytes, tables: tuple[str, ...]
     request = _payload_json(data, SERVER)
     keys = sorted(["dropped", "survivors", *tables])
     if (not isinstance(request, dict) or sorted(request) != keys
-            or not (id_list(request["survivors"]) and id_list(request["dropped"]))):
+            or not (_id_list(request["survivors"]) and _id_list(request["dropped"]))):
         raise MessageError(f"the unmask request is not a table of {', '.join(keys)}")
     try:
         read = {name: {w: bytes.fromhex(value) for w, value in request[name].items()}
@@ -63,13 +66,11 @@ def _parse_request(data: bytes, tables: tuple[str, ...]
 
 def _parse_survivors(data: bytes) -> list[str]:
     request = _payload_json(data, SERVER)
-    if not isinstance(request, dict) or sorted(request) != ["survivors"] or not id_list(
+    if not isinstance(request, dict) or sorted(request) != ["survivors"] or not _id_list(
             request["survivors"]):
         raise MessageError("the consistency message is not {'survivors': [ids]}")
     return request["survivors"]
 
-
-# -- one client ---------------------------------------------------------------------------------
 
 @dataclass
 class Peer:
@@ -209,7 +210,7 @@ class ClientSession:
             ids = json.loads(u1)
         except ValueError:
             ids = None
-        if len(seed) != 32 or not id_list(ids) or self.id not in ids or len(set(ids)) != len(
+        if len(seed) != 32 or not _id_list(ids) or self.id not in ids or len(set(ids)) != len(
                 ids):
             raise MessageError("the keys message lacks a 32-byte graph_seed and a u1 list of "
                                "distinct client ids holding this client")

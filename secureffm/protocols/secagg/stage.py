@@ -12,7 +12,7 @@ from ..link import Link
 from ..quantize import Quantizer
 from ..registry import check_protects, check_table
 from . import keys_once, per_round
-from .common import ADVERSARIES, KEY_BATCH, SETUPS
+from .common import KEY_BATCH
 from .params import SecAggParams
 from .session import ClientSession
 
@@ -20,6 +20,8 @@ __all__ = ["SecAggStage"]
 
 _KEYS = {"stage", "protects", "threshold", "neighbours", "clip", "levels", "bits", "adversary",
          "setup", "key_batch"}
+ADVERSARIES = ("malicious", "semi-honest")
+SETUPS = ("per-round", "once")
 
 
 class SecAggStage(SecAggParams):
