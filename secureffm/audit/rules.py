@@ -16,7 +16,7 @@ is a run the protocols could have produced. The first broken rule is named:
   kind in one round carry the same bytes (sha256) to every client: a server that sends one
   client another model (to isolate its update in a sum) breaks it;
 - and each registered stage's own rules (:meth:`~secureffm.protocols.stage.Stage.audit_rules`:
-  secure aggregation's, :mod:`secureffm.protocols.secagg_rules`).
+  secure aggregation's, :mod:`secureffm.protocols.secagg.rules`).
 
 A rule that reads payloads is reported as not done without payloads.bin, never as passed.
 """

@@ -76,7 +76,7 @@ from .aggregation import check_payload, flatten, template_json, template_of, unf
 from .ckks_params import CKKSParams
 from .endpoint import Step, client_action
 from .link import Call, Link, accepted, silence
-from .registry import check_protects, check_table, register_stage
+from .registry import check_protects, check_table
 from .sealed import SealedStage
 from .secagg import SecAggStage, check_scale
 from .stage import StageDefaults
@@ -280,7 +280,6 @@ def _load_key(saved: dict, arrays: dict[str, np.ndarray]) -> dict:
 KEY = MemoryCodec(_MEMORY, _save_key, _load_key)
 
 
-@register_stage
 class CKKSStage(StageDefaults):
     """Homomorphic aggregation under one shared CKKS key; see the module docstring."""
 

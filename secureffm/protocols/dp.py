@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from ..errors import ProtocolError
 from ..privacy.settings import DPSettings
-from .registry import check_protects, check_table, register_stage
+from .registry import check_protects, check_table
 from .stage import StageDefaults
 
 __all__ = ["DPStage", "SYBIL"]
@@ -38,7 +38,6 @@ SYBIL = ("no Sybils: the clients counted toward the threshold are distinct parti
          "than accounted; the clients cannot detect this")
 
 
-@register_stage
 class DPStage(StageDefaults):
     """Marks kinds whose updates clients compute with DP-SGD; see the module docstring."""
 

@@ -21,7 +21,7 @@ from ..privacy.settings import DPSettings, GeodesicPrivacy, NoiseGeometry
 from .dp import DPStage
 from .link import BROADCASTS
 from .randomized_t import RandomizedTStage
-from .registry import STAGES, ProtocolSpec, known_protocols, read_spec
+from .registry import STAGES, ProtocolSpec, known_protocols, read_spec, register_stage
 from .stage import AggregateStage, Stage, TransportStage
 
 __all__ = ["Protocol", "load_protocol", "build_protocol", "stage_classes", "input_phases",
@@ -79,9 +79,15 @@ def _shipped_specs() -> dict[str, ProtocolSpec]:
 
 
 def _register_stages() -> None:
-    """Import the built-in stage modules (each registers its class) and register the client
-    memory of every registered stage, and of the broadcasts a client notes."""
-    from . import ckks, dp, randomized_t, sealed, secagg, secagg_epoch  # noqa: F401 (register)
+    """Register the shipped stages, named here (no stage module registers itself when
+    imported; imported when the first protocol is built), then the client memory of every
+    registered stage and of the broadcasts a client notes."""
+    from .ckks import CKKSStage
+    from .sealed import SealedStage
+    from .secagg import SecAggStage
+
+    for stage in (DPStage, RandomizedTStage, SealedStage, CKKSStage, SecAggStage):
+        register_stage(stage)
 
     register_memory(BROADCASTS)
     for cls in STAGES.values():

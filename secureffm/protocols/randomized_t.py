@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 
 from ..errors import ProtocolError
-from .registry import check_protects, check_table, register_stage
+from .registry import check_protects, check_table
 from .stage import StageDefaults
 
 __all__ = ["RandomizedTStage"]
@@ -26,7 +26,6 @@ __all__ = ["RandomizedTStage"]
 _KEYS = {"stage", "protects", "t_low", "t_high", "noise_std"}
 
 
-@register_stage
 class RandomizedTStage(StageDefaults):
     """Marks measure messages computed at a private random t; see the module docstring."""
 

@@ -43,7 +43,7 @@ from ..federation.crypto import Identity, KeyPair, agree, open_sealed, seal, ver
 from ..federation.memory import MemoryCodec
 from ..federation.message import SERVER, Payload, deserialize_payload, serialize_payload
 from ..federation.parties import Party, Registry
-from .registry import check_protects, check_table, register_stage
+from .registry import check_protects, check_table
 from .stage import StageDefaults
 
 __all__ = ["SealedStage", "SealHeader", "Opened", "seal_payload", "relay_part", "open_payload"]
@@ -182,7 +182,6 @@ def _load_counters(saved: dict, arrays: dict) -> dict:
 COUNTERS = MemoryCodec("sealed", lambda counters: (counters, {}), _load_counters)
 
 
-@register_stage
 class SealedStage(StageDefaults):
     """Marks kinds sent one by one that only their recipients may read; see module docstring.
 

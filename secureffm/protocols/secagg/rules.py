@@ -3,7 +3,7 @@ runs them on every verified record, in log order, after its own), which the ``se
 hands the audit (:meth:`~secureffm.protocols.secagg.SecAggStage.audit_rules`). The first broken
 rule is named:
 
-- secure aggregation (the phases the stage names, :meth:`SecAggRules.check`): a client takes
+- secure aggregation (the phases of every variant, :mod:`.common`): a client takes
   part in an aggregation only after advertising keys in it (under ``setup = "once"``, from the
   round a ``keys_taken`` reply marks as a kind's key set-up on, in that set-up; its later
   rounds read the parameters and graph the set-up's ``keys`` message told each client), and
@@ -14,7 +14,7 @@ rule is named:
   unmask request was announced a survivor set (``consistency``), and held, in that request, a
   valid signature (with the signer's key of parties.json) from every survivor it names, over
   the statement the client itself would check
-  (:func:`secureffm.protocols.secagg.survivor_statement`): the survivor set the server
+  (:func:`.common.survivor_statement`): the survivor set the server
   announced to it, the parameters and graph of its ``keys`` message (under ``setup = "once"``,
   its set-up's) and the broadcasts the
   log shows it accepted that round (every ``broadcast`` record to it, but those it refused by
@@ -30,13 +30,14 @@ from __future__ import annotations
 
 import functools
 import hashlib
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 
-from ..errors import MessageError
-from ..federation.crypto import verify_signature
-from ..federation.message import SERVER
-from .link import digest_of_broadcasts
-from .wire import fields_json, payload_bytes, payload_json
+from ...errors import MessageError
+from ...federation.crypto import verify_signature
+from ...federation.message import SERVER
+from ..link import digest_of_broadcasts
+from ..wire import fields_json, payload_bytes, payload_json
+from .common import EPOCH_PHASES, MALICIOUS_PHASES, survivor_statement
 
 __all__ = ["SecAggRules"]
 
@@ -44,23 +45,17 @@ _RELAYED_KEYS = "secagg: relayed keys equal the advertised ones"
 _ONE_VIEW = "secagg: one graph and one survivor set announced to every client"
 _SIGNED = "secagg: every answered unmask request held the survivors' signatures of its view"
 _SET_UP_PHASES = ("advertise_keys", "keys", "share_keys", "shares", "keys_taken")
+_PHASES = frozenset(MALICIOUS_PHASES + EPOCH_PHASES)  # every variant's
 
 Keys = dict[str, bytes]  # "c_pk" / "s_pk" -> raw X25519 public key
-# What a survivor signs: (round, kind, survivors, parameters, graph, broadcasts) -> bytes.
-Statement = Callable[[int, str, list[str], bytes, bytes, bytes], bytes]
 
 
 class SecAggRules:
     """Feed :meth:`check` every record in log order. ``signing_keys``: party id -> its Ed25519
-    public key, as in parties.json; ``phases``: the phases of every secure-aggregation variant;
-    ``statement``: what a survivor signs (:func:`~secureffm.protocols.secagg.
-    survivor_statement`)."""
+    public key, as in parties.json."""
 
-    def __init__(self, signing_keys: Mapping[str, bytes], phases: tuple[str, ...],
-                 statement: Statement):
+    def __init__(self, signing_keys: Mapping[str, bytes]):
         self.signing_keys = dict(signing_keys)
-        self.phases = frozenset(phases)
-        self._statement = statement
         # (round, kind) -> client -> its advertised keys (None: payload not kept or unreadable)
         self._advertised: dict[tuple[int, str], dict[str, Keys | None]] = {}
         self._keys_checked = 0
@@ -91,7 +86,7 @@ class SecAggRules:
             self._taken.setdefault((record["round"], record["recipient"]), []).append(
                 (record["seq"], record["kind"], record["sha256"] if not record["stages"]
                  else ""))
-        if record["phase"] in self.phases:
+        if record["phase"] in _PHASES:
             return self._secagg(record, payload)
         return None
 
@@ -226,7 +221,7 @@ class SecAggRules:
             self._answers_unchecked += 1
             return None
         broadcasts = digest_of_broadcasts([(kind_, sha) for _, kind_, sha in taken])
-        statement = self._statement(round_, kind, told["signed"], told["params"],
+        statement = survivor_statement(round_, kind, told["signed"], told["params"],
                                        told["graph"], broadcasts)
         for w in request["survivors"]:
             signature = request["signatures"].get(w, "")
