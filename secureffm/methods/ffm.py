@@ -250,7 +250,7 @@ def _calibrated_tau(settings: FFMSettings, dp: DPSettings, frozen: tuple) -> flo
 
 class FFMClient:
     """FFM's client side: what a client computes in a round with its own shard and secret
-    streams (:class:`~secureffm.federation.exchange.Task` ``ffm.velocity`` and ``ffm.dual``,
+    streams (:class:`~secureffm.federation.channel.Task` ``ffm.velocity`` and ``ffm.dual``,
     args ``{"round": r}``), from public settings only, so a client's own process builds the
     same program. Its replicas and DP state live in ``client.state``, set up on first use.
 
