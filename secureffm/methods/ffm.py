@@ -42,6 +42,7 @@ from ..privacy.skellam import SkellamStep, skellam_epsilon
 from .couplings import ExactOTCoupling, IndependentCoupling, SemiDualCoupling
 from .flow_matching import flow_matching_loss
 from .global_model import GlobalModel
+from .round_report import RoundReport
 
 __all__ = ["FederatedFlowMatching", "FFMClient", "FFMSettings", "planned_steps",
            "local_noise_multiplier", "plan_distributed_noise", "distributed_epsilon",
@@ -580,10 +581,9 @@ class FederatedFlowMatching:
 
     # -- rounds --------------------------------------------------------------------------
 
-    def train_round(self, round_: int) -> dict[str, float]:
-        """One communication round; returns the clients' mean diagnostics (the in-process
-        simulator's view, without DP) and ``aborted`` = 1 for each aggregation that aborted
-        (the model then stays put)."""
+    def train_round(self, round_: int) -> RoundReport:
+        """One communication round: its aborted aggregations (the model then stays put) and
+        the clients' mean ``loss`` and ``dual`` (the in-process simulator's view, without DP)."""
         self._pending = (round_, "gradient")
         update = self.channel.aggregate(round_, "gradient",
                                         Task("ffm.velocity", {"round": round_}),
@@ -591,12 +591,12 @@ class FederatedFlowMatching:
                                         self.noise.get("gradient"),
                                         broadcast={"global_model": {"theta": self.velocity.flat()}})
         self._record(update.asked, "gradient", round_)
-        report = {"aborted": 0.0}
+        report = RoundReport()
         if update.payload is not None:
             self._apply(self.velocity, update.payload["gradient"], round_)
             self._diagnose(report, "loss", "last_loss", update.included)
         else:
-            report["aborted"] += 1
+            report.aborted += 1
         if self.potential is not None and self.settings.dual_round(round_):
             self._pending = (round_, "dual_update")
             dual = self.channel.aggregate(round_, "dual_update",
@@ -610,7 +610,7 @@ class FederatedFlowMatching:
                                        {"phi": self.potential.flat()})
                 self._diagnose(report, "dual", "last_dual", dual.included)
             else:
-                report["aborted"] += 1
+                report.aborted += 1
         return report
 
     def _apply(self, model: GlobalModel, gradient: np.ndarray, round_: int) -> None:
@@ -625,7 +625,7 @@ class FederatedFlowMatching:
         put for them); None while an update is being applied."""
         return None if self._applying else max(completed, self.applied)
 
-    def _diagnose(self, report: dict, name: str, key: str, included: list[str]) -> None:
+    def _diagnose(self, report: RoundReport, name: str, key: str, included: list[str]) -> None:
         """The weighted mean of the counted clients' ``key``, read from their state: only in
         the in-process simulator (the clients are objects here) and without DP (the losses
         are not privatized)."""
@@ -633,8 +633,8 @@ class FederatedFlowMatching:
         if self.dp is not None or not all(isinstance(clients[cid], Client) for cid in included):
             return
         total = sum(self.weights[cid] for cid in included)
-        report[name] = sum(self.weights[cid] * clients[cid].state[key]
-                           for cid in included) / total
+        report.diagnostics[name] = sum(self.weights[cid] * clients[cid].state[key]
+                                       for cid in included) / total
 
     def state_dict(self) -> dict:
         state = {"velocity": self.velocity.state_dict()}

@@ -292,19 +292,19 @@ def run_ffm(config: RunConfig, connect: Connect | None = None) -> RunResult:
         for round_ in bar:
             progress.in_round = round_
             report = trainer.train_round(round_)
-            rounds.add(round_, int(report.get("aborted", 0)), {k: v for k, v in report.items()
-                                                              if k != "aborted"})
+            seen = report.diagnostics
+            rounds.add(round_, report.aborted, seen)
             board.round(round_, {k: v for k, v in rounds.rows[-1].items() if k != "round"})
-            aborted += int(report.pop("aborted", 0))
+            aborted += report.aborted
             if round_ % every == 0 or round_ == budget:
-                if "loss" in report:
-                    curves["loss"].append([round_, report["loss"]])
-                postfix = {**{k: f"{v:.3f}" for k, v in report.items()}, "aborted": aborted}
+                if "loss" in seen:
+                    curves["loss"].append([round_, seen["loss"]])
+                postfix = {**{k: f"{v:.3f}" for k, v in seen.items()}, "aborted": aborted}
                 if periodic is not None:
                     postfix["img/s"] = f"{periodic.images_per_second(round_ - first + 1):.0f}"
                 bar.set_postfix(postfix, refresh=False)  # drawn at the next redraw
-            if "dual" in report:
-                curves["dual"].append([round_, report["dual"]])
+            if "dual" in seen:
+                curves["dual"].append([round_, seen["dual"]])
             if periodic is not None:
                 periodic(round_)
             progress.in_round, progress.completed = None, round_

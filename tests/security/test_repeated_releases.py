@@ -169,7 +169,7 @@ def test_an_honest_run_is_answered_and_the_client_accounts_what_the_server_charg
     (from its own answers) equals the server ledger's for it."""
     ffm = _ffm(tmp_path, method="got", potential_every=2, ctransform_steps=0)
     for round_ in range(1, 5):
-        assert ffm.train_round(round_)["aborted"] == 0
+        assert ffm.train_round(round_).aborted == 0
     assert not [r for r in _records(tmp_path) if r.get("event") == "rejected"]
     releases = ffm.channel.endpoints[VICTIM].program.releases  # one program runs every client
     for client in ffm.channel.clients:
