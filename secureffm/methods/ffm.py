@@ -433,7 +433,7 @@ class FederatedFlowMatching:
         self.rate = poisson_rate(settings.batch_size, settings.shard_size) if dp else 0.0
         self.distributed = self.dp is not None and self.dp.noise == "distributed"
         self.noise: dict[str, DistributedNoise] = {}
-        self.budget: ServerLedger | None = None  # the DP ledger the server charges
+        self.charges: ServerLedger | None = None  # the DP ledger the server charges (None: no DP)
         self._pending: tuple[int, str] | None = None  # the aggregation not charged yet
         self.applied = 0  # the last round whose update the models hold
         self._applying = False  # an optimizer step is under way (the state is mixed)
@@ -441,7 +441,7 @@ class FederatedFlowMatching:
             self._plan_distributed_noise()
         elif dp is not None:
             sigma = local_noise_multiplier(settings, dp)
-            self.budget = ServerLedger(dp, self.rate, {c.id: sigma for c in channel.clients},
+            self.charges = ServerLedger(dp, self.rate, {c.id: sigma for c in channel.clients},
                                        note=channel.note)
         if self.potential is not None:
             self.channel.broadcast(0, "global_potential", {"phi": self.potential.flat()})
@@ -466,13 +466,13 @@ class FederatedFlowMatching:
     @property
     def ledger(self) -> PrivacyLedger | None:
         """The DP ledger of every step the server asked each client to run (None without DP)."""
-        return None if self.budget is None else self.budget.ledger
+        return None if self.charges is None else self.charges.ledger
 
     @property
     def noise_multipliers(self) -> dict[str, float]:
         """Each client's noise multiplier (sigma, or tau under distributed noise; {} without
         DP)."""
-        return {} if self.budget is None else self.budget.multipliers
+        return {} if self.charges is None else self.charges.multipliers
 
     def client_epsilon(self, client: str, multiplier: float, rounds: int, first: int = 1,
                        past: bool = False) -> float:
@@ -480,7 +480,7 @@ class FederatedFlowMatching:
         noise ``multiplier`` (sigma for local noise, tau for distributed noise), composed with
         what the ledger charged it when ``past`` (a resumed run's history)."""
         planned, before = self.planned_steps(rounds), self.planned_steps(first - 1)
-        return self.budget.epsilon_after(
+        return self.charges.epsilon_after(
             client, {kind: total - before[kind] for kind, total in planned.items()}, first,
             multiplier, past)
 
@@ -493,7 +493,7 @@ class FederatedFlowMatching:
             sizes["dual_update"] = self.potential.flat().size
         geometry, noise = plan_distributed_noise(self.settings, self.dp, ids, sizes,
                                                  self.channel.noise_geometry)
-        self.budget = ServerLedger(self.dp, self.rate, dict.fromkeys(ids, noise.multiplier),
+        self.charges = ServerLedger(self.dp, self.rate, dict.fromkeys(ids, noise.multiplier),
                                    geometry, self.channel.note)
         self.noise = dict.fromkeys(sizes, noise)
 
@@ -516,7 +516,7 @@ class FederatedFlowMatching:
     def refuse_overspending(self) -> None:
         """Refuse a fresh run whose given noise multiplier would take a client past the target
         within the planned rounds (:func:`secureffm.privacy.budget.refuse_overspending`)."""
-        if self.budget is not None:
+        if self.charges is not None:
             budget.refuse_overspending(self._epsilon_through(1), self.dp,
                                        max(self.noise_multipliers.values()), 1,
                                        self.settings.rounds, "rounds", "pass --rounds {fit}")
@@ -525,8 +525,8 @@ class FederatedFlowMatching:
         """Charge the clients asked to compute ``kind`` (each may have released it: a client
         that was offline then is counted too, which only overstates), signed into the log as a
         ``charged`` event, from which an audit recomputes epsilon."""
-        if self.budget is not None:
-            self.budget.charge(asked, kind, round_)
+        if self.charges is not None:
+            self.charges.charge(asked, kind, round_)
         self._pending = None
 
     def charge_pending(self) -> None:
@@ -615,8 +615,8 @@ class FederatedFlowMatching:
             pairs.append((self.potential, state["potential"]))
         for model, saved in pairs:
             model.load_state_dict(saved)
-        if self.budget is not None:
+        if self.charges is not None:
             for entries in charged or ():
-                self.budget.record(entries)
+                self.charges.record(entries)
         if self.potential is not None:
             self.channel.broadcast(round_, "global_potential", {"phi": self.potential.flat()})

@@ -222,11 +222,8 @@ def _privacy(config: RunConfig, trainer, rounds_run: int,
                   "message", "mechanisms": {}, "trust": ["none: the one party holds all data"],
             "exclusions": []}, config.insecure_deterministic)
     kinds = ("gradient", "dual_update") if trainer.potential is not None else ("gradient",)
-    accounting = None
-    if trainer.ledger is not None:
-        accounting = trainer.ledger.report(trainer.dp.target_epsilon, trainer.dp.accountant)
-        accounting.update(noise_multiplier=trainer.noise_multipliers, clip=trainer.dp.clip,
-                          rounds_run=rounds_run)
+    accounting = (None if trainer.charges is None else
+                  trainer.charges.accounting(rounds_run=rounds_run))
     unaccounted = {CLIENT_DATA: (UNACCOUNTED_EVALUATION,),
                    IMAGE_FOLDER: (UNACCOUNTED_IMAGE_EVALUATION,)}.get(config.data, ())
     statement = privacy_statement(trainer.channel.protocol, kinds,
