@@ -113,6 +113,7 @@ class StateFile:
         head = state.header()
         body = seal(self.key, state.snapshot, MAGIC + head, secrets.token_bytes(12))
         part = self.path.with_name(self.path.name + ".part")
+        part.parent.mkdir(parents=True, exist_ok=True)
         with part.open("wb") as out:
             out.write(MAGIC + len(head).to_bytes(4, "big") + head + body)
             out.flush()
