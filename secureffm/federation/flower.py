@@ -527,18 +527,22 @@ class LocalDeployment:
                                   "--host", "127.0.0.1", "--port", str(self.port)])
         _wait_http(f"http://{link}/health", self.start_timeout, self.home / "superlink.log")
         for client in self.clients:
-            config = {**self.node_config.get(client, {}), "client-id": client}
-            path = self.home / f"node-{client}.toml"
-            _write_toml(path, config)
-            self._start(client, ["flower-supernode", "--insecure", "--superlink", link,
-                                 "--host", "127.0.0.1", "--port", str(_free_port()),
-                                 "--node-config", str(path)])
+            self._start_node(client)
         (self.home / "config.toml").write_text(
             f'[superlink]\ndefault = "local"\n\n[superlink.local]\naddress = "{link}"\n'
             f"insecure = true\n")
 
+    def _start_node(self, client: str) -> None:
+        """Start the SuperNode of ``client`` with its node config as ``node_config`` is now."""
+        config = {**self.node_config.get(client, {}), "client-id": client}
+        path = self.home / f"node-{client}.toml"
+        _write_toml(path, config)
+        self._start(client, ["flower-supernode", "--insecure", "--superlink",
+                             f"127.0.0.1:{self.port}", "--host", "127.0.0.1",
+                             "--port", str(_free_port()), "--node-config", str(path)])
+
     def _start(self, name: str, command: list[str]) -> None:
-        log = (self.home / f"{name}.log").open("w")
+        log = (self.home / f"{name}.log").open("a")
         self.processes[name] = subprocess.Popen(
             [str(self._bin / command[0]), *command[1:]], env=self.env, stdout=log,
             stderr=subprocess.STDOUT, start_new_session=True)
@@ -581,6 +585,12 @@ class LocalDeployment:
         for pid in [*_descendants(process.pid), process.pid]:
             _signal(pid, signal.SIGKILL)
         process.wait()
+
+    def restart(self, client: str) -> None:
+        """Start ``client``'s SuperNode again after :meth:`kill`, with its node config as
+        ``node_config`` holds it now: Flower sees a new node, which the server moves the
+        client to on its signed hello (:meth:`FlowerCalls.rejoin`)."""
+        self._start_node(client)
 
     def close(self) -> None:
         """End every process started here and their children (SIGTERM, then SIGKILL after 10
