@@ -8,7 +8,7 @@ processes), the log must say who was dropped and why, the restarted node (a new 
 must rejoin as the same client from its sealed state on its disk and be counted again in
 round 3, and ``secureffm audit --verify`` must accept the log against the run's pin. Slow: each
 exchange starts a Python process per message on each SuperNode (about 25 s per exchange on this
-2-core machine; the test takes about 12 minutes here).
+2-core machine; the test took 27 minutes here, beside another deployment test).
 """
 
 from __future__ import annotations
