@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import MessageError, ProtocolError
-from ..federation.channel import Task, TaskRefused
+from ..federation.channel import Program, Task, TaskRefused
 from ..federation.exchange import Incoming, Receipts, Reply, Request, late_refusal
 from ..federation.message import SERVER, Payload, deserialize_payload, serialize_payload
 from ..federation.parties import Client, Registry
@@ -23,11 +23,9 @@ from ..privacy.settings import DistributedNoise
 from .link import record_broadcast
 from .stage import StagedProtocol
 
-__all__ = ["ClientEndpoint", "Step", "client_action", "ACTIONS", "Program", "NoisePlan",
+__all__ = ["ClientEndpoint", "Step", "client_action", "ACTIONS", "NoisePlan",
            "refused_alone"]
 
-# What runs a method's named client computation: (the client, the task) -> its payload.
-Program = Callable[[Client, Task], Payload]
 # A client's own plan of distributed noise: (the client, the kind, its own protocol, the
 # federation's client ids) -> its tau, sensitivity and colluders, from its own settings.
 NoisePlan = Callable[[Client, str, Any, list[str]], DistributedNoise]
