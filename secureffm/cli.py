@@ -468,8 +468,8 @@ def add_audit_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _pin_from_args(args: argparse.Namespace):
-    """The :class:`~.audit.pin.RunPin` that --parties and --expect-head give."""
-    from .audit.pin import RunPin, is_hex, load_pin
+    """The :class:`~.federation.pin.RunPin` that --parties and --expect-head give."""
+    from .federation.pin import RunPin, is_hex, load_pin
 
     pin = load_pin(args.parties) if args.parties else RunPin()
     head = args.expect_head

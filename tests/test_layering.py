@@ -91,6 +91,12 @@ def test_methods_reach_the_federation_only_through_the_channel():
             if not v.endswith(allowed)] == []
 
 
+def test_the_run_scaffold_knows_no_audit():
+    """The audit reads runs through runs/scaffold.py (checkpoints, the attack runs); the scaffold
+    reaches the pin in federation/, never back up into audit/ (issue 40)."""
+    assert _violations("secureffm.runs.scaffold", ("secureffm.audit",)) == []
+
+
 def test_no_import_circle():
     graph = _graph()
     seen: dict[str, int] = {}

@@ -49,10 +49,10 @@ import numpy as np
 from ..errors import MessageError, ProtocolError, SecureFFMError
 from ..federation.log import PARTIES_FILE, PAYLOADS_FILE
 from ..federation.message import RELAY_PHASE, SERVER, deserialize_payload
+from ..federation.pin import RunPin, load_parties
 from ..privacy.ledger import CHARGED, PrivacyLedger, charged_entries
 from ..protocols.protocol import input_phases, load_protocol, stage_classes
 from ..protocols.stage import READERS, Stage
-from .pin import RunPin, load_parties
 from .rules import PUBLIC_KINDS
 from .threat import Adversary
 from .verify import LOG_FILE, AuditReport, insecure_deterministic, verify_run

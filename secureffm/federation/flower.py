@@ -447,7 +447,9 @@ def simulate(server_main: str | ServerMain, serve: str | Serve, clients: int,
 
     Needs Ray (``flwr[simulation]``) and costs about 15 to 20 s to start on a 2-core machine
     before the first call. The nodes are not processes: a pool of Ray actors runs every node's
-    handler, so ``serve`` must keep nothing in module globals (its state is what it returns).
+    handler, so a node's state is only what ``serve`` returns; what ``serve`` keeps in module
+    globals is shared by the nodes one actor runs, and may only be a cache keyed by that state
+    (as runs/flower_node.py's is, by its sha256).
     ``backend_config``: Flower's, default one CPU per client actor and no GPU. Telemetry is off
     unless FLWR_TELEMETRY_ENABLED is set.
     """
