@@ -39,6 +39,7 @@ import copy
 import importlib
 import importlib.util
 import json
+import logging
 import os
 import shutil
 import signal
@@ -68,6 +69,7 @@ CALL = "query.secureffm"
 ARRAY_ABOVE = 1 << 20  # bytes; larger payloads travel as a chunked uint8 Array
 _STATE = "secureffm"  # key of the client's state in context.state
 _KEY = "bytes"
+_LOG = logging.getLogger(__name__)
 
 Serve = Callable[[dict, dict, "bytes | None", bytes], tuple[bytes, bytes]]
 Admit = Callable[[dict, dict], Any]  # (node config, run config); raises to refuse the run
@@ -279,17 +281,39 @@ class FlowerCalls:
             if not pending or left <= 0:
                 break
             time.sleep(min(self.pull_interval, left))
-        for node in pending.values():
-            self.errors[names.get(node, str(node))] = f"no reply within {timeout} s"
+        for node, why in self._silent(list(pending.values()), timeout).items():
+            self.errors[names.get(node, str(node))] = why
+            _LOG.warning("%s gave no %s reply: %s", names.get(node, f"Flower node {node}"),
+                         kind, why)  # in deployment, shown by flwr log / flwr run --stream
         traffic.seconds = time.perf_counter() - start
         self.last, self.total = traffic, self.total + traffic
         return replies
 
+    def _silent(self, nodes: list[int], timeout: float) -> dict[int, str]:
+        """Why each of ``nodes`` gave no reply within ``timeout`` s, as far as Flower says:
+        whether the SuperLink still lists its SuperNode as connected."""
+        if not nodes:
+            return {}
+        online = set(self.grid.get_node_ids())
+        return {node: f"no reply within {timeout} s: " + (
+            "the SuperLink lists it connected, so its ClientApp did not answer in time (a "
+            "slow start on a busy host, or a handler still running: see that SuperNode's "
+            "log, or raise --phase-timeout)" if node in online else
+            "the SuperLink no longer lists it connected (its SuperNode stopped or lost the "
+            "link)") for node in nodes}
+
 
 def _why(reply: Message) -> str:
-    """An error reply in one line: Flower's code and the last line of its reason."""
+    """An error reply in one line: Flower's error code by name and the last line of its
+    reason (NODE_UNAVAILABLE: the SuperLink saw the SuperNode go; CLIENT_APP_RAISED_EXCEPTION:
+    our handler raised, its message follows)."""
+    from flwr.common.constant import ErrorCode
+
+    names = {code: name for name, code in vars(ErrorCode).items() if isinstance(code, int)}
+    code = reply.error.code
     lines = [line.strip(" '>") for line in str(reply.error.reason or "").splitlines()]
-    return f"error reply, code {reply.error.code}: {next((x for x in reversed(lines) if x), '')}"
+    return (f"Flower error {names.get(code, 'code')} ({code}): "
+            f"{next((x for x in reversed(lines) if x), 'no reason given')}")
 
 
 # -- apps -------------------------------------------------------------------------------------
