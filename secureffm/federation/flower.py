@@ -44,6 +44,7 @@ import os
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import tempfile
@@ -434,15 +435,17 @@ def simulate(server_main: str | ServerMain, serve: str | Serve, clients: int,
 
 class LocalDeployment:
     """Flower's deployment runtime on this host: ``flower-superlink`` and one
-    ``flower-supernode`` per client as OS processes (insecure HTTP on 127.0.0.1, free ports, a
-    private FLWR_HOME, telemetry and update checks off, no runtime dependency installation),
+    ``flower-supernode`` per client as OS processes (HTTP on 127.0.0.1, free ports, a private
+    FLWR_HOME, telemetry and update checks off, no runtime dependency installation),
     and ``flwr run`` submitting a generated Flower App whose ServerApp runs ``server_main`` and
     whose ClientApp serves ``serve`` (both ``"module:function"``, importable by the child
     processes: they get this process's ``sys.path`` as PYTHONPATH).
 
     ``clients``: the client ids, one SuperNode each (its ``client-id``); ``node_config``:
     client id -> more keys of that node's config (a data path, a key path); ``admit``: the
-    ClientApp's check of the run on hello (``"module:function"``). Use as a context
+    ClientApp's check of the run on hello (``"module:function"``); ``tls``: HTTPS with a
+    fresh CA and SuperNode authentication on, each node's key registered with ``flwr supernode
+    register`` (:mod:`~secureffm.federation.flower_tls`), else plain HTTP. Use as a context
     manager: every process it started, and their children (SuperExecs, ServerApp and ClientApp
     processes), is ended on exit. Linux only (children are found in /proc).
 
@@ -453,14 +456,14 @@ class LocalDeployment:
     def __init__(self, server_main: str, serve: str, clients: list[str],
                  node_config: dict[str, dict] | None = None, home: str | None = None,
                  start_timeout: float = 120.0, pull_interval: float = 0.02,
-                 admit: str | None = None):
+                 admit: str | None = None, tls: bool = False):
         _flwr()
         for target in (server_main, serve, *([admit] if admit else [])):
             if not isinstance(target, str):
                 raise ConfigError(f"a deployment names its functions as 'module:function' "
                                   f"strings, got {target!r}")
         self.server_main, self.serve, self.clients = server_main, serve, list(clients)
-        self.admit = admit
+        self.admit, self.tls = admit, tls
         self.node_config = dict(node_config or {})
         self.start_timeout, self.pull_interval = start_timeout, pull_interval
         self._own_home = home is None  # a folder made here is removed by close()
@@ -488,22 +491,49 @@ class LocalDeployment:
         self.close()
 
     def start(self) -> None:
-        """Start the SuperLink, wait until it answers, then start one SuperNode per client."""
-        link = f"127.0.0.1:{self.port}"
-        self._start("superlink", ["flower-superlink", "--insecure",
+        """Start the SuperLink, wait until it answers, then start one SuperNode per client
+        (with ``tls``, each registered first)."""
+        from .flower_tls import make_certificates, make_node_auth_key
+
+        link, link_security, ca = f"127.0.0.1:{self.port}", ["--insecure"], None
+        if self.tls:
+            certs = make_certificates(self.home / "certs", ["localhost", "127.0.0.1"])
+            ca = certs["ca"]
+            link_security = ["--ssl-ca-certfile", str(ca), "--ssl-certfile", str(certs["cert"]),
+                             "--ssl-keyfile", str(certs["key"]), "--enable-supernode-auth"]
+        self._start("superlink", ["flower-superlink", *link_security,
                                   "--disable-runtime-dependency-installation",
                                   "--host", "127.0.0.1", "--port", str(self.port)])
-        _wait_http(f"http://{link}/health", self.start_timeout, self.home / "superlink.log")
+        _wait_http(f"{'https' if ca else 'http'}://{link}/health", self.start_timeout,
+                   self.home / "superlink.log", ca)
+        security = f'root-certificates = "{ca}"' if ca else "insecure = true"
+        (self.home / "config.toml").write_text(
+            f'[superlink]\ndefault = "local"\n\n[superlink.local]\naddress = "{link}"\n'
+            f"{security}\n")
         for client in self.clients:
             config = {**self.node_config.get(client, {}), "client-id": client}
             path = self.home / f"node-{client}.toml"
             _write_toml(path, config)
-            self._start(client, ["flower-supernode", "--insecure", "--superlink", link,
+            node_security = ["--insecure"]
+            if ca:
+                (self.home / f"auth-{client}").mkdir()
+                key, public = make_node_auth_key(self.home / f"auth-{client}")
+                self._flwr("supernode", "register", str(public), "local")
+                node_security = ["--root-certificates", str(ca),
+                                 "--auth-supernode-private-key", str(key)]
+            self._start(client, ["flower-supernode", *node_security, "--superlink", link,
                                  "--host", "127.0.0.1", "--port", str(_free_port()),
                                  "--node-config", str(path)])
-        (self.home / "config.toml").write_text(
-            f'[superlink]\ndefault = "local"\n\n[superlink.local]\naddress = "{link}"\n'
-            f"insecure = true\n")
+
+    def _flwr(self, *args: str) -> str:
+        """Run the ``flwr`` command with ``args`` against this deployment; its output."""
+        done = subprocess.run([str(self._bin / "flwr"), *args], env=self.env,
+                              capture_output=True, text=True, cwd=self.home,
+                              timeout=self.start_timeout)
+        if done.returncode:
+            raise ConfigError(f"flwr {args[0]} failed ({done.returncode}): "
+                              f"{(done.stdout + done.stderr)[-2000:]}")
+        return done.stdout
 
     def _start(self, name: str, command: list[str]) -> None:
         log = (self.home / f"{name}.log").open("w")
@@ -518,12 +548,7 @@ class LocalDeployment:
         out = self.home / f"result-{self._runs}.json"
         write_app(app, self.server_main, self.serve, dict(run_config or {}), out,
                   self.pull_interval, self.admit)
-        done = subprocess.run([str(self._bin / "flwr"), "run", str(app), "local"],
-                              env=self.env, capture_output=True, text=True, cwd=self.home,
-                              timeout=self.start_timeout)
-        if done.returncode:
-            raise ConfigError(f"flwr run failed ({done.returncode}): "
-                              f"{(done.stdout + done.stderr)[-2000:]}")
+        self._flwr("run", str(app), "local")
         return out
 
     def wait(self, out: Path, timeout: float) -> Any:
@@ -609,11 +634,13 @@ def _free_port() -> int:
         return probe.getsockname()[1]
 
 
-def _wait_http(url: str, seconds: float, log: Path) -> None:
+def _wait_http(url: str, seconds: float, log: Path, ca: Path | None = None) -> None:
+    """Wait until ``url`` answers (over TLS trusting ``ca`` when given)."""
+    context = None if ca is None else ssl.create_default_context(cafile=str(ca))
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
         try:
-            with urllib.request.urlopen(url, timeout=1):
+            with urllib.request.urlopen(url, timeout=1, context=context):
                 return
         except OSError:
             time.sleep(0.2)

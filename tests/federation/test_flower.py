@@ -199,7 +199,7 @@ def test_local_deployment_survives_a_killed_supernode(tmp_path):
     pause = tmp_path / "pause"
     pause.mkdir()
     with flower.LocalDeployment("tests.federation.flower_toy:deployed", SERVE, CLIENTS,
-                                home=str(tmp_path / "flwr")) as deployment:
+                                home=str(tmp_path / "flwr"), tls=True) as deployment:
         out = deployment.submit({"timeout": 45.0, "clients": 3, "pause": str(pause)})
         _wait_for(pause / "ready", out, 500)
         deployment.kill("client-2")
@@ -208,6 +208,8 @@ def test_local_deployment_survives_a_killed_supernode(tmp_path):
         started = [pid for p in deployment.processes.values()
                    for pid in (*flower._descendants(p.pid), p.pid)]
     assert not [pid for pid in started if flower._alive(pid)], "a Flower process outlived it"
+    link = (tmp_path / "flwr" / "superlink.log").read_text()  # TLS and node auth were on
+    assert "--insecure" not in link and "SuperNode authentication is disabled" not in link
     assert result["nodes"] == CLIENTS
     *before, last = result["results"]
     for i, call in enumerate(before):
