@@ -151,7 +151,7 @@ def test_a_raising_node_gives_none_and_the_others_answer(simulated):
     assert "client-2" not in simulated.errors
 
 
-def test_a_timeout_gives_none_without_waiting_for_the_late_node(simulated):
+def test_a_timeout_gives_none_without_waiting_for_the_late_node(simulated, caplog):
     started = time.perf_counter()
     replies = simulated.call({"client-1": b"a", "client-2": b"sleep:2.5|", "client-3": b"c"}, 0.5)
     waited = time.perf_counter() - started
@@ -159,6 +159,8 @@ def test_a_timeout_gives_none_without_waiting_for_the_late_node(simulated):
     # why, as far as Flower says: the node is still connected, its ClientApp was late
     assert simulated.errors["client-2"].startswith(
         "no reply within 0.5 s: the SuperLink lists it connected")
+    # and the server's log says so (a deployment's flwr log / flwr run --stream shows it)
+    assert "client-2 gave no query.secureffm reply: no reply within 0.5 s" in caplog.text
     assert [opened(c, replies[c])[2] for c in ("client-1", "client-3")] == [b"a", b"c"]
     time.sleep(2.5)  # the late reply arrives now; the next call must not take it for its own
     again = _opened(simulated.call({c: c.encode() for c in CLIENTS}, 60.0))
