@@ -4,8 +4,8 @@ processes through Flower.
 :func:`main` is what the ServerApp runs (:func:`secureffm.federation.flower.make_server_app`):
 it reads the run's config and the keys folder from the Flower run config, loads only the
 server's own key file and the pinned registry, learns which Flower node is which client
-(``hello``), and runs :func:`secureffm.runs.ffm.run_ffm` (for a DCFM method
-:func:`secureffm.runs.dcfm.run_dcfm`, for a FedWAD run :func:`secureffm.runs.fedwad.run_fedwad`)
+(``hello``), and runs the runner of the method's family (:func:`secureffm.runs.ffm.run_ffm`,
+:func:`secureffm.runs.dcfm.run_dcfm`; for a FedWAD run :func:`secureffm.runs.fedwad.run_fedwad`)
 over a :class:`~secureffm.federation.remote.RemoteTransport`. It holds no client data and no client
 key. :func:`run_on_flower` provisions fresh keys and runs the whole federation on Flower's
 simulation engine from this process (what ``secureffm run --engine flower`` does), each
@@ -18,9 +18,10 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
-from ..config import DCFM_METHODS, RunConfig
+from ..config import RunConfig
 from ..data.silo import CLIENT_DATA
 from ..errors import ConfigError
+from ..families import family_of
 from ..federation.keyfiles import load_party_keys, load_registry, provision
 from ..federation.log import MessageLog
 from ..federation.message import SERVER
@@ -28,9 +29,7 @@ from ..federation.parties import ClientInfo, Party, SecretStreams
 from ..federation.remote import RemoteTransport
 from ..protocols.channel import ProtectedChannel
 from ..protocols.protocol import Protocol
-from .dcfm import run_dcfm
 from .fedwad import FedWADRun, FedWADRunResult, fedwad_folder, run_fedwad
-from .ffm import run_ffm
 from .flower_node import KEYS_KEY, client_ids, config_of, run_config_of
 from .flower_policy import policy_of, write_policy
 from .scaffold import JOURNALS_DIR, RunResult, pin_message, run_folder
@@ -41,13 +40,15 @@ __all__ = ["main", "flower_channel", "remote_channel", "run_on_flower", "client_
 def remote_channel(calls, config: RunConfig | FedWADRun, keys: str | Path, protocol: Protocol,
                    log: MessageLog, size: int) -> ProtectedChannel:
     """The server's channel to the clients behind ``calls`` (a FlowerCalls): the server's own
-    keys from ``keys``, the registry it pins, every expected client answering ``hello``;
+    keys from ``keys``, the registry it pins (given to ``calls``, which lets a restarted
+    client rejoin on a hello it signs), every expected client answering ``hello``;
     ``size``: the nominal shard size the server knows each client by."""
     expected = client_ids(config.clients)
     found = calls.hello(config.phase_timeout, len(expected))
     if sorted(found) != sorted(expected):
         raise ConfigError(_not_found(found, expected, calls.errors))
     registry = load_registry(keys)
+    calls.registry = registry  # from now on a client may rejoin from a new node, signed
     identity, sealing = load_party_keys(keys, SERVER)
     server = Party(SERVER, identity=identity, sealing=sealing,
                    streams=SecretStreams(SERVER, config.deterministic_seed))
@@ -76,8 +77,8 @@ def flower_channel(calls, config: RunConfig, keys: str | Path, protocol: Protoco
                    log: MessageLog) -> ProtectedChannel:
     """:func:`remote_channel` for an FFM-family run, whose clients the server weights by the
     run's nominal shard size."""
-    if (config.partition == "dirichlet" and config.weighting == "size" and not any(
-            stage.name == "dp" or stage.role == "aggregate" for stage in protocol.stages)):
+    if (config.partition == "dirichlet" and config.weighting == "size"
+            and protocol.dp is None and not any(s.role == "aggregate" for s in protocol.stages)):
         raise ConfigError("on Flower the server weights clients by the run's nominal shard "
                           "size (it never sees a shard), which a dirichlet partition does not "
                           "give: use weighting = 'uniform' or another partition")
@@ -97,8 +98,7 @@ def main(calls, run_config: dict) -> dict:
     def connect(protocol: Protocol, log: MessageLog) -> ProtectedChannel:
         return flower_channel(calls, config, run_config[KEYS_KEY], protocol, log)
 
-    runner = run_dcfm if config.method in DCFM_METHODS else run_ffm
-    result = runner(config, connect=connect)
+    result = family_of(config.method).run(config, connect)
     print(pin_message(result.out, result.pin, config.pin_to), flush=True)  # flwr log shows it
     return {"out": str(result.out), "metrics": result.metrics, "pin": result.pin}
 
