@@ -58,11 +58,11 @@ from .scaffold import (
     check_pin_path,
     load_checkpoint,
     open_channel,
-    prepare_run_folder,
     record_pin,
     resolve_dp,
     run_folder,
     save_checkpoint,
+    starting_run_folder,
 )
 
 __all__ = ["ConditionalData", "DataFacts", "conditional_data", "public_facts",
@@ -411,33 +411,34 @@ def run_dcfm(config: RunConfig, connect: Connect | None = None) -> RunResult:
     device = resolve_device(config.device)
     out = run_folder(config)
     check_pin_path(out, config.pin_to)
-    prepare_run_folder(out, config.overwrite)
-    write_config(config, out / "config.toml")
-    data = conditional_data(config) if connect is None else None
-    facts = public_facts(config) if data is None else data.facts
-    protocol = load_protocol(config.protocol)
-    settings, dp = dcfm_settings(config, facts, protocol)
-    log = MessageLog(out / "messages.jsonl", keep_payloads=config.keep_payloads)
-    if connect is None:
-        clients = new_clients([x.to(device) for x, _ in data.shards], config.deterministic_seed)
-        for client, (_, labels) in zip(clients, data.shards, strict=True):
-            client.state["labels"] = labels.to(device)
-        faults = load_threat_model(config.threat_model) if config.threat_model else None
-        program = DCFMClient(settings, dp, [c.id for c in clients], device, config.progress)
-        channel = open_channel(protocol, clients, log, faults, config.deterministic_seed,
-                               program)
-    else:
-        channel = connect(protocol, log)
-    ledger = None
-    if dp is not None:
-        sigma = expert_noise_multiplier(settings, dp)
-        ledger = ServerLedger(dp, settings.dp_plan().rate,
-                              {c.id: sigma for c in channel.clients})
-    start = time.perf_counter()
-    try:
-        sampler, training = _train(config, settings, channel, ledger, device)
-    finally:
-        head = channel.close()
+    with starting_run_folder(out, config.overwrite) as folder:
+        write_config(config, out / "config.toml")
+        data = conditional_data(config) if connect is None else None
+        facts = public_facts(config) if data is None else data.facts
+        protocol = load_protocol(config.protocol)
+        settings, dp = dcfm_settings(config, facts, protocol)
+        log = MessageLog(out / "messages.jsonl", keep_payloads=config.keep_payloads)
+        if connect is None:
+            clients = new_clients([x.to(device) for x, _ in data.shards], config.deterministic_seed)
+            for client, (_, labels) in zip(clients, data.shards, strict=True):
+                client.state["labels"] = labels.to(device)
+            faults = load_threat_model(config.threat_model) if config.threat_model else None
+            program = DCFMClient(settings, dp, [c.id for c in clients], device, config.progress)
+            channel = open_channel(protocol, clients, log, faults, config.deterministic_seed,
+                                   program)
+        else:
+            channel = connect(protocol, log)
+        ledger = None
+        if dp is not None:
+            sigma = expert_noise_multiplier(settings, dp)
+            ledger = ServerLedger(dp, settings.dp_plan().rate,
+                                  {c.id: sigma for c in channel.clients})
+        folder.begin()  # every start-time refusal lies above
+        start = time.perf_counter()
+        try:
+            sampler, training = _train(config, settings, channel, ledger, device)
+        finally:
+            head = channel.close()
     pin = record_pin(out, head, config.pin_to)
     train_seconds = time.perf_counter() - start
     report, samples = _evaluate(config, facts, sampler, device)

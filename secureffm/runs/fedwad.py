@@ -33,7 +33,7 @@ from ..methods.fedwad_federated import FedWADClient, federated_distance, pairwis
 from ..ot import emd_cost
 from ..protocols.protocol import Protocol, load_protocol
 from ..protocols.statement import privacy_statement
-from .scaffold import check_pin_path, open_channel, prepare_run_folder, record_pin
+from .scaffold import check_pin_path, open_channel, record_pin, starting_run_folder
 
 __all__ = ["FedWADRun", "FedWADRunResult", "run_fedwad", "client_data", "fedwad_folder", "DATA",
            "Connect"]
@@ -196,42 +196,43 @@ def run_fedwad(run: FedWADRun, connect: Connect | None = None) -> FedWADRunResul
     protocol.check_protects_any(("measure", "scalar"), "FedWAD")
     out = fedwad_folder(run)
     check_pin_path(out, run.pin_to)
-    prepare_run_folder(out, run.overwrite)
-    (out / "config.toml").write_text(tomli_w.dumps(run.to_dict()))
-    log = MessageLog(out / "messages.jsonl", keep_payloads=run.keep_payloads)
-    channel = None
-    geodesic = protocol.geodesic_privacy("measure")
-    try:
-        if connect is None:
-            clients = new_clients([torch.from_numpy(x) for x in data], run.deterministic_seed)
-            channel = open_channel(protocol, clients, log,
-                                   deterministic_seed=run.deterministic_seed,
-                                   program=FedWADClient(run.fedwad, geodesic))
-            shape: dict = {"samples": [len(x) for x in data], "dim": int(data[0].shape[1])}
-        else:
-            channel = connect(protocol, log)
-            shape = {"dim": run.sample_dim}
-        ids = [c.id for c in channel.clients]
-        dim = None if connect is None else run.sample_dim
-        start = time.perf_counter()
-        result: dict = {"protocol": protocol.name, "clients": ids, **shape, "p": run.fedwad.p,
-                        "secret_randomness": secret_randomness(run.insecure_deterministic),
-                        "insecure_deterministic": run.insecure_deterministic}
-        if len(ids) == 2:
-            found = federated_distance(channel, geodesic, ids[0], ids[1], run.fedwad, dim=dim)
-            result.update(distance=found.distance, lower_bound=found.lower_bound,
-                          iterates=list(found.iterates),
-                          evaluated=list(found.evaluated), best=found.best,
-                          support=found.measure.size, accuracy=accuracy(found, run.fedwad))
-        else:
-            matrix, lower = pairwise_brackets(channel, geodesic, run.fedwad,
-                                              progress=run.progress, dim=dim)
-            result["matrix"] = matrix.tolist()
-            if lower is not None:
-                result["lower_matrix"] = lower.tolist()
-        result["seconds"] = time.perf_counter() - start
-    finally:
-        head = channel.close() if channel is not None else log.close()
+    with starting_run_folder(out, run.overwrite) as folder:
+        (out / "config.toml").write_text(tomli_w.dumps(run.to_dict()))
+        log = MessageLog(out / "messages.jsonl", keep_payloads=run.keep_payloads)
+        channel = None
+        geodesic = protocol.geodesic_privacy("measure")
+        try:
+            if connect is None:
+                clients = new_clients([torch.from_numpy(x) for x in data], run.deterministic_seed)
+                channel = open_channel(protocol, clients, log,
+                                       deterministic_seed=run.deterministic_seed,
+                                       program=FedWADClient(run.fedwad, geodesic))
+                shape: dict = {"samples": [len(x) for x in data], "dim": int(data[0].shape[1])}
+            else:
+                channel = connect(protocol, log)
+                shape = {"dim": run.sample_dim}
+            ids = [c.id for c in channel.clients]
+            folder.begin()  # every start-time refusal lies above
+            dim = None if connect is None else run.sample_dim
+            start = time.perf_counter()
+            result: dict = {"protocol": protocol.name, "clients": ids, **shape, "p": run.fedwad.p,
+                            "secret_randomness": secret_randomness(run.insecure_deterministic),
+                            "insecure_deterministic": run.insecure_deterministic}
+            if len(ids) == 2:
+                found = federated_distance(channel, geodesic, ids[0], ids[1], run.fedwad, dim=dim)
+                result.update(distance=found.distance, lower_bound=found.lower_bound,
+                              iterates=list(found.iterates),
+                              evaluated=list(found.evaluated), best=found.best,
+                              support=found.measure.size, accuracy=accuracy(found, run.fedwad))
+            else:
+                matrix, lower = pairwise_brackets(channel, geodesic, run.fedwad,
+                                                  progress=run.progress, dim=dim)
+                result["matrix"] = matrix.tolist()
+                if lower is not None:
+                    result["lower_matrix"] = lower.tolist()
+            result["seconds"] = time.perf_counter() - start
+        finally:
+            head = channel.close() if channel is not None else log.close()
     pin = record_pin(out, head, run.pin_to)
     result["messages"] = log.summary()
     if run.check_exact:

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -61,15 +60,16 @@ from .resume import ResumePoint, refuse_over_budget, resume_point
 from .round_log import CURVES_NOTE, ROUNDS_FILE, RoundLog
 from .scaffold import (
     CHECKPOINT,
+    SAMPLES_DIR,
     RunResult,
     check_pin_path,
     load_checkpoint,
     open_channel,
-    prepare_run_folder,
     record_pin,
     resolve_dp,
     run_folder,
     save_checkpoint,
+    starting_run_folder,
 )
 from .silo import (
     UNACCOUNTED_EVALUATION,
@@ -92,7 +92,6 @@ EVALUATOR = 1_000_000  # party index of the evaluator's generator (outside the f
 FLOOR = EVALUATOR + 1  # the evaluator's second target sample (the i.i.d. floor of W2)
 
 
-SAMPLES_DIR = "samples"  # the periodic sample grids of an image run
 GRID = 64  # images per sample grid (8 x 8)
 
 
@@ -254,77 +253,76 @@ def run_ffm(config: RunConfig, connect: Connect | None = None) -> RunResult:
     resumed = resume_point(config, device) if config.resume else None  # before any reset
     if resumed is not None:
         config = resumed.config(config)
-    if config.images and config.overwrite:
-        shutil.rmtree(out / SAMPLES_DIR, ignore_errors=True)
-    prepare_run_folder(out, config.overwrite)
-    write_config(config, out / "config.toml")
-    torch.manual_seed(config.seed)  # network initialisation only; parties use their generators
-    log = MessageLog(out / "messages.jsonl", keep_payloads=config.keep_payloads)
-    trainer, progress, board = None, _Progress(config), Board(out)
-    try:
-        pair, shards, trainer = build_run(config, device, log, connect, out)
-        first = 1
-        if resumed is not None:
-            trainer.load_state_dict(resumed.checkpoint["state"], resumed.round, resumed.charged)
-            first = resumed.round + 1
-            progress.completed = resumed.round
-        periodic = (_Periodic(config, out, pair, trainer, device, progress) if config.images
-                    else None)
-        curves: dict[str, list[list[float]]] = {"loss": [], "dual": []}
-        rounds = RoundLog()
-        aborted = 0
-        every = max(1, config.rounds // 200)
-        last = config.rounds
-        if isinstance(trainer, FederatedFlowMatching) and resumed is not None:
-            refuse_over_budget(trainer, resumed, trainer.rounds_within_budget(first), last)
-        elif isinstance(trainer, FederatedFlowMatching):
-            trainer.refuse_overspending()
-        start = time.perf_counter()
-        bar = progress_bar(range(first, last + 1), desc=f"{config.method} rounds",
-                           disable=not config.progress, unit="round", dynamic_ncols=True)
-        for round_ in bar:
-            progress.in_round = round_
-            report = trainer.train_round(round_)
-            seen = report.diagnostics
-            rounds.add(round_, report.aborted, seen)
-            board.round(round_, {k: v for k, v in rounds.rows[-1].items() if k != "round"})
-            aborted += report.aborted
-            if round_ % every == 0 or round_ == last:
-                if "loss" in seen:
-                    curves["loss"].append([round_, seen["loss"]])
-                postfix = {**{k: f"{v:.3f}" for k, v in seen.items()}, "aborted": aborted}
+    with starting_run_folder(out, config.overwrite) as folder:
+        write_config(config, out / "config.toml")
+        torch.manual_seed(config.seed)  # network initialisation only; parties use their generators
+        log = MessageLog(out / "messages.jsonl", keep_payloads=config.keep_payloads)
+        trainer, progress, board = None, _Progress(config), Board(out)
+        try:
+            pair, shards, trainer = build_run(config, device, log, connect, out)
+            first = 1
+            if resumed is not None:
+                trainer.load_state_dict(resumed.checkpoint["state"], resumed.round, resumed.charged)
+                first = resumed.round + 1
+                progress.completed = resumed.round
+            periodic = (_Periodic(config, out, pair, trainer, device, progress) if config.images
+                        else None)
+            curves: dict[str, list[list[float]]] = {"loss": [], "dual": []}
+            rounds = RoundLog()
+            aborted = 0
+            every = max(1, config.rounds // 200)
+            last = config.rounds
+            if isinstance(trainer, FederatedFlowMatching) and resumed is not None:
+                refuse_over_budget(trainer, resumed, trainer.rounds_within_budget(first), last)
+            elif isinstance(trainer, FederatedFlowMatching):
+                trainer.refuse_overspending()
+            folder.begin()  # every start-time refusal lies above
+            start = time.perf_counter()
+            bar = progress_bar(range(first, last + 1), desc=f"{config.method} rounds",
+                               disable=not config.progress, unit="round", dynamic_ncols=True)
+            for round_ in bar:
+                progress.in_round = round_
+                report = trainer.train_round(round_)
+                seen = report.diagnostics
+                rounds.add(round_, report.aborted, seen)
+                board.round(round_, {k: v for k, v in rounds.rows[-1].items() if k != "round"})
+                aborted += report.aborted
+                if round_ % every == 0 or round_ == last:
+                    if "loss" in seen:
+                        curves["loss"].append([round_, seen["loss"]])
+                    postfix = {**{k: f"{v:.3f}" for k, v in seen.items()}, "aborted": aborted}
+                    if periodic is not None:
+                        postfix["img/s"] = f"{periodic.images_per_second(round_ - first + 1):.0f}"
+                    bar.set_postfix(postfix, refresh=False)  # drawn at the next redraw
+                if "dual" in seen:
+                    curves["dual"].append([round_, seen["dual"]])
                 if periodic is not None:
-                    postfix["img/s"] = f"{periodic.images_per_second(round_ - first + 1):.0f}"
-                bar.set_postfix(postfix, refresh=False)  # drawn at the next redraw
-            if "dual" in seen:
-                curves["dual"].append([round_, seen["dual"]])
-            if periodic is not None:
-                periodic(round_)
-            progress.in_round, progress.completed = None, round_
-        train_seconds = time.perf_counter() - start
-        table = None
-        if config.data in SILO_DATA:  # where the data lives, before the log closes
-            started = time.perf_counter()
-            table = {"clients": evaluate_on_silos(trainer.channel, trainer.velocity.averaged,
-                                                  last + 1)}
-            if config.data == CLIENT_DATA:
-                table.update(schema={"path": config.schema,
-                                     "digest": Schema.load(config.schema).digest()},
-                             synthetic_rows=config.eval_samples)
-            else:
-                table.update(image_shape=list(folder_shape(config)),
-                             synthetic_images=config.eval_samples)
-            table.update(nfe=table_nfe(config), seconds=time.perf_counter() - started)
-    except BaseException as error:
-        with signals_held():  # a second Ctrl-C must not cut the wrap-up short
-            try:
-                stop = progress.stop(out, trainer, error, resumed)
-            finally:
-                _close_log(log, trainer)
-                board.close()
-        if stop is error:
-            raise
-        raise stop from None
+                    periodic(round_)
+                progress.in_round, progress.completed = None, round_
+            train_seconds = time.perf_counter() - start
+            table = None
+            if config.data in SILO_DATA:  # where the data lives, before the log closes
+                started = time.perf_counter()
+                table = {"clients": evaluate_on_silos(trainer.channel, trainer.velocity.averaged,
+                                                      last + 1)}
+                if config.data == CLIENT_DATA:
+                    table.update(schema={"path": config.schema,
+                                         "digest": Schema.load(config.schema).digest()},
+                                 synthetic_rows=config.eval_samples)
+                else:
+                    table.update(image_shape=list(folder_shape(config)),
+                                 synthetic_images=config.eval_samples)
+                table.update(nfe=table_nfe(config), seconds=time.perf_counter() - started)
+        except BaseException as error:
+            with signals_held():  # a second Ctrl-C must not cut the wrap-up short
+                try:
+                    stop = progress.stop(out, trainer, error, resumed)
+                finally:
+                    _close_log(log, trainer)
+                    board.close()
+            if stop is error:
+                raise
+            raise stop from None
     head = _close_log(log, trainer)
     pin = record_pin(out, head, config.pin_to)
     started = time.perf_counter()

@@ -7,8 +7,10 @@ and writes the folder through these functions; the CLI only parses arguments.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,7 +32,8 @@ from ..protocols.channel import ProtectedChannel
 from ..protocols.protocol import Protocol
 from .tensorboard import TENSORBOARD_DIR
 
-__all__ = ["RunResult", "run_folder", "prepare_run_folder", "RUN_ARTIFACTS", "JOURNALS_DIR",
+__all__ = ["RunResult", "run_folder", "prepare_run_folder", "starting_run_folder", "RunStart",
+           "SAMPLES_DIR", "RUN_ARTIFACTS", "JOURNALS_DIR",
            "CHECKPOINT", "load_checkpoint", "save_checkpoint", "check_pin_path", "record_pin",
            "pin_message", "resolve_dp", "open_channel"]
 
@@ -56,6 +59,7 @@ def run_folder(config: RunConfig) -> Path:
     return Path("runs") / f"{config.method}-{protocol}-{config.data}-s{config.seed}"
 
 
+SAMPLES_DIR = "samples"  # the periodic sample grids of an image run
 # The clients' own journals, when they run on this machine's Flower simulation engine.
 JOURNALS_DIR = "journals"
 # Files a run writes into its folder; --overwrite removes exactly these (and JOURNALS_DIR)
@@ -66,10 +70,7 @@ RUN_ARTIFACTS = ("config.toml", "metrics.json", "metrics.csv", "result.json", "p
                  "canaries.safetensors")
 
 
-def prepare_run_folder(out: Path, overwrite: bool) -> Path:
-    """Create ``out`` for a new run. A folder that already holds files is refused (a new run
-    would mix its files with an old run's, e.g. a privacy.json the new run does not write)
-    unless ``overwrite``, which first deletes the :data:`RUN_ARTIFACTS` found there."""
+def _check_folder(out: Path, overwrite: bool) -> None:
     if out.exists() and not out.is_dir():
         raise ConfigError(f"out = {str(out)!r} is a file; give a folder for the run")
     present = sorted(p.name for p in out.iterdir()) if out.is_dir() else []
@@ -77,12 +78,80 @@ def prepare_run_folder(out: Path, overwrite: bool) -> Path:
         raise ConfigError(f"run folder {str(out)!r} is not empty (it holds {', '.join(present[:4])}"
                           f"{', ...' if len(present) > 4 else ''}); pass --overwrite to replace "
                           "the previous run's files, or choose another --out")
-    for name in RUN_ARTIFACTS:
-        (out / name).unlink(missing_ok=True)
-    shutil.rmtree(out / JOURNALS_DIR, ignore_errors=True)
-    shutil.rmtree(out / TENSORBOARD_DIR, ignore_errors=True)
+
+
+def prepare_run_folder(out: Path, overwrite: bool) -> Path:
+    """Create ``out`` for a new run. A folder that already holds files is refused (a new run
+    would mix its files with an old run's, e.g. a privacy.json the new run does not write)
+    unless ``overwrite``, which first deletes the :data:`RUN_ARTIFACTS` found there."""
+    _check_folder(out, overwrite)
+    for name in _REPLACED:
+        _remove(out / name)
     out.mkdir(parents=True, exist_ok=True)
     return out
+
+
+# What --overwrite replaces: the run's files and folders.
+_REPLACED = (*RUN_ARTIFACTS, JOURNALS_DIR, TENSORBOARD_DIR, SAMPLES_DIR)
+# Where a starting run keeps the previous run's files until its first round begins.
+_ASIDE = ".replaced-by-starting-run"
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    else:
+        path.unlink(missing_ok=True)
+
+
+class RunStart:
+    """A run folder during its run's start; the runner calls :meth:`begin` as its first round
+    begins (every start-time refusal, e.g. the budget's, lies before)."""
+
+    def __init__(self) -> None:
+        self.begun = False
+
+    def begin(self) -> None:
+        """The start is over: a later failure keeps the folder (its log, privacy.json)."""
+        self.begun = True
+
+
+@contextlib.contextmanager
+def starting_run_folder(out: Path, overwrite: bool) -> Iterator[RunStart]:
+    """:func:`prepare_run_folder`, undone when the block raises before :meth:`RunStart.begin`:
+    a refused start (too few labels for the clients, a budget that does not fit, ...) leaves no
+    folder behind, or, under ``overwrite``, the folder exactly as it was (the previous run's
+    files are set aside until the first round, then deleted)."""
+    _check_folder(out, overwrite)
+    made = next((p for p in reversed((out, *out.parents)) if not p.exists()), None)
+    out.mkdir(parents=True, exist_ok=True)
+    aside = out / _ASIDE
+    _remove(aside)  # left by a start that was killed: part of no run
+    kept = [name for name in _REPLACED if (out / name).exists() or (out / name).is_symlink()]
+    if kept:
+        aside.mkdir()
+        for name in kept:
+            (out / name).rename(aside / name)
+    before = {p.name for p in out.iterdir()}
+    start = RunStart()
+    try:
+        yield start
+    except BaseException:
+        if not start.begun:
+            for path in out.iterdir():
+                if path.name not in before:
+                    _remove(path)
+            for name in kept:
+                (aside / name).rename(out / name)
+            _remove(aside)
+            if made is not None:
+                for path in (out, *out.parents):
+                    path.rmdir()
+                    if path == made:
+                        break
+        raise
+    finally:
+        _remove(aside)
 
 
 def save_checkpoint(path: Path, content: dict) -> None:
