@@ -36,7 +36,8 @@ def run(config: RunConfig):
     from .preflight import preflight
     from .summary import add_summary
 
-    preflight(config)  # before any file is written: a failed start leaves no folder behind
+    # before any file is written; a start refused later is undone (scaffold.starting_run_folder)
+    preflight(config)
     torch.set_num_threads(config.threads)
     if config.engine == "flower":
         from .flower_server import run_on_flower  # Flower is an optional extra

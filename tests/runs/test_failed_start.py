@@ -15,6 +15,7 @@ from secureffm.cli import main as cli_main
 from secureffm.config import RunConfig
 from secureffm.errors import BudgetError, DataError, ProtocolError, SecureFFMError
 from secureffm.runs import run
+from secureffm.runs.preflight import preflight
 from secureffm.runs.scaffold import RUN_ARTIFACTS
 
 _SMALL = dict(method="vanilla", rounds=2, shard_size=100, batch_size=16, hidden=16,
@@ -104,3 +105,15 @@ def test_a_failure_after_the_first_round_began_keeps_the_folder(tmp_path, monkey
         run(RunConfig(**{**_SMALL, "out": str(out)}))
     assert {"config.toml", "messages.jsonl", "parties.json", "privacy.json"} <= {
         p.name for p in out.iterdir()}
+
+
+def test_too_few_label_groups_are_refused_before_the_run_folder_is_made(tmp_path):
+    """The reported case is refused by the preflight, which writes nothing: a disjoint split of
+    2 label groups (the moons) over 3 clients, also with clients = 9 on 8 gaussians."""
+    for data, clients, groups in (("gaussian-moons", 3, 2), ("gaussian-8gaussians", 9, 8)):
+        config = RunConfig(**{**_SMALL, "data": data, "clients": clients,
+                              "out": str(tmp_path / "run")})
+        with pytest.raises(DataError, match=f"{groups} label group"):
+            preflight(config)
+        preflight(RunConfig(**{**_SMALL, "data": data, "clients": groups}))
+    assert not (tmp_path / "run").exists()
