@@ -316,7 +316,8 @@ def run_ffm(config: RunConfig, connect: Connect | None = None) -> RunResult:
         except BaseException as error:
             with signals_held():  # a second Ctrl-C must not cut the wrap-up short
                 try:
-                    stop = progress.stop(out, trainer, error, resumed)
+                    stop = (progress.stop(out, trainer, error, resumed) if folder.begun else
+                            _stopped_start(error))
                 finally:
                     _close_log(log, trainer)
                     board.close()
@@ -418,6 +419,15 @@ def _evaluate(config: RunConfig, out: Path, pair, shards, trainer, device: torch
                 floor=(report.iid_floor, config.eval_samples))
     return RunResult(out, metrics, pin)
 
+
+def _stopped_start(error: BaseException) -> BaseException:
+    """What to raise when ``error`` stopped the run before its first round: the folder is then
+    undone whole (:func:`~.scaffold.starting_run_folder`), so there is no privacy.json to write;
+    a one-line :class:`RunInterrupted` for Ctrl-C and SIGTERM."""
+    if not isinstance(error, KeyboardInterrupt):
+        return error
+    return RunInterrupted(f"interrupted ({cause_of(error)}) before the first round: nothing was "
+                          "released and the run folder was left as it was; run the command again")
 
 class _Progress:
     """Where training stands, for a stop part way: the round in progress (None between

@@ -13,7 +13,13 @@ import pytest
 
 from secureffm.cli import main as cli_main
 from secureffm.config import RunConfig
-from secureffm.errors import BudgetError, DataError, ProtocolError, SecureFFMError
+from secureffm.errors import (
+    BudgetError,
+    DataError,
+    ProtocolError,
+    RunInterrupted,
+    SecureFFMError,
+)
 from secureffm.runs import run
 from secureffm.runs.preflight import preflight
 from secureffm.runs.scaffold import RUN_ARTIFACTS
@@ -30,7 +36,7 @@ REFUSALS = {
         dict(partition="dirichlet", dirichlet_alpha=0.01, clients=6, batch_size=64),
         DataError, "fewer than the batch size"),
     "budget past the target epsilon": (
-        dict(protocol="dp", target_epsilon=1.0, noise_multiplier=0.5, rounds=400),
+        dict(protocol="dp", target_epsilon=1.0, noise_multiplier=0.5, rounds=50),
         BudgetError, "past the target 1 .*raise the noise multiplier or the target epsilon"),
     "protocol stage invalid for the federation": (
         dict(protocol="he", clients=1), ProtocolError, "at least 2 clients"),
@@ -90,6 +96,20 @@ def test_the_cli_refuses_too_few_labels_for_the_clients_and_the_rerun_is_not_blo
     assert cli_main([*args, "--clients", "2"]) == 0
     assert (out / "messages.jsonl").is_file()
 
+
+def test_a_ctrl_c_during_the_start_leaves_no_run_folder(tmp_path, monkeypatch):
+    """Adversary: none; the user who stops a long start (the DP calibration before round 1)
+    with Ctrl-C: nothing was released, so no folder, log or privacy.json stays behind."""
+    from secureffm.methods.ffm import FederatedFlowMatching
+
+    def calibrating(self):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(FederatedFlowMatching, "refuse_overspending", calibrating)
+    out = tmp_path / "run"
+    with pytest.raises(RunInterrupted, match=r"\(SIGINT\) before the first round: nothing was"):
+        run(RunConfig(**{**_SMALL, "protocol": "dp", "target_epsilon": 1.0, "out": str(out)}))
+    assert not out.exists()
 
 def test_a_failure_after_the_first_round_began_keeps_the_folder(tmp_path, monkeypatch):
     """The cleanup covers the start only: a run stopped part way keeps its closed log and
