@@ -187,8 +187,9 @@ def test_resume_counts_every_released_round_and_refuses_to_exceed_the_target(
                          out=str(tmp_path / "second")))
     fit = int(re.search(r"--rounds (\d+)", str(refused.value)).group(1))
     assert 2 <= fit < 6
+    assert not (tmp_path / "second").exists()  # the refused continuation left no folder
     second = run(small_config(**{**TINY, "rounds": fit}, resume=str(first),
-                              out=str(tmp_path / "second"), overwrite=True))
+                              out=str(tmp_path / "second")))
     out = second.out
     assert second.metrics["resumed_from"]["round"] == 2
     assert _charged_steps(out) == 3 + (fit - 2)  # the 3 released before, then rounds 3..fit
