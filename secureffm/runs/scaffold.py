@@ -83,7 +83,9 @@ def _check_folder(out: Path, overwrite: bool) -> None:
 def prepare_run_folder(out: Path, overwrite: bool) -> Path:
     """Create ``out`` for a new run. A folder that already holds files is refused (a new run
     would mix its files with an old run's, e.g. a privacy.json the new run does not write)
-    unless ``overwrite``, which first deletes the :data:`RUN_ARTIFACTS` found there."""
+    unless ``overwrite``, which first deletes the :data:`RUN_ARTIFACTS` and the journals,
+    tensorboard and samples folders found there (:func:`starting_run_folder` keeps them until
+    the new run's first round)."""
     _check_folder(out, overwrite)
     for name in _REPLACED:
         _remove(out / name)
@@ -126,7 +128,7 @@ def starting_run_folder(out: Path, overwrite: bool) -> Iterator[RunStart]:
     made = next((p for p in reversed((out, *out.parents)) if not p.exists()), None)
     out.mkdir(parents=True, exist_ok=True)
     aside = out / _ASIDE
-    _remove(aside)  # left by a start that was killed: part of no run
+    _remove(aside)  # a killed start's: files of a run that --overwrite replaces
     kept = [name for name in _REPLACED if (out / name).exists() or (out / name).is_symlink()]
     if kept:
         aside.mkdir()
