@@ -102,6 +102,7 @@ from .endpoint import SESSIONS, Step, client_action
 from .key_batch import PROOF_FIELDS, KeyBatch, check_proof, commit, field_length_ok
 from .link import Call, Link, broadcast_digest, silence
 from .masking import as_vector, masked_payload, parse_masked, unmask_sum
+from .neighbourhood import TOLERANCE_KEYS, Tolerance, check_degree, degree_for, tolerance_from_table
 from .prg import word_dtype
 from .quantize import Quantizer
 from .registry import check_protects, check_table, register_stage
@@ -135,7 +136,7 @@ MALICIOUS_PHASES = ("advertise_keys", "keys", "share_keys", "shares", "masked_in
 EPOCH_MALICIOUS_PHASES = EPOCH_PHASES[:5] + MALICIOUS_PHASES[5:]
 ADVERSARIES = ("malicious", "semi-honest")
 _KEYS = {"stage", "protects", "threshold", "neighbours", "clip", "levels", "bits", "adversary",
-         "setup", "key_batch"}
+         "setup", "key_batch"} | TOLERANCE_KEYS
 _SURVIVOR_STATEMENT = b"secureffm/secagg/survivors/v1"
 _MASK, _CHANNEL = b"mask-seed", b"share-channel"
 # A client's confirmation of what it saw (malicious variant): its Ed25519 signature of the
@@ -451,7 +452,7 @@ class _ClientSession:
             raise MessageError("the keys message lacks a 32-byte graph_seed and a u1 list of "
                                "distinct client ids holding this client")
         self.graph = hashlib.sha256(seed + u1).digest()
-        graph = harary_neighbours(ids, self.stage.neighbours,
+        graph = harary_neighbours(ids, self.stage.degree(len(ids)),
                                   random.Random(int.from_bytes(seed, "big")))
         return graph[self.id]
 
@@ -647,7 +648,9 @@ class SecAggStage:
 
     ``threshold``: shares needed to rebuild a secret, an integer or a fraction of |S(u)|.
     ``neighbours``: 0 masks with every other client (Bonawitz), k > 0 with k random
-    neighbours (SecAgg+). ``clip``, ``levels``, ``bits``: the quantizer of each input x_u.
+    neighbours (SecAgg+), None with as many as Bell et al.'s bound gives ``tolerance``
+    (the spec's ``corrupt`` and ``dropout`` fractions; neighbourhood.py). ``clip``,
+    ``levels``, ``bits``: the quantizer of each input x_u.
     ``key_batch`` (malicious variant, per-round set-up): rounds of keys a client signs at once
     (key_batch.py; 1 signs every round's).
     """
@@ -656,9 +659,9 @@ class SecAggStage:
     role = "aggregate"
     can_protect = frozenset({"gradient", "dual_update", "update", "scalar"})
 
-    def __init__(self, protects: tuple[str, ...], threshold: float, neighbours: int,
+    def __init__(self, protects: tuple[str, ...], threshold: float, neighbours: int | None,
                  quantizer: Quantizer, adversary: str = "malicious", setup: str = "per-round",
-                 key_batch: int = KEY_BATCH):
+                 key_batch: int = KEY_BATCH, tolerance: Tolerance | None = None):
         self.protects = protects
         self.threshold = threshold
         self.neighbours = neighbours
@@ -666,6 +669,7 @@ class SecAggStage:
         self.adversary = adversary
         self.setup = setup
         self.key_batch = key_batch
+        self.tolerance = tolerance
 
     @property
     def phases(self) -> tuple[str, ...]:
@@ -684,6 +688,9 @@ class SecAggStage:
         consistency round, so a server that tells clients different ones is caught)."""
         q = self.quantizer
         values = [self.threshold, self.neighbours, q.clip, q.levels, q.bits, self.adversary]
+        if self.tolerance:
+            t = self.tolerance
+            values += [t.corrupt, t.dropout, t.security, t.correctness]
         return json.dumps(values + (["once"] if self.setup == "once" else [])).encode()
 
     @classmethod
@@ -701,8 +708,8 @@ class SecAggStage:
                                 "(shares needed) or a fraction in (0.5, 1] of each share group: "
                                 "at half or below, a server that tells two halves of the group "
                                 "different survivor lists collects both secrets of a client")
-        neighbours = table.get("neighbours", 0)
-        if not isinstance(neighbours, int) or neighbours < 0:
+        neighbours = table.get("neighbours", None if TOLERANCE_KEYS & set(table) else 0)
+        if neighbours is not None and (not isinstance(neighbours, int) or neighbours < 0):
             raise ProtocolError(f"{source}: neighbours = {neighbours!r}; give 0 (all clients) "
                                 "or a positive number of neighbours (SecAgg+; odd is rounded up)")
         try:
@@ -731,13 +738,20 @@ class SecAggStage:
             raise ProtocolError(f"{source}: key_batch = {key_batch!r}; give a power of two from "
                                 "1 (every round's keys signed on their own) to 1024 (rounds "
                                 "of keys a client signs at once)")
-        return cls(protects, threshold, neighbours, quantizer, adversary, setup, key_batch)
+        tolerance = tolerance_from_table(table, adversary == "malicious", where)
+        return cls(protects, threshold, neighbours, quantizer, adversary, setup, key_batch,
+                   tolerance)
 
     # -- parameters ------------------------------------------------------------------------
 
+    def degree(self, clients: int) -> int:
+        """k, the neighbours each of ``clients`` clients gets (0: all others)."""
+        return degree_for(clients, self.neighbours, self.tolerance, self.shares_needed)
+
     def group_size(self, clients: int) -> int:
         """|S(u)|: a client's neighbours plus itself."""
-        k = self.neighbours + (self.neighbours % 2)
+        k = self.degree(clients)
+        k += k % 2
         return clients if k <= 0 or k >= clients - 1 else k + 1
 
     def shares_needed(self, group: int) -> int:
@@ -762,6 +776,7 @@ class SecAggStage:
                 f"threshold = {self.threshold!r} needs {needed} shares but each client shares "
                 f"among {group} parties ({clients} clients, neighbours = {self.neighbours}); "
                 f"lower threshold to at most {group} or raise neighbours")
+        check_degree(clients, self.neighbours, self.tolerance, self.shares_needed)
         self.quantizer.check(clients)
 
     @staticmethod
@@ -840,7 +855,7 @@ class SecAggStage:
         link = r.link
         r.graph_seed = link.parties[SERVER].streams.seed_for(
             "protocol", 256, link.round, link.kind, "graph").to_bytes(32, "big")
-        r.graph = harary_neighbours(u1, self.neighbours,
+        r.graph = harary_neighbours(u1, self.degree(len(u1)),
                                     random.Random(int.from_bytes(r.graph_seed, "big")))
 
     def _advertise(self, r: _Round, ids: list[str]) -> list[str]:

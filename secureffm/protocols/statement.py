@@ -11,6 +11,7 @@ hold (:data:`INSECURE`); :func:`mark_randomness` is the one place that marks the
 from __future__ import annotations
 
 from ..federation.parties import secret_randomness
+from .neighbourhood import describe
 from .protocol import Protocol
 
 __all__ = ["privacy_statement", "mark_randomness", "INSECURE", "SYBIL"]
@@ -31,6 +32,8 @@ def _secagg_trust(stage) -> str:
     """The trust secure aggregation needs, as its spec's ``adversary`` variant provides."""
     colluders = ("fewer than the threshold of a client's share holders collude with the "
                  "server")
+    sized_for = describe(stage.neighbours, stage.tolerance)[1]
+    colluders += f"; {sized_for}" if sized_for else ""
     if stage.adversary == "malicious":
         return (f"{colluders}; against a malicious server (adversary = \"malicious\": keys "
                 "signed by pinned identities, a consistency round) a substituted key, a split "
@@ -56,8 +59,9 @@ def _stage_claim(stage, kind: str) -> tuple[str, str]:
                 "the rounds its own run config plans, and never past its own target, whatever "
                 "the server asks")
     if stage.name == "secagg":
-        return (f"secure aggregation (threshold {stage.threshold}, neighbours "
-                f"{stage.neighbours or 'all'}, adversary = \"{stage.adversary}\"): the server "
+        return (f"secure aggregation (threshold {stage.threshold}, "
+                f"{describe(stage.neighbours, stage.tolerance)[0]}, adversary = "
+                f"\"{stage.adversary}\"): the server "
                 "learns only the weighted sum of the survivors' updates; it adds no DP by itself",
                 _secagg_trust(stage))
     if stage.name == "ckks":
