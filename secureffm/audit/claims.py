@@ -451,8 +451,8 @@ def _secagg_checks(stage, clients: int, c: int, adversary: Adversary) -> list[tu
                                 f"least {needed} inputs, of which {needed - c} are honest when "
                                 f"{c} collude: 2 or more, or the colluders subtract theirs from "
                                 "the sum and hold one client's update")]
-    if stage.neighbours:
-        checks.append((group - 1 > c, f"secagg neighbours {stage.neighbours}: each client masks "
+    if group < clients:
+        checks.append((group - 1 > c, f"secagg neighbours {group - 1}: each client masks "
                                       f"with {group - 1}, more than the {c} colluder(s) "
                                       "(necessary, not sufficient)"))
     try:
