@@ -14,13 +14,14 @@ inflates far less than wall time. Two tables, each measured in one run:
 - In-process, n = ``--inprocess``: full ``secagg`` (every client masks with every other) against
   ``secagg-plus`` (neighbours from Bell et al.'s bound, protocols/neighbourhood.py), both against
   a malicious server: CPU per round after a warm-up round (which draws each client's batch of
-  keys), its share per client, and full over SecAgg+. ``--big`` adds one SecAgg+ round at that
-  n (per-client cost).
+  keys), its share per client, and full over SecAgg+; and the rebuild of n secrets from one
+  holder set, one by one (before issue 39) against ``shamir.decode``. ``--big`` adds one
+  SecAgg+ round at that n (per-client cost).
 - On Flower's simulation engine (``secagg-plus``, n = ``--flower``, one ``run_simulation`` per
   n): the server process's CPU per round (the ServerApp, the in-memory SuperLink and the
   engine's dispatch threads: everything but the clients' Ray actors), after a warm-up round that
-  pays the actors' start; its ratio to the smallest n's, beside n log n's and n^2's ratios. With
-  ``--big``, one more round at that n on the engine.
+  pays the actors' start; its ratio to the smallest n's, beside n log n's and n^2's ratios.
+  ``--flower-big``: one more round at that n on the engine.
 
 Progress goes to stderr, the tables to stdout and, with ``--out``, between the
 ``<!-- scale:begin -->`` and ``<!-- scale:end -->`` markers of that file. ``--smoke``: n = 3 and
@@ -177,13 +178,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--protocol", default=PLUS,
                         help="protocol (name or spec file) on the simulation engine")
     parser.add_argument("--big", type=int, default=1000,
-                        help="n of the one SecAgg+ round per engine (0: none)")
+                        help="n of one more SecAgg+ round in-process (0: none)")
+    parser.add_argument("--flower-big", type=int, default=1000,
+                        help="n of one more SecAgg+ round on the simulation engine (0: none)")
     parser.add_argument("--out", type=Path, help="markdown file to write the tables into")
     parser.add_argument("--smoke", action="store_true", help="n <= 5, d = 100: a check only")
     args = parser.parse_args(argv)
     if args.smoke:
-        args.size, args.inprocess, args.flower, args.big = 100, 3, "3", 5
-    sizes = [int(n) for n in args.flower.split(",")]
+        args.size, args.inprocess, args.flower, args.big, args.flower_big = 100, 3, "3", 5, 5
+    sizes = [int(n) for n in args.flower.split(",") if n]
     started = time.perf_counter()
     with tempfile.TemporaryDirectory() as scratch:
         folder = Path(scratch)
@@ -193,8 +196,8 @@ def main(argv: list[str] | None = None) -> None:
         big = (args.big, inprocess(args.big, args.size, (PLUS,), folder)[PLUS]) if args.big \
             else None
         flower = [(n, *on_flower(n, args.size, folder, args.protocol)) for n in sizes]
-        if args.big:
-            flower_big = on_flower(args.big, args.size, folder, args.protocol)
+        flower_big = on_flower(args.flower_big, args.size, folder, args.protocol) \
+            if args.flower_big else None
     load = os.getloadavg()
     text = "\n".join([
         "### Secure aggregation as n grows",
@@ -209,15 +212,14 @@ def main(argv: list[str] | None = None) -> None:
            f"(threshold {math.ceil(0.6 * args.inprocess)}, every share checked), as full "
            f"secagg's server does each round: {rebuild[0]:.2f} s CPU one by one by "
            f"interpolation (before issue 39), {rebuild[1]:.3f} s with the check and weights "
-           f"once per holder set ({rebuild[0] / rebuild[1]:.0f}x)."] if cpu else []),
+           f"once per holder set ({rebuild[0] / max(rebuild[1], 1e-9):.0f}x)."] if cpu else []),
         "",
-        f"On Flower's simulation engine, `{args.protocol}`, the server process's CPU for one "
-        "round after a warm-up round:",
-        "",
-        flower_table(flower, args.protocol),
-        *(["", f"One `{args.protocol}` round at n = {args.big} on the simulation engine: "
-               f"{flower_big[0]:.2f} s server CPU, {flower_big[1]:.1f} s wall."]
-          if args.big else [])])
+        *([f"On Flower's simulation engine, `{args.protocol}`, the server process's CPU for one "
+           "round after a warm-up round:", "", flower_table(flower, args.protocol)]
+          if flower else []),
+        *(["", f"One `{args.protocol}` round at n = {args.flower_big} on the simulation "
+               f"engine: {flower_big[0]:.2f} s server CPU, {flower_big[1]:.1f} s wall."]
+          if flower_big else [])])
     print(text)
     if args.out:
         write_block(args.out, "scale", text, title="# Benchmarks")
