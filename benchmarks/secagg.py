@@ -458,7 +458,7 @@ _BUCKETS: list[tuple[str, Callable[[str, str], bool]]] = [
      lambda f, fn: f.endswith("log.py") or "json" in f or "write" in fn),
     ("`flatten` / `check_payload` / `unflatten`", lambda f, fn: f.endswith("aggregation.py")),
     ("`SecAggStage.aggregate` own time (phases, loops, summing masked inputs)",
-     lambda f, fn: f.endswith("secagg.py")),
+     lambda f, fn: "protocols/secagg/" in f),
 ]
 
 

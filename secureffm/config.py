@@ -16,6 +16,7 @@ from typing import Any
 import tomli_w
 
 from .errors import ConfigError
+from .families import DCFM, FFM, known_methods
 from .names import (
     ACCOUNTANTS,
     CLIENT_DATA,
@@ -31,9 +32,8 @@ from .spelling import did_you_mean
 __all__ = ["RunConfig", "load_config", "read_toml", "config_from_dict", "write_config",
            "config_fields", "PATH_LISTS"]
 
-METHODS = ("vanilla", "lot", "got", "icfm", "otcfm")
-# DCFM and its baselines (secureffm/runs/dcfm.py) run on conditional data sets only.
-DCFM_METHODS = ("dcfm-a", "dcfm-b", "fedflow", "fedflow-l", "ddm", "ddm-l")
+METHODS = FFM.methods
+DCFM_METHODS = DCFM.methods  # on conditional data sets only
 DCFM_DATA = ("modes2d", "colored-digits", "colored-mnist")
 # Readings of DCFM-B's teacher paths (secureffm.methods.dcfm.TEACHERS, which a test holds equal).
 DCFM_TEACHERS = ("observed", "marginal", "anchored")
@@ -239,9 +239,8 @@ def _validate(c: RunConfig) -> None:
         if not ok:
             raise ConfigError(f"{key} = {getattr(c, key)!r}: {what}")
 
-    need(c.method in METHODS + DCFM_METHODS, "method",
-         f"choose one of {', '.join(METHODS + DCFM_METHODS)}"
-         + did_you_mean(c.method, METHODS + DCFM_METHODS))
+    need(c.method in known_methods(), "method", f"choose one of {', '.join(known_methods())}"
+         + did_you_mean(c.method, known_methods()))
     need(c.partition in PARTITIONS, "partition", f"choose one of {', '.join(PARTITIONS)}")
     data = DCFM_DATA if c.method in DCFM_METHODS else PAIRS + IMAGE_DATA + SILO_DATA
     need(c.data in data, "data", f"method {c.method!r} needs one of {', '.join(data)}"

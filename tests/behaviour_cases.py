@@ -70,9 +70,9 @@ _DCFM = dict(data="modes2d", partition="disjoint", shard_size=150, batch_size=32
 # at sigma = 4 Opacus' RDP and PRV accountants answer in tens of ms (at sigma = 1, seconds).
 _DP = dict(noise_multiplier=4.0)
 SKELLAM = ("each client's share of the distributed Skellam noise is drawn from a generator "
-           "seeded by the OS CSPRNG (protocols/secagg.py: _skellam, secrets.randbits), which "
-           "insecure_deterministic does not seed, so the model and every metric computed from "
-           "it differ from run to run; sizes and the privacy accounting do not")
+           "seeded by the OS CSPRNG (protocols/secagg/client.py: _skellam, secrets.randbits), "
+           "which insecure_deterministic does not seed, so the model and every metric computed "
+           "from it differ from run to run; sizes and the privacy accounting do not")
 _FEDWAD = dict(data="gaussians", samples=60, dim=2, seed=3)
 _ALGORITHM = dict(iterations=3, support_size=20, seed=3)
 

@@ -146,3 +146,71 @@ def test_the_command_line_starts_without_pot_or_scikit_learn():
     found = sorted(f"{m} imports {lib}" for m in loaded
                    for lib in _third_party_at_import(paths[m]) & {"ot", "sklearn"})
     assert found == []
+
+
+_MUTATORS = {"append", "extend", "insert", "add", "update", "setdefault", "__setitem__"}
+
+
+def _imported_names(tree: ast.Module) -> set[str]:
+    """The names a module binds by importing when it is imported (``import a.b`` binds
+    ``a``)."""
+    names = set()
+    for node in _import_nodes(tree, module_level=True):
+        for alias in node.names:
+            names.add(alias.asname or alias.name.split(".")[0])
+    return names
+
+
+def _base_name(node: ast.expr) -> str | None:
+    """``X`` of ``X``, ``X.y``, ``X[k]``, ``X.y[k].z``."""
+    while isinstance(node, ast.Attribute | ast.Subscript):
+        node = node.value
+    return node.id if isinstance(node, ast.Name) else None
+
+
+def import_time_hooks(source: str, name: str) -> list[str]:
+    """Statements of module ``name`` (its ``source``) that run when it is imported (anywhere
+    but inside a function or class body) and fill or change a name imported from another
+    module: ``X.append(f)``, ``X.update(...)``, ``X[key] = f``, ``X.attr = f``. Such a list or
+    table is a hook another module fills by being imported: which entries it holds depends on
+    what happened to be imported first, and the import that fills it is a circle the import
+    graph cannot see. A class body counts (it runs on import); a function body does not."""
+    tree = ast.parse(source)
+    imported = _imported_names(tree)
+    found, stack = [], list(tree.body)
+    while stack:
+        node = stack.pop()
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda):
+            continue
+        targets = []
+        if isinstance(node, ast.Assign | ast.AugAssign | ast.AnnAssign | ast.Delete):
+            targets = [t for t in getattr(node, "targets", [getattr(node, "target", None)])
+                       if isinstance(t, ast.Attribute | ast.Subscript)]
+        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+              and node.func.attr in _MUTATORS):
+            targets = [node.func.value]
+        found += [(node.lineno, f"{name}:{node.lineno}: {ast.unparse(node)[:60]}")
+                  for t in targets if _base_name(t) in imported]
+        stack.extend(ast.iter_child_nodes(node))
+    return [hook for _, hook in sorted(found)]
+
+
+def test_no_module_fills_another_modules_list_when_imported():
+    """Issue 40: no import-time hook lists. secagg.py kept ``EPOCH_AGGREGATE: list = []``,
+    which secagg_epoch.py appended to when imported (and ``endpoint.SESSIONS``, which secagg.py
+    filled so): a protocol worked only if something had imported the second module first.
+    Registries are filled by explicit calls instead (``build_protocol`` registers the shipped
+    stages; a stage restores its own client state)."""
+    found = [hook for path in sorted(ROOT.rglob("*.py"))
+             for hook in import_time_hooks(path.read_text(), _module(path))]
+    assert found == []
+
+
+def test_the_hook_rule_sees_an_append_and_an_assignment_at_import():
+    """The rule above on the two hooks it was written for, and not on the same statements
+    inside a function or on a module's own list."""
+    source = ("from .base import HOOKS, TABLE\n\nOWN = []\n\n"
+              "def run():\n    HOOKS.append(run)\n    TABLE['tag'] = run\n\n"
+              "OWN.append(run)\nHOOKS.append(run)\n\nclass Stage:\n    TABLE['tag'] = run\n")
+    assert import_time_hooks(source, "variant") == ["variant:10: HOOKS.append(run)",
+                                                    "variant:13: TABLE['tag'] = run"]

@@ -20,7 +20,9 @@ from ..privacy.settings import DistributedNoise, NoiseGeometry
 from .message import Payload
 from .parties import Client
 
-__all__ = ["Channel", "Aggregate", "Template", "Compute", "Task", "TaskRefused", "task_count"]
+__all__ = ["Channel", "Aggregate", "Template", "Compute", "Task", "TaskRefused", "task_count",
+           "Program"]
+
 
 @dataclass(frozen=True)
 class Task:
@@ -29,6 +31,12 @@ class Task:
 
     name: str
     args: dict = field(default_factory=dict)
+
+
+# A method's client program: what runs a named :class:`Task` on one client (its keys, shard and
+# state) -> the payload it contributes; raises :class:`TaskRefused` for what its own settings
+# forbid. A client's own process builds it from public settings (e.g. ``FFMClient``).
+Program = Callable[[Client, Task], Payload]
 
 
 class TaskRefused(ProtocolError):

@@ -11,6 +11,7 @@ from ..models.mlp import VelocityMLP
 from .couplings import ExactOTCoupling, IndependentCoupling
 from .ffm import FFMSettings, velocity_gradient
 from .global_model import GlobalModel
+from .round_report import RoundReport
 
 __all__ = ["CentralizedFlowMatching"]
 
@@ -30,13 +31,13 @@ class CentralizedFlowMatching:
                                     settings.lr, settings.ema_decay, settings.lr_warmup)
         self.coupling = IndependentCoupling() if settings.method == "icfm" else ExactOTCoupling()
 
-    def train_round(self, round_: int) -> dict[str, float]:
+    def train_round(self, round_: int) -> RoundReport:
         generator = self.party.generator
         x0 = self.pair.source.sample(self.settings.batch_size, generator, self.device)[0]
         x1 = self.party.minibatch(self.settings.batch_size)
         grad, loss = velocity_gradient(self.velocity.module, self.coupling, x0, x1, generator)
         self.velocity.apply(grad)
-        return {"loss": loss}
+        return RoundReport(diagnostics={"loss": loss})
 
     def state_dict(self) -> dict:
         return {"velocity": self.velocity.state_dict()}

@@ -32,15 +32,15 @@ example r's draws depend on r alone, never on which or how many other examples a
 
 Under a protocol whose ``dp`` stage protects ``model``, experts train with DP-SGD (Poisson
 sampling at q = batch / nominal shard size, per-example clipping, Gaussian noise; Opacus hooks,
-since each example's loss evaluates the expert several times) and the server's ledger charges
-every step it asked each client to run (:class:`ExpertLedger`). One example therefore moves a
-step's clipped sum by at most C (tests/privacy/test_dcfm_per_example_premise.py). The student
-of DCFM-B is post-processing of DP experts. Label counts travel in the clear (docs/dcfm.md).
+since each example's loss evaluates the expert several times) and the server's ledger
+(:class:`~secureffm.privacy.budget.ServerLedger`) charges every step it asked each client to
+run. One example therefore moves a step's clipped sum by at most C
+(tests/privacy/test_dcfm_per_example_premise.py). The student of DCFM-B is post-processing of
+DP experts. Label counts travel in the clear (docs/dcfm.md).
 """
 
 from __future__ import annotations
 
-import functools
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -50,15 +50,15 @@ import torch
 from torch import nn
 
 from ..data.toy2d import normals
-from ..errors import ConfigError, DataError, ProtocolError
+from ..errors import ConfigError, DataError
 from ..federation.channel import Channel, Task, TaskRefused, task_count
 from ..federation.message import SERVER, Payload
 from ..federation.parties import Client
 from ..models.conditional import ConditionalUNet, ConditionalVelocityMLP, null_labels
 from ..models.params import flat_params, load_flat_params
-from ..privacy.accounting import calibrate_noise, epsilon
+from ..privacy import budget
+from ..privacy.budget import Plan, ServerLedger
 from ..privacy.dpsgd import DPGradient, PlainGradient, poisson_rate, poisson_rows
-from ..privacy.ledger import LedgerEntry, PrivacyLedger
 from ..privacy.releases import ReleaseGuard, Rounds
 from ..privacy.settings import DPSettings
 from ..progress import progress_bar
@@ -71,7 +71,7 @@ __all__ = ["Masking", "mask_labels", "expert_network",
            "ExampleDraws", "example_width", "split_uniforms", "expert_losses", "student_losses",
            "ComposedField", "TEACHERS", "anchors", "anchored_velocity",
            "teacher_paths", "DCFMSettings", "initial_model", "expert_noise_multiplier",
-           "model_payload", "load_payload_model", "LocalExpert", "DCFMClient", "ExpertLedger",
+           "model_payload", "load_payload_model", "LocalExpert", "DCFMClient",
            "DCFMServer", "DCFMB", "label_counts"]
 
 ModelFactory = Callable[[], nn.Module]
@@ -534,6 +534,12 @@ class DCFMSettings:
         extra = self.dcfm_rounds * self.dcfm_steps if self.method == "dcfm-a" else 0
         return self.local_steps + extra
 
+    def dp_plan(self, steps: int | None = None) -> Plan:
+        """A client's DP-SGD steps (:meth:`planned_steps` by default) of :attr:`kind` at
+        q = batch_size / the public nominal shard size."""
+        steps = self.planned_steps() if steps is None else steps
+        return Plan(poisson_rate(self.batch_size, self.nominal_size), ((self.kind, steps),))
+
 
 def expert_network(shape: tuple[int, ...], cardinalities: tuple[int, ...], network: str,
                    hidden: int, unet_width: int, unet_mult, unet_blocks: int,
@@ -561,24 +567,19 @@ def initial_model(settings: DCFMSettings, index: int) -> nn.Module:
         return settings.factory()
 
 
-@functools.lru_cache(maxsize=16)
 def expert_noise_multiplier(settings: DCFMSettings, dp: DPSettings) -> float:
-    """sigma of the experts' DP-SGD: calibrated to the target over the planned steps, or the
-    given one (which must then fit the target). Public (q is the nominal one), so the server's
-    ledger and each client compute the same value; kept per process, since the search costs
-    seconds and a client's process answers many messages."""
-    rate = poisson_rate(settings.batch_size, settings.nominal_size)
-    steps = settings.planned_steps()
-    if dp.noise_multiplier is None:
-        return calibrate_noise(dp.target_epsilon, dp.delta, [(rate, steps)], dp.accountant)
-    if dp.target_epsilon is not None:
-        spent = epsilon([(dp.noise_multiplier, rate, steps)], dp.delta, dp.accountant)
-        if spent > dp.target_epsilon:
-            raise ProtocolError(
-                f"noise_multiplier = {dp.noise_multiplier} over {steps} planned steps spends "
-                f"epsilon {spent:.2f} > target {dp.target_epsilon}; raise the noise multiplier "
-                "or lower the step counts")
-    return dp.noise_multiplier
+    """sigma of the experts' DP-SGD over the planned steps
+    (:func:`secureffm.privacy.budget.noise_multiplier`): calibrated to the target, or the
+    given one, refused (:func:`~secureffm.privacy.budget.refuse_overspending`) when the planned
+    steps at it would pass the target. Public (q is the nominal one), so the server's ledger
+    and each client compute, and refuse, the same."""
+    sigma = budget.noise_multiplier(dp, settings.dp_plan())
+    budget.refuse_overspending(
+        lambda steps: budget.gaussian_epsilon(dp, settings.dp_plan(steps), sigma), dp, sigma, 1,
+        settings.planned_steps(), "steps",
+        "plan at most {fit} steps (local_steps, plus dcfm_rounds x dcfm_steps for DCFM-A; "
+        "fedflow_rounds x fedflow_local_steps for FedFlow)")
+    return sigma
 
 
 # -- models as messages ---------------------------------------------------------------------
@@ -805,31 +806,13 @@ class DCFMClient:
 
 # -- the server -----------------------------------------------------------------------------
 
-@dataclass
-class ExpertLedger:
-    """The server's DP ledger of the clients' local training, charged from the public schedule:
-    each client asked to train is charged every step it was asked for, at rate ``rate`` (q),
-    noise multiplier ``sigma`` and clip ``clip``. A client that dropped is charged too, which
-    only overstates; a client is never charged less than it ran."""
-
-    ledger: PrivacyLedger
-    rate: float
-    sigma: float
-    clip: float
-
-    def charge(self, clients: Sequence[str], kind: str, round_: int, steps: int) -> None:
-        for cid in clients if steps else ():
-            self.ledger.record(LedgerEntry(cid, kind, round_, self.rate, self.sigma, self.clip,
-                                           steps=steps))
-
-
 class DCFMServer:
     """DCFM's server for stage I, DCFM-A and the uploads of DCFM-B and DDM: it asks the
     channel's clients to run :class:`DCFMClient`'s ``dcfm.publish`` and charges ``ledger``
     (None without DP) for the training each request asks for; it never touches a client."""
 
     def __init__(self, channel: Channel, settings: DCFMSettings, device: torch.device,
-                 ledger: ExpertLedger | None = None):
+                 ledger: ServerLedger | None = None):
         self.channel, self.settings, self.device, self.ledger = channel, settings, device, ledger
         self.asked = {c.id: -1 for c in channel.clients}  # the training asked of each so far
 

@@ -26,8 +26,8 @@ from torch import nn
 
 from ..federation.channel import Channel, Task
 from ..models.params import flat_params, load_flat_params
+from ..privacy.budget import ServerLedger
 from ..progress import progress_bar
-from .dcfm import ExpertLedger
 
 __all__ = ["FedFlow", "router_weights", "RouterField"]
 
@@ -38,7 +38,7 @@ class FedFlow:
     ``local_steps`` ``update`` steps per asked client and round."""
 
     def __init__(self, channel: Channel, model: nn.Module, weights: dict[str, float],
-                 local_steps: int, ledger: ExpertLedger | None = None):
+                 local_steps: int, ledger: ServerLedger | None = None):
         self.channel, self.model, self.weights = channel, model, weights
         self.local_steps, self.ledger = local_steps, ledger
         self.template = {"update": ((sum(p.numel() for p in model.parameters()),),

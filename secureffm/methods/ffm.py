@@ -15,7 +15,6 @@ Skellam noise. Every per-example loss below depends on one data example only.
 from __future__ import annotations
 
 import contextlib
-import functools
 from collections.abc import Callable
 from dataclasses import dataclass, fields
 
@@ -32,20 +31,22 @@ from ..models.mlp import PotentialMLP, VelocityMLP
 from ..models.params import flat_params, load_flat_params
 from ..models.unet import make_unet
 from ..ot import c_transform
-from ..privacy.accounting import check_delta, epsilon, smallest_multiplier
+from ..privacy import budget
+from ..privacy.accounting import check_delta
+from ..privacy.budget import Plan, ServerLedger
 from ..privacy.canaries import canary_sum
 from ..privacy.dpsgd import DPGradient, PlainGradient, poisson_rate, poisson_rows
-from ..privacy.ledger import CHARGED, LedgerEntry, PrivacyLedger, charged_fields
+from ..privacy.ledger import LedgerEntry, PrivacyLedger
 from ..privacy.releases import Budget, ReleaseGuard, Rounds
 from ..privacy.settings import DistributedNoise, DPSettings, NoiseGeometry
-from ..privacy.skellam import SkellamStep, skellam_epsilon
 from .couplings import ExactOTCoupling, IndependentCoupling, SemiDualCoupling
 from .flow_matching import flow_matching_loss
 from .global_model import GlobalModel
+from .round_report import RoundReport
 
-__all__ = ["FederatedFlowMatching", "FFMClient", "FFMSettings", "planned_steps",
-           "local_noise_multiplier", "plan_distributed_noise", "distributed_epsilon",
-           "client_weights", "velocity_gradient",
+__all__ = ["FederatedFlowMatching", "FFMClient", "FFMSettings", "planned_steps", "dp_plan",
+           "local_noise_multiplier", "plan_distributed_noise", "client_weights",
+           "velocity_gradient",
            "LOT_DP_REFUSAL", "velocity_network", "image_velocity", "potential_network",
            "autocast_dtype", "check_dp_layers"]
 
@@ -190,67 +191,32 @@ def planned_steps(settings: FFMSettings, rounds: int | None = None) -> dict[str,
     return steps
 
 
-@functools.lru_cache(maxsize=16)
+def dp_plan(settings: FFMSettings, rounds: int | None = None) -> Plan:
+    """A client's DP-SGD steps over ``rounds`` (the settings' by default), each kind's at
+    q = batch_size / the public nominal shard size (:func:`planned_steps`)."""
+    return Plan(poisson_rate(settings.batch_size, settings.shard_size),
+                tuple(planned_steps(settings, rounds).items()))
+
+
 def local_noise_multiplier(settings: FFMSettings, dp: DPSettings) -> float:
-    """sigma of local-noise DP-SGD: the given one, or the smallest that keeps a client within
-    the target over the planned rounds. Public (the sample rate is the nominal one), so the
-    server's ledger and each client compute the same value; kept per process, since the search
-    costs seconds and a client's process answers many messages."""
-    if dp.noise_multiplier:
-        return dp.noise_multiplier
-    rate = poisson_rate(settings.batch_size, settings.shard_size)
-    return smallest_multiplier(
-        lambda m: epsilon([(m, rate, n) for n in planned_steps(settings).values()], dp.delta,
-                          dp.accountant), dp.target_epsilon, dp.delta)
+    """sigma of local-noise DP-SGD over the planned rounds
+    (:func:`secureffm.privacy.budget.noise_multiplier`)."""
+    return budget.noise_multiplier(dp, dp_plan(settings))
 
 
 def plan_distributed_noise(settings: FFMSettings, dp: DPSettings, clients: list[str],
                            sizes: dict[str, int], noise_geometry: Callable
                            ) -> tuple[dict[str, NoiseGeometry], DistributedNoise]:
-    """Each kind's distributed-noise geometry for updates of ``sizes[kind]`` coordinates from
-    ``clients`` at equal weights (``noise_geometry(kind, weights, sensitivity, size)``: the
-    protocol's, or the channel's), and the noise every client adds: L2 sensitivity
-    clip / batch_size, and tau the given one or the smallest keeping every client within the
-    target over the planned rounds. Public settings only: the server plans with it and each
-    client derives its own noise share with it from its own settings and protocol."""
-    sensitivity = dict.fromkeys(clients, dp.clip / settings.batch_size)
-    weights = dict.fromkeys(clients, 1.0)
-    geometry = {kind: noise_geometry(kind, weights, sensitivity, size)
-                for kind, size in sizes.items()}
-    tau = dp.noise_multiplier or _calibrated_tau(settings, dp, tuple(
-        (kind, g.honest, tuple(sorted(g.sensitivity.items()))) for kind, g in geometry.items()))
-    return geometry, DistributedNoise(tau, sensitivity, dp.colluders)
-
-
-def distributed_epsilon(settings: FFMSettings, dp: DPSettings,
-                        geometry: dict[str, NoiseGeometry], client: str, multiplier: float,
-                        rounds: int | None = None) -> float:
-    """The epsilon ``client`` spends in ``rounds`` rounds (the settings' by default) under
-    distributed noise at multiplier tau, every kind's Skellam steps composed."""
-    rate = poisson_rate(settings.batch_size, settings.shard_size)
-    return skellam_epsilon([
-        SkellamStep(rate, *geometry[kind].sensitivity[client],
-                    geometry[kind].sum_variance(multiplier), n)
-        for kind, n in planned_steps(settings, rounds).items()], dp.delta)
-
-
-@functools.lru_cache(maxsize=16)
-def _calibrated_tau(settings: FFMSettings, dp: DPSettings, frozen: tuple) -> float:
-    """tau for :func:`plan_distributed_noise`; ``frozen``: the geometry as (kind, honest,
-    sorted (client, (L2, L1)) pairs) per kind. Kept per process (the search costs seconds, and
-    the server and the in-process clients ask for the same one); each distinct sensitivity
-    profile is evaluated once."""
-    geometry = {kind: NoiseGeometry(dict(pairs), honest) for kind, honest, pairs in frozen}
-    profiles = {tuple(g.sensitivity[cid] for g in geometry.values()): cid
-                for cid, _ in frozen[0][2]}
-    return smallest_multiplier(
-        lambda m: max(distributed_epsilon(settings, dp, geometry, cid, m)
-                      for cid in profiles.values()), dp.target_epsilon, dp.delta)
+    """Each kind's distributed-noise geometry and the noise every client adds over the planned
+    rounds (:func:`secureffm.privacy.budget.distributed_noise`), at L2 sensitivity
+    clip / batch_size: the server plans with it and each client derives its own share."""
+    return budget.distributed_noise(dp, dp_plan(settings), dp.clip / settings.batch_size,
+                                    clients, sizes, noise_geometry)
 
 
 class FFMClient:
     """FFM's client side: what a client computes in a round with its own shard and secret
-    streams (:class:`~secureffm.federation.exchange.Task` ``ffm.velocity`` and ``ffm.dual``,
+    streams (:class:`~secureffm.federation.channel.Task` ``ffm.velocity`` and ``ffm.dual``,
     args ``{"round": r}``), from public settings only, so a client's own process builds the
     same program. Its replicas and DP state live in ``client.state``, set up on first use.
 
@@ -464,11 +430,10 @@ class FederatedFlowMatching:
             self._check_dp()
         self.weights = client_weights(channel.clients, settings.weighting, equal=bool(dp) or any(
             channel.equal_weights(kind) for kind in settings.sent_kinds))
-        self.ledger = PrivacyLedger(self.dp.delta) if self.dp else None
         self.rate = poisson_rate(settings.batch_size, settings.shard_size) if dp else 0.0
         self.distributed = self.dp is not None and self.dp.noise == "distributed"
-        self.noise_multipliers: dict[str, float] = {}
-        self.geometry, self.noise = {}, {}
+        self.noise: dict[str, DistributedNoise] = {}
+        self.charges: ServerLedger | None = None  # the DP ledger the server charges (None: no DP)
         self._pending: tuple[int, str] | None = None  # the aggregation not charged yet
         self.applied = 0  # the last round whose update the models hold
         self._applying = False  # an optimizer step is under way (the state is mixed)
@@ -476,7 +441,8 @@ class FederatedFlowMatching:
             self._plan_distributed_noise()
         elif dp is not None:
             sigma = local_noise_multiplier(settings, dp)
-            self.noise_multipliers = {c.id: sigma for c in channel.clients}
+            self.charges = ServerLedger(dp, self.rate, {c.id: sigma for c in channel.clients},
+                                       note=channel.note)
         if self.potential is not None:
             self.channel.broadcast(0, "global_potential", {"phi": self.potential.flat()})
 
@@ -497,17 +463,26 @@ class FederatedFlowMatching:
         """See :func:`planned_steps`."""
         return planned_steps(self.settings, rounds)
 
+    @property
+    def ledger(self) -> PrivacyLedger | None:
+        """The DP ledger of every step the server asked each client to run (None without DP)."""
+        return None if self.charges is None else self.charges.ledger
+
+    @property
+    def noise_multipliers(self) -> dict[str, float]:
+        """Each client's noise multiplier (sigma, or tau under distributed noise; {} without
+        DP)."""
+        return {} if self.charges is None else self.charges.multipliers
+
     def client_epsilon(self, client: str, multiplier: float, rounds: int, first: int = 1,
-                       past: PrivacyLedger | None = None) -> float:
+                       past: bool = False) -> float:
         """The epsilon client ``client`` (its id) spends in rounds ``first`` to ``rounds`` at
         noise ``multiplier`` (sigma for local noise, tau for distributed noise), composed with
-        what ``past`` charged it (a resumed run's history)."""
+        what the ledger charged it when ``past`` (a resumed run's history)."""
         planned, before = self.planned_steps(rounds), self.planned_steps(first - 1)
-        ledger = past.history(client) if past is not None else PrivacyLedger(self.dp.delta)
-        for kind, total in planned.items():
-            if total > before[kind]:
-                ledger.record(self._entry(client, kind, first, multiplier, total - before[kind]))
-        return ledger.epsilon(client, "rdp" if self.distributed else self.dp.accountant)
+        return self.charges.epsilon_after(
+            client, {kind: total - before[kind] for kind, total in planned.items()}, first,
+            multiplier, past)
 
     def _plan_distributed_noise(self) -> None:
         """Geometry of each kind's noise in quantization levels, and one multiplier tau for
@@ -516,10 +491,17 @@ class FederatedFlowMatching:
         sizes = {"gradient": self.velocity.flat().size}
         if self.potential is not None:
             sizes["dual_update"] = self.potential.flat().size
-        self.geometry, noise = plan_distributed_noise(self.settings, self.dp, ids, sizes,
-                                                      self.channel.noise_geometry)
-        self.noise_multipliers = dict.fromkeys(ids, noise.multiplier)
+        geometry, noise = plan_distributed_noise(self.settings, self.dp, ids, sizes,
+                                                 self.channel.noise_geometry)
+        self.charges = ServerLedger(self.dp, self.rate, dict.fromkeys(ids, noise.multiplier),
+                                   geometry, self.channel.note)
         self.noise = dict.fromkeys(sizes, noise)
+
+    def _epsilon_through(self, first: int) -> Callable[[int], float]:
+        """Round r -> the largest epsilon any client will have spent after rounds ``first``..r,
+        counting what the ledger charged."""
+        return lambda rounds: max(self.client_epsilon(cid, multiplier, rounds, first, True)
+                                  for cid, multiplier in self.noise_multipliers.items())
 
     def rounds_within_budget(self, first: int = 1) -> int:
         """The last round, at most ``settings.rounds``, that every client can reach from round
@@ -528,39 +510,24 @@ class FederatedFlowMatching:
         when there is no target; ``first`` - 1 when not even round ``first`` fits)."""
         if self.dp is None or self.dp.target_epsilon is None:
             return self.settings.rounds
+        return budget.affordable(self._epsilon_through(first), self.dp.target_epsilon, first,
+                                 self.settings.rounds)
 
-        def fits(rounds: int) -> bool:
-            return all(self.client_epsilon(cid, multiplier, rounds, first, self.ledger)
-                       <= self.dp.target_epsilon
-                       for cid, multiplier in self.noise_multipliers.items())
-
-        low, high = first - 1, self.settings.rounds
-        if fits(high):
-            return high
-        while high - low > 1:
-            mid = (low + high) // 2
-            low, high = (mid, high) if fits(mid) else (low, mid)
-        return low
+    def refuse_overspending(self) -> None:
+        """Refuse a fresh run whose given noise multiplier would take a client past the target
+        within the planned rounds (:func:`secureffm.privacy.budget.refuse_overspending`)."""
+        if self.charges is not None:
+            budget.refuse_overspending(self._epsilon_through(1), self.dp,
+                                       max(self.noise_multipliers.values()), 1,
+                                       self.settings.rounds, "rounds", "pass --rounds {fit}")
 
     def _record(self, asked: list[str], kind: str, round_: int) -> None:
-        """Ledger entries for the clients asked to compute ``kind`` (each may have released
-        it: a client that was offline then is counted too, which only overstates), also signed
-        into the log as a ``charged`` event, from which an audit recomputes epsilon."""
-        if self.ledger is not None and asked:
-            self._charge([self._entry(cid, kind, round_, self.noise_multipliers[cid])
-                          for cid in asked], kind, round_)
+        """Charge the clients asked to compute ``kind`` (each may have released it: a client
+        that was offline then is counted too, which only overstates), signed into the log as a
+        ``charged`` event, from which an audit recomputes epsilon."""
+        if self.charges is not None:
+            self.charges.charge(asked, kind, round_)
         self._pending = None
-
-    def _entry(self, client: str, kind: str, round_: int, multiplier: float,
-               steps: int = 1) -> LedgerEntry:
-        """What ``steps`` rounds of ``kind`` from ``round_`` on charge ``client`` at noise
-        ``multiplier``: Gaussian (local noise) or Skellam with this kind's geometry."""
-        if not self.distributed:
-            return LedgerEntry(client, kind, round_, self.rate, multiplier, self.dp.clip, steps)
-        l2, l1 = self.geometry[kind].sensitivity[client]
-        return LedgerEntry(client, kind, round_, self.rate, multiplier, self.dp.clip, steps,
-                           mechanism="skellam", l2=l2, l1=l1,
-                           variance=self.geometry[kind].sum_variance(multiplier))
 
     def charge_pending(self) -> None:
         """Charge the aggregation a stop cut short before its charge (Ctrl-C while the clients'
@@ -570,20 +537,11 @@ class FederatedFlowMatching:
             round_, kind = self._pending
             self._record(list(self.noise_multipliers), kind, round_)
 
-    def _charge(self, entries: list[LedgerEntry], kind: str, round_: int) -> None:
-        """Record ``entries`` (of one ``kind`` and round) in the ledger and sign them into
-        the log."""
-        for entry in entries:
-            self.ledger.record(entry)
-        self.channel.note(round_, CHARGED, f"DP ledger: {len(entries)} client(s) charged for "
-                          f"their {kind}", charged_fields(kind, entries, self.dp))
-
     # -- rounds --------------------------------------------------------------------------
 
-    def train_round(self, round_: int) -> dict[str, float]:
-        """One communication round; returns the clients' mean diagnostics (the in-process
-        simulator's view, without DP) and ``aborted`` = 1 for each aggregation that aborted
-        (the model then stays put)."""
+    def train_round(self, round_: int) -> RoundReport:
+        """One communication round: its aborted aggregations (the model then stays put) and
+        the clients' mean ``loss`` and ``dual`` (the in-process simulator's view, without DP)."""
         self._pending = (round_, "gradient")
         update = self.channel.aggregate(round_, "gradient",
                                         Task("ffm.velocity", {"round": round_}),
@@ -591,12 +549,12 @@ class FederatedFlowMatching:
                                         self.noise.get("gradient"),
                                         broadcast={"global_model": {"theta": self.velocity.flat()}})
         self._record(update.asked, "gradient", round_)
-        report = {"aborted": 0.0}
+        report = RoundReport()
         if update.payload is not None:
             self._apply(self.velocity, update.payload["gradient"], round_)
             self._diagnose(report, "loss", "last_loss", update.included)
         else:
-            report["aborted"] += 1
+            report.aborted += 1
         if self.potential is not None and self.settings.dual_round(round_):
             self._pending = (round_, "dual_update")
             dual = self.channel.aggregate(round_, "dual_update",
@@ -610,7 +568,7 @@ class FederatedFlowMatching:
                                        {"phi": self.potential.flat()})
                 self._diagnose(report, "dual", "last_dual", dual.included)
             else:
-                report["aborted"] += 1
+                report.aborted += 1
         return report
 
     def _apply(self, model: GlobalModel, gradient: np.ndarray, round_: int) -> None:
@@ -625,7 +583,7 @@ class FederatedFlowMatching:
         put for them); None while an update is being applied."""
         return None if self._applying else max(completed, self.applied)
 
-    def _diagnose(self, report: dict, name: str, key: str, included: list[str]) -> None:
+    def _diagnose(self, report: RoundReport, name: str, key: str, included: list[str]) -> None:
         """The weighted mean of the counted clients' ``key``, read from their state: only in
         the in-process simulator (the clients are objects here) and without DP (the losses
         are not privatized)."""
@@ -633,8 +591,8 @@ class FederatedFlowMatching:
         if self.dp is not None or not all(isinstance(clients[cid], Client) for cid in included):
             return
         total = sum(self.weights[cid] for cid in included)
-        report[name] = sum(self.weights[cid] * clients[cid].state[key]
-                           for cid in included) / total
+        report.diagnostics[name] = sum(self.weights[cid] * clients[cid].state[key]
+                                       for cid in included) / total
 
     def state_dict(self) -> dict:
         state = {"velocity": self.velocity.state_dict()}
@@ -657,8 +615,8 @@ class FederatedFlowMatching:
             pairs.append((self.potential, state["potential"]))
         for model, saved in pairs:
             model.load_state_dict(saved)
-        if self.ledger is not None:
+        if self.charges is not None:
             for entries in charged or ():
-                self._charge(entries, entries[0].kind, entries[0].round)
+                self.charges.record(entries)
         if self.potential is not None:
             self.channel.broadcast(round_, "global_potential", {"phi": self.potential.flat()})

@@ -4,7 +4,7 @@ show each one caught (``threat_models/malicious-server.toml``).
 Each deviation rewrites a message the server sends at one phase, to one ``recipient`` (or to
 every client), before the server signs it with its own key: the transport sees the server's
 genuine message, as it would from a server that deviates. The defences are the clients' own
-(secureffm/protocols/secagg.py): a client refuses, names the deviation in a ``rejected`` event
+(secureffm/protocols/secagg/): a client refuses, names the deviation in a ``rejected`` event
 it signs, and the round goes on without it or aborts with the sum still masked.
 
 - ``substitute_keys`` (phase ``keys``): every neighbour's c_pk in the message is replaced by a

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from ..errors import MessageError, ProtocolError
-from ..federation.channel import Aggregate, Compute, Template
+from ..federation.channel import Aggregate, Compute, Program, Template
 from ..federation.faults import FaultPlan
 from ..federation.message import (
     RELAY_PHASE,
@@ -27,7 +27,7 @@ from ..federation.transport import Transport
 from ..privacy.settings import DistributedNoise, NoiseGeometry
 from .adversary import play_deviations
 from .aggregation import plain_aggregate
-from .endpoint import ClientEndpoint, Program
+from .endpoint import ClientEndpoint
 from .individual import open_individual  # and registers the clients' handlers
 from .link import Call, Link, accepted
 from .protocol import Protocol

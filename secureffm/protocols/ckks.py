@@ -75,7 +75,7 @@ from .aggregation import check_payload, flatten, template_json, template_of, unf
 from .ckks_params import CKKSParams
 from .endpoint import Step, client_action
 from .link import Call, Link, accepted, silence
-from .registry import check_protects, check_table, register_stage
+from .registry import check_protects, check_table
 from .sealed import SealedStage
 from .secagg import SecAggStage, check_scale
 from .wire import bytes_payload, payload_bytes
@@ -265,7 +265,6 @@ def _keep_key(client: Client, epoch: int, context: ts.Context, secret: bytes) ->
     client.memory[_MEMORY] = {"epoch": epoch, "context": context, "secret": secret}
 
 
-@register_stage
 class CKKSStage:
     """Homomorphic aggregation under one shared CKKS key; see the module docstring."""
 

@@ -6,9 +6,10 @@ post-processing of the DP mechanism.
 
 Spec keys: ``protects`` (kinds), ``clip`` (per-example L2 bound C), ``delta``, and either
 ``target_epsilon`` (sigma is calibrated per client for the run's planned steps) or
-``noise_multiplier`` (sigma fixed; with a target too, training stops before the target is
-exceeded), ``noise``, ``accountant`` (``rdp`` enforces the budget; PRV is always reported
-beside it), ``colluders``.
+``noise_multiplier`` (sigma fixed; with a target too, a run whose plan would pass it is
+refused before its first round: :func:`secureffm.privacy.budget.refuse_overspending`),
+``noise``, ``accountant`` (``rdp`` enforces the budget; PRV is always reported beside it),
+``colluders``.
 
 ``noise = "local"``: each client adds the full Gaussian noise; its update is DP on its own.
 ``noise = "distributed"``: each client adds a share of integer Skellam noise inside secure
@@ -23,7 +24,7 @@ from __future__ import annotations
 
 from ..errors import ProtocolError
 from ..privacy.settings import DPSettings
-from .registry import check_protects, check_table, register_stage
+from .registry import check_protects, check_table
 
 __all__ = ["DPStage"]
 
@@ -32,7 +33,6 @@ _KEYS = {"stage", "protects", "clip", "delta", "target_epsilon", "noise_multipli
 NOISE = ("local", "distributed")
 
 
-@register_stage
 class DPStage:
     """Marks kinds whose updates clients compute with DP-SGD; see the module docstring."""
 

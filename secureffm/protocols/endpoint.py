@@ -15,18 +15,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import MessageError, ProtocolError
-from ..federation.channel import Task, TaskRefused
+from ..federation.channel import Program, Task, TaskRefused
 from ..federation.exchange import Incoming, Receipts, Reply, Request, late_refusal
 from ..federation.message import SERVER, Payload, deserialize_payload, serialize_payload
 from ..federation.parties import Client, Registry
 from ..privacy.settings import DistributedNoise
 from .link import record_broadcast
 
-__all__ = ["ClientEndpoint", "Step", "client_action", "ACTIONS", "Program", "NoisePlan",
-           "SESSIONS", "refused_alone"]
+__all__ = ["ClientEndpoint", "Step", "client_action", "ACTIONS", "NoisePlan",
+           "refused_alone"]
 
-# What runs a method's named client computation: (the client, the task) -> its payload.
-Program = Callable[[Client, Task], Payload]
 # A client's own plan of distributed noise: (the client, the kind, its own protocol, the
 # federation's client ids) -> its tau, sensitivity and colluders, from its own settings.
 NoisePlan = Callable[[Client, str, Any, list[str]], DistributedNoise]
@@ -83,9 +81,6 @@ class Step:
             self.endpoint.sessions[key] = make()
         return self.endpoint.sessions[key]
 
-
-# A session's ``tag`` -> how to rebuild it from its ``to_json()`` for an endpoint and a kind.
-SESSIONS: dict[str, Callable[[ClientEndpoint, str, dict], Any]] = {}
 
 # action name -> handler: returns the reply's bytes, or None to send nothing.
 ACTIONS: dict[str, Callable[[Step], bytes | None]] = {}
@@ -162,12 +157,20 @@ class ClientEndpoint:
         """The inverse of :meth:`saved`."""
         try:
             self.receipts.seen = {tuple(key) for key in saved["seen"]}
-            self.sessions = {(int(round_), str(kind)): SESSIONS[tag](self, kind, table)
+            self.sessions = {(int(round_), str(kind)): self._restored(tag, kind, table)
                              for round_, kind, tag, table in saved["sessions"]}
-            self.lasting = {(str(tag), str(kind)): SESSIONS[tag](self, kind, table)
+            self.lasting = {(str(tag), str(kind)): self._restored(tag, kind, table)
                             for tag, kind, table in saved.get("lasting", [])}
         except (KeyError, TypeError, ValueError) as err:
             raise MessageError(f"{self.client.id}'s saved sessions do not load: {err}") from None
+
+    def _restored(self, tag: str, kind: str, table: dict) -> Any:
+        """What :meth:`saved` kept of ``tag`` for ``kind`` (its ``to_json()``), rebuilt by the
+        stage of this client's own protocol that aggregates ``kind``."""
+        restore = getattr(self.protocol.aggregator(kind), "restore_session", None)
+        if restore is None:
+            raise ValueError(f"its protocol keeps no {tag!r} state for {kind!r}")
+        return restore(self, tag, table)
 
     def __call__(self, request: Request, incoming: Incoming | None,
                  broadcasts: tuple[Incoming, ...] = ()) -> Reply:

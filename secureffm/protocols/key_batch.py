@@ -1,6 +1,6 @@
 """Signed key batches: one Ed25519 signature authenticates a client's keys for many rounds.
 
-Under the malicious-server variant of secure aggregation (secagg.py) every recipient checks
+Under the malicious-server variant of secure aggregation (secagg/) every recipient checks
 that a client's fresh per-round keys (c_pk, s_pk, and the commitment to its self-mask seed)
 were signed by that client's pinned identity. Signing each round's keys costs every neighbour
 one verification per round. Here a client draws the keys of its next ``size`` rounds of one
@@ -140,7 +140,7 @@ class KeyBatch:
     secrets: list[tuple[KeyPair, KeyPair, bytes] | None]
     leaves: list[bytes]
     signature: bytes
-    tag = "secagg-key-batch"  # its kind among what an endpoint keeps (endpoint.SESSIONS)
+    tag = "secagg-key-batch"  # its kind among what an endpoint keeps (SecAggStage.restore_session)
 
     @classmethod
     def new(cls, party: Party, kind: str, first: int, size: int,

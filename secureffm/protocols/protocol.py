@@ -16,7 +16,7 @@ from typing import Any
 from ..errors import ProtocolError
 from ..federation.message import RELAY_PHASE
 from ..privacy.settings import DPSettings, GeodesicPrivacy, NoiseGeometry
-from .registry import STAGES, ProtocolSpec, read_spec
+from .registry import STAGES, ProtocolSpec, read_spec, register_stage
 
 __all__ = ["Protocol", "load_protocol", "build_protocol", "PLAIN_PHASES"]
 
@@ -35,7 +35,16 @@ def build_protocol(spec: ProtocolSpec) -> Protocol:
 
 
 def _register_builtin_stages() -> None:
-    from . import ckks, dp, randomized_t, sealed, secagg, secagg_epoch  # noqa: F401 (register)
+    """Register the shipped stages, named here (no stage module registers itself when
+    imported); imported when the first protocol is built."""
+    from .ckks import CKKSStage
+    from .dp import DPStage
+    from .randomized_t import RandomizedTStage
+    from .sealed import SealedStage
+    from .secagg import SecAggStage
+
+    for stage in (DPStage, RandomizedTStage, SealedStage, CKKSStage, SecAggStage):
+        register_stage(stage)
 
 
 class Protocol:

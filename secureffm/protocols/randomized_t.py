@@ -18,14 +18,13 @@ from __future__ import annotations
 import math
 
 from ..errors import ProtocolError
-from .registry import check_protects, check_table, register_stage
+from .registry import check_protects, check_table
 
 __all__ = ["RandomizedTStage"]
 
 _KEYS = {"stage", "protects", "t_low", "t_high", "noise_std"}
 
 
-@register_stage
 class RandomizedTStage:
     """Marks measure messages computed at a private random t; see the module docstring."""
 

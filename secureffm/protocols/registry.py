@@ -2,7 +2,8 @@
 
 A spec is a TOML file with keys ``name``, ``description`` and ``stages`` (a list of tables, each
 naming a registered ``stage``, the message kinds it ``protects``, and its parameters). Stage
-modules register their class with :func:`register_stage`; the parsing helpers here reject an
+classes are registered with :func:`register_stage` (the shipped ones by
+:func:`~secureffm.protocols.protocol.build_protocol`); the parsing helpers here reject an
 unknown or missing key, and a kind a stage cannot protect, by name.
 """
 
@@ -19,7 +20,7 @@ from ..specs import check_keys, read_spec_file, shipped
 __all__ = ["STAGES", "ROLES", "register_stage", "check_table", "check_protects", "ProtocolSpec",
            "read_spec", "spec_from_table", "known_protocols"]
 
-# Stage classes by spec name; a stage module registers itself with @register_stage.
+# Stage classes by spec name, filled by register_stage (no module fills it when imported).
 STAGES: dict[str, type] = {}
 ROLES = ("client", "aggregate", "transport")
 _SPEC_KEYS = {"name", "description", "stages"}

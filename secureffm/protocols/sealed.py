@@ -42,7 +42,7 @@ from ..errors import MessageError, ProtocolError
 from ..federation.crypto import Identity, KeyPair, agree, open_sealed, seal, verify_signature
 from ..federation.message import Payload, deserialize_payload, serialize_payload
 from ..federation.parties import Party, Registry
-from .registry import check_protects, check_table, register_stage
+from .registry import check_protects, check_table
 
 __all__ = ["SealedStage", "SealHeader", "Opened", "seal_payload", "relay_part", "open_payload"]
 
@@ -171,7 +171,6 @@ def open_payload(data: bytes, kind: str, round_: int, phase: str, sender_id: str
     return Opened(deserialize_payload(plain, sender_id), header.counter)
 
 
-@register_stage
 class SealedStage:
     """Marks kinds sent one by one that only their recipients may read; see module docstring.
 

@@ -1,5 +1,6 @@
 """The runners: one per family (FFM, DCFM, FedWAD) over one shared scaffold (the run folder,
-its pin, privacy.json). ``run(config)`` picks the family by method.
+its pin, privacy.json). ``run(config)`` picks the family by method
+(:func:`secureffm.families.family_of`).
 
 The runners are imported when first used: a Flower client's process (one per message in a
 deployment) imports :mod:`.flower_node` through this package and needs none of the others
@@ -10,7 +11,8 @@ import importlib
 
 import torch
 
-from ..config import DCFM_METHODS, RunConfig
+from ..config import RunConfig
+from ..families import family_of
 
 __all__ = ["run", "run_ffm", "run_dcfm", "run_fedwad", "RunResult", "FedWADRun",
            "FedWADRunResult", "load_velocity", "load_dcfm"]
@@ -28,9 +30,9 @@ def __getattr__(name: str):
 
 
 def run(config: RunConfig):
-    """Train and evaluate as ``config`` says (DCFM methods on conditional data, else FFM);
-    write everything to the run folder, with the summary in metrics.json (:mod:`.summary`);
-    returns its :class:`~.scaffold.RunResult`."""
+    """Train and evaluate as ``config`` says, with the runner of its method's family
+    (:mod:`secureffm.families`); write everything to the run folder, with the summary in
+    metrics.json (:mod:`.summary`); returns its :class:`~.scaffold.RunResult`."""
     from .preflight import preflight
     from .summary import add_summary
 
@@ -40,13 +42,7 @@ def run(config: RunConfig):
         from .flower_server import run_on_flower  # Flower is an optional extra
 
         result = run_on_flower(config)
-    elif config.method in DCFM_METHODS:
-        from .dcfm import run_dcfm
-
-        result = run_dcfm(config)
     else:
-        from .ffm import run_ffm
-
-        result = run_ffm(config)
+        result = family_of(config.method).run(config)
     add_summary(result.out, result.metrics, result.pin)
     return result

@@ -18,27 +18,22 @@ from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
-import matplotlib
+import numpy as np
+import torch
+from torch import nn
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-from torch import nn  # noqa: E402
-
-from ..config import RunConfig, write_config  # noqa: E402
-from ..errors import ConfigError  # noqa: E402
-from ..federation.channel import Channel  # noqa: E402
-from ..federation.faults import load_threat_model  # noqa: E402
-from ..federation.log import MessageLog  # noqa: E402
-from ..federation.parties import Client, new_clients  # noqa: E402
-from ..methods.dcfm import (  # noqa: E402
+from ..config import RunConfig, write_config
+from ..errors import ConfigError
+from ..federation.channel import Channel
+from ..federation.faults import load_threat_model
+from ..federation.log import MessageLog
+from ..federation.parties import Client, new_clients
+from ..methods.dcfm import (
     DCFMB,
     ComposedField,
     DCFMClient,
     DCFMServer,
     DCFMSettings,
-    ExpertLedger,
     Masking,
     all_combinations,
     attribute_holders,
@@ -47,18 +42,17 @@ from ..methods.dcfm import (  # noqa: E402
     initial_model,
     random_route,
 )
-from ..methods.dcfm_baselines import FedFlow, RouterField  # noqa: E402
-from ..methods.ffm import client_weights  # noqa: E402
-from ..metrics.sampling import integrate  # noqa: E402
-from ..privacy.accounting import check_delta  # noqa: E402
-from ..privacy.dpsgd import poisson_rate  # noqa: E402
-from ..privacy.ledger import PrivacyLedger  # noqa: E402
-from ..privacy.settings import DPSettings  # noqa: E402
-from ..protocols.protocol import Protocol, load_protocol  # noqa: E402
-from ..protocols.statement import privacy_statement  # noqa: E402
-from ..runtime import party_generator, resolve_device  # noqa: E402
-from .ffm import Connect  # noqa: E402
-from .scaffold import (  # noqa: E402
+from ..methods.dcfm_baselines import FedFlow, RouterField
+from ..methods.ffm import client_weights
+from ..metrics.sampling import integrate
+from ..privacy.accounting import check_delta
+from ..privacy.budget import ServerLedger
+from ..privacy.settings import DPSettings
+from ..protocols.protocol import Protocol, load_protocol
+from ..protocols.statement import privacy_statement
+from ..runtime import party_generator, resolve_device
+from .ffm import Connect
+from .scaffold import (
     CHECKPOINT,
     RunResult,
     check_pin_path,
@@ -238,7 +232,7 @@ def _client_losses(channel: Channel, keys: tuple[str, ...]) -> dict:
 
 
 def _train(config: RunConfig, settings: DCFMSettings, channel: Channel,
-           ledger: ExpertLedger | None, device: torch.device) -> tuple[DCFMSampler, dict]:
+           ledger: ServerLedger | None, device: torch.device) -> tuple[DCFMSampler, dict]:
     """The method's training; returns its sampler and training diagnostics."""
     c = config
     sampler_args = (settings.cardinalities, settings.shape, c.guidance)
@@ -354,6 +348,11 @@ def _plot_samples(path: Path, facts: DataFacts,
     """2D: the clients' data (``shards``; None when the clients run elsewhere: the server holds
     none) and the generated samples per combination; images: a grid with one row per
     combination (novel ones titled in red)."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only, whatever display the machine has
+    import matplotlib.pyplot as plt
+
     novel = {tuple(y.tolist()) for y in facts.novel}
     if len(facts.shape) == 1:
         fig, (left, right) = plt.subplots(1, 2, figsize=(10, 5), sharex=True, sharey=True)
@@ -429,13 +428,11 @@ def run_dcfm(config: RunConfig, connect: Connect | None = None) -> RunResult:
                                program)
     else:
         channel = connect(protocol, log)
-    ledger, sigmas = None, {}
+    ledger = None
     if dp is not None:
         sigma = expert_noise_multiplier(settings, dp)
-        ledger = ExpertLedger(PrivacyLedger(dp.delta),
-                              poisson_rate(settings.batch_size, settings.nominal_size), sigma,
-                              dp.clip)
-        sigmas = {c.id: sigma for c in channel.clients}
+        ledger = ServerLedger(dp, settings.dp_plan().rate,
+                              {c.id: sigma for c in channel.clients})
     start = time.perf_counter()
     try:
         sampler, training = _train(config, settings, channel, ledger, device)
@@ -454,10 +451,7 @@ def run_dcfm(config: RunConfig, connect: Connect | None = None) -> RunResult:
         "messages": log.summary(),
         "insecure_deterministic": config.insecure_deterministic,  # then no privacy claim holds
     }
-    accounting = None
-    if ledger is not None:
-        accounting = ledger.ledger.report(dp.target_epsilon, dp.accountant)
-        accounting.update(noise_multiplier=sigmas, clip=dp.clip)
+    accounting = None if ledger is None else ledger.accounting()
     exclusions = () if settings.fedflow else (
         "label counts per combination travel in model messages without DP (docs/dcfm.md)",)
     privacy = privacy_statement(protocol, (settings.kind,), accounting=accounting,

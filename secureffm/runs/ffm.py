@@ -21,7 +21,6 @@ from __future__ import annotations
 import contextlib
 import json
 import shutil
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -223,11 +222,8 @@ def _privacy(config: RunConfig, trainer, rounds_run: int,
                   "message", "mechanisms": {}, "trust": ["none: the one party holds all data"],
             "exclusions": []}, config.insecure_deterministic)
     kinds = ("gradient", "dual_update") if trainer.potential is not None else ("gradient",)
-    accounting = None
-    if trainer.ledger is not None:
-        accounting = trainer.ledger.report(trainer.dp.target_epsilon, trainer.dp.accountant)
-        accounting.update(noise_multiplier=trainer.noise_multipliers, clip=trainer.dp.clip,
-                          rounds_run=rounds_run)
+    accounting = (None if trainer.charges is None else
+                  trainer.charges.accounting(rounds_run=rounds_run))
     unaccounted = {CLIENT_DATA: (UNACCOUNTED_EVALUATION,),
                    IMAGE_FOLDER: (UNACCOUNTED_IMAGE_EVALUATION,)}.get(config.data, ())
     statement = privacy_statement(trainer.channel.protocol, kinds,
@@ -278,33 +274,30 @@ def run_ffm(config: RunConfig, connect: Connect | None = None) -> RunResult:
         rounds = RoundLog()
         aborted = 0
         every = max(1, config.rounds // 200)
-        budget = (trainer.rounds_within_budget(first)
-                  if isinstance(trainer, FederatedFlowMatching) else config.rounds)
-        if resumed is not None:
-            refuse_over_budget(trainer, resumed, budget, config.rounds)
-        elif budget < config.rounds:
-            print(f"secureffm: the privacy target allows {budget} of {config.rounds} rounds at "
-                  "this noise multiplier; training stops there and keeps the model",
-                  file=sys.stderr, flush=True)
+        last = config.rounds
+        if isinstance(trainer, FederatedFlowMatching) and resumed is not None:
+            refuse_over_budget(trainer, resumed, trainer.rounds_within_budget(first), last)
+        elif isinstance(trainer, FederatedFlowMatching):
+            trainer.refuse_overspending()
         start = time.perf_counter()
-        bar = progress_bar(range(first, budget + 1), desc=f"{config.method} rounds",
+        bar = progress_bar(range(first, last + 1), desc=f"{config.method} rounds",
                            disable=not config.progress, unit="round", dynamic_ncols=True)
         for round_ in bar:
             progress.in_round = round_
             report = trainer.train_round(round_)
-            rounds.add(round_, int(report.get("aborted", 0)), {k: v for k, v in report.items()
-                                                              if k != "aborted"})
+            seen = report.diagnostics
+            rounds.add(round_, report.aborted, seen)
             board.round(round_, {k: v for k, v in rounds.rows[-1].items() if k != "round"})
-            aborted += int(report.pop("aborted", 0))
-            if round_ % every == 0 or round_ == budget:
-                if "loss" in report:
-                    curves["loss"].append([round_, report["loss"]])
-                postfix = {**{k: f"{v:.3f}" for k, v in report.items()}, "aborted": aborted}
+            aborted += report.aborted
+            if round_ % every == 0 or round_ == last:
+                if "loss" in seen:
+                    curves["loss"].append([round_, seen["loss"]])
+                postfix = {**{k: f"{v:.3f}" for k, v in seen.items()}, "aborted": aborted}
                 if periodic is not None:
                     postfix["img/s"] = f"{periodic.images_per_second(round_ - first + 1):.0f}"
                 bar.set_postfix(postfix, refresh=False)  # drawn at the next redraw
-            if "dual" in report:
-                curves["dual"].append([round_, report["dual"]])
+            if "dual" in seen:
+                curves["dual"].append([round_, seen["dual"]])
             if periodic is not None:
                 periodic(round_)
             progress.in_round, progress.completed = None, round_
@@ -313,7 +306,7 @@ def run_ffm(config: RunConfig, connect: Connect | None = None) -> RunResult:
         if config.data in SILO_DATA:  # where the data lives, before the log closes
             started = time.perf_counter()
             table = {"clients": evaluate_on_silos(trainer.channel, trainer.velocity.averaged,
-                                                  budget + 1)}
+                                                  last + 1)}
             if config.data == CLIENT_DATA:
                 table.update(schema={"path": config.schema,
                                      "digest": Schema.load(config.schema).digest()},
@@ -335,18 +328,18 @@ def run_ffm(config: RunConfig, connect: Connect | None = None) -> RunResult:
     head = _close_log(log, trainer)
     pin = record_pin(out, head, config.pin_to)
     started = time.perf_counter()
-    (out / "privacy.json").write_text(json.dumps(_privacy(config, trainer, budget, resumed),
+    (out / "privacy.json").write_text(json.dumps(_privacy(config, trainer, last, resumed),
                                                  indent=2))
     privacy_seconds = time.perf_counter() - started
-    if progress.saved != budget:
-        progress.checkpoint(out, budget, trainer.state_dict())
+    if progress.saved != last:
+        progress.checkpoint(out, last, trainer.state_dict())
     rounds.write(out / ROUNDS_FILE)
     try:
         result = _evaluate(config, out, pair, shards, trainer, device, log, periodic, pin, {
-            "setup_seconds": start - begun, "train_seconds": train_seconds, "budget": budget,
+            "setup_seconds": start - begun, "train_seconds": train_seconds, "last": last,
             "first": first, "privacy_seconds": privacy_seconds, "aborted": aborted,
             "curves": curves, "resumed": resumed, "table": table})
-        board.final(result.metrics, budget)
+        board.final(result.metrics, last)
         return result
     except KeyboardInterrupt as error:
         raise RunInterrupted(f"interrupted ({cause_of(error)}) during the evaluation: training "
@@ -361,7 +354,7 @@ def _evaluate(config: RunConfig, out: Path, pair, shards, trainer, device: torch
               facts: dict) -> RunResult:
     """Evaluate the trained model and write metrics.json and the plots (``facts``: the
     training's timings, rounds and curves)."""
-    budget, first, resumed = facts["budget"], facts["first"], facts["resumed"]
+    last, first, resumed = facts["last"], facts["first"], facts["resumed"]
     train_seconds = facts["train_seconds"]
     evaluator = party_generator(config.seed, EVALUATOR, device)
     model = trainer.velocity.averaged
@@ -391,10 +384,10 @@ def _evaluate(config: RunConfig, out: Path, pair, shards, trainer, device: torch
         "protocol": load_protocol(config.protocol).name,
         "data": config.data,
         "clients": config.clients if config.method not in CENTRALIZED else 1,
-        "rounds": budget,
+        "rounds": last,
         "setup_seconds": facts["setup_seconds"],
         "train_seconds": train_seconds,
-        "seconds_per_round": train_seconds / max(budget - first + 1, 1),
+        "seconds_per_round": train_seconds / max(last - first + 1, 1),
         "eval_seconds": eval_seconds,
         "privacy_seconds": facts["privacy_seconds"],
         "eval": evaluation,
@@ -408,14 +401,14 @@ def _evaluate(config: RunConfig, out: Path, pair, shards, trainer, device: torch
     if config.canaries:
         metrics["audit_run"] = {"canaries": config.canaries, "notice": AUDIT_NOTICE}
     if config.images:
-        metrics.update(periodic.summary(budget - first + 1, train_seconds))
+        metrics.update(periodic.summary(last - first + 1, train_seconds))
     if resumed is not None:
         metrics["resumed_from"] = {"run": str(resumed.source), "round": resumed.round}
     (out / "metrics.json").write_text(json.dumps(metrics, indent=2))
     label = (f"{config.method}, {metrics['protocol']} ({config.data}, "
              f"{metrics['clients']} client(s))")
     if config.images:
-        periodic.grid(out / "samples.png", f"samples: {label}, round {budget}")
+        periodic.grid(out / "samples.png", f"samples: {label}, round {last}")
         return RunResult(out, metrics, pin)
     if config.data == CLIENT_DATA:  # the server holds no row to draw
         return RunResult(out, metrics, pin)

@@ -4,8 +4,8 @@ processes through Flower.
 :func:`main` is what the ServerApp runs (:func:`secureffm.federation.flower.make_server_app`):
 it reads the run's config and the keys folder from the Flower run config, loads only the
 server's own key file and the pinned registry, learns which Flower node is which client
-(``hello``), and runs :func:`secureffm.runs.ffm.run_ffm` (for a DCFM method
-:func:`secureffm.runs.dcfm.run_dcfm`, for a FedWAD run :func:`secureffm.runs.fedwad.run_fedwad`)
+(``hello``), and runs the runner of the method's family (:func:`secureffm.runs.ffm.run_ffm`,
+:func:`secureffm.runs.dcfm.run_dcfm`; for a FedWAD run :func:`secureffm.runs.fedwad.run_fedwad`)
 over a :class:`~secureffm.federation.remote.RemoteTransport`. It holds no client data and no client
 key. :func:`run_on_flower` provisions fresh keys and runs the whole federation on Flower's
 simulation engine from this process (what ``secureffm run --engine flower`` does), each
@@ -18,9 +18,10 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
-from ..config import DCFM_METHODS, RunConfig
+from ..config import RunConfig
 from ..data.silo import CLIENT_DATA
 from ..errors import ConfigError
+from ..families import family_of
 from ..federation.keyfiles import load_party_keys, load_registry, provision
 from ..federation.log import MessageLog
 from ..federation.message import SERVER
@@ -28,9 +29,7 @@ from ..federation.parties import ClientInfo, Party, SecretStreams
 from ..federation.remote import RemoteTransport
 from ..protocols.channel import ProtectedChannel
 from ..protocols.protocol import Protocol
-from .dcfm import run_dcfm
 from .fedwad import FedWADRun, FedWADRunResult, fedwad_folder, run_fedwad
-from .ffm import run_ffm
 from .flower_node import KEYS_KEY, client_ids, config_of, run_config_of
 from .flower_policy import policy_of, write_policy
 from .scaffold import JOURNALS_DIR, RunResult, run_folder
@@ -82,8 +81,7 @@ def main(calls, run_config: dict) -> dict:
     def connect(protocol: Protocol, log: MessageLog) -> ProtectedChannel:
         return flower_channel(calls, config, run_config[KEYS_KEY], protocol, log)
 
-    runner = run_dcfm if config.method in DCFM_METHODS else run_ffm
-    result = runner(config, connect=connect)
+    result = family_of(config.method).run(config, connect)
     return {"out": str(result.out), "metrics": result.metrics, "pin": result.pin}
 
 

@@ -19,6 +19,7 @@ from safetensors.numpy import save_file
 from ..audit.pin import pin_of
 from ..config import RunConfig
 from ..errors import ConfigError
+from ..federation.channel import Program
 from ..federation.faults import FaultPlan
 from ..federation.log import MessageLog
 from ..federation.parties import Client, Registry, new_server
@@ -26,7 +27,6 @@ from ..federation.snapshot import decode_tree, encode_tree
 from ..federation.transport import InProcessTransport
 from ..privacy.settings import DPSettings
 from ..protocols.channel import ProtectedChannel
-from ..protocols.endpoint import Program
 from ..protocols.protocol import Protocol
 from .tensorboard import TENSORBOARD_DIR
 

@@ -41,8 +41,8 @@ from secureffm.federation.message import SERVER, canonical, deserialize_payload,
 from secureffm.federation.parties import Client, ClientInfo, Party, Registry, new_server
 from secureffm.federation.remote import RemoteTransport
 from secureffm.protocols import ProtectedChannel, load_protocol
-from secureffm.protocols import secagg as secagg_module
 from secureffm.protocols.endpoint import ClientEndpoint
+from secureffm.protocols.secagg.session import ClientSession
 from secureffm.runs.scaffold import open_channel
 
 KIND = "gradient"
@@ -511,7 +511,7 @@ def test_a_survivor_whose_signature_does_not_verify_is_refused_by_the_clients(
     payloads read."""
     tamper = at("secagg.sign", garbage_signature())
     with monkeypatch.context() as patch:
-        patch.setattr(secagg_module._ClientSession, "_signature_problem",
+        patch.setattr(ClientSession, "_signature_problem",
                       lambda *args: "")
         unchecked = remote(tmp_path / "unchecked", protocol, tamper=tamper, keep_payloads=True)
     assert unchecked.result.included == ids(4)

@@ -44,7 +44,9 @@ def test_a_round_is_one_optimizer_step_and_reports_a_finite_loss(method):
     trainer = _trainer(method, lr=1e-3)
     before = trainer.velocity.flat()
     report = trainer.train_round(1)
-    assert set(report) == {"loss"} and math.isfinite(report["loss"]) and report["loss"] > 0
+    loss = report.diagnostics["loss"]
+    assert report.aborted == 0 and set(report.diagnostics) == {"loss"}
+    assert math.isfinite(loss) and loss > 0
     moved = np.abs(trainer.velocity.flat() - before)
     assert np.median(moved) == pytest.approx(1e-3, rel=1e-2)
     assert moved.max() <= 1e-3 * (1 + 1e-3)
@@ -65,6 +67,6 @@ def test_a_seeded_party_replays_its_rounds_and_training_lowers_the_loss():
             return float(flow_matching_loss(first.velocity.module, x0, x1, t).mean())
 
     start = held_out()
-    losses = [first.train_round(r)["loss"] for r in range(1, 151)]
-    assert [second.train_round(r)["loss"] for r in range(1, 4)] == losses[:3]
+    losses = [first.train_round(r).diagnostics["loss"] for r in range(1, 151)]
+    assert [second.train_round(r).diagnostics["loss"] for r in range(1, 4)] == losses[:3]
     assert held_out() < 0.8 * start

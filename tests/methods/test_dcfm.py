@@ -18,7 +18,6 @@ from secureffm.methods.dcfm import (
     ComposedField,
     DCFMClient,
     DCFMServer,
-    ExpertLedger,
     LocalExpert,
     Masking,
     anchors,
@@ -33,7 +32,7 @@ from secureffm.methods.dcfm import (
     teacher_paths,
 )
 from secureffm.models.conditional import ConditionalVelocityMLP
-from secureffm.privacy.ledger import PrivacyLedger
+from secureffm.privacy.budget import ServerLedger
 from secureffm.privacy.settings import DPSettings
 from secureffm.protocols.protocol import load_protocol
 from secureffm.runs import run
@@ -361,7 +360,7 @@ def test_the_server_charges_each_client_every_step_it_ran(tmp_path):
     settings, clients, program, protocol = _federation(config, data, dp)
     channel = open_channel(protocol, clients, MessageLog(tmp_path / "messages.jsonl"),
                            program=program)
-    ledger = ExpertLedger(PrivacyLedger(dp.delta), 32 / 150, 4.0, dp.clip)
+    ledger = ServerLedger(dp, 32 / 150, dict.fromkeys((c.id for c in clients), 4.0))
     DCFMServer(channel, settings, torch.device("cpu"), ledger).run_a()
     for client in clients:
         ran = _adam_steps(client)

@@ -35,6 +35,7 @@ from secureffm.methods.ffm import (
     velocity_gradient,
 )
 from secureffm.methods.flow_matching import flow_matching_loss
+from secureffm.methods.round_report import RoundReport
 from secureffm.models.mlp import VelocityMLP
 from secureffm.protocols import load_protocol
 from secureffm.runs.scaffold import open_channel, resolve_dp
@@ -236,12 +237,12 @@ def test_a_round_moves_the_global_model_by_one_step_over_every_client(tmp_path, 
     report = ffm.train_round(1)
     moved = np.abs(ffm.velocity.flat() - before)
     assert np.median(moved) == pytest.approx(ffm.settings.lr, rel=1e-2)  # Adam's first step
-    assert report["aborted"] == 0 and np.isfinite(report["loss"])
+    assert report.aborted == 0 and np.isfinite(report.diagnostics["loss"])
     aggregated = [e for e in ffm.channel.transport.log.events if e["event"] == "aggregated"]
     assert aggregated[0]["included"] == ["client-1", "client-2"]
     if potential is not None:  # potential_every = 1: the dual step runs this round too
         assert not np.array_equal(ffm.potential.flat(), potential)
-        assert np.isfinite(report["dual"]) and len(aggregated) == 2
+        assert np.isfinite(report.diagnostics["dual"]) and len(aggregated) == 2
 
 
 # -- DP bookkeeping ------------------------------------------------------------------------
@@ -346,7 +347,7 @@ def test_a_plaintext_round_steps_by_lr_times_the_size_weighted_mean_of_client_gr
                                rtol=0, atol=1e-6)
     np.testing.assert_allclose((before - ffm.velocity.flat()) / ffm.settings.lr, weighted,
                                rtol=1e-3, atol=5e-5)
-    assert report["aborted"] == 0
+    assert report.aborted == 0
 
 
 def test_every_client_trains_from_the_broadcast_model(tmp_path):
@@ -409,7 +410,7 @@ def test_under_a_dp_stage_the_step_is_the_equal_weight_mean_of_the_uploads(tmp_p
     mean = np.mean([g.astype(np.float64) for g in uploads.values()], axis=0)
     np.testing.assert_allclose(ffm.velocity.flat(), before - ffm.settings.lr * mean,
                                rtol=0, atol=1e-6)
-    assert report == {"aborted": 0.0}  # no unprivatized client loss is reported under DP
+    assert report == RoundReport()  # no unprivatized client loss is reported under DP
 
 
 @pytest.mark.parametrize("method, aborts", [("vanilla", 1), ("got", 2)])
@@ -423,7 +424,7 @@ def test_an_aborted_aggregation_leaves_the_model_unchanged(tmp_path, method, abo
     velocity = ffm.velocity.flat()
     potential = ffm.potential.flat() if ffm.potential is not None else None
     report = ffm.train_round(1)
-    assert report == {"aborted": float(aborts)}
+    assert report == RoundReport(aborted=aborts)
     assert np.array_equal(ffm.velocity.flat(), velocity)
     assert ffm.velocity.optimizer.state_dict()["state"] == {}  # Adam never stepped
     events = [e for e in ffm.channel.transport.log.events if e["round"] == 1]

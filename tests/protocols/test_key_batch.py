@@ -15,7 +15,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import secureffm.protocols.key_batch as key_batch
-import secureffm.protocols.secagg as secagg
+import secureffm.protocols.secagg.keys_once as epoch
+import secureffm.protocols.secagg.per_round as per_round
 from secureffm.audit.verify import verify_run
 from secureffm.errors import ProtocolError
 from secureffm.federation import Client, deserialize_payload
@@ -23,6 +24,8 @@ from secureffm.federation.crypto import private_bytes
 from secureffm.federation.faults import Fault
 from secureffm.protocols import load_protocol
 from secureffm.protocols.key_batch import KeyBatch, check_proof, commit, key_statement
+from secureffm.protocols.quantize import Quantizer
+from secureffm.protocols.secagg.session import ClientSession
 from tests.protocols.test_endpoint import restarted
 from tests.protocols.test_secagg import (
     KIND,
@@ -149,7 +152,7 @@ def test_each_party_checks_each_batch_signature_once(tmp_path, monkeypatch, size
         result = channel.aggregate(r, KIND, lambda c, u=updates: {KIND: u[c.id]}, weights,
                                    {KIND: ((6,), np.dtype(np.float32))})
         assert result.included == ids
-        tol = tolerance(secagg.Quantizer(8.0, LEVELS, 32), weights, ids, n)
+        tol = tolerance(Quantizer(8.0, LEVELS, 32), weights, ids, n)
         assert np.abs(result.payload[KIND] - plain_mean(updates, weights, ids)).max() <= tol
         if r == 1:  # a restarted client keeps its batch (what a Flower node does)
             channel.endpoints = {cid: restarted(e) for cid, e in channel.endpoints.items()}
@@ -186,15 +189,15 @@ def test_a_survivor_confirmation_cannot_be_made_up_from_other_signatures(tmp_pat
     client-2's signature either the one client-1 itself made of the same view (reflected) or
     the one client-3, colluding, made. client-1 refuses, naming client-2; the others answer
     and the round stays exact."""
-    real = secagg.SecAggStage._request
+    real = per_round._request
 
-    def tampered(self, r, v, u3, gone, confirmations):
+    def tampered(stage, r, v, u3, gone, confirmations):
         if v == "client-1":
             made = confirmations["client-1" if forgery == "reflected" else "client-3"]
             confirmations = confirmations | {"client-2": made}
-        return real(self, r, v, u3, gone, confirmations)
+        return real(stage, r, v, u3, gone, confirmations)
 
-    monkeypatch.setattr(secagg.SecAggStage, "_request", tampered)
+    monkeypatch.setattr(per_round, "_request", tampered)
     clients = make_clients(4)
     ids = [c.id for c in clients]
     channel, log = make_channel(tmp_path, clients, write_spec(tmp_path))
@@ -204,7 +207,7 @@ def test_a_survivor_confirmation_cannot_be_made_up_from_other_signatures(tmp_pat
     assert any("client-2 did not confirm the survivor set" in why
                for why in _refusals(tmp_path, "client-1")), _refusals(tmp_path, "client-1")
     assert result.included == ids  # three answers reach the threshold of 3
-    tol = tolerance(secagg.Quantizer(8.0, LEVELS, 32), weights, ids, 4)
+    tol = tolerance(Quantizer(8.0, LEVELS, 32), weights, ids, 4)
     assert np.abs(result.payload[KIND] - plain_mean(updates, weights, ids)).max() <= tol
 
 
@@ -214,9 +217,9 @@ def test_an_unmask_request_relaying_garbage_signatures_is_refused(tmp_path, monk
     round aborts with nothing revealed. With that check removed (clients that check nothing)
     they answer, and the audit, which re-checks every answered request against the
     signatures the log shows, names it."""
-    real = secagg.SecAggStage._request
-    monkeypatch.setattr(secagg.SecAggStage, "_request", lambda self, r, v, u3, gone, c: real(
-        self, r, v, u3, gone, {u: bytes(64) for u in c}))
+    real = per_round._request
+    monkeypatch.setattr(per_round, "_request", lambda stage, r, v, u3, gone, c: real(
+        stage, r, v, u3, gone, {u: bytes(64) for u in c}))
     for checked in (False, True):
         folder = tmp_path / str(checked)
         folder.mkdir()
@@ -225,7 +228,7 @@ def test_an_unmask_request_relaying_garbage_signatures_is_refused(tmp_path, monk
         ids = [c.id for c in clients]
         with monkeypatch.context() as patch:
             if not checked:
-                patch.setattr(secagg._ClientSession, "_signature_problem", lambda *args: "")
+                patch.setattr(ClientSession, "_signature_problem", lambda *args: "")
             result = run_round(channel, uniform_updates(4, 5), {c: 1.0 for c in ids})
         channel.close()
         report = verify_run(folder)
@@ -246,7 +249,6 @@ def test_under_setup_once_a_reflected_survivor_signature_is_refused(tmp_path, mo
     set, the signature client-1 made of it itself (setup = "once", its consistency round).
     client-1 refuses, naming client-2; other holders answer in its place and the round stays
     exact."""
-    import secureffm.protocols.secagg_epoch as epoch
     real = epoch._request
 
     def tampered(stage, r, v, u3, gone, signed):
@@ -264,7 +266,7 @@ def test_under_setup_once_a_reflected_survivor_signature_is_refused(tmp_path, mo
     assert any("client-2 did not confirm the survivor set, parameters, graph" in why
                for why in _refusals(tmp_path, "client-1")), _refusals(tmp_path, "client-1")
     assert result.included == ids
-    tol = tolerance(secagg.Quantizer(8.0, LEVELS, 32), weights, ids, 5)
+    tol = tolerance(Quantizer(8.0, LEVELS, 32), weights, ids, 5)
     assert np.abs(result.payload[KIND] - plain_mean(updates, weights, ids)).max() <= tol
 
 
@@ -292,7 +294,7 @@ def test_rounds_across_key_batches_are_exact_or_abort_under_dropouts(size, drops
             if not any(round_ == r for round_, _, _ in drops):
                 assert result.included == ids
             if result.payload is not None:
-                tol = tolerance(secagg.Quantizer(8.0, LEVELS, 32), weights, result.included, 5)
+                tol = tolerance(Quantizer(8.0, LEVELS, 32), weights, result.included, 5)
                 want = plain_mean(updates, weights, result.included)
                 assert np.abs(result.payload[KIND] - want).max() <= tol
         log.close()

@@ -29,7 +29,13 @@ import secureffm.protocols.key_batch as key_batch
 import secureffm.protocols.secagg as secagg
 from secureffm.errors import MessageError, ProtocolError
 from secureffm.federation import Client, MessageLog, deserialize_payload
-from secureffm.federation.crypto import agree, open_sealed, private_bytes, private_from_bytes
+from secureffm.federation.crypto import (
+    agree,
+    new_key_pair,
+    open_sealed,
+    private_bytes,
+    private_from_bytes,
+)
 from secureffm.federation.faults import Fault, FaultPlan
 from secureffm.federation.parties import Registry
 from secureffm.protocols import load_protocol
@@ -37,9 +43,13 @@ from secureffm.protocols.key_batch import PROOF_FIELDS
 from secureffm.protocols.neighbourhood import Tolerance
 from secureffm.protocols.prg import add_masks, expand_seed, word_dtype
 from secureffm.protocols.quantize import Quantizer
-from secureffm.protocols.secagg import SecAggStage, harary_neighbours
+from secureffm.protocols.secagg import SecAggStage, harary_neighbours, per_round
+from secureffm.protocols.secagg import server as secagg_server
+from secureffm.protocols.secagg import session as secagg_session
+from secureffm.protocols.secagg.common import CHANNEL_LABEL, MASK_LABEL
+from secureffm.protocols.secagg.session import ClientSession, Peer
 from secureffm.protocols.shamir import reconstruct_bytes, share_from_bytes, share_to_bytes
-from secureffm.protocols.wire import bytes_payload, payload_bytes
+from secureffm.protocols.wire import bytes_payload, json_payload, payload_bytes
 from secureffm.runs.scaffold import open_channel
 from tests.protocols.test_prg import reference_masked
 
@@ -264,7 +274,7 @@ def test_secagg_is_exact_or_aborts_exactly_as_the_threshold_rule_says(sc):
     real_harary = secagg.harary_neighbours
     faults = [Fault("drop", ids[i], phase) for i, phase in sc.drops]
     with TemporaryDirectory() as tmp, pytest.MonkeyPatch.context() as mp:
-        mp.setattr(secagg, "harary_neighbours", spy)
+        mp.setattr(secagg_server, "harary_neighbours", spy)
         spec = write_spec(tmp, threshold=sc.threshold, neighbours=sc.neighbours, clip=clip)
         channel, log = make_channel(tmp, make_clients(sc.n), spec, faults)
         result = run_round(channel, updates, weights)
@@ -354,9 +364,9 @@ def test_each_client_masks_as_the_reference_says_in_any_peer_order(data, n, bits
     total, summed, self_masks = np.zeros(d, dtype=object), np.zeros(d, dtype=object), []
     for client in clients:
         u = client.id
-        session = secagg._ClientSession(client, Registry.of(clients), stage, 1, KIND)
+        session = ClientSession(client, Registry.of(clients), stage, 1, KIND)
         peers = data.draw(st.permutations([v for v in ids if v != u]))
-        session.peers = {v: secagg._Peer(b"", pair[frozenset((u, v))], order[u] < order[v])
+        session.peers = {v: Peer(b"", pair[frozenset((u, v))], order[u] < order[v])
                          for v in peers}
         session.masks_with = tuple(peers)
         q = [rng.randrange(2**bits) for _ in range(d)]
@@ -381,7 +391,7 @@ def test_the_relaying_server_cannot_read_the_shares(tmp_path, monkeypatch):
     """Record every key pair and Shamir share the clients make (spies, behaviour unchanged),
     then look for them in the bytes the server relayed."""
     pairs, splits = [], []
-    real_pair, real_split = secagg.new_key_pair, secagg.split_bytes
+    real_pair, real_split = key_batch.new_key_pair, secagg_session.split_bytes
 
     def pair_spy():
         pair = real_pair()
@@ -394,7 +404,7 @@ def test_the_relaying_server_cannot_read_the_shares(tmp_path, monkeypatch):
         return shares
 
     monkeypatch.setattr(key_batch, "new_key_pair", pair_spy)
-    monkeypatch.setattr(secagg, "split_bytes", split_spy)
+    monkeypatch.setattr(secagg_session, "split_bytes", split_spy)
     n = 4
     clients = make_clients(n)
     ids = [c.id for c in clients]
@@ -435,12 +445,12 @@ def test_the_relaying_server_cannot_read_the_shares(tmp_path, monkeypatch):
     (data,) = [b for r, b in logged_payloads(tmp_path, "share_keys") if r["sender"] == u]
     sealed = deserialize_payload(data)["client-2"].tobytes()
     context = f"1|{KIND}|{u}|client-2".encode()
-    key = agree(channel[u].private, channel["client-2"].public, secagg._CHANNEL)
+    key = agree(channel[u].private, channel["client-2"].public, CHANNEL_LABEL)
     position = ids.index("client-2")  # S(u) is every client, in client order
     assert open_sealed(key, sealed, context) == (share_to_bytes(key_shares[u][position])
                                                  + share_to_bytes(seed_shares[u][position]))
     # The server knows both public keys but no private one: its best guesses fail.
-    guess = agree(secagg.new_key_pair().private, channel["client-2"].public, secagg._CHANNEL)
+    guess = agree(new_key_pair().private, channel["client-2"].public, CHANNEL_LABEL)
     for wrong in (guess, bytes(32), key[::-1]):
         with pytest.raises(ProtocolError, match="failed authentication"):
             open_sealed(wrong, sealed, context)
@@ -452,7 +462,7 @@ def test_the_relaying_server_cannot_read_the_shares(tmp_path, monkeypatch):
 
 def test_clients_refuse_an_unmask_request_naming_a_peer_alive_and_dropped(tmp_path,
                                                                          monkeypatch):
-    real = secagg._json_payload
+    real = per_round._json_payload
 
     def malicious(value):  # the server also asks for client-2's mask-key shares
         if "dropped" in value:  # an unmask request (not the consistency announcement)
@@ -460,7 +470,7 @@ def test_clients_refuse_an_unmask_request_naming_a_peer_alive_and_dropped(tmp_pa
             value["dropped"] = list(value["dropped"]) + ["client-2"]
         return real(value)
 
-    monkeypatch.setattr(secagg, "_json_payload", malicious)
+    monkeypatch.setattr(per_round, "_json_payload", malicious)
     clients = make_clients(4)
     channel, log = make_channel(tmp_path, clients, write_spec(tmp_path), keep_payloads=True)
     result = run_round(channel, uniform_updates(4, 6), {c.id: 1.0 for c in clients})
@@ -484,13 +494,13 @@ def test_answer_reveals_one_secret_per_peer_once_and_refuses_bad_requests(tmp_pa
     semi-honest variant: the request rules hold in both; test_malicious_server.py plays the
     consistency round's)."""
     captured = []
-    real = secagg._ClientSession.answer
+    real = ClientSession.answer
 
     def spy(self, data):
         captured.append(self)
         return real(self, data)
 
-    monkeypatch.setattr(secagg._ClientSession, "answer", spy)
+    monkeypatch.setattr(ClientSession, "answer", spy)
     clients = make_clients(4)
     ids = [c.id for c in clients]
     channel, log = make_channel(tmp_path, clients, write_spec(tmp_path, adversary="semi-honest"),
@@ -502,13 +512,13 @@ def test_answer_reveals_one_secret_per_peer_once_and_refuses_bad_requests(tmp_pa
 
     def ask(request) -> bytes:
         session.answered = False  # each request below is judged on its own
-        return session.answer(secagg._json_payload(request))
+        return session.answer(json_payload(request))
 
     honest = deserialize_payload(ask({"survivors": ids[:3], "dropped": ["client-4"]}))
     assert sorted(honest) == ["b:client-1", "b:client-2", "b:client-3", "s:client-4"]
     assert all(v.dtype == np.uint8 and len(v) == 68 for v in honest.values())
     with pytest.raises(MessageError, match="already answered"):  # asking twice
-        session.answer(secagg._json_payload({"survivors": ids[1:3], "dropped": ["client-4"]}))
+        session.answer(json_payload({"survivors": ids[1:3], "dropped": ["client-4"]}))
     for request, fragment in [
         ({"survivors": ids[:3], "dropped": ["client-4", "client-3"]}, "client-3 both alive"),
         ({"survivors": ids, "dropped": ["client-4"]}, "client-4 both alive"),
@@ -522,9 +532,9 @@ def test_answer_reveals_one_secret_per_peer_once_and_refuses_bad_requests(tmp_pa
         with pytest.raises(MessageError, match=fragment):
             ask(request)
     for junk, fragment in [(b"junk", "not a valid payload"),
-                           (secagg._bytes_payload({"json": b"{"}), "no valid JSON"),
-                           (secagg._bytes_payload({"json": b"\xff"}), "no valid JSON"),
-                           (secagg._bytes_payload({}), "no valid JSON")]:
+                           (bytes_payload({"json": b"{"}), "no valid JSON"),
+                           (bytes_payload({"json": b"\xff"}), "no valid JSON"),
+                           (bytes_payload({}), "no valid JSON")]:
         with pytest.raises(MessageError, match=fragment):
             session.answer(junk)
 
@@ -544,7 +554,7 @@ def test_a_server_splitting_its_unmask_requests_cannot_unmask_one_client(tmp_pat
                                                                         threshold):
     """Even without the consistency round (semi-honest variant), a threshold above half the
     share group keeps a split view from collecting both secrets of one client."""
-    real = secagg._json_payload
+    real = per_round._json_payload
     requests = []
 
     def split_view(value):  # requests go out in client order: 1 and 2 honest, 3 and 4 lied to
@@ -554,7 +564,7 @@ def test_a_server_splitting_its_unmask_requests_cannot_unmask_one_client(tmp_pat
                      "dropped": ["client-1"]}
         return real(value)
 
-    monkeypatch.setattr(secagg, "_json_payload", split_view)
+    monkeypatch.setattr(per_round, "_json_payload", split_view)
     n, d = 4, 16
     clients = make_clients(n)
     ids = [c.id for c in clients]
@@ -585,7 +595,7 @@ def test_a_server_splitting_its_unmask_requests_cannot_unmask_one_client(tmp_pat
     quantizer = Quantizer(8.0, LEVELS, 32)
     y = quantizer.sub_mod(masked["client-1"], expand_seed(seed, d, 32))
     for v in ids[1:]:  # client-1 comes first, so it added +PRG(s_1v) for every peer
-        pair = agree(mask_key, public[v]["s_pk"].tobytes(), secagg._MASK)
+        pair = agree(mask_key, public[v]["s_pk"].tobytes(), MASK_LABEL)
         y = quantizer.sub_mod(y, expand_seed(pair, d, 32))
     recovered = y.astype(np.float64) * quantizer.step - quantizer.clip  # scale is 1 here
     assert np.abs(recovered - updates["client-1"]).max() > 1e-3, "client-1's update leaked"

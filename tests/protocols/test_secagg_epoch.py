@@ -1,4 +1,4 @@
-"""Secure aggregation with keys agreed once (``setup = "once"``, secagg_epoch.py): exact sums
+"""Secure aggregation with keys agreed once (``setup = "once"``, secagg/keys_once.py): exact sums
 or clean aborts over several rounds under random dropouts at every phase, the set-up reused,
 and the client's refusals of a server that deviates.
 
@@ -20,11 +20,15 @@ from hypothesis import event as hypothesis_event
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-import secureffm.protocols.secagg as secagg
+import secureffm.protocols.secagg.keys_once as epoch
 from secureffm.audit.verify import verify_run
 from secureffm.federation.faults import Fault
+from secureffm.protocols.link import Call
 from secureffm.protocols.quantize import Quantizer
-from secureffm.protocols.secagg_epoch import round_label, round_seed
+from secureffm.protocols.secagg import round_label, round_seed
+from secureffm.protocols.secagg.server import choose_graph
+from secureffm.protocols.secagg.session import ClientSession
+from secureffm.protocols.wire import payload_bytes
 from tests.protocols.test_secagg import (
     KIND,
     LEVELS,
@@ -148,7 +152,7 @@ def test_each_round_is_exact_or_aborts_as_the_threshold_rule_says(sc):
     weights = dict.fromkeys(ids, 1.0)  # secure aggregation takes no other
     updates = [uniform_updates(sc.n, sc.d, sc.seed + r) for r in range(ROUNDS)]
     graphs = []  # the server's graph of each set-up (clients re-derive theirs: not these)
-    real_choose = secagg.SecAggStage.choose_graph
+    real_choose = choose_graph
 
     def spy(stage, r, u1):
         real_choose(stage, r, u1)
@@ -156,7 +160,7 @@ def test_each_round_is_exact_or_aborts_as_the_threshold_rule_says(sc):
 
     faults = [Fault("drop", ids[i], phase, rounds=(r,)) for r, i, phase in sc.drops]
     with TemporaryDirectory() as tmp, pytest.MonkeyPatch.context() as mp:
-        mp.setattr(secagg.SecAggStage, "choose_graph", spy)
+        mp.setattr(epoch, "choose_graph", spy)
         spec = write_spec(tmp, neighbours=sc.neighbours, adversary=sc.adversary, setup="once",
                           clip=8.0)
         channel, log = make_channel(tmp, make_clients(sc.n), spec, faults)
@@ -228,7 +232,6 @@ def test_a_client_refuses_a_mask_request_the_set_up_does_not_allow(tmp_path, mon
     """Adversary: a malicious server editing the arguments of client-1's mask request in
     round 2: too few peers (masking with one peer, client-1's input would be read by naming it
     dropped), a stranger, a repeated peer, another set-up."""
-    import secureffm.protocols.secagg_epoch as epoch
     channel, log, ids = _epoch_federation(tmp_path)
     real = epoch._masked_inputs
 
@@ -239,7 +242,7 @@ def test_a_client_refuses_a_mask_request_the_set_up_does_not_allow(tmp_path, mon
             if r.link.round == 2 and phase == "mask_request":
                 calls = dict(calls)
                 call = calls["client-1"]
-                calls["client-1"] = epoch.Call(call.data, {**call.args, **args})
+                calls["client-1"] = Call(call.data, {**call.args, **args})
             return exchange(phase, reply_phase, action, calls)
 
         r.link.exchange = edited
@@ -265,7 +268,7 @@ def test_a_second_mask_request_in_one_round_is_refused(tmp_path):
     for round_ in (1, 0):
         link.round = round_
         again = link.exchange("mask_request", "masked_input", "secagg.epoch.mask", {
-            "client-1": secagg.Call(None, {
+            "client-1": Call(None, {
                 "compute": lambda c: {KIND: updates[c.id]}, "template": {KIND: [[4], "float32"]},
                 "scale": 1.0, "share_variance": 0.0, "epoch": 1,
                 "peers": ["client-2", "client-3", "client-4", "client-5"]})})
@@ -281,7 +284,7 @@ def test_a_peer_reveals_only_the_round_seed_of_a_dropped_client(tmp_path):
     and it does not give round 2's seed (client-3 returns and masks with the same set-up)."""
     channel, log, ids = _epoch_federation(tmp_path, adversary="semi-honest")
     captured = {}
-    real = secagg._ClientSession.admit
+    real = ClientSession.admit
 
     def spy(self, data):
         captured.setdefault(self.id, self)
@@ -291,7 +294,7 @@ def test_a_peer_reveals_only_the_round_seed_of_a_dropped_client(tmp_path):
     channel.transport.faults = type(channel.transport.faults)(
         "test", (Fault("drop", "client-3", "masked_input", rounds=(1,)),))
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(secagg._ClientSession, "admit", spy)
+        mp.setattr(ClientSession, "admit", spy)
         results = run_rounds(channel, faults_round, {c: 1.0 for c in ids})
     channel.close()
     assert results[0].included == ["client-1", "client-2", "client-4", "client-5"]
@@ -300,7 +303,7 @@ def test_a_peer_reveals_only_the_round_seed_of_a_dropped_client(tmp_path):
     revealed = {}
     for record in read_records(tmp_path):
         if record["kind"] == KIND and record["phase"] == "unmask" and record["round"] == 1:
-            reply = json.loads(secagg._payload_bytes(
+            reply = json.loads(payload_bytes(
                 payloads[record["offset"]:record["offset"] + record["bytes"]], "x")["json"])
             assert set(reply["k"]) <= {"client-3"}
             if "client-3" in reply["k"]:
@@ -340,7 +343,7 @@ def test_clients_restored_from_their_saved_state_go_on_with_the_same_set_up(tmp_
     channel.endpoints = {cid: restarted(e) for cid, e in channel.endpoints.items()}
     link = channel._link(2, KIND, ("secagg",))
     again = link.exchange("mask_request", "masked_input", "secagg.epoch.mask", {
-        "client-1": secagg.Call(None, {
+        "client-1": Call(None, {
             "compute": lambda c: {KIND: updates[1][c.id]}, "template": {KIND: [[5], "float32"]},
             "scale": 1.0, "share_variance": 0.0, "epoch": 1,
             "peers": ["client-2", "client-3", "client-4"]})})
@@ -356,7 +359,6 @@ def test_an_unmask_request_relaying_garbage_survivor_signatures_is_refused(tmp_p
     aborts with nothing revealed. With that check removed (holders that check nothing) they
     answer, and the audit, which re-checks every answered request against what the log shows
     the client saw, names it."""
-    import secureffm.protocols.secagg_epoch as epoch
     real = epoch._request
     monkeypatch.setattr(epoch, "_request", lambda stage, r, v, u3, gone, signed: real(
         stage, r, v, u3, gone, {u: bytes(64) for u in signed}))
@@ -366,7 +368,7 @@ def test_an_unmask_request_relaying_garbage_survivor_signatures_is_refused(tmp_p
         channel, log, ids = _epoch_federation(folder)
         with monkeypatch.context() as patch:
             if not checked:
-                patch.setattr(secagg._ClientSession, "_signature_problem", lambda *args: "")
+                patch.setattr(ClientSession, "_signature_problem", lambda *args: "")
             result = run_rounds(channel, [uniform_updates(5, 4)], {c: 1.0 for c in ids})[0]
         channel.close()
         report = verify_run(folder)

@@ -35,7 +35,6 @@ import numpy as np
 import torch
 
 import secureffm.protocols.key_batch as key_batch
-import secureffm.protocols.secagg as secagg
 from secureffm.audit.verify import verify_run
 from secureffm.errors import ProtocolError
 from secureffm.federation import SERVER, Aggregate, Client, MessageLog, deserialize_payload
@@ -45,6 +44,7 @@ from secureffm.federation.message import Envelope, serialize_payload
 from secureffm.protocols import ProtectedChannel, load_protocol
 from secureffm.protocols.link import Link
 from secureffm.protocols.prg import expand_seed
+from secureffm.protocols.secagg.common import MASK_LABEL
 from secureffm.protocols.shamir import SHARE_BYTES, Share, decode, share_from_bytes
 from secureffm.runs.scaffold import open_channel
 
@@ -310,12 +310,12 @@ class ServerView:
     def pair_seeds_from_own_key(self, u: str, s_sk: bytes) -> dict[str, bytes]:
         """u's pairwise mask seeds, from u's own mask key."""
         key = private_from_bytes(s_sk)
-        return {v: agree(key, self.advertised[v]["s_pk"], secagg._MASK)
+        return {v: agree(key, self.advertised[v]["s_pk"], MASK_LABEL)
                 for v in self.dealers if v != u}
 
     def pair_seeds_from_peer_keys(self, u: str, keys: dict[str, bytes]) -> dict[str, bytes]:
         """u's pairwise mask seeds, from its peers' mask keys (each peer's the same seed)."""
-        return {v: agree(private_from_bytes(s_sk), self.advertised[u]["s_pk"], secagg._MASK)
+        return {v: agree(private_from_bytes(s_sk), self.advertised[u]["s_pk"], MASK_LABEL)
                 for v, s_sk in keys.items()}
 
     def input_of(self, u: str, seed: bytes | None, pair_seeds: dict[str, bytes] | None,

@@ -36,7 +36,7 @@ DISTRIBUTED = "dp-secagg-distributed"
 
 
 def distributed_once(tmp_path: Path) -> str:
-    """dp-secagg-distributed with keys agreed once per kind (secagg_epoch.py)."""
+    """dp-secagg-distributed with keys agreed once per kind (secagg/keys_once.py)."""
     text = (Path(__file__).parents[2] / "protocols" / f"{DISTRIBUTED}.toml").read_text()
     path = tmp_path / "distributed-once.toml"
     path.write_text(text.replace('adversary = "malicious"',
@@ -89,9 +89,9 @@ def honest_std(protocol: str) -> float:
 
 @pytest.mark.parametrize("setup", ["per-round", "once"])
 @pytest.mark.parametrize("server_stage, fragment", [
-    ({"_share_variance": lambda *_: 1e-300}, "share_variance"),
+    ({"share_variance": lambda *_: 1e-300}, "share_variance"),
     ({"scales": lambda weights: {u: 1000.0 for u in weights},
-      "_share_variance": lambda *_: honest_variance()}, "scale = 1000"),
+      "share_variance": lambda *_: honest_variance()}, "scale = 1000"),
 ])
 def test_a_server_that_shrinks_the_noise_is_refused_by_every_client(tmp_path, setup,
                                                                    server_stage, fragment):

@@ -35,8 +35,9 @@ from secureffm.federation import (
 from secureffm.federation.faults import Fault, FaultPlan, load_threat_model
 from secureffm.federation.message import serialize_payload
 from secureffm.privacy.settings import DistributedNoise
-from secureffm.protocols import ProtectedChannel, key_batch, load_protocol, secagg
+from secureffm.protocols import ProtectedChannel, key_batch, load_protocol
 from secureffm.protocols.link import Link
+from secureffm.protocols.secagg.common import ADVERTISED
 from secureffm.protocols.shamir import PRIME, share_from_bytes, share_to_bytes
 from secureffm.runs.scaffold import open_channel
 
@@ -158,7 +159,7 @@ def resigned(change):
     def tamper(data: bytes, recipient: str, party: Party, round_: int, kind: str) -> bytes:
         fields = {k: v.tobytes() for k, v in deserialize_payload(data).items()}
         change(fields)
-        names = tuple(n for n in secagg._ADVERTISED if n in fields)  # per-round: all three
+        names = tuple(n for n in ADVERTISED if n in fields)  # per-round: all three
         leaf = key_batch._leaf(key_batch.key_statement(round_, kind, party.id, fields, names))
         statement = key_batch._root_statement(kind, party.id, round_, 0, leaf)  # one round
         fields |= {"first": round_.to_bytes(8, "big"), "path": b"", "root": leaf,

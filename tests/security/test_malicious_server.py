@@ -15,7 +15,7 @@ round's abort, is in the log. Every attack here succeeded before issue 16 (writt
 strict xfails against that code; "Succeeded before issue 16" in a docstring gives what was
 observed, the error in quantization steps measured) and fails since its defence landed: signed
 keys checked against the pinned identities, the announced graph, the consistency round, and
-the client's unmask rules (secureffm/protocols/secagg.py). A broken harness raises
+the client's unmask rules (secureffm/protocols/secagg/session.py). A broken harness raises
 ``HarnessError`` and fails outright.
 """
 
@@ -27,11 +27,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import secureffm.protocols.secagg as secagg
+import secureffm.protocols.secagg.per_round as per_round
+import secureffm.protocols.secagg.session as secagg_session
 from secureffm.errors import SecureFFMError
 from secureffm.federation import SERVER, serialize_payload
 from secureffm.federation.crypto import agree, new_key_pair, open_sealed, seal
+from secureffm.protocols.secagg.common import CHANNEL_LABEL
+from secureffm.protocols.secagg.session import ClientSession
 from secureffm.protocols.shamir import SHARE_BYTES, share_from_bytes
+from secureffm.protocols.wire import json_payload
 
 from .malicious_server import (
     KIND,
@@ -68,26 +72,26 @@ def capture_sessions(monkeypatch) -> dict[str, tuple]:
     """Each client's secure-aggregation session and the arguments of its first unmask answer,
     so that a request the server sends later can be handled by that client's own code."""
     captured: dict[str, tuple] = {}
-    real = secagg._ClientSession.answer
+    real = ClientSession.answer
 
     def answer(self, data, *args, **kwargs):
         captured.setdefault(self.id, (self, args, kwargs))
         return real(self, data, *args, **kwargs)
 
-    monkeypatch.setattr(secagg._ClientSession, "answer", answer)
+    monkeypatch.setattr(ClientSession, "answer", answer)
     return captured
 
 
 def capture_all_sessions(monkeypatch) -> dict[str, object]:
     """Each client's secure-aggregation session as it is created (a colluder's state)."""
     sessions: dict[str, object] = {}
-    real = secagg._ClientSession.__init__
+    real = ClientSession.__init__
 
     def init(self, *args, **kwargs):
         real(self, *args, **kwargs)
         sessions[self.id] = self
 
-    monkeypatch.setattr(secagg._ClientSession, "__init__", init)
+    monkeypatch.setattr(ClientSession, "__init__", init)
     return sessions
 
 
@@ -124,14 +128,14 @@ def test_the_reconstruction_recovers_any_input_from_legitimately_given_shares(tm
     seed or a missing peer it recovers nothing. So the attacks below cannot pass or fail for a
     bug in the reconstruction."""
     dealt = []
-    real_split = secagg.split_bytes
+    real_split = secagg_session.split_bytes
 
     def split(secret, t, count):
         shares = real_split(secret, t, count)
         dealt.append(shares)
         return shares
 
-    monkeypatch.setattr(secagg, "split_bytes", split)
+    monkeypatch.setattr(secagg_session, "split_bytes", split)
     fed = federation(tmp_path)
     result = fed.aggregate()
     fed.close_and_verify()
@@ -214,14 +218,14 @@ class KeySubstitution:
                 raise HarnessError(f"no associated data seen for {author} -> {recipient}")
             server_key = self.edge(peer).private
             try:
-                plain = open_sealed(agree(server_key, c_pk[author], secagg._CHANNEL), sealed,
+                plain = open_sealed(agree(server_key, c_pk[author], CHANNEL_LABEL), sealed,
                                     aad)
             except SecureFFMError:  # the author did not seal under the server's key
                 self.unopened.append((author, recipient))
                 continue
             if author == self.victim:
                 self.opened[recipient] = plain
-            bundle[author] = seal(agree(server_key, c_pk[recipient], secagg._CHANNEL), plain,
+            bundle[author] = seal(agree(server_key, c_pk[recipient], CHANNEL_LABEL), plain,
                                   aad, os.urandom(12))
 
 
@@ -229,13 +233,13 @@ def _substitute_keys(tmp_path, monkeypatch, protocol: str):
     """Play the key-substitution attack on ``protocol``; the federation and the server's
     reconstruction of the victim's input (None when it got none)."""
     contexts: dict[tuple[str, str], bytes] = {}
-    real_context = secagg._context
+    real_context = per_round.share_context
 
     def context(round_, kind, author, recipient):
         contexts[author, recipient] = value = real_context(round_, kind, author, recipient)
         return value
 
-    monkeypatch.setattr(secagg, "_context", context)
+    monkeypatch.setattr(per_round, "share_context", context)
     fed = federation(tmp_path, protocol=protocol)
     attack = KeySubstitution(fed, VICTIM, contexts)
     fed.aggregate()
@@ -477,7 +481,7 @@ def test_routing_the_victim_few_peers_then_dropping_them_does_not_unmask_it(tmp_
         return edit_bytes(data, lambda fields: [fields.pop(v) for v in set(fields) - kept])
 
     fed.server.tamper["shares"] = few_peers
-    fed.server.tamper["consistency"] = lambda data, to: secagg._json_payload(
+    fed.server.tamper["consistency"] = lambda data, to: json_payload(
         {"survivors": survivors})
     fed.server.tamper["unmask_request"] = edit_request(
         lambda body, to: {**body, "survivors": survivors, "dropped": gone}

@@ -1,5 +1,5 @@
 """A malicious server against secure aggregation with keys agreed once (``setup = "once"``,
-secagg_epoch.py), 5 clients, t = 3, the malicious-server variant.
+secagg/keys_once.py), 5 clients, t = 3, the malicious-server variant.
 
 The adversary is the server party (``tests/security/malicious_server.py``): it rewrites what
 it sends (signed with its own key), reads every reply, and rebuilds what it can from its view
@@ -17,14 +17,13 @@ import json
 import numpy as np
 import pytest
 
-import secureffm.protocols.secagg_epoch as epoch
+import secureffm.protocols.secagg.keys_once as epoch
 from secureffm.audit.verify import verify_run
 from secureffm.errors import ProtocolError
 from secureffm.federation import deserialize_payload, serialize_payload
 from secureffm.protocols.key_batch import commit
 from secureffm.protocols.prg import expand_seed
-from secureffm.protocols.secagg import epoch_session
-from secureffm.protocols.secagg_epoch import round_label, round_seed
+from secureffm.protocols.secagg import epoch_session, round_label, round_seed
 from secureffm.protocols.shamir import decode, share_from_bytes
 from secureffm.protocols.wire import bytes_payload, json_payload, payload_bytes, payload_json
 from tests.protocols.test_secagg import write_spec

@@ -26,6 +26,7 @@ import torch
 from secureffm.audit.verify import verify_run
 from secureffm.config import RunConfig
 from secureffm.data.pairs import get_pair
+from secureffm.errors import BudgetError
 from secureffm.federation.channel import Task
 from secureffm.federation.faults import FaultPlan
 from secureffm.federation.log import MessageLog
@@ -137,13 +138,15 @@ def test_a_client_refuses_a_velocity_round_outside_its_own_plan(tmp_path):
 
 
 def test_a_client_refuses_a_release_past_its_own_target(tmp_path):
-    """With a given sigma whose 4 planned rounds exceed the target, the honest server stops
-    after the rounds the target allows (``rounds_within_budget``); this one asks for the next
-    round anyway. The victim's own ledger refuses it; before issue 37 it was answered."""
+    """With a given sigma whose 4 planned rounds exceed the target after round 2, the honest
+    server refuses the run (``refuse_overspending``); this one asks for round 3 anyway. The
+    victim's own ledger refuses it; before issue 37 it was answered."""
     sigma, rate, delta = 0.6, poisson_rate(2, 100), 1e-5
     target = (epsilon([(sigma, rate, 2)], delta) + epsilon([(sigma, rate, 3)], delta)) / 2
     ffm = _ffm(tmp_path, noise_multiplier=sigma, target_epsilon=target)
     assert ffm.rounds_within_budget() == 2
+    with pytest.raises(BudgetError, match="rounds 1..2 fit"):
+        ffm.refuse_overspending()
     assert _ask_velocity(ffm, 1, 1) is not None and _ask_velocity(ffm, 2, 2) is not None
     assert _ask_velocity(ffm, 3, 3) is None
     [refusal] = _refusals(tmp_path)
@@ -169,7 +172,7 @@ def test_an_honest_run_is_answered_and_the_client_accounts_what_the_server_charg
     (from its own answers) equals the server ledger's for it."""
     ffm = _ffm(tmp_path, method="got", potential_every=2, ctransform_steps=0)
     for round_ in range(1, 5):
-        assert ffm.train_round(round_)["aborted"] == 0
+        assert ffm.train_round(round_).aborted == 0
     assert not [r for r in _records(tmp_path) if r.get("event") == "rejected"]
     releases = ffm.channel.endpoints[VICTIM].program.releases  # one program runs every client
     for client in ffm.channel.clients:

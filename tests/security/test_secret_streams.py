@@ -142,7 +142,7 @@ _ALLOWED = {
     "methods/fedwad_coreset.py": "the server's choice of clients per epoch",
     "methods/client_clustering.py": "initial weights of the per-cluster models",
     "metrics/attribute_classifier.py": "the evaluator's classifier",
-    "protocols/secagg.py": "Skellam noise from a generator seeded by secrets.randbits(128)",
+    "protocols/secagg/client.py": "Skellam noise from a generator seeded by secrets.randbits(128)",
     "privacy/canaries.py": "canary directions from a generator seeded by secrets.randbits(64)",
     "audit/attacks/inversion_run.py": "the attacker's own starts (outside the federation)",
     "audit/attacks/membership.py": "the attacker's choice of members and draws",

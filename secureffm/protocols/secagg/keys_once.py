@@ -1,6 +1,6 @@
 """Secure aggregation with keys agreed once (``setup = "once"``): many rounds, one set-up.
 
-Bonawitz et al.'s protocol (secagg.py) agrees fresh keys and deals shares of two secrets in
+Bonawitz et al.'s protocol (per_round.py) agrees fresh keys and deals shares of two secrets in
 every aggregation: four message exchanges (five under the malicious-server variant) and, for
 small models, a round many times a plaintext one. In the spirit of Flamingo (Ma, Woods, Angel,
 Polychroniadou and Rabin, IEEE S&P 2023), this variant agrees the keys once per kind and
@@ -11,7 +11,7 @@ Set-up (the first aggregation of a kind, or again when fewer than t members rema
 1. ``advertise_keys``: each client u sends X25519 public keys c_pk (channel) and s_pk (mask);
    under the malicious-server variant it signs them with its long-term identity.
 2. ``keys`` -> ``keys_taken``: the server sends u its neighbours' keys (and, malicious variant,
-   their signatures, the graph's seed and U1 and the parameters), as in secagg.py; u checks
+   their signatures, the graph's seed and U1 and the parameters), as in per_round.py; u checks
    them, derives per neighbour v the channel key HKDF(X25519(c_sk_u, c_pk_v)) and the pair
    secret k_uv = HKDF(X25519(s_sk_u, s_pk_v)), and answers with the neighbours it took.
 
@@ -25,7 +25,7 @@ Each round r, among the members of the set-up:
    round seed label || [r, kind]) (+ if u precedes v), a commitment SHA-256(label || b_u^r),
    the peers it masked with, and t-of-|S(u)| Shamir shares of b_u^r, each AES-GCM-sealed for
    its holder under their channel key, bound to (r, kind, u, holder).
-4. ``consistency`` -> ``consistency_sign`` (malicious variant), secagg.py's consistency round:
+4. ``consistency`` -> ``consistency_sign`` (malicious variant), server.py's consistency round:
    the server announces the survivors U3 (the members whose masked inputs it took); each
    signs, once per round, U3 with the digest of what it saw (:func:`~secureffm.protocols.
    secagg.survivor_statement`: the parameters, the set-up's graph, the broadcasts it took),
@@ -34,7 +34,7 @@ Each round r, among the members of the set-up:
    masked with a client that dropped, then holders until each survivor's seed has t) and
    routes each the sealed shares of the survivors among its peers, in the order it lists
    them (and, malicious variant, their signatures of the survivor set). A holder answers
-   once per round, under secagg.py's rules: it refuses a request naming itself dropped, a
+   once per round, under per_round.py's rules: it refuses a request naming itself dropped, a
    peer both alive and dropped, anyone it did not mask with, fewer survivors than t, and,
    malicious variant, survivors other than those of the set it signed (among its peers and
    itself) or any of them without a valid signature of that set over what the holder saw
@@ -82,38 +82,36 @@ from functools import partial
 
 import numpy as np
 
-from ..errors import MessageError, ProtocolError
-from ..federation.channel import Aggregate, Compute, Template
-from ..federation.crypto import open_sealed, seal
-from ..federation.message import SERVER
-from ..privacy.settings import DistributedNoise
-from .aggregation import template_json, unflatten
-from .endpoint import Step, client_action
-from .key_batch import commit
-from .link import Call, Link, silence
-from .masking import masked_payload, parse_masked, unmask_sum
-from .prg import word_dtype
-from .secagg import (
-    EPOCH_AGGREGATE,
-    Confirmation,
-    SecAggStage,
-    _ClientSession,
-    _context,
-    _order,
-    _Round,
-    _session,
+from ...errors import MessageError, ProtocolError
+from ...federation.channel import Aggregate, Compute, Template
+from ...federation.crypto import open_sealed, seal
+from ...federation.message import SERVER
+from ...privacy.settings import DistributedNoise
+from ..aggregation import template_json, unflatten
+from ..endpoint import Step, client_action
+from ..key_batch import commit
+from ..link import Call, Link, silence
+from ..masking import masked_payload, parse_masked, unmask_sum
+from ..prg import word_dtype
+from ..shamir import SHARE_BYTES, Share, decode, share_from_bytes, share_to_bytes, split_bytes
+from ..wire import bytes_payload as _bytes_payload
+from ..wire import json_payload as _json_payload
+from ..wire import payload_bytes as _payload_bytes
+from ..wire import payload_json as _payload_json
+from .client import (
     client_input,
+    client_order,
     epoch_session,
     report_clipped,
+    session_of,
     taken_keys,
 )
-from .shamir import SHARE_BYTES, Share, decode, share_from_bytes, share_to_bytes, split_bytes
-from .wire import bytes_payload as _bytes_payload
-from .wire import json_payload as _json_payload
-from .wire import payload_bytes as _payload_bytes
-from .wire import payload_json as _payload_json
+from .common import Confirmation, share_context
+from .params import SecAggParams
+from .server import Round, advertise, choose_graph, consistency, keys_message
+from .session import ClientSession
 
-__all__ = ["aggregate_once", "round_label", "round_seed"]
+__all__ = ["aggregate", "round_label", "round_seed"]
 
 _ROUND_SEED = b"secureffm/secagg/round-seed/v1"
 _SEALED_SHARE = 12 + SHARE_BYTES + 16  # nonce, one share, GCM tag
@@ -170,14 +168,14 @@ class _RoundState:
         self.link.reject(phase, party, reason)
 
 
-def aggregate_once(stage: SecAggStage, link: Link, compute: Compute,
+def aggregate(stage: SecAggParams, link: Link, compute: Compute,
                    weights: dict[str, float], template: Template,
                    noise: DistributedNoise | None) -> Aggregate:
     """One round of ``stage`` (``setup = "once"``) over ``link``'s clients, setting up first
     when the kind has no set-up with at least t members."""
     ids = [c.id for c in link.clients]
     size = sum(int(np.prod(shape)) for shape, _ in template.values())
-    share_variance = stage._share_variance(noise, weights, size, len(ids))
+    share_variance = stage.share_variance(noise, weights, size, len(ids))
     needed = stage.shares_needed(stage.group_size(len(ids)))
     epochs = link.parties[SERVER].memory.setdefault(_EPOCHS, {})
     dropped: dict[str, str] = {}
@@ -206,8 +204,8 @@ def aggregate_once(stage: SecAggStage, link: Link, compute: Compute,
         return abort(f"only {len(u3)} masked inputs arrived, threshold is {needed}", asked,
                      set_up_again=True)
     gone = [u for u in asked if u not in r.masked]
-    # malicious variant: every survivor signs the survivor set (secagg.py's consistency round)
-    confirmations = (stage._consistency(_Round(link, epoch.order, dropped), u3)
+    # malicious variant: every survivor signs the survivor set (server.py's consistency round)
+    confirmations = (consistency(Round(link, epoch.order, dropped), u3)
                      if stage.adversary == "malicious" else {})
     seeds, pair_seeds, reason = _unmask(stage, r, u3, gone, confirmations)
     if reason:
@@ -227,17 +225,17 @@ def aggregate_once(stage: SecAggStage, link: Link, compute: Compute,
     return Aggregate(unflatten(mean, template), u3, dropped, asked=asked)
 
 
-def _set_up(stage: SecAggStage, link: Link, ids: list[str], dropped: dict[str, str]) -> _Epoch:
+def _set_up(stage: SecAggParams, link: Link, ids: list[str], dropped: dict[str, str]) -> _Epoch:
     """Phases advertise_keys, keys and keys_taken: the members are the clients that took
     their neighbours' keys (fewer than t: the caller aborts)."""
-    r = _Round(link, {c: i for i, c in enumerate(ids)}, dropped)
-    u1 = stage._advertise(r, ids)
+    r = Round(link, {c: i for i, c in enumerate(ids)}, dropped)
+    u1 = advertise(stage, r, ids)
     epoch = _Epoch(link.round, [], {}, r.order)
     if len(u1) < 2:
         return epoch
-    stage.choose_graph(r, u1)
+    choose_graph(stage, r, u1)
     replies = link.exchange("keys", "keys_taken", "secagg.epoch.keys",
-                            {u: Call(stage._keys_message(r, u, u1)) for u in u1})
+                            {u: Call(keys_message(stage, r, u, u1)) for u in u1})
     for u in u1:
         if u not in replies or replies[u].data is None:
             dropped[u] = silence(replies[u], u, "took no keys") if u in replies else (
@@ -258,7 +256,7 @@ def _set_up(stage: SecAggStage, link: Link, ids: list[str], dropped: dict[str, s
     return epoch
 
 
-def _masked_inputs(stage: SecAggStage, r: _RoundState, compute: Compute,
+def _masked_inputs(stage: SecAggParams, r: _RoundState, compute: Compute,
                    weights: dict[str, float], template: Template,
                    share_variance: float) -> None:
     """Phases mask_request and masked_input: every member is asked to mask with its member
@@ -316,7 +314,7 @@ def _parse_masked(data: bytes, v: str, size: int, wire: np.dtype, peers: list[st
     return got["y"], got["b_commit"].tobytes(), sealed
 
 
-def _unmask_holders(stage: SecAggStage, r: _RoundState, u3: list[str], gone: list[str],
+def _unmask_holders(stage: SecAggParams, r: _RoundState, u3: list[str], gone: list[str],
                     asked: set[str]) -> list[str]:
     """Survivors to ask next: every survivor that masked with a dropped client (only it can
     reveal that pair's seed), then holders in client order until each survivor's seed has t
@@ -335,7 +333,7 @@ def _unmask_holders(stage: SecAggStage, r: _RoundState, u3: list[str], gone: lis
     return sorted(picked, key=r.epoch.order.get)
 
 
-def _request(stage: SecAggStage, r: _RoundState, v: str, u3: list[str], gone: list[str],
+def _request(stage: SecAggParams, r: _RoundState, v: str, u3: list[str], gone: list[str],
              confirmations: dict[str, Confirmation]) -> bytes:
     """The unmask request to v: ``json``, among the clients v masked with and v itself, the
     survivors, the dropped and (malicious variant) the survivors' signatures of the survivor
@@ -351,7 +349,7 @@ def _request(stage: SecAggStage, r: _RoundState, v: str, u3: list[str], gone: li
                            "shares": b"".join(r.sealed[u][v] for u in survivors if u != v)})
 
 
-def _unmask(stage: SecAggStage, r: _RoundState, u3: list[str], gone: list[str],
+def _unmask(stage: SecAggParams, r: _RoundState, u3: list[str], gone: list[str],
             confirmations: dict[str, Confirmation]
             ) -> tuple[dict[str, bytes], dict[tuple[str, str], bytes], str]:
     """Phases unmask_request and unmask: (survivor -> its seed b_u^r, (survivor v, dropped u)
@@ -414,7 +412,7 @@ def _take_answer(r: _RoundState, v: str, data: bytes, u3: list[str], gone: list[
         pair_seeds[v, u] = seed
 
 
-def _rebuild_seeds(stage: SecAggStage, r: _RoundState, u3: list[str],
+def _rebuild_seeds(stage: SecAggParams, r: _RoundState, u3: list[str],
                    shares: dict[str, dict[str, Share]]) -> tuple[dict[str, bytes], str]:
     """Each survivor's seed b_u^r from its holders' shares, checked against its commitment;
     holders of shares at the wrong x or off the polynomial are named."""
@@ -457,23 +455,20 @@ def _committed(value: int, commitment: bytes) -> bool:
     return value < 2**256 and commit(value.to_bytes(32, "big")) == commitment
 
 
-EPOCH_AGGREGATE.append(aggregate_once)
-
-
 # -- the client's side --------------------------------------------------------------------------
 
 @client_action("secagg.epoch.keys")
 def _client_keys(step: Step) -> bytes | None:
-    """Set-up: take the neighbours' keys (checked as secagg.py's ``keys`` message is) and
+    """Set-up: take the neighbours' keys (checked as per_round.py's ``keys`` message is) and
     derive the channel keys and pair secrets; answer with the neighbours taken."""
     session = taken_keys(step)
     if session is None:
         return None
-    order = _order(step.endpoint.registry)
+    order = client_order(step.endpoint.registry)
     return _bytes_payload({"json": json.dumps(sorted(session.peers, key=order.get)).encode()})
 
 
-def _epoch_of(step: Step) -> _ClientSession:
+def _epoch_of(step: Step) -> ClientSession:
     """The set-up session the mask request names, checked: one this client took keys in,
     for a round after any it masked in."""
     round_, kind = step.request.round, step.request.kind
@@ -489,7 +484,7 @@ def _epoch_of(step: Step) -> _ClientSession:
     return session
 
 
-def _checked_peers(session: _ClientSession, peers) -> list[str]:
+def _checked_peers(session: ClientSession, peers) -> list[str]:
     needed = session.stage.shares_needed(len(session.peers) + 1)
     if (not isinstance(peers, list) or not all(isinstance(v, str) for v in peers)
             or len(set(peers)) != len(peers)):
@@ -521,7 +516,7 @@ def _client_mask(step: Step) -> bytes | None:
         return None
     x, scale, noise = computed
     seed = secrets.token_bytes(32)
-    order = _order(step.endpoint.registry)
+    order = client_order(step.endpoint.registry)
     group = sorted([u, *session.peers], key=order.get)
     shares = dict(zip(group, split_bytes(seed, session.stage.shares_needed(len(group)),
                                          len(group)), strict=True))
@@ -530,7 +525,7 @@ def _client_mask(step: Step) -> bytes | None:
     label = round_label(round_, kind)
     pairs = {v: round_seed(session.peers[v].pair_seed, label) for v in peers}
     sealed = b"".join(seal(session.peers[v].channel, share_to_bytes(shares[v]),
-                           _context(round_, kind, u, v), secrets.token_bytes(12))
+                           share_context(round_, kind, u, v), secrets.token_bytes(12))
                       for v in peers)
     extra = {"b_commit": commit(seed), "peers": json.dumps(peers).encode(), "shares": sealed}
     # quantized, noised and masked chunk by chunk straight into its payload
@@ -544,13 +539,13 @@ def _client_mask(step: Step) -> bytes | None:
 
 @client_action("secagg.epoch.answer")
 def _client_answer(step: Step) -> bytes | None:
-    """Unmasking: once per round, under secagg.py's request rules (malicious variant: only
+    """Unmasking: once per round, under per_round.py's request rules (malicious variant: only
     the survivors of the set it signed, each survivor's signature of that set checked);
     reveals, per peer, its share of the seed of a survivor or this round's pair seed of a
     dropped peer, never both."""
     u, round_, kind = step.client.id, step.request.round, step.request.kind
     try:
-        session = _session(step)
+        session = session_of(step)
         fields = _payload_bytes(step.data, SERVER)
         if sorted(fields) != ["json", "shares"]:
             raise MessageError(f"the unmask request has fields {sorted(fields)}, expected json "
@@ -571,7 +566,7 @@ def _client_answer(step: Step) -> bytes | None:
         try:
             b[author] = open_sealed(session.peers[author].channel,
                                     blob[i * _SEALED_SHARE:(i + 1) * _SEALED_SHARE],
-                                    _context(round_, kind, author, u)).hex()
+                                    share_context(round_, kind, author, u)).hex()
         except ProtocolError as err:
             step.reject(author, f"{u} cannot open {author}'s round seed share ({err})",
                         phase="unmask")
