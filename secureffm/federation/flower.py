@@ -31,9 +31,12 @@ Bytes travel as one ``bytes`` value of a ConfigRecord up to :data:`ARRAY_ABOVE` 
 uint8 ``Array`` above (Flower cuts arrays into 5 MiB chunks, so no single object grows with the
 payload); both carried 4 MB intact in the spike (spike/flower/FINDINGS.md, section 2).
 Node ids: a node's client id is ``client-id`` from its node config, else
-``client-{partition-id + 1}`` (the simulation engine sets ``partition-id``). The hello reply is
-not signed: a node lying about its id cannot sign as the client it claims to be, since every
-envelope of ours is signed with keys pinned in parties.json.
+``client-{partition-id + 1}`` (the simulation engine sets ``partition-id``). The first hello's
+reply is not signed: a node lying about its id cannot sign as the client it claims to be, since
+every envelope of ours is signed with keys pinned in parties.json. Once ``FlowerCalls.registry``
+is set, a node that connects later (a restarted SuperNode) is asked with a fresh challenge, and
+a client moves to it only on its signed answer (:mod:`.rejoin`). The ClientApp hands ``serve``
+and ``admit`` the Flower run id in the run config (:data:`RUN_KEY`).
 """
 
 from __future__ import annotations
@@ -43,6 +46,7 @@ import importlib
 import importlib.util
 import json
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -63,8 +67,10 @@ if TYPE_CHECKING:
     from flwr.clientapp import ClientApp
     from flwr.serverapp import Grid, ServerApp
 
+    from .parties import Registry
+
 __all__ = ["FlowerCalls", "Traffic", "make_client_app", "make_server_app", "simulate", "write_app",
-           "LocalDeployment", "client_id", "resolve", "HELLO", "CALL", "ARRAY_ABOVE"]
+           "LocalDeployment", "client_id", "resolve", "HELLO", "CALL", "ARRAY_ABOVE", "RUN_KEY"]
 
 HELLO = "query.hello"
 CALL = "query.secureffm"
@@ -72,6 +78,7 @@ ARRAY_ABOVE = 1 << 20  # bytes; larger payloads travel as a chunked uint8 Array
 PULL_GROWTH, PULL_MAX_S = 1.25, 1.0  # FlowerCalls' sleep between pulls grows to at most 1 s
 _STATE = "secureffm"  # key of the client's state in context.state
 _KEY = "bytes"
+RUN_KEY = "flwr-run-id"  # the Flower run id, in the run config a ClientApp hands on
 
 Serve = Callable[[dict, dict, "bytes | None", bytes], tuple[bytes, bytes]]
 Admit = Callable[[dict, dict], Any]  # (node config, run config); raises to refuse the run
@@ -185,6 +192,8 @@ class FlowerCalls:
     far. ``errors``: client id -> why its latest reply was None.
     ``count_wire``: also count Flower's wire bytes, which serializes and hashes every message
     once more (about 6 to 15 ms per 4 MB message here), so it is off by default.
+    ``registry``: the pinned public keys; once set, each call first lets a restarted client
+    rejoin (:meth:`rejoin`). ``strangers``: node id -> why it runs none of the clients.
     """
 
     def __init__(self, grid: Grid, pull_interval: float = 0.01, count_wire: bool = False):
@@ -195,6 +204,8 @@ class FlowerCalls:
         self.last = Traffic()
         self.total = Traffic()
         self.errors: dict[str, str] = {}
+        self.registry: Registry | None = None
+        self.strangers: dict[int, str] = {}
         self._group = 0
 
     def hello(self, timeout: float, clients: int = 0) -> dict[str, int]:
@@ -227,6 +238,7 @@ class FlowerCalls:
             if "refused" in reply.content["hello"]:
                 refused.append(str(reply.content["hello"]["refused"]))
         self.nodes = found
+        self.strangers = {}
         if refused:
             raise PolicyError(f"{len(refused)} of {len(found)} nodes refused the run: "
                               + " | ".join(sorted(refused)))
@@ -236,6 +248,7 @@ class FlowerCalls:
         """Send each client its request at once and wait up to ``timeout`` s for the replies:
         client id -> reply bytes, or None when none came in time or it came as an error (why:
         ``errors``). A client that :meth:`hello` did not find is an error."""
+        self.rejoin(timeout)
         unknown = sorted(set(requests) - set(self.nodes))
         if unknown:
             raise MessageError(f"no Flower node runs {unknown} (known: {sorted(self.nodes)}): "
@@ -245,6 +258,38 @@ class FlowerCalls:
         names = {node: c for c, node in self.nodes.items()}
         return {names[node]: None if reply is None else _unpack(reply.content)
                 for node, reply in replies.items()}
+
+    def rejoin(self, timeout: float) -> dict[str, int]:
+        """Ask each node that connected since (not in the map, no stranger yet) which client it
+        runs, with a fresh challenge, and move each client whose answer it signed for this run,
+        this node and that challenge to its new node (:func:`.rejoin.check`; a restarted
+        SuperNode); any other node becomes a stranger, with why. Returns the moves; nothing
+        without a ``registry``."""
+        if self.registry is None:
+            return {}
+        new = sorted(set(self.grid.get_node_ids()) - set(self.nodes.values())
+                     - set(self.strangers))
+        if not new:
+            return {}
+        from flwr.app import ConfigRecord, RecordDict
+
+        from .rejoin import check
+
+        challenges = {node: secrets.token_bytes(32) for node in new}
+        answers = self._exchange({node: RecordDict({"hello": ConfigRecord({"challenge": c})})
+                                  for node, c in challenges.items()}, HELLO, timeout)
+        moved = {}
+        for node, reply in answers.items():
+            try:
+                if reply is None:
+                    raise MessageError(f"node {node} gave no hello: {self.errors.get(str(node))}")
+                client = check(self.registry, self.nodes, str(self.grid.run.run_id), node,
+                               challenges[node], dict(reply.content["hello"]))
+            except MessageError as why:
+                self.strangers[node] = str(why)
+                continue
+            self.nodes[client] = moved[client] = node
+        return moved
 
     def _exchange(self, contents: dict[int, RecordDict], kind: str,
                   timeout: float) -> dict[int, Message | None]:
@@ -333,22 +378,33 @@ def make_client_app(serve: str | Serve, run_config: dict | None = None,
         given = dict(context.node_config)
         return {**given, **own.get(client_id(given), {})}
 
+    def run_config(context) -> dict:
+        return {**dict(context.run_config), **extra, RUN_KEY: str(context.run_id)}
+
     @app.query("hello")
     def hello(message, context):
         config = node_config(context)
         answer = {"client-id": client_id(config)}
-        if admit_fn is not None:
-            try:
-                admit_fn(config, {**dict(context.run_config), **extra})
-            except SecureFFMError as refusal:
-                answer["refused"] = str(refusal)
+        asked = message.content.get("hello")
+        try:
+            if admit_fn is not None:
+                admit_fn(config, run_config(context))
+            if asked is not None and "challenge" in asked:  # a rejoin: signed (rejoin.py)
+                from .rejoin import prove
+
+                if not config.get("keys"):
+                    raise ConfigError(f"{answer['client-id']} has no keys to sign its rejoin")
+                answer["proof"] = prove(str(config["keys"]), answer["client-id"],
+                                        str(context.run_id), context.node_id,
+                                        bytes(asked["challenge"]))
+        except SecureFFMError as refusal:
+            answer["refused"] = str(refusal)
         return Message(RecordDict({"hello": ConfigRecord(answer)}), reply_to=message)
 
     @app.query("secureffm")
     def call(message, context):
         state = bytes(context.state[_STATE][_KEY]) if _STATE in context.state else None
-        new_state, reply = serve_fn(node_config(context),
-                                    {**dict(context.run_config), **extra}, state,
+        new_state, reply = serve_fn(node_config(context), run_config(context), state,
                                     _unpack(message.content))
         if not isinstance(new_state, bytes) or not isinstance(reply, bytes):
             raise TypeError(f"serve must return (state: bytes, reply: bytes), got "
@@ -485,18 +541,22 @@ class LocalDeployment:
                                   "--host", "127.0.0.1", "--port", str(self.port)])
         _wait_http(f"http://{link}/health", self.start_timeout, self.home / "superlink.log")
         for client in self.clients:
-            config = {**self.node_config.get(client, {}), "client-id": client}
-            path = self.home / f"node-{client}.toml"
-            _write_toml(path, config)
-            self._start(client, ["flower-supernode", "--insecure", "--superlink", link,
-                                 "--host", "127.0.0.1", "--port", str(_free_port()),
-                                 "--node-config", str(path)])
+            self._start_node(client)
         (self.home / "config.toml").write_text(
             f'[superlink]\ndefault = "local"\n\n[superlink.local]\naddress = "{link}"\n'
             f"insecure = true\n")
 
+    def _start_node(self, client: str) -> None:
+        """Start the SuperNode of ``client`` with its node config as ``node_config`` is now."""
+        config = {**self.node_config.get(client, {}), "client-id": client}
+        path = self.home / f"node-{client}.toml"
+        _write_toml(path, config)
+        self._start(client, ["flower-supernode", "--insecure", "--superlink",
+                             f"127.0.0.1:{self.port}", "--host", "127.0.0.1",
+                             "--port", str(_free_port()), "--node-config", str(path)])
+
     def _start(self, name: str, command: list[str]) -> None:
-        log = (self.home / f"{name}.log").open("w")
+        log = (self.home / f"{name}.log").open("a")
         self.processes[name] = subprocess.Popen(
             [str(self._bin / command[0]), *command[1:]], env=self.env, stdout=log,
             stderr=subprocess.STDOUT, start_new_session=True)
@@ -539,6 +599,12 @@ class LocalDeployment:
         for pid in [*_descendants(process.pid), process.pid]:
             _signal(pid, signal.SIGKILL)
         process.wait()
+
+    def restart(self, client: str) -> None:
+        """Start ``client``'s SuperNode again after :meth:`kill`, with its node config as
+        ``node_config`` holds it now: Flower sees a new node, which the server moves the
+        client to on its signed hello (:meth:`FlowerCalls.rejoin`)."""
+        self._start_node(client)
 
     def close(self) -> None:
         """End every process started here and their children (SIGTERM, then SIGKILL after 10

@@ -12,7 +12,10 @@ the run config against its policy (:func:`check_run_config`) and refuses a diffe
 it then builds its client from its own copy of the spec the policy pins. Its shard is drawn
 from the public data recipe by its own client index (``client-i`` holds shard i) or read from
 ``client-data`` (a ``.pt`` tensor [N, d] loaded with ``weights_only=True``; not for DCFM, whose
-client draws its labelled shard i). The run config carries an FFM-family
+client draws its labelled shard i). The client's state is kept in the node's memory and,
+sealed, on its own disk beside its journal (:mod:`secureffm.federation.node_state`), so a
+restarted node rebuilds the same client; it then takes no part in the rounds it had seen before
+it stopped (a signed ``rejected`` event), only in later ones. The run config carries an FFM-family
 :class:`~secureffm.config.RunConfig` or a :class:`~secureffm.runs.fedwad.FedWADRun`
 (``secureffm fedwad``), and the node builds that family's client program. The server sends
 requests only: no data, no key, no state, no protection's parameter.
@@ -44,6 +47,7 @@ from ..federation.flower import client_id
 from ..federation.journal import Journal
 from ..federation.keyfiles import load_party_keys, load_registry
 from ..federation.message import SERVER
+from ..federation.node_state import NodeState, StateError, StateFile, run_of, state_key, state_path
 from ..federation.parties import Client, SecretStreams
 from ..federation.snapshot import client_state, pack, restore_client, unpack
 from ..methods.fedwad_federated import FedWADClient
@@ -351,15 +355,39 @@ def _journal(node_config: dict, endpoint: ClientEndpoint, received: tuple[Incomi
 def serve(node_config: dict, run_config: dict, state: bytes | None,
           request: bytes) -> tuple[bytes, bytes]:
     """Answer one request as this node's client; returns (its new state, the reply). The run
-    config is checked against the node's policy first, for every message (:func:`admit`)."""
+    config is checked against the node's policy first, for every message (:func:`admit`).
+    ``state`` (a :class:`~secureffm.federation.node_state.NodeState` frame) is None in a node
+    that has not answered yet in this process: it then reads its sealed state file, if any,
+    and is held out of every round that file had seen. The state file is written when a
+    request of a new round arrives, and again before the reply leaves."""
     policy = admit(node_config, run_config)
-    return answer(node_config, run_config, state, request, functools.partial(_endpoint, policy),
-                  policy)
+    cid, run = client_id(node_config), run_of(run_config)
+    store = StateFile(state_path(str(node_config["journal"]), run),
+                      state_key(str(node_config["keys"]), cid), cid, run)
+    kept = store.returning() if state is None else NodeState.from_bytes(state)
+    if (kept.client, kept.run) != (cid, run):
+        raise StateError(f"{cid}'s state in memory is {kept.client}'s of run {kept.run}, not of "
+                         f"this run {run}")
+    round_ = decode_request(request)[0].round
+    if round_ > kept.seen:  # before computing: a crash while answering holds this round out
+        kept = dataclasses.replace(kept, seen=round_)
+        store.save(kept)
+    snapshot, reply = answer(node_config, run_config, kept.snapshot or None, request,
+                             functools.partial(_endpoint, policy), policy, kept.held)
+    kept = dataclasses.replace(kept, snapshot=snapshot)
+    store.save(kept)
+    return kept.to_bytes(), reply
 
 
-def _outside(policy: Policy, request: Request) -> str:
-    """Why ``request`` is outside ``policy`` ("" when it is not, or only delivers)."""
+def _outside(policy: Policy | None, request: Request, held: int = -1) -> str:
+    """Why ``request`` is outside ``policy`` or of a round the client is ``held`` out of
+    ("" when it is not, or only delivers)."""
     if request.action in RECEIVING:
+        return ""
+    if request.round <= held:
+        return (f"it was restarted during round {held}: it takes no part in a round it may "
+                f"have dropped from, only from round {held + 1} on")
+    if policy is None:
         return ""
     if request.kind not in policy.kinds:
         return f"answers only {', '.join(policy.kinds)}"
@@ -373,11 +401,12 @@ Build = Callable[[dict, dict, str], ClientEndpoint]
 
 
 def answer(node_config: dict, run_config: dict, state: bytes | None, request: bytes,
-           build: Build, policy: Policy | None = None) -> tuple[bytes, bytes]:
+           build: Build, policy: Policy | None = None, held: int = -1) -> tuple[bytes, bytes]:
     """:func:`serve` with the endpoint ``build`` makes (a benchmark's or a test's node reuses
-    the rest: restoring, answering, saving). With a ``policy``, a request outside it (a kind
-    outside its ``kinds``, a round past its last) is refused in a signed ``rejected`` event
-    unless the client only receives it (:data:`RECEIVING`)."""
+    the rest: restoring, answering, saving). ``state``: a snapshot's bytes. With a ``policy``,
+    a request outside it (a kind outside its ``kinds``, a round past its last), and any
+    request of a round up to ``held``, is refused in a signed ``rejected`` event unless the
+    client only receives it (:data:`RECEIVING`)."""
     cid = client_id(node_config)
     endpoint = _LAST.pop((cid, hashlib.sha256(state or b"").hexdigest()), None)
     if endpoint is None:
@@ -388,12 +417,13 @@ def answer(node_config: dict, run_config: dict, state: bytes | None, request: by
             endpoint.restore(header["endpoint"])
     request, incoming, broadcasts = decode_request(request)
     _hold(node_config, request)
-    outside = None if policy is None else _outside(policy, request)
+    outside = _outside(policy, request, held)
     if outside:
+        why = outside if request.round <= held else f"its policy ({policy.source}) {outside}"
         reply = Reply(None, (endpoint.client.event(
             request.round, request.phase, "rejected", SERVER,
             f"{cid} refused {request.action} of kind {request.kind!r} in round "
-            f"{request.round}: its policy ({policy.source}) {outside}"),))
+            f"{request.round}: {why}"),))
     else:
         reply = endpoint(request, incoming, broadcasts)
     _journal(node_config, endpoint, (*broadcasts, *([incoming] if incoming else [])), reply)

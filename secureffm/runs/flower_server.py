@@ -40,7 +40,8 @@ __all__ = ["main", "flower_channel", "remote_channel", "run_on_flower", "client_
 def remote_channel(calls, config: RunConfig | FedWADRun, keys: str | Path, protocol: Protocol,
                    log: MessageLog, size: int) -> ProtectedChannel:
     """The server's channel to the clients behind ``calls`` (a FlowerCalls): the server's own
-    keys from ``keys``, the registry it pins, every expected client answering ``hello``;
+    keys from ``keys``, the registry it pins (given to ``calls``, which lets a restarted
+    client rejoin on a hello it signs), every expected client answering ``hello``;
     ``size``: the nominal shard size the server knows each client by."""
     expected = client_ids(config.clients)
     found = calls.hello(config.phase_timeout, len(expected))
@@ -48,6 +49,7 @@ def remote_channel(calls, config: RunConfig | FedWADRun, keys: str | Path, proto
         raise ConfigError(f"the Flower nodes are {sorted(found)}; this run needs exactly "
                           f"{expected} (give each SuperNode --node-config client-id=...)")
     registry = load_registry(keys)
+    calls.registry = registry  # from now on a client may rejoin from a new node, signed
     identity, sealing = load_party_keys(keys, SERVER)
     server = Party(SERVER, identity=identity, sealing=sealing,
                    streams=SecretStreams(SERVER, config.deterministic_seed))

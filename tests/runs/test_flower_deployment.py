@@ -1,12 +1,14 @@
 """FFM-GOT under ``dp-secagg`` on Flower's deployment runtime: a SuperLink and three SuperNodes
 as OS processes on localhost, each client's keys in its own file; one SuperNode is killed while
-its client computes its masked input in round 2.
+its client computes its masked input in round 2, then started again.
 
-Adversary and fault: a client whose machine dies mid-phase. The round must still give the exact
-sum of the survivors (secure aggregation's dropout recovery, played across processes), the log
-must say who was dropped and why, and ``secureffm audit --verify`` must accept the log against
-the run's pin. Slow: each exchange starts a Python process per message on each SuperNode (about
-25 s per exchange on this 2-core machine; the test takes about 8 minutes here).
+Adversary and fault: a client whose machine dies mid-phase and comes back. The round must still
+give the exact sum of the survivors (secure aggregation's dropout recovery, played across
+processes), the log must say who was dropped and why, the restarted node (a new Flower node)
+must rejoin as the same client from its sealed state on its disk and be counted again in
+round 3, and ``secureffm audit --verify`` must accept the log against the run's pin. Slow: each
+exchange starts a Python process per message on each SuperNode (about 25 s per exchange on this
+2-core machine; the test took 27 minutes here, beside another deployment test).
 """
 
 from __future__ import annotations
@@ -32,12 +34,12 @@ VICTIM = "client-3"
 
 
 @pytest.mark.slow
-def test_a_supernode_killed_in_masked_input_leaves_the_exact_sum_of_the_survivors(tmp_path):
+def test_a_supernode_killed_in_masked_input_leaves_the_survivors_sum_and_rejoins(tmp_path):
     keys = tmp_path / "keys"
     provision(keys, CLIENTS)
     hold = tmp_path / "held"
     config = RunConfig(method="got", protocol="dp-secagg", clients=3, partition="iid",
-                       shard_size=64, batch_size=16, rounds=2, hidden=16, potential_hidden=16,
+                       shard_size=64, batch_size=16, rounds=3, hidden=16, potential_hidden=16,
                        candidates=16, eval_samples=200, nfe=(1,), trajectories=20,
                        progress=False, device="cpu", phase_timeout=150.0,
                        out=str(tmp_path / "run"))
@@ -55,7 +57,9 @@ def test_a_supernode_killed_in_masked_input_leaves_the_exact_sum_of_the_survivor
             assert time.monotonic() - started < 1500, "round 2's masked input never came"
             time.sleep(0.5)
         deployment.kill(VICTIM)
-        result = deployment.wait(out, timeout=900)
+        del deployment.node_config[VICTIM]["fault-hold"]
+        deployment.restart(VICTIM)
+        result = deployment.wait(out, timeout=1500)
     print(f"deployment run: {time.monotonic() - started:.0f} s")
 
     folder = Path(result["out"])
@@ -64,6 +68,7 @@ def test_a_supernode_killed_in_masked_input_leaves_the_exact_sum_of_the_survivor
                   if r.get("event") == "aggregated"}
     assert aggregated[1, "gradient"] == CLIENTS
     assert aggregated[2, "gradient"] == ["client-1", "client-2"]  # the sum of the survivors
+    assert aggregated[3, "gradient"] == CLIENTS  # the restarted node, counted again
     dropped = [r for r in records if r.get("event") == "dropped" and r["round"] == 2]
     # once in the gradient's aggregation (in its masked input), and in every later one that
     # round (GOT's dual update: it advertised no keys)
@@ -74,3 +79,4 @@ def test_a_supernode_killed_in_masked_input_leaves_the_exact_sum_of_the_survivor
     report = verify_run(folder, RunPin(head=result["pin"]["head"]))
     assert report.ok, report.first_bad
     assert result["metrics"]["aborted_aggregations"] == 0
+    assert list((tmp_path / "journals").glob(f"{VICTIM}.*.state"))  # its sealed state

@@ -69,7 +69,7 @@ def test_fedwad_on_rebuilt_nodes_equals_the_in_process_run(tmp_path, keys, proto
     assert remote["messages"] == local["messages"]
     assert rows(tmp_path / "nodes") == rows(tmp_path / "in-process")
     assert len(nodes.replies) > 0  # every client message was served by a node
-    journals = sorted(p.name for p in (tmp_path / "nodes" / JOURNALS_DIR).iterdir())
+    journals = sorted(p.name for p in (tmp_path / "nodes" / JOURNALS_DIR).glob("*.jsonl"))
     assert journals == ["client-1.jsonl", "client-2.jsonl"]
     report = verify_run(tmp_path / "nodes")  # the log and each client's journal
     assert report.ok, report.summary()

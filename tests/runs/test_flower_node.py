@@ -30,6 +30,7 @@ from secureffm.federation.codec import decode_reply, encode_request
 from secureffm.federation.exchange import Incoming, Request
 from secureffm.federation.keyfiles import load_party_keys, load_registry, provision
 from secureffm.federation.message import SERVER, serialize_payload
+from secureffm.federation.node_state import NodeState
 from secureffm.federation.parties import Party
 from secureffm.runs import flower_node, flower_server
 from secureffm.runs.dcfm import run_dcfm
@@ -343,8 +344,8 @@ def served(node: dict, run_config: dict, request: bytes, state: bytes | None = N
     flower_node._LAST.clear()
     new_state, reply = flower_node.serve(node, run_config, state, request)
     [endpoint] = flower_node._LAST.values()
-    assert list(flower_node._LAST) == [(endpoint.client.id,
-                                        hashlib.sha256(new_state).hexdigest())]
+    snapshot = NodeState.from_bytes(new_state).snapshot
+    assert list(flower_node._LAST) == [(endpoint.client.id, hashlib.sha256(snapshot).hexdigest())]
     flower_node._LAST.clear()
     return new_state, decode_reply(reply, endpoint.client.id), endpoint
 
@@ -357,7 +358,9 @@ def test_a_node_rebuilds_its_client_from_its_key_file_registry_and_shard(tmp_pat
     registry = load_registry(keys)
     for index, cid in enumerate(CLIENTS):
         for given in ({"partition-id": index}, {"client-id": cid}):
-            node = own(tmp_path, keys, cfg, **given)
+            disk = tmp_path / f"{cid}-{next(iter(given))}"  # each node its own (no saved state)
+            disk.mkdir()
+            node = own(disk, keys, cfg, **given)
             _, reply, endpoint = served(node, run_config, broadcast(keys, cid))
             assert reply.envelope is None and reply.events == ()
             assert endpoint.client.id == cid
