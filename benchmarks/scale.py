@@ -213,6 +213,9 @@ def main(argv: list[str] | None = None) -> None:
            f"secagg's server does each round: {rebuild[0]:.2f} s CPU one by one by "
            f"interpolation (before issue 39), {rebuild[1]:.3f} s with the check and weights "
            f"once per holder set ({rebuild[0] / max(rebuild[1], 1e-9):.0f}x)."] if cpu else []),
+        *(["", f"One `{PLUS}` round at n = {big[0]} in-process ({_degree(big[0])} neighbours): "
+               f"{big[1]:.2f} s CPU, {1000 * big[1] / big[0]:.1f} ms a client."]
+          if big and not cpu else []),
         "",
         *([f"On Flower's simulation engine, `{args.protocol}`, the server process's CPU for one "
            "round after a warm-up round:", "", flower_table(flower, args.protocol)]
