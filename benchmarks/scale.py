@@ -202,7 +202,8 @@ def main(argv: list[str] | None = None) -> None:
     text = "\n".join([
         "### Secure aggregation as n grows",
         "",
-        f"`python benchmarks/scale.py{' --smoke' if args.smoke else ''}` on "
+        f"`python benchmarks/scale.py {' '.join(argv if argv is not None else sys.argv[1:])}` "
+        "on "
         f"{platform.machine()}, {os.cpu_count()} CPUs, load average {load[0]:.1f} / "
         f"{load[2]:.1f} (1 / 15 min) at the end, d = {args.size}, adversary = \"malicious\"; "
         f"{time.perf_counter() - started:.0f} s in all.",
