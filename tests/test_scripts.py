@@ -210,16 +210,22 @@ def test_secagg_rounds_benchmark(run_script, tmp_path):
     assert _block(out, "secagg-rounds") == result.stdout.rstrip("\n")
 
 
+def _with_ray(script: str, out: Path) -> Result:
+    """``python script --smoke --out out`` in a fresh interpreter (Ray must not start inside a
+    fork of this process); skipped without flwr."""
+    pytest.importorskip("flwr")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run([sys.executable, script, "--smoke", "--out", str(out)], cwd=ROOT,
+                          env=env, capture_output=True, text=True, timeout=TIMEOUT_S)
+    return Result(done.returncode, done.stdout, done.stderr).check()
+
+
 @pytest.mark.slow
 def test_engines_benchmark(tmp_path):
     """Issue 17's engine table at its smallest: needs flwr and Ray (about 50 s: Ray's start), so
     slow; a fresh interpreter, since Ray must not start inside a fork of this process."""
-    pytest.importorskip("flwr")
     out = tmp_path / "benchmarks.md"
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    done = subprocess.run([sys.executable, "benchmarks/engines.py", "--smoke", "--out", str(out)],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=TIMEOUT_S)
-    result = Result(done.returncode, done.stdout, done.stderr).check()
+    result = _with_ray("benchmarks/engines.py", out)
     assert "### Round time and bytes per round by engine, n = 3" in result.stdout
     rows = _rows(_section(result.stdout, "### Round time and bytes"), "3")
     ours = ["secureffm plaintext"] + [f"secureffm {sharing}, {who}" for sharing in (
@@ -238,12 +244,8 @@ def test_engines_benchmark(tmp_path):
 @pytest.mark.slow
 def test_scale_benchmark(tmp_path):
     """Issue 39's scale tables at their smallest: flwr and Ray (slow, a fresh interpreter)."""
-    pytest.importorskip("flwr")
     out = tmp_path / "benchmarks.md"
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    done = subprocess.run([sys.executable, "benchmarks/scale.py", "--smoke", "--out", str(out)],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=TIMEOUT_S)
-    result = Result(done.returncode, done.stdout, done.stderr).check()
+    result = _with_ray("benchmarks/scale.py", out)
     assert [r[1] for r in _rows(result.stdout, "3") + _rows(result.stdout, "5")] == [
         "secagg (2 neighbours)", "secagg-plus (2 neighbours)", "2", "secagg-plus (4 neighbours)"]
     assert "full secagg / secagg-plus at n = 3:" in result.stdout
