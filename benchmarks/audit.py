@@ -55,9 +55,9 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from nacl.bindings import crypto_sign_open
 
 from secureffm.audit import verify_run
-from secureffm.audit.pin import load_parties
 from secureffm.config import RunConfig
 from secureffm.federation.log import canonical
+from secureffm.federation.pin import load_parties
 from secureffm.reporting import markdown_table, write_block
 from secureffm.runs import run
 

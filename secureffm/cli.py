@@ -202,11 +202,25 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
                            "a sweep file: resumable, sweep.csv and the privacy-utility frontier "
                            "(docs/sweep.md)")
     _fill(only, "sweep", add_sweep_arguments, sweep)
-    keys = sub.add_parser("flower-keys", help="provision each party's key file and the pinned "
-                          "parties.json for a Flower deployment (docs/flower.md)")
-    keys.add_argument("folder", help="an empty folder for server.key, client-i.key, "
-                      "parties.json")
+    keys = sub.add_parser("flower-keys", help="provision each party's keys for a Flower "
+                          "deployment, one folder per party (docs/flower.md)")
+    keys.add_argument("folder", help="an empty folder: FOLDER/server/ (server.key, "
+                      "parties.json), FOLDER/client-i/ (client-i.key, parties.json, the "
+                      "SuperNode's supernode-auth.key and .pub)")
     keys.add_argument("--clients", type=int, required=True, help="number of clients")
+    certs = sub.add_parser("flower-certs", help="a fresh CA and the SuperLink's TLS certificate "
+                           "(ca.pem, superlink.pem, superlink.key) for a Flower deployment")
+    certs.add_argument("folder", help="an empty folder for the certificates")
+    certs.add_argument("--host", action="append", metavar="NAME_OR_IP",
+                       help="a host name or IP address the SuperLink is reached at "
+                            "(repeatable; default localhost and 127.0.0.1)")
+    certs.add_argument("--days", type=int, default=365, help="validity in days")
+    gather = sub.add_parser("flower-gather", help="copy the nodes' journals into a deployed "
+                            "run's folder for secureffm audit --verify (docs/flower.md)")
+    gather.add_argument("run", help="the run folder (messages.jsonl, parties.json)")
+    gather.add_argument("journals", nargs="+", metavar="JOURNAL",
+                        help="each node's journal file (its --node-config journal=PATH); its "
+                             "owner is found by its signature")
     app = sub.add_parser("flower-app", help="write a Flower App folder that runs a run config "
                          "on a Flower deployment: flwr run FOLDER (docs/flower.md)")
     app.add_argument("folder", help="the app folder to write")
@@ -312,11 +326,38 @@ def _config_of(args: argparse.Namespace):
 
 
 def _flower_keys(args: argparse.Namespace) -> None:
-    from .federation.keyfiles import provision
+    from pathlib import Path
 
-    provision(args.folder, [f"client-{i}" for i in range(1, args.clients + 1)])
-    print(f"keys in {args.folder}: give each party only its own <id>.key, everyone "
-          "parties.json")
+    from .federation.flower_tls import make_node_auth_key
+    from .federation.keyfiles import provision_parties
+
+    clients = [f"client-{i}" for i in range(1, args.clients + 1)]
+    provision_parties(args.folder, clients)
+    for client in clients:
+        make_node_auth_key(Path(args.folder) / client)
+    print(f"keys in {args.folder}/<party>/: hand each party only its own folder (server/ to "
+          "the ServerApp's operator, client-i/ to client i's node); register each node's "
+          "supernode-auth.pub with the SuperLink (flwr supernode register)")
+
+
+def _flower_certs(args: argparse.Namespace) -> None:
+    from .federation.flower_tls import make_certificates
+
+    paths = make_certificates(args.folder, args.host or ["localhost", "127.0.0.1"], args.days)
+    print(f"TLS: the SuperLink uses {paths['cert']} and {paths['key']} (keep the key on its "
+          f"host); every SuperNode and flwr trust {paths['ca']}")
+
+
+def _flower_gather(args: argparse.Namespace) -> None:
+    from pathlib import Path
+
+    from .audit.verify import JOURNALS_DIR
+    from .federation.journal import gather
+    from .federation.keyfiles import load_registry
+
+    copies = gather(args.journals, Path(args.run) / JOURNALS_DIR, load_registry(args.run))
+    for owner, path in sorted(copies.items()):
+        print(f"{owner}: {path}")
 
 
 def _flower_app(args: argparse.Namespace) -> None:
@@ -468,8 +509,8 @@ def add_audit_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _pin_from_args(args: argparse.Namespace):
-    """The :class:`~.audit.pin.RunPin` that --parties and --expect-head give."""
-    from .audit.pin import RunPin, is_hex, load_pin
+    """The :class:`~.federation.pin.RunPin` that --parties and --expect-head give."""
+    from .federation.pin import RunPin, is_hex, load_pin
 
     pin = load_pin(args.parties) if args.parties else RunPin()
     head = args.expect_head
@@ -729,6 +770,10 @@ def main(argv: list[str] | None = None) -> int:
             _sweep(args)
         elif args.command == "flower-keys":
             _flower_keys(args)
+        elif args.command == "flower-certs":
+            _flower_certs(args)
+        elif args.command == "flower-gather":
+            _flower_gather(args)
         elif args.command == "flower-app":
             _flower_app(args)
         elif args.command == "schema":

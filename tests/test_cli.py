@@ -4,11 +4,14 @@ message naming what to change, never a traceback."""
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import pytest
 
 from secureffm.cli import build_parser, main
 from secureffm.config import RunConfig
+from secureffm.errors import ConfigError
+from secureffm.federation.keyfiles import load_party_keys, load_registry
 
 
 def test_every_config_field_is_an_option_of_run():
@@ -37,21 +40,50 @@ def test_audit_needs_verify_pin_or_a_threat_model(capsys):
 
 
 def test_flower_keys_and_app_write_what_a_deployment_needs(tmp_path, capsys, monkeypatch):
-    """``flower-keys`` provisions one key file per party and parties.json; ``flower-app``
-    writes a Flower App whose run config carries the run (its folder made absolute: the
-    ServerApp runs in another process) and the keys folder, and never a private key."""
+    """``flower-keys`` provisions one folder per party; ``flower-app`` writes a Flower App
+    whose run config carries the run (its folder made absolute: the ServerApp runs in another
+    process) and the server's keys folder, and never a private key."""
     monkeypatch.chdir(tmp_path)
     assert main(["flower-keys", str(tmp_path / "keys"), "--clients", "2"]) == 0
     assert sorted(p.name for p in (tmp_path / "keys").iterdir()) == [
-        "client-1.key", "client-2.key", "parties.json", "server.key"]
-    assert main(["flower-app", str(tmp_path / "app"), "--keys", str(tmp_path / "keys"),
+        "client-1", "client-2", "server"]
+    server = tmp_path / "keys" / "server"
+    assert main(["flower-app", str(tmp_path / "app"), "--keys", str(server),
                  "--clients", "2", "--rounds", "7", "--out", "relative/run"]) == 0
     text = (tmp_path / "app" / "pyproject.toml").read_text()
-    assert '\\"rounds\\": 7' in text and str(tmp_path / "keys") in text
+    assert '\\"rounds\\": 7' in text and str(server) in text
     assert str(tmp_path / "relative" / "run") in text
-    for key in (tmp_path / "keys").glob("*.key"):
+    for key in (tmp_path / "keys").rglob("*.key"):
         assert key.read_text() not in text
     assert "flwr run" in capsys.readouterr().out
+
+
+def test_flower_keys_hands_each_party_a_folder_with_its_own_secret_keys_only(tmp_path):
+    """Adversary: a hospital's node operator, who reads everything in the keys folder handed
+    to its node. Before, ``flower-keys`` wrote every party's key file into one folder, which
+    the single-host guide handed to the ServerApp and to every node: client-2's node could sign
+    as client-1 or as the server. Now each party's folder holds its own key file, its own
+    SuperNode authentication key and the pinned parties.json, and no other party's secret."""
+    keys = tmp_path / "keys"
+    assert main(["flower-keys", str(keys), "--clients", "2"]) == 0
+    parties = ["server", "client-1", "client-2"]
+    registry = load_registry(keys / "server")
+    for party in parties:
+        folder = keys / party
+        identity, _ = load_party_keys(folder, party)
+        assert identity.public == registry.sign[party]
+        assert load_registry(folder) == registry
+        assert (folder / "parties.json").read_bytes() == (keys / "server" / "parties.json"
+                                                          ).read_bytes()
+        held = "".join(p.read_text() for p in folder.rglob("*") if p.is_file())
+        for other in set(parties) - {party}:
+            secret = json.loads((keys / other / f"{other}.key").read_text())
+            assert secret["sign"] not in held and secret["seal"] not in held, (party, other)
+            with pytest.raises(ConfigError):
+                load_party_keys(folder, other)
+    auth = {p: (keys / p / "supernode-auth.key").read_text() for p in parties[1:]}
+    assert len(set(auth.values())) == 2  # each node its own Flower authentication key
+    assert not (keys / "server" / "supernode-auth.key").exists()
 
 
 def test_flower_keys_refuses_a_folder_that_holds_keys(tmp_path, capsys):

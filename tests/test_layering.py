@@ -91,6 +91,12 @@ def test_methods_reach_the_federation_only_through_the_channel():
             if not v.endswith(allowed)] == []
 
 
+def test_the_run_scaffold_knows_no_audit():
+    """The audit reads runs through runs/scaffold.py (checkpoints, the attack runs); the scaffold
+    reaches the pin in federation/, never back up into audit/ (issue 40)."""
+    assert _violations("secureffm.runs.scaffold", ("secureffm.audit",)) == []
+
+
 def test_no_import_circle():
     graph = _graph()
     seen: dict[str, int] = {}
@@ -214,3 +220,27 @@ def test_the_hook_rule_sees_an_append_and_an_assignment_at_import():
               "OWN.append(run)\nHOOKS.append(run)\n\nclass Stage:\n    TABLE['tag'] = run\n")
     assert import_time_hooks(source, "variant") == ["variant:10: HOOKS.append(run)",
                                                     "variant:13: TABLE['tag'] = run"]
+
+
+def _names_a_stage(node: ast.AST, names: set[str]) -> bool:
+    """Whether ``node`` is a stage's name written out, alone or in a tuple, list or set."""
+    items = node.elts if isinstance(node, ast.Tuple | ast.List | ast.Set) else [node]
+    return any(isinstance(item, ast.Constant) and item.value in names for item in items)
+
+
+def test_no_stage_name_is_compared_outside_protocols():
+    """A stage describes itself (shared/DESIGN.md, Conventions): no module outside
+    ``protocols/`` compares anything with a stage's name (``== "secagg"``, ``"secagg" in
+    stages``, ``.name == "dp"``, ``in ("ckks", "sealed")``); it asks the stage or the
+    protocol, so adding a stage touches only its own module, the registry and its tests."""
+    from secureffm.protocols import load_protocol
+    from secureffm.protocols.registry import STAGES
+
+    load_protocol("plaintext")  # registers the built-in stages
+    names = set(STAGES)
+    found = sorted(f"{_module(path)}:{node.lineno}" for path in ROOT.rglob("*.py")
+                   if not _module(path).startswith("secureffm.protocols")
+                   for node in ast.walk(ast.parse(path.read_text()))
+                   if isinstance(node, ast.Compare)
+                   and any(_names_a_stage(o, names) for o in (node.left, *node.comparators)))
+    assert found == []

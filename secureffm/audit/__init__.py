@@ -3,7 +3,7 @@ a pin (threat-model checks and attacks come later)."""
 
 from __future__ import annotations
 
-from .pin import RunPin, load_pin
+from ..federation.pin import RunPin, load_pin
 from .verify import AuditFinding, AuditReport, pin_run, verify_run
 
 __all__ = ["AuditFinding", "AuditReport", "RunPin", "load_pin", "pin_run", "verify_run"]

@@ -6,23 +6,27 @@ evidence (record numbers, values) and a one-line reason.
    when given). NOT COVERED when the adversary can write the run folder and nothing was
    pinned: it could rebuild the log with keys of its own.
 2. ``hidden``: no message of a kind the adversary must not see, written by a client, reached it
-   readable. A ``secagg`` input is masked; ``ckks`` is readable by whoever holds the clients'
-   key (the server, with a colluding client); ``sealed`` only by its recipients; anything else
-   by the server (it handles every delivery), the wire, a client it is delivered to, and the
-   folder when ``payloads.bin`` holds it. A kept payload that a hiding stage claims but that
-   holds floating-point arrays is readable whatever its stages say.
+   readable. Who can read a message is what the first of its logged stages that hides it says
+   (:meth:`~secureffm.protocols.stage.Stage.readers`: a ``secagg`` input is masked; ``ckks``
+   is readable by whoever holds the clients' key, the server with a colluding client;
+   ``sealed`` only by its recipients); a message no stage hides (or naming a stage this
+   process does not know) by the server (it handles every delivery), the wire, a client it is
+   delivered to, and the folder when ``payloads.bin`` holds it. A kept payload that a hiding
+   stage claims but that holds floating-point arrays is readable whatever its stages say.
 3. ``epsilon``: each client's epsilon, per kind and in total, recomputed with Opacus from the
    server-signed ``charged`` records (:func:`~secureffm.privacy.ledger.charged_entries`), is
    within the target those records state; every client input to an aggregation is charged.
    privacy.json's value is shown beside it, never used.
 
 4. ``broadcast``: every clear public broadcast of one kind in one round has one digest.
-5. ``parameters``: secure aggregation needs more shares than the colluders hold, a sparse graph
-   gives each client more neighbours than there are colluders, the quantizer holds the sum of
-   every client, a malicious server meets the malicious-server variant, and distributed noise
-   is sized for the colluders. Values come from the protocol named in config.toml, which the
-   log does not sign, unless the clients' signed ``keys`` parameters (payloads kept) confirm
-   them; the colluders of distributed noise from the ``charged`` records.
+5. ``parameters``: what each stage protecting a kind the adversary must not see requires of
+   its parameters (:meth:`~secureffm.protocols.stage.Stage.audit_parameters`: secure
+   aggregation needs more shares than the colluders hold, a sparse graph gives each client
+   more neighbours than there are colluders, the quantizer holds the sum of every client, a
+   malicious server meets the malicious-server variant), and distributed noise is sized for
+   the colluders. Values come from the protocol named in config.toml, which the log does not
+   sign, unless the clients' signed ``keys`` parameters (payloads kept) confirm them; the
+   colluders of distributed noise from the ``charged`` records.
 
 On a run whose config.toml says ``insecure_deterministic = true`` no privacy claim PASSes:
 ``hidden`` is NOT COVERED and a charged ``epsilon`` FAILs (the noise replays from the seed).
@@ -45,18 +49,17 @@ import numpy as np
 from ..errors import MessageError, ProtocolError, SecureFFMError
 from ..federation.log import PARTIES_FILE, PAYLOADS_FILE
 from ..federation.message import RELAY_PHASE, SERVER, deserialize_payload
+from ..federation.pin import RunPin, load_parties
 from ..privacy.ledger import CHARGED, PrivacyLedger, charged_entries
-from ..protocols.protocol import load_protocol
-from ..protocols.wire import payload_bytes
-from .pin import RunPin, load_parties
-from .rules import INPUT_PHASES, PUBLIC_KINDS
+from ..protocols.protocol import input_phases, load_protocol, stage_classes
+from ..protocols.stage import READERS, Stage
+from .rules import PUBLIC_KINDS
 from .threat import Adversary
 from .verify import LOG_FILE, AuditReport, insecure_deterministic, verify_run
 
 __all__ = ["Verdict", "ClaimsReport", "audit_claims", "PASS", "FAIL", "NOT_COVERED"]
 
 PASS, FAIL, NOT_COVERED = "PASS", "FAIL", "NOT COVERED"
-_HIDING = ("secagg", "ckks", "sealed")  # stages after which a payload is not readable as is
 _SHOWN = 5  # offending records listed as evidence
 _FIELDS = {"seq", "round", "phase", "kind", "sender", "recipient", "stages", "sha256"}
 
@@ -200,12 +203,13 @@ def _hidden(log: _Log, adversary: Adversary) -> Verdict:
     gathered = {(r["round"], r["kind"], r.get("origin")) for r in log.messages
                 if r["phase"] == RELAY_PHASE}
     seen, checked, payloads = [], 0, 0
+    classes = {cls.name: cls for cls in stage_classes()}
     for record in log.messages:
         author = record.get("origin") or record["sender"]
         if record["kind"] not in adversary.must_not_see or author == SERVER:
             continue
         checked += 1
-        readers, why = _readers(record, gathered)
+        readers, why = _readers(record, gathered, classes)
         payload = log.payload(record)
         if payload is not None:
             payloads += 1
@@ -231,26 +235,26 @@ def _hidden(log: _Log, adversary: Adversary) -> Verdict:
                    (basis,))
 
 
-def _readers(record: dict, gathered: set) -> tuple[set[str], str]:
-    """Who can read ``record``'s payload as is (``server``, ``wire``, ``folder``,
-    ``recipient``: the client it is delivered to, ``key-holders``: every client, holding the
-    CKKS key) and why, in words. ``gathered``: (round, kind, author) of relayed all-gathers."""
-    stages = record["stages"]
-    if "secagg" in stages:
-        return set(), "masked (secagg)"
-    if "ckks" in stages:
-        return {"key-holders"}, "CKKS-encrypted under the key every client holds"
-    to_client = record["recipient"] != SERVER
-    if "sealed" in stages:
-        if to_client:
-            return {"recipient"}, f"sealed to {record['recipient']}"
-        onward = (record["round"], record["kind"], record["sender"]) in gathered
-        return (set(), "sealed to the peers it is relayed to") if onward else (
-            {"server"}, f"sealed to the server (stages {stages})")
-    readers = {"server", "wire"} | ({"recipient"} if to_client else set())
+def _readers(record: dict, gathered: set, classes: dict[str, type[Stage]]
+             ) -> tuple[set[str], str]:
+    """Who can read ``record``'s payload as is (:data:`~secureffm.protocols.stage.READERS`)
+    and why, in words: what the first of its stages that hides it says, else everyone who
+    handles it. ``gathered``: (round, kind, author) of relayed all-gathers; ``classes``: the
+    registered stage classes by name."""
+    relayed = (record["round"], record["kind"], record["sender"]) in gathered
+    for name in record["stages"]:
+        cls = classes.get(name)
+        hidden = None if cls is None else cls.readers(record, relayed)
+        if hidden is not None and not hidden[0] <= READERS:
+            raise ProtocolError(f"stage {name!r} says {sorted(hidden[0] - READERS)} can read "
+                                f"a message, which the audit does not know; name readers from "
+                                f"{sorted(READERS)} (protocols/stage.py)")
+        if hidden is not None:
+            return set(hidden[0]), hidden[1]
+    readers = {"server", "wire"} | ({"recipient"} if record["recipient"] != SERVER else set())
     if "offset" in record:
         readers.add("folder")
-    return readers, f"in the clear (stages {stages})"
+    return readers, f"in the clear (stages {record['stages']})"
 
 
 def _reads(adversary: Adversary, readers: set[str], record: dict) -> str:
@@ -344,10 +348,10 @@ def _epsilon(log: _Log, run_dir: Path, randomness: str
 def _uncharged(log: _Log, ledger: PrivacyLedger) -> list[str]:
     """Client inputs to an aggregation (of a kind the ledger charges) that no entry covers."""
     covered = {(e.round, e.kind, e.client) for e in ledger.entries}
-    kinds = {e.kind for e in ledger.entries}
+    kinds, phases = {e.kind for e in ledger.entries}, input_phases()
     return [f"record {r['seq']}: {r['sender']}'s round-{r['round']} {r['kind']} input is in "
             "no charged record" for r in log.messages
-            if r["phase"] in INPUT_PHASES and r["recipient"] == SERVER and r["kind"] in kinds
+            if r["phase"] in phases and r["recipient"] == SERVER and r["kind"] in kinds
             and (r["round"], r["kind"], r["sender"]) not in covered]
 
 
@@ -414,9 +418,12 @@ def _parameters(log: _Log, run_dir: Path, adversary: Adversary, clients: int) ->
     source = [f"protocol {protocol.name!r} from config.toml (the log does not sign it), "
               f"{clients} clients from {PARTIES_FILE}"]
     for stage in protocol.stages:
-        if stage.name == "secagg" and set(stage.protects) & set(adversary.must_not_see):
-            checks += _secagg_checks(stage, clients, c, adversary)
-            source.append(_signed_params(log, stage))
+        if set(stage.protects) & set(adversary.must_not_see):
+            logged = [r for r in log.messages if stage.name in r["stages"]]
+            met, where = stage.audit_parameters(clients, c, adversary.malicious, logged,
+                                                log.payload)
+            checks += met
+            source += where
     charged = [r for r in log.events if r.get("event") == CHARGED and r.get("sender") == SERVER]
     noise = {(r.get("noise"), r.get("colluders")) for r in charged}
     dp = protocol.dp.settings if protocol.dp else None
@@ -440,53 +447,3 @@ def _parameters(log: _Log, run_dir: Path, adversary: Adversary, clients: int) ->
         return Verdict("parameters", title, FAIL, (failed or bad_source)[0], tuple(lines))
     return Verdict("parameters", title, PASS, f"{len(checks)} requirement(s) met",
                    tuple(lines))
-
-
-def _secagg_checks(stage, clients: int, c: int, adversary: Adversary) -> list[tuple[bool, str]]:
-    """What secure aggregation must meet against ``c`` colluders (with the server)."""
-    group = stage.group_size(clients)
-    needed = stage.shares_needed(group)
-    checks = [(needed - c >= 2, f"secagg threshold {stage.threshold!r}: {needed} of {group} "
-                                f"shares rebuild a secret, so a sum the server unmasks holds at "
-                                f"least {needed} inputs, of which {needed - c} are honest when "
-                                f"{c} collude: 2 or more, or the colluders subtract theirs from "
-                                "the sum and hold one client's update")]
-    if group < clients:
-        checks.append((group - 1 > c, f"secagg neighbours {group - 1}: each client masks "
-                                      f"with {group - 1}, more than the {c} colluder(s) "
-                                      "(necessary, not sufficient)"))
-    try:
-        stage.quantizer.check(clients)
-        checks.append((True, f"quantizer (clip {stage.quantizer.clip:g}, levels "
-                             f"{stage.quantizer.levels}, {stage.quantizer.bits} bits) holds the "
-                             f"sum of {clients} clients"))
-    except ProtocolError as err:
-        checks.append((False, f"quantizer: {err}"))
-    if adversary.malicious:
-        checks.append((stage.adversary == "malicious",
-                       f"secagg adversary = {stage.adversary!r}: a malicious server needs the "
-                       "malicious-server variant"))
-    return checks
-
-
-def _signed_params(log: _Log, stage) -> str:
-    """Whether the ``keys`` messages' parameters (signed by the clients in the consistency
-    round, payloads kept) equal the stage's, in words ('differs ...' when they do not)."""
-    told = set()
-    for r in log.messages:
-        if r["phase"] == "keys" and r["sender"] == SERVER and "secagg" in r["stages"]:
-            payload = log.payload(r)
-            try:
-                fields = payload_bytes(payload, SERVER) if payload is not None else {}
-            except MessageError:
-                fields = {}
-            if "params" in fields:
-                told.add(fields["params"])
-    if not told:
-        return ("secagg parameters not confirmed by the log (semi-honest variant, or payloads "
-                "not kept)")
-    if told == {stage.parameters()}:
-        return "secagg parameters equal those of every keys message the clients signed"
-    return (f"differs: the log's keys messages carry parameters "
-            f"{sorted(t.decode(errors='replace') for t in told)}, config.toml's protocol "
-            f"{stage.parameters().decode()}")

@@ -76,7 +76,7 @@ from ..federation.journal import verify_journal
 from ..federation.keyfiles import load_registry
 from ..federation.log import PARTIES_FILE, PAYLOADS_FILE, canonical, genesis
 from ..federation.message import UNSIGNED_FIELDS, link_of
-from .pin import PartyKeys, RunPin, is_hex, load_parties, pin_of
+from ..federation.pin import PartyKeys, RunPin, is_hex, load_parties, pin_of
 from .rules import ProtocolRules
 
 __all__ = ["AuditFinding", "AuditReport", "verify_run", "pin_run", "signed_bytes", "LOG_FILE",

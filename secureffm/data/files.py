@@ -101,7 +101,7 @@ def _no_duplicates(names: list[str], path: Path) -> None:
 
 
 def write_table(table: Mapping[str, np.ndarray], path: str | Path) -> None:
-    """Write a :data:`Table` as .csv (header row), .npy (a structured array with named fields,
+    """Write a :data:`.Table` as .csv (header row), .npy (a structured array with named fields,
     strings as unicode) or .parquet, by suffix; read back with :func:`read_columns`."""
     path = Path(path)
     suffix = path.suffix.lower()

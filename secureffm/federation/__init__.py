@@ -1,5 +1,5 @@
-"""Parties and their keys, messages and their encoding, the typed Channel methods use, the
-Transport that moves signed bytes, and the message log."""
+"""Parties and their keys, the pin kept apart from a run, messages and their encoding, the typed
+Channel methods use, the Transport that moves signed bytes, and the message log."""
 
 from .channel import Aggregate, Channel, Template
 from .log import MessageLog

@@ -1,7 +1,7 @@
 """Requests and replies as bytes, for an engine that carries them between processes.
 
 One frame: a 4-byte big-endian length, a JSON header, then the raw message bytes it names.
-No pickle: a header holds JSON values only, and a :class:`~secureffm.federation.exchange.Task`
+No pickle: a header holds JSON values only, and a :class:`~secureffm.federation.channel.Task`
 travels as ``{"task": name, "args": ...}``. Anything malformed is a MessageError that names
 what is wrong.
 """

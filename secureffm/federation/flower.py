@@ -1,7 +1,7 @@
 """Flower as the engine of secureffm's one batched call (issue 17): bytes out, bytes back.
 
 The server sends each client one request (bytes) and gets back one reply (bytes); a client's
-whole state between requests is bytes too. This module moves those bytes over Flower 1.41 and
+whole state between requests is bytes too. This module moves those bytes over Flower 1.42 and
 knows nothing else: no method, no protocol, no message format. Its parts:
 
 - :class:`FlowerCalls`, in the ServerApp: :meth:`~FlowerCalls.hello` maps our client ids to
@@ -45,11 +45,13 @@ import copy
 import importlib
 import importlib.util
 import json
+import logging
 import os
 import secrets
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import tempfile
@@ -79,6 +81,7 @@ PULL_GROWTH, PULL_MAX_S = 1.25, 1.0  # FlowerCalls' sleep between pulls grows to
 _STATE = "secureffm"  # key of the client's state in context.state
 _KEY = "bytes"
 RUN_KEY = "flwr-run-id"  # the Flower run id, in the run config a ClientApp hands on
+_LOG = logging.getLogger(__name__)
 
 Serve = Callable[[dict, dict, "bytes | None", bytes], tuple[bytes, bytes]]
 Admit = Callable[[dict, dict], Any]  # (node config, run config); raises to refuse the run
@@ -338,17 +341,39 @@ class FlowerCalls:
             sleep = self.pull_interval if len(pending) < waiting else min(
                 sleep * PULL_GROWTH, max(PULL_MAX_S, self.pull_interval))
             time.sleep(min(sleep, left))
-        for node in pending.values():
-            self.errors[names.get(node, str(node))] = f"no reply within {timeout} s"
+        for node, why in self._silent(list(pending.values()), timeout).items():
+            self.errors[names.get(node, str(node))] = why
+            _LOG.warning("%s gave no %s reply: %s", names.get(node, f"Flower node {node}"),
+                         kind, why)  # in deployment, shown by flwr log / flwr run --stream
         traffic.seconds = time.perf_counter() - start
         self.last, self.total = traffic, self.total + traffic
         return replies
 
+    def _silent(self, nodes: list[int], timeout: float) -> dict[int, str]:
+        """Why each of ``nodes`` gave no reply within ``timeout`` s, as far as Flower says:
+        whether the SuperLink still lists its SuperNode as connected."""
+        if not nodes:
+            return {}
+        online = set(self.grid.get_node_ids())
+        return {node: f"no reply within {timeout} s: " + (
+            "the SuperLink lists it connected, so its ClientApp did not answer in time (a "
+            "slow start on a busy host, or a handler still running: see that SuperNode's "
+            "log, or raise --phase-timeout)" if node in online else
+            "the SuperLink no longer lists it connected (its SuperNode stopped or lost the "
+            "link)") for node in nodes}
+
 
 def _why(reply: Message) -> str:
-    """An error reply in one line: Flower's code and the last line of its reason."""
+    """An error reply in one line: Flower's error code by name and the last line of its
+    reason (NODE_UNAVAILABLE: the SuperLink saw the SuperNode go; CLIENT_APP_RAISED_EXCEPTION:
+    our handler raised, its message follows)."""
+    from flwr.common.constant import ErrorCode
+
+    names = {code: name for name, code in vars(ErrorCode).items() if isinstance(code, int)}
+    code = reply.error.code
     lines = [line.strip(" '>") for line in str(reply.error.reason or "").splitlines()]
-    return f"error reply, code {reply.error.code}: {next((x for x in reversed(lines) if x), '')}"
+    return (f"Flower error {names.get(code, 'code')} ({code}): "
+            f"{next((x for x in reversed(lines) if x), 'no reason given')}")
 
 
 # -- apps -------------------------------------------------------------------------------------
@@ -461,7 +486,9 @@ def simulate(server_main: str | ServerMain, serve: str | Serve, clients: int,
 
     Needs Ray (``flwr[simulation]``) and costs about 15 to 20 s to start on a 2-core machine
     before the first call. The nodes are not processes: a pool of Ray actors runs every node's
-    handler, so ``serve`` must keep nothing in module globals (its state is what it returns).
+    handler, so a node's state is only what ``serve`` returns; what ``serve`` keeps in module
+    globals is shared by the nodes one actor runs, and may only be a cache keyed by that state
+    (as runs/flower_node.py's is, by its sha256).
     ``backend_config``: Flower's, default one CPU per client actor and no GPU. Telemetry is off
     unless FLWR_TELEMETRY_ENABLED is set.
     """
@@ -480,15 +507,17 @@ def simulate(server_main: str | ServerMain, serve: str | Serve, clients: int,
 
 class LocalDeployment:
     """Flower's deployment runtime on this host: ``flower-superlink`` and one
-    ``flower-supernode`` per client as OS processes (insecure HTTP on 127.0.0.1, free ports, a
-    private FLWR_HOME, telemetry and update checks off, no runtime dependency installation),
+    ``flower-supernode`` per client as OS processes (HTTP on 127.0.0.1, free ports, a private
+    FLWR_HOME, telemetry and update checks off, no runtime dependency installation),
     and ``flwr run`` submitting a generated Flower App whose ServerApp runs ``server_main`` and
     whose ClientApp serves ``serve`` (both ``"module:function"``, importable by the child
     processes: they get this process's ``sys.path`` as PYTHONPATH).
 
     ``clients``: the client ids, one SuperNode each (its ``client-id``); ``node_config``:
     client id -> more keys of that node's config (a data path, a key path); ``admit``: the
-    ClientApp's check of the run on hello (``"module:function"``). Use as a context
+    ClientApp's check of the run on hello (``"module:function"``); ``tls``: HTTPS with a
+    fresh CA and SuperNode authentication on, each node's key registered with ``flwr supernode
+    register`` (:mod:`~secureffm.federation.flower_tls`), else plain HTTP. Use as a context
     manager: every process it started, and their children (SuperExecs, ServerApp and ClientApp
     processes), is ended on exit. Linux only (children are found in /proc).
 
@@ -499,14 +528,15 @@ class LocalDeployment:
     def __init__(self, server_main: str, serve: str, clients: list[str],
                  node_config: dict[str, dict] | None = None, home: str | None = None,
                  start_timeout: float = 120.0, pull_interval: float = 0.02,
-                 admit: str | None = None):
+                 admit: str | None = None, tls: bool = False):
         _flwr()
         for target in (server_main, serve, *([admit] if admit else [])):
             if not isinstance(target, str):
                 raise ConfigError(f"a deployment names its functions as 'module:function' "
                                   f"strings, got {target!r}")
         self.server_main, self.serve, self.clients = server_main, serve, list(clients)
-        self.admit = admit
+        self.admit, self.tls = admit, tls
+        self._ca: Path | None = None  # the deployment's CA, with tls, once started
         self.node_config = dict(node_config or {})
         self.start_timeout, self.pull_interval = start_timeout, pull_interval
         self._own_home = home is None  # a folder made here is removed by close()
@@ -534,24 +564,56 @@ class LocalDeployment:
         self.close()
 
     def start(self) -> None:
-        """Start the SuperLink, wait until it answers, then start one SuperNode per client."""
-        link = f"127.0.0.1:{self.port}"
-        self._start("superlink", ["flower-superlink", "--insecure",
+        """Start the SuperLink, wait until it answers, then start one SuperNode per client
+        (with ``tls``, each registered first)."""
+        from .flower_tls import make_certificates
+
+        link, link_security, ca = f"127.0.0.1:{self.port}", ["--insecure"], None
+        if self.tls:
+            certs = make_certificates(self.home / "certs", ["localhost", "127.0.0.1"])
+            ca = self._ca = certs["ca"]
+            link_security = ["--ssl-ca-certfile", str(ca), "--ssl-certfile", str(certs["cert"]),
+                             "--ssl-keyfile", str(certs["key"]), "--enable-supernode-auth"]
+        self._start("superlink", ["flower-superlink", *link_security,
                                   "--disable-runtime-dependency-installation",
                                   "--host", "127.0.0.1", "--port", str(self.port)])
-        _wait_http(f"http://{link}/health", self.start_timeout, self.home / "superlink.log")
-        for client in self.clients:
-            self._start_node(client)
+        _wait_http(f"{'https' if ca else 'http'}://{link}/health", self.start_timeout,
+                   self.home / "superlink.log", ca)
+        security = f'root-certificates = "{ca}"' if ca else "insecure = true"
         (self.home / "config.toml").write_text(
             f'[superlink]\ndefault = "local"\n\n[superlink.local]\naddress = "{link}"\n'
-            f"insecure = true\n")
+            f"{security}\n")
+        for client in self.clients:
+            self._start_node(client)
+
+    def _flwr(self, *args: str) -> str:
+        """Run the ``flwr`` command with ``args`` against this deployment; its output."""
+        done = subprocess.run([str(self._bin / "flwr"), *args], env=self.env,
+                              capture_output=True, text=True, cwd=self.home,
+                              timeout=self.start_timeout)
+        if done.returncode:
+            raise ConfigError(f"flwr {args[0]} failed ({done.returncode}): "
+                              f"{(done.stdout + done.stderr)[-2000:]}")
+        return done.stdout
 
     def _start_node(self, client: str) -> None:
-        """Start the SuperNode of ``client`` with its node config as ``node_config`` is now."""
+        """Start the SuperNode of ``client`` with its node config as ``node_config`` is now
+        (with ``tls``, its authentication key made and registered on its first start)."""
+        from .flower_tls import AUTH_KEY_FILE, AUTH_PUBLIC_FILE, make_node_auth_key
+
         config = {**self.node_config.get(client, {}), "client-id": client}
         path = self.home / f"node-{client}.toml"
         _write_toml(path, config)
-        self._start(client, ["flower-supernode", "--insecure", "--superlink",
+        security = ["--insecure"]
+        if self._ca is not None:
+            auth = self.home / f"auth-{client}"
+            if not (auth / AUTH_KEY_FILE).exists():
+                auth.mkdir()
+                make_node_auth_key(auth)
+                self._flwr("supernode", "register", str(auth / AUTH_PUBLIC_FILE), "local")
+            security = ["--root-certificates", str(self._ca),
+                        "--auth-supernode-private-key", str(auth / AUTH_KEY_FILE)]
+        self._start(client, ["flower-supernode", *security, "--superlink",
                              f"127.0.0.1:{self.port}", "--host", "127.0.0.1",
                              "--port", str(_free_port()), "--node-config", str(path)])
 
@@ -568,12 +630,7 @@ class LocalDeployment:
         out = self.home / f"result-{self._runs}.json"
         write_app(app, self.server_main, self.serve, dict(run_config or {}), out,
                   self.pull_interval, self.admit)
-        done = subprocess.run([str(self._bin / "flwr"), "run", str(app), "local"],
-                              env=self.env, capture_output=True, text=True, cwd=self.home,
-                              timeout=self.start_timeout)
-        if done.returncode:
-            raise ConfigError(f"flwr run failed ({done.returncode}): "
-                              f"{(done.stdout + done.stderr)[-2000:]}")
+        self._flwr("run", str(app), "local")
         return out
 
     def wait(self, out: Path, timeout: float) -> Any:
@@ -636,7 +693,7 @@ def write_app(folder: Path, server_main: str, serve: str, run_config: dict,
     _write_toml(folder / "pyproject.toml", {
         "project": {"name": "secureffm-flower-app", "version": "1.0.0",
                     "description": "generated by secureffm.federation.flower.write_app",
-                    "license": "Apache-2.0", "dependencies": ["flwr>=1.41,<1.42"]},
+                    "license": "Apache-2.0", "dependencies": ["flwr>=1.42,<1.43"]},
         "tool": {"flwr": {"app": {
             "publisher": "secureffm",
             "components": {"serverapp": "secureffm_server_app:app",
@@ -665,11 +722,13 @@ def _free_port() -> int:
         return probe.getsockname()[1]
 
 
-def _wait_http(url: str, seconds: float, log: Path) -> None:
+def _wait_http(url: str, seconds: float, log: Path, ca: Path | None = None) -> None:
+    """Wait until ``url`` answers (over TLS trusting ``ca`` when given)."""
+    context = None if ca is None else ssl.create_default_context(cafile=str(ca))
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
         try:
-            with urllib.request.urlopen(url, timeout=1):
+            with urllib.request.urlopen(url, timeout=1, context=context):
                 return
         except OSError:
             time.sleep(0.2)

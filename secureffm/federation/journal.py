@@ -13,13 +13,15 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shutil
 from pathlib import Path
 
+from ..errors import ConfigError
 from .crypto import verify_signature
 from .message import Envelope, canonical
 from .parties import Party, Registry
 
-__all__ = ["Journal", "verify_journal", "GENESIS"]
+__all__ = ["Journal", "verify_journal", "gather", "GENESIS"]
 
 GENESIS = "0" * 64
 
@@ -88,3 +90,43 @@ def verify_journal(path: str | Path, owner: str, registry: Registry) -> list[str
                             f"its sender {signer}")
         prev = _line_hash(text)
     return problems
+
+
+def gather(paths: list[str | Path], folder: str | Path, registry: Registry) -> dict[str, Path]:
+    """Copy each journal of ``paths`` into ``folder`` as ``<owner>.jsonl``, where the audit
+    reads it: owner -> the copy. The owner is the party of ``registry`` whose key signed the
+    journal's first line; the whole journal must then verify (:func:`verify_journal`). Refused
+    by name: a journal that is empty, signed by no party or does not verify, two journals of
+    one owner, and a different journal already in ``folder`` under the owner's name."""
+    folder, found = Path(folder), {}
+    for path in map(Path, paths):
+        try:
+            first = json.loads(path.read_text().splitlines()[0])
+            signature = bytes.fromhex(first["sig"])
+        except (OSError, IndexError, ValueError, KeyError, TypeError) as err:
+            raise ConfigError(f"{path} is not a client's journal ({err}): give the file "
+                              "each node's --node-config journal=PATH names") from None
+        owners = [p for p, key in registry.sign.items()
+                  if verify_signature(key, signature, _signed_part(first))]
+        if not owners:
+            raise ConfigError(f"{path} is signed by no party of the run's parties.json: a "
+                              "journal of another run, or not a journal")
+        owner = owners[0]
+        problems = verify_journal(path, owner, registry)
+        if problems:
+            raise ConfigError(f"{path} ({owner}'s journal) does not verify: {problems[0]}")
+        if owner in found:
+            raise ConfigError(f"{found[owner]} and {path} are both {owner}'s journal: give "
+                              "each node's journal once")
+        found[owner] = path
+    folder.mkdir(parents=True, exist_ok=True)
+    for owner, path in found.items():
+        target = folder / f"{owner}.jsonl"
+        if target.exists() and target.read_bytes() != path.read_bytes():
+            raise ConfigError(f"{target} holds another journal of {owner}; remove it first "
+                              f"if {path} is the one to audit")
+    copies = {}
+    for owner, path in found.items():
+        copies[owner] = folder / f"{owner}.jsonl"
+        shutil.copyfile(path, copies[owner])
+    return copies

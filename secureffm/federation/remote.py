@@ -84,7 +84,7 @@ class RemoteTransport(LoggedEvents):
 
     def exchange(self, requests: dict[str, Request],
                  endpoints: Mapping[str, Endpoint] | None = None) -> dict[str, Delivery]:
-        """See :meth:`Transport.exchange`; ``endpoints`` must be None (the clients are
+        """See :meth:`~.transport.Transport.exchange`; ``endpoints`` must be None (the clients are
         remote)."""
         if endpoints is not None:
             raise ProtocolError("a remote transport reaches its clients itself")

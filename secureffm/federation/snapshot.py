@@ -3,8 +3,9 @@ fresh process keeps them for the client, on the client's own node, never at the 
 
 What a client carries over: its secret-stream key, its training generator and protocol stream,
 the link to the last record it signed (so that its next message links to it),
-its memory of the broadcasts it accepted, of its sealed-message counters and of its CKKS key
-(the secret context's bytes), its inbox, the peers' payloads it gathered, the plain values
+each entry of its memory (what its protocol's stages keep: every entry through the codec its
+stage registered, :mod:`.memory`; an entry without one is refused by name), its inbox, the
+peers' payloads it gathered, the plain values
 (and lists of them) and generators of its method's state (objects in ``client.state`` are
 not: the method's program rebuilds them, or reloads them from the broadcasts, before the values
 are restored), and the
@@ -23,12 +24,12 @@ from safetensors.numpy import load as load_arrays
 from safetensors.numpy import save as save_arrays
 
 from ..errors import MessageError, ProtocolError
+from .memory import memory_codec
 from .parties import Client
 
 __all__ = ["client_state", "restore_client", "pack", "unpack", "encode_tree", "decode_tree"]
 
 _PLAIN = (bool, int, float, str, type(None))
-_MEMORY = ("broadcasts", "sealed", "ckks")  # what of a client's memory crosses
 
 
 def _generator_state(generator: torch.Generator) -> np.ndarray:
@@ -71,11 +72,16 @@ def decode_tree(table: dict, arrays: dict[str, np.ndarray]):
 
 def client_state(client: Client) -> tuple[dict, dict[str, np.ndarray]]:
     """``client``'s carried state: (JSON header, named arrays)."""
-    unknown = sorted(set(client.memory) - set(_MEMORY))
+    unknown = sorted(key for key in client.memory if memory_codec(key) is None)
     if unknown:
-        raise ProtocolError(f"{client.id} keeps {unknown[0]!r} in its memory, which does not "
-                            "leave the in-process engine yet")
+        raise ProtocolError(f"{client.id} keeps {unknown[0]!r} in its memory, which no stage "
+                            "registered a codec for (federation.memory), so it cannot leave "
+                            "the in-process engine")
     arrays = {"generator": _generator_state(client.generator)}
+    memory = {}
+    for key, value in client.memory.items():
+        memory[key], saved = memory_codec(key).save(value)
+        arrays.update({f"memory/{key}/{name}": array for name, array in saved.items()})
     state = {}
     for key, value in client.state.items():
         if isinstance(value, torch.Generator):
@@ -89,18 +95,13 @@ def client_state(client: Client) -> tuple[dict, dict[str, np.ndarray]]:
     for kind, payload in client.inbox.items():
         for name, array in payload.items():
             arrays[f"inbox/{kind}/{name}"] = array
-    if "ckks" in client.memory:  # its CKKS key: the secret context's bytes
-        arrays["memory/ckks"] = np.frombuffer(client.memory["ckks"]["secret"], dtype=np.uint8)
     for kind, (_, held) in client.gathered.items():
         for author, payload in held.items():
             for name, array in payload.items():
                 arrays[f"gathered/{kind}/{author}/{name}"] = array
     header = {"streams_key": client.streams.key.hex(),
               "protocol_rng": client.protocol_rng.bit_generator.state,
-              "broadcasts": {str(r): seen for r, seen in
-                             client.memory.get("broadcasts", {}).items()},
-              "sealed": client.memory.get("sealed"),
-              "ckks_epoch": client.memory["ckks"]["epoch"] if "ckks" in client.memory else None,
+              "memory": memory,
               "gathered": {kind: round_ for kind, (round_, _) in client.gathered.items()},
               "last": client.last, "state": state, "kept": kept}
     return header, arrays
@@ -114,16 +115,14 @@ def restore_client(client: Client, header: dict, arrays: dict[str, np.ndarray]) 
         object.__setattr__(client.streams, "key", bytes.fromhex(header["streams_key"]))
         client.generator.set_state(torch.from_numpy(arrays["generator"]))
         client.protocol_rng.bit_generator.state = header["protocol_rng"]
-        if header["broadcasts"]:
-            client.memory["broadcasts"] = {int(r): [tuple(p) for p in seen]
-                                           for r, seen in header["broadcasts"].items()}
-        if header["sealed"] is not None:
-            sealed = header["sealed"]
-            client.memory["sealed"] = {"next": int(sealed["next"]), "accepted": {
-                str(sender): int(counter) for sender, counter in sealed["accepted"].items()}}
-        if header["ckks_epoch"] is not None:
-            client.memory["ckks"] = {"epoch": int(header["ckks_epoch"]),
-                                     "secret": arrays["memory/ckks"].tobytes()}
+        for key, table in header["memory"].items():
+            codec = memory_codec(key)
+            if codec is None:
+                raise ValueError(f"it keeps {key!r} in its memory, which no stage of this "
+                                 "process registered")
+            prefix = f"memory/{key}/"
+            client.memory[key] = codec.load(table, {name[len(prefix):]: array for name, array
+                                                    in arrays.items() if name.startswith(prefix)})
         client.gathered = {kind: (int(round_), {}) for kind, round_ in header["gathered"].items()}
         client.last = str(header["last"])
         for key, entry in header["state"].items():

@@ -68,6 +68,7 @@ import numpy as np
 
 from ..errors import MessageError, ProtocolError
 from ..federation.channel import Aggregate, Compute, Template
+from ..federation.memory import MemoryCodec
 from ..federation.message import RELAY_PHASE, SERVER, deserialize_payload, serialize_payload
 from ..federation.parties import Client, Party
 from ..privacy.settings import DistributedNoise, NoiseGeometry
@@ -78,6 +79,7 @@ from .link import Call, Link, accepted, silence
 from .registry import check_protects, check_table
 from .sealed import SealedStage
 from .secagg import SecAggStage, check_scale
+from .stage import StageDefaults
 from .wire import bytes_payload, payload_bytes
 
 if TYPE_CHECKING:
@@ -265,13 +267,28 @@ def _keep_key(client: Client, epoch: int, context: ts.Context, secret: bytes) ->
     client.memory[_MEMORY] = {"epoch": epoch, "context": context, "secret": secret}
 
 
-class CKKSStage:
+def _save_key(held: dict) -> tuple[dict, dict[str, np.ndarray]]:
+    return {"epoch": held["epoch"]}, {"secret": np.frombuffer(held["secret"], dtype=np.uint8)}
+
+
+def _load_key(saved: dict, arrays: dict[str, np.ndarray]) -> dict:
+    return {"epoch": int(saved["epoch"]), "secret": arrays["secret"].tobytes()}
+
+
+# A client's key across a snapshot: its epoch and the secret context's bytes (the context is
+# rebuilt from them when first used, :func:`_held`).
+KEY = MemoryCodec(_MEMORY, _save_key, _load_key)
+
+
+class CKKSStage(StageDefaults):
     """Homomorphic aggregation under one shared CKKS key; see the module docstring."""
 
     name = "ckks"
     role = "aggregate"
     phases = PHASES
     can_protect = frozenset({"gradient", "dual_update", "update", "scalar"})
+    input_phase = "upload"
+    memory = (KEY,)
 
     def __init__(self, protects: tuple[str, ...], params: CKKSParams, decryptors: int = 1,
                  rotate_every: int = 0):
@@ -307,6 +324,19 @@ class CKKSStage:
         if self.decryptors > clients:
             raise ProtocolError(f"stage 'ckks': decryptors = {self.decryptors} but the "
                                 f"federation has {clients} clients; lower decryptors")
+
+    def claim(self, kind: str) -> tuple[str, str]:
+        return ("CKKS homomorphic aggregation: the server adds ciphertexts and holds no secret "
+                "key; a decryptor client returns the weighted sum of the uploads; it adds no DP "
+                "by itself",
+                "no client colludes with the server (every client holds the one shared secret "
+                "key and could decrypt any upload the server saw); an honest-but-curious server "
+                "(a deviating one can ask a decryptor to decrypt a single upload)")
+
+    @staticmethod
+    def readers(record: dict, relayed: bool) -> tuple[frozenset[str], str]:
+        """Whoever holds the clients' key: every client (the server, with one colluding)."""
+        return frozenset({"key-holders"}), "CKKS-encrypted under the key every client holds"
 
     def noise_geometry(self, weights: dict[str, float], sensitivity: dict[str, float],
                        size: int, colluders: int) -> NoiseGeometry:

@@ -25,22 +25,27 @@ from __future__ import annotations
 from ..errors import ProtocolError
 from ..privacy.settings import DPSettings
 from .registry import check_protects, check_table
+from .stage import StageDefaults
 
-__all__ = ["DPStage"]
+__all__ = ["DPStage", "SYBIL"]
 
 _KEYS = {"stage", "protects", "clip", "delta", "target_epsilon", "noise_multiplier", "noise",
          "accountant", "colluders"}
 NOISE = ("local", "distributed")
+# What distributed noise assumes of the clients that count toward the threshold.
+SYBIL = ("no Sybils: the clients counted toward the threshold are distinct parties the server "
+         "does not control. A server that registers clients of its own (or learns their noise) "
+         "reaches the threshold with fewer honest shares, and the sum then carries less noise "
+         "than accounted; the clients cannot detect this")
 
 
-class DPStage:
+class DPStage(StageDefaults):
     """Marks kinds whose updates clients compute with DP-SGD; see the module docstring."""
 
     name = "dp"
     role = "client"
     phases = ()
     can_protect = frozenset({"gradient", "dual_update", "update", "model"})
-
     def __init__(self, protects: tuple[str, ...], settings: DPSettings):
         self.protects = protects
         self.settings = settings
@@ -88,6 +93,34 @@ class DPStage:
     def validate_for(self, clients: int) -> None:
         """Local noise does not depend on the number of clients; distributed noise is checked
         against the secagg threshold by :class:`Protocol`."""
+
+    def claim(self, kind: str) -> tuple[str, str]:
+        if self.settings.noise == "distributed":
+            return ("DP-SGD with distributed Skellam noise: each client adds a share inside "
+                    "secure aggregation; the sum is DP, a single update is not (distributed_"
+                    "noise below)",
+                    f"at least the secagg threshold of clients survive each round, at most "
+                    f"{self.settings.colluders} of them reveal their noise to the server, and "
+                    f"{SYBIL}")
+        return ("DP-SGD with local Gaussian noise: each client's update is DP on its own",
+                "none beyond the client's own code: it answers each (task, round) once, only in "
+                "the rounds its own run config plans, and never past its own target, whatever "
+                "the server asks")
+
+    def exclusions(self, kinds: tuple[str, ...]) -> tuple[str, ...]:
+        """Floating-point noise sampling and client-level DP, when it protects any of
+        ``kinds``."""
+        if not set(kinds) & set(self.protects):
+            return ()
+        sampler = ("the Skellam shares (numpy's floating-point Poisson sampler)"
+                   if self.settings.noise == "distributed" else
+                   "the Gaussian noise (torch's floating-point generator)")
+        return (f"floating-point noise sampling: {sampler} is neither a discrete nor a secure "
+                "sampler; attacks on its low-order bits (Mironov 2012) are not mitigated and "
+                "no bound covers its tails",
+                "client-level DP: the unit is one example of a client's shard; a client's "
+                "whole shard (whether it takes part at all) is not protected, its updates may "
+                "move by the per-example bound times its number of examples")
 
 
 def _positive(value, key: str, source: str) -> float:

@@ -21,6 +21,7 @@ from ..federation.message import SERVER, Payload, deserialize_payload, serialize
 from ..federation.parties import Client, Registry
 from ..privacy.settings import DistributedNoise
 from .link import record_broadcast
+from .stage import StagedProtocol
 
 __all__ = ["ClientEndpoint", "Step", "client_action", "ACTIONS", "NoisePlan",
            "refused_alone"]
@@ -110,7 +111,7 @@ class ClientEndpoint:
 
     client: Client
     registry: Registry
-    protocol: Any
+    protocol: StagedProtocol
     program: Program | None = None
     noise: NoisePlan | None = None
     sessions: dict[tuple[int, str], Any] = field(default_factory=dict)

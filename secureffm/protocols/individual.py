@@ -1,5 +1,5 @@
-"""Individual messages, the client's side of :meth:`ProtectedChannel.send` and
-:meth:`ProtectedChannel.all_gather`: each client reads, seals and keeps them itself.
+"""Individual messages, the client's side of :meth:`~.channel.ProtectedChannel.send`
+and :meth:`~.channel.ProtectedChannel.all_gather`: each client reads, seals and keeps them itself.
 
 - ``take``: the server's message to this client, opened (sealed for it, or plain) and kept in
   ``client.inbox[kind]``;
@@ -7,7 +7,8 @@
   server when a ``sealed`` stage protects the kind;
 - ``gather.upload``: the client's payload for its peers, sealed once for all of them;
 - ``gather.take``: a peer's payload the server relays (its author in the envelope's
-  ``origin``), opened and kept with :meth:`Client.keep_gathered`.
+  ``origin``), opened and kept with
+  :meth:`~secureffm.federation.parties.Client.keep_gathered`.
 
 A message the client cannot read, or a request it must not follow (a peer list naming the
 server), is refused in the client's own signed ``rejected`` event and answered with nothing.

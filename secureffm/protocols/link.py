@@ -14,14 +14,25 @@ from dataclasses import dataclass, field
 
 from ..federation.exchange import Request
 from ..federation.faults import FaultPlan
+from ..federation.memory import MemoryCodec
 from ..federation.message import SERVER
 from ..federation.parties import Client, Party
 from ..federation.transport import Delivery, Endpoint, Transport
 
 __all__ = ["Link", "Call", "accepted", "silence", "record_broadcast", "broadcast_digest",
-           "digest_of_broadcasts"]
+           "digest_of_broadcasts", "BROADCASTS"]
 
 _BROADCASTS = "broadcasts"
+
+
+def _load_broadcasts(saved: dict, arrays: dict) -> dict[int, list[tuple[str, str]]]:
+    return {int(r): [tuple(pair) for pair in seen] for r, seen in saved.items()}
+
+
+# What a party noted of the broadcasts it accepted (round -> [(kind, sha256)]) across a
+# snapshot; every protocol registers it (:func:`~secureffm.protocols.protocol.build_protocol`).
+BROADCASTS = MemoryCodec(_BROADCASTS, lambda seen: ({str(r): v for r, v in seen.items()}, {}),
+                         _load_broadcasts)
 
 
 def record_broadcast(party: Party, round_: int, kind: str, digest: str) -> None:

@@ -11,14 +11,21 @@ themselves go through :class:`~secureffm.protocols.channel.ProtectedChannel`.
 
 from __future__ import annotations
 
-from typing import Any
+import functools
+from typing import cast
 
 from ..errors import ProtocolError
+from ..federation.memory import register_memory
 from ..federation.message import RELAY_PHASE
 from ..privacy.settings import DPSettings, GeodesicPrivacy, NoiseGeometry
-from .registry import STAGES, ProtocolSpec, read_spec, register_stage
+from .dp import DPStage
+from .link import BROADCASTS
+from .randomized_t import RandomizedTStage
+from .registry import STAGES, ProtocolSpec, known_protocols, read_spec, register_stage
+from .stage import AggregateStage, Stage, TransportStage
 
-__all__ = ["Protocol", "load_protocol", "build_protocol", "PLAIN_PHASES"]
+__all__ = ["Protocol", "load_protocol", "build_protocol", "stage_classes", "input_phases",
+           "without_dp", "PLAIN_PHASES"]
 
 PLAIN_PHASES = ("broadcast", "upload", RELAY_PHASE)
 
@@ -29,22 +36,63 @@ def load_protocol(name_or_path: str) -> Protocol:
 
 
 def build_protocol(spec: ProtocolSpec) -> Protocol:
-    """The protocol of a parsed ``spec``, its stages built (and their parameters checked)."""
-    _register_builtin_stages()
+    """The protocol of a parsed ``spec``, its stages built (and their parameters checked).
+    Every registered stage's client-memory codecs are registered with the snapshot first
+    (:mod:`secureffm.federation.memory`), so a client's state crosses a Flower message."""
+    _register_stages()
     return Protocol(spec)
 
 
-def _register_builtin_stages() -> None:
+def stage_classes() -> tuple[type[Stage], ...]:
+    """Every registered stage class, in registration order (a log record's ``stages`` name
+    them)."""
+    _register_stages()
+    return tuple(STAGES.values())
+
+
+def input_phases() -> tuple[str, ...]:
+    """The phases of a client's input to an aggregate: ``upload`` in the clear, and each
+    registered aggregate stage's own."""
+    stages = [s for s in stage_classes() if s.role == "aggregate"]
+    return tuple(dict.fromkeys(["upload", *(s.input_phase for s in stages)]))
+
+
+def without_dp(name_or_path: str) -> str | None:
+    """The shipped protocol that runs the stages of spec ``name_or_path`` but its dp stage,
+    with equal parameters (what each protects may be wider), or None when no shipped spec, or
+    more than one, is: what a sweep runs at epsilon = inf."""
+    def rest(spec: ProtocolSpec) -> list[dict]:
+        return [{k: v for k, v in t.items() if k != "protects"} for t in spec.stages
+                if t.get("stage") != DPStage.name]
+
+    asked = read_spec(name_or_path)
+    if len(rest(asked)) == len(asked.stages):
+        return None
+    found = [name for name, spec in _shipped_specs().items()
+             if len(rest(spec)) == len(spec.stages) and rest(spec) == rest(asked)]
+    return found[0] if len(found) == 1 else None
+
+
+@functools.cache
+def _shipped_specs() -> dict[str, ProtocolSpec]:
+    return {name: read_spec(name) for name in known_protocols()}
+
+
+def _register_stages() -> None:
     """Register the shipped stages, named here (no stage module registers itself when
-    imported); imported when the first protocol is built."""
+    imported; imported when the first protocol is built), then the client memory of every
+    registered stage and of the broadcasts a client notes."""
     from .ckks import CKKSStage
-    from .dp import DPStage
-    from .randomized_t import RandomizedTStage
     from .sealed import SealedStage
     from .secagg import SecAggStage
 
     for stage in (DPStage, RandomizedTStage, SealedStage, CKKSStage, SecAggStage):
         register_stage(stage)
+
+    register_memory(BROADCASTS)
+    for cls in STAGES.values():
+        for codec in cls.memory:
+            register_memory(codec)
 
 
 class Protocol:
@@ -56,7 +104,7 @@ class Protocol:
     def __init__(self, spec: ProtocolSpec):
         self.spec = spec
         self.name = spec.name
-        self.stages = []
+        self.stages: list[Stage] = []
         for index, table in enumerate(spec.stages):
             name = table.get("stage")
             if name not in STAGES:
@@ -64,12 +112,13 @@ class Protocol:
                 raise ProtocolError(f"protocol spec {spec.source}: stages[{index}] names unknown "
                                     f"stage {name!r}; known stages: {known}")
             self.stages.append(STAGES[name].from_table(table, f"{spec.source} stages[{index}]"))
-        dp_stages = [s for s in self.stages if s.name == "dp"]
+        dp_stages = [s for s in self.stages if isinstance(s, DPStage)]
         if len(dp_stages) > 1:
             raise ProtocolError(f"protocol spec {spec.source}: more than one 'dp' stage")
-        self.dp = dp_stages[0] if dp_stages else None
-        self._by_kind = self._one_stage_per_kind("aggregate")
-        self._sealed_by_kind = self._one_stage_per_kind("transport")
+        self.dp: DPStage | None = dp_stages[0] if dp_stages else None
+        self._by_kind = cast(dict[str, AggregateStage], self._one_stage_per_kind("aggregate"))
+        self._sealed_by_kind = cast(dict[str, TransportStage],
+                                    self._one_stage_per_kind("transport"))
         both = sorted(set(self._by_kind) & set(self._sealed_by_kind))
         if both:
             raise ProtocolError(f"protocol spec {spec.source}: kind {both[0]!r} is both "
@@ -89,8 +138,8 @@ class Protocol:
                     f"carries the full noise): add {kind!r} to a secagg stage's protects, or "
                     "use noise = 'local'")
 
-    def _one_stage_per_kind(self, role: str) -> dict[str, Any]:
-        by_kind: dict[str, Any] = {}
+    def _one_stage_per_kind(self, role: str) -> dict[str, Stage]:
+        by_kind: dict[str, Stage] = {}
         for stage in self.stages:
             if stage.role != role:
                 continue
@@ -101,7 +150,7 @@ class Protocol:
                 by_kind[kind] = stage
         return by_kind
 
-    def stage_for(self, stage_name: str, kind: str):
+    def stage_for(self, stage_name: str, kind: str) -> Stage | None:
         """The stage named ``stage_name`` that protects ``kind``, or None."""
         for stage in self.stages:
             if stage.name == stage_name and kind in stage.protects:
@@ -158,17 +207,18 @@ class Protocol:
         return self._by_kind[kind].noise_geometry(weights, sensitivity, size,
                                                   settings.colluders)
 
-    def aggregator(self, kind: str):
+    def aggregator(self, kind: str) -> AggregateStage | None:
         """The aggregate stage protecting ``kind``, or None (aggregated in the clear)."""
         return self._by_kind.get(kind)
 
-    def sealer(self, kind: str):
+    def sealer(self, kind: str) -> TransportStage | None:
         """The transport stage sealing ``kind``, or None (sent in the clear)."""
         return self._sealed_by_kind.get(kind)
 
     def geodesic_privacy(self, kind: str = "measure") -> GeodesicPrivacy | None:
         """The randomized-t protections of ``kind`` messages, or None."""
-        stage = self.stage_for("randomized-t", kind)
+        stage = next((s for s in self.stages
+                      if isinstance(s, RandomizedTStage) and kind in s.protects), None)
         return None if stage is None else GeodesicPrivacy(stage.t_low, stage.t_high,
                                                           stage.noise_std)
 

@@ -19,20 +19,20 @@ import math
 
 from ..errors import ProtocolError
 from .registry import check_protects, check_table
+from .stage import StageDefaults
 
 __all__ = ["RandomizedTStage"]
 
 _KEYS = {"stage", "protects", "t_low", "t_high", "noise_std"}
 
 
-class RandomizedTStage:
+class RandomizedTStage(StageDefaults):
     """Marks measure messages computed at a private random t; see the module docstring."""
 
     name = "randomized-t"
     role = "client"
     phases = ()
     can_protect = frozenset({"measure"})
-
     def __init__(self, protects: tuple[str, ...], t_low: float, t_high: float,
                  noise_std: float = 0.0):
         self.protects = protects
@@ -66,6 +66,12 @@ class RandomizedTStage:
 
     def validate_for(self, clients: int) -> None:
         """Each client draws its own t: any number of clients works."""
+
+    def claim(self, kind: str) -> tuple[str, str]:
+        return (f"randomized t in [{self.t_low}, {self.t_high}] and distances only at the "
+                "end: the server does not know t. Not a formal guarantee (docs/fedwad.md "
+                "measures what it can still reconstruct)",
+                "t is drawn from the client's secret stream")
 
 
 def _number(value, key: str, where: str) -> float:

@@ -40,9 +40,11 @@ import numpy as np
 
 from ..errors import MessageError, ProtocolError
 from ..federation.crypto import Identity, KeyPair, agree, open_sealed, seal, verify_signature
-from ..federation.message import Payload, deserialize_payload, serialize_payload
+from ..federation.memory import MemoryCodec
+from ..federation.message import SERVER, Payload, deserialize_payload, serialize_payload
 from ..federation.parties import Party, Registry
 from .registry import check_protects, check_table
+from .stage import StageDefaults
 
 __all__ = ["SealedStage", "SealHeader", "Opened", "seal_payload", "relay_part", "open_payload"]
 
@@ -171,7 +173,16 @@ def open_payload(data: bytes, kind: str, round_: int, phase: str, sender_id: str
     return Opened(deserialize_payload(plain, sender_id), header.counter)
 
 
-class SealedStage:
+def _load_counters(saved: dict, arrays: dict) -> dict:
+    return {"next": int(saved["next"]), "accepted": {
+        str(sender): int(counter) for sender, counter in saved["accepted"].items()}}
+
+
+# A party's counters (JSON as they are) across a snapshot.
+COUNTERS = MemoryCodec("sealed", lambda counters: (counters, {}), _load_counters)
+
+
+class SealedStage(StageDefaults):
     """Marks kinds sent one by one that only their recipients may read; see module docstring.
 
     Each party keeps its own counters in its ``memory``: the counter of its next sealed
@@ -182,6 +193,7 @@ class SealedStage:
     role = "transport"
     phases = ()
     can_protect = frozenset({"model", "measure", "scalar"})
+    memory = (COUNTERS,)
 
     def __init__(self, protects: tuple[str, ...]):
         self.protects = protects
@@ -199,6 +211,21 @@ class SealedStage:
 
     def validate_for(self, clients: int) -> None:
         """Sealing works for any number of parties."""
+
+    def claim(self, kind: str) -> tuple[str, str]:
+        return ("sealed end to end for its recipients and signed by its author: the relay can "
+                "neither read nor forge it; every recipient reads it in full",
+                "recipients are trusted with what they receive; sizes, timing and recipient "
+                "sets stay visible")
+
+    @staticmethod
+    def readers(record: dict, relayed: bool) -> tuple[frozenset[str], str]:
+        """Its recipients only: the client it is delivered to, the peers a server relays it
+        to, or the server."""
+        if record["recipient"] != SERVER:
+            return frozenset({"recipient"}), f"sealed to {record['recipient']}"
+        return (frozenset(), "sealed to the peers it is relayed to") if relayed else (
+            frozenset({"server"}), f"sealed to the server (stages {record['stages']})")
 
     def seal(self, sender: Party, registry: Registry, payload: Payload, kind: str,
              round_: int, phase: str, recipients: list[str]) -> bytes:

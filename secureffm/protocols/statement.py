@@ -11,7 +11,7 @@ hold (:data:`INSECURE`); :func:`mark_randomness` is the one place that marks the
 from __future__ import annotations
 
 from ..federation.parties import secret_randomness
-from .neighbourhood import describe
+from .dp import SYBIL
 from .protocol import Protocol
 
 __all__ = ["privacy_statement", "mark_randomness", "INSECURE", "SYBIL"]
@@ -21,88 +21,14 @@ __all__ = ["privacy_statement", "mark_randomness", "INSECURE", "SYBIL"]
 INSECURE = ("DOES NOT HOLD in this run: it was made with --insecure-deterministic, so every "
             "party's secret streams (DP noise and sampling, per-example draws, rounding, "
             "randomized t) derive from the seed that config.toml publishes")
-# What distributed noise assumes of the clients that count toward the threshold.
-SYBIL = ("no Sybils: the clients counted toward the threshold are distinct parties the server "
-         "does not control. A server that registers clients of its own (or learns their noise) "
-         "reaches the threshold with fewer honest shares, and the sum then carries less noise "
-         "than accounted; the clients cannot detect this")
 
 
-def _secagg_trust(stage) -> str:
-    """The trust secure aggregation needs, as its spec's ``adversary`` variant provides."""
-    colluders = ("fewer than the threshold of a client's share holders collude with the "
-                 "server")
-    sized_for = describe(stage.neighbours, stage.tolerance)[1]
-    colluders += f"; {sized_for}" if sized_for else ""
-    if stage.adversary == "malicious":
-        return (f"{colluders}; against a malicious server (adversary = \"malicious\": keys "
-                "signed by pinned identities, a consistency round) a substituted key, a split "
-                "view or other parameters make the clients refuse, but it can drop clients "
-                "down to the threshold and abort any round (docs/protocols.md)")
-    return (f"{colluders}; the server follows the protocol (adversary = \"semi-honest\": no "
-            "signed keys and no consistency round, so a server that substitutes keys or tells "
-            "clients different survivor sets can unmask a client's input)")
-
-
-def _stage_claim(stage, kind: str) -> tuple[str, str]:
-    """(what the stage does for ``kind``, the trust it needs) in words."""
-    if stage.name == "dp":
-        s = stage.settings
-        if s.noise == "distributed":
-            return ("DP-SGD with distributed Skellam noise: each client adds a share inside "
-                    "secure aggregation; the sum is DP, a single update is not (distributed_"
-                    "noise below)",
-                    f"at least the secagg threshold of clients survive each round, at most "
-                    f"{s.colluders} of them reveal their noise to the server, and {SYBIL}")
-        return ("DP-SGD with local Gaussian noise: each client's update is DP on its own",
-                "none beyond the client's own code: it answers each (task, round) once, only in "
-                "the rounds its own run config plans, and never past its own target, whatever "
-                "the server asks")
-    if stage.name == "secagg":
-        return (f"secure aggregation (threshold {stage.threshold}, "
-                f"{describe(stage.neighbours, stage.tolerance)[0]}, adversary = "
-                f"\"{stage.adversary}\"): the server "
-                "learns only the weighted sum of the survivors' updates; it adds no DP by itself",
-                _secagg_trust(stage))
-    if stage.name == "ckks":
-        return ("CKKS homomorphic aggregation: the server adds ciphertexts and holds no secret "
-                "key; a decryptor client returns the weighted sum of the uploads; it adds no DP "
-                "by itself",
-                "no client colludes with the server (every client holds the one shared secret "
-                "key and could decrypt any upload the server saw); an honest-but-curious server "
-                "(a deviating one can ask a decryptor to decrypt a single upload)")
-    if stage.name == "sealed":
-        return ("sealed end to end for its recipients and signed by its author: the relay can "
-                "neither read nor forge it; every recipient reads it in full",
-                "recipients are trusted with what they receive; sizes, timing and recipient "
-                "sets stay visible")
-    if stage.name == "randomized-t":
-        return (f"randomized t in [{stage.t_low}, {stage.t_high}] and distances only at the "
-                "end: the server does not know t. Not a formal guarantee (docs/fedwad.md "
-                "measures what it can still reconstruct)",
-                "t is drawn from the client's secret stream")
-    return (f"stage {stage.name}", "see docs/protocols.md")
-
-
-def _exclusions(protocol: Protocol, dp_kinds: list[str]) -> list[str]:
-    """What no claim of ``protocol`` covers, whatever the method."""
+def _exclusions(protocol: Protocol, kinds: tuple[str, ...]) -> list[str]:
+    """What no claim of ``protocol`` covers, whatever the method, when clients send ``kinds``:
+    sizes and timing, then each stage's own exclusions (:meth:`.Stage.exclusions`), once."""
     out = ["message sizes, timing and who talks to whom: no protocol hides them"]
-    if dp_kinds:
-        sampler = ("the Skellam shares (numpy's floating-point Poisson sampler)"
-                   if protocol.dp.settings.noise == "distributed" else
-                   "the Gaussian noise (torch's floating-point generator)")
-        out += [f"floating-point noise sampling: {sampler} is neither a discrete nor a secure "
-                "sampler; attacks on its low-order bits (Mironov 2012) are not mitigated and "
-                "no bound covers its tails",
-                "client-level DP: the unit is one example of a client's shard; a client's "
-                "whole shard (whether it takes part at all) is not protected, its updates may "
-                "move by the per-example bound times its number of examples"]
-    if any(s.name == "secagg" for s in protocol.stages):
-        out.append("a malicious client's input: secure aggregation cannot check the range of "
-                   "a masked input (no range proofs), so one client can move each coordinate of "
-                   "the sum by up to about n x clip (the range n clients' clipped inputs are "
-                   "decoded from; under distributed noise any residue), not by one input's "
-                   "clip; DP bounds what the sum reveals of honest clients' examples, not this")
+    for stage in protocol.stages:
+        out += [line for line in stage.exclusions(kinds) if line not in out]
     return out
 
 
@@ -111,7 +37,7 @@ def _distributed(protocol: Protocol, accounting: dict) -> dict:
     the minimum honest survivors m, tau, each client's share variance and the sum's (quantization
     levels squared, per coordinate, per kind), and the Sybil assumption. ``accounting``: the
     ledger's report with ``tau`` (client -> multiplier)."""
-    stage = next(s for s in protocol.stages if s.name == "secagg")
+    stage = protocol.aggregator(protocol.dp.protects[0])  # the secagg stage carrying it
     clients = len(accounting["tau"])
     group = stage.group_size(clients)
     needed = stage.shares_needed(group)
@@ -172,8 +98,8 @@ def privacy_statement(protocol: Protocol, kinds: tuple[str, ...], *, determinist
     dp_kinds = []
     for kind in kinds:
         stages = [s for s in protocol.stages if kind in s.protects]
-        claims = [_stage_claim(s, kind) for s in stages]
-        if any(s.name == "dp" for s in stages):
+        claims = [s.claim(kind) for s in stages]
+        if protocol.dp_for(kind) is not None:
             dp_kinds.append(kind)
         mechanisms[kind] = {
             "stages": [s.name for s in stages],
@@ -193,7 +119,7 @@ def privacy_statement(protocol: Protocol, kinds: tuple[str, ...], *, determinist
                "none: no DP mechanism runs; the claims below are not differential privacy"),
         "mechanisms": mechanisms,
         "trust": trust,
-        "exclusions": [*_exclusions(protocol, dp_kinds), *exclusions],
+        "exclusions": [*_exclusions(protocol, kinds), *exclusions],
     }
     if dp_kinds:
         statement.update(nominal_shard_size=nominal_records, sample_rate=sample_rate)

@@ -192,7 +192,7 @@ def _check_canaries(config: RunConfig, protocol: Protocol, connect: Connect | No
         raise ConfigError(f"canaries = {config.canaries} applies to FFM 'vanilla' or 'got' on "
                           f"2D data (the DP-SGD clients), not method {config.method!r} on "
                           f"{config.data!r}; drop --canaries")
-    if not any(stage.name == "dp" for stage in protocol.stages):
+    if protocol.dp is None:
         raise ConfigError(f"canaries = {config.canaries}: protocol {protocol.name!r} has no dp "
                           "stage, so there is no guarantee to audit; use dp or dp-secagg")
     if connect is not None:

@@ -32,7 +32,7 @@ from ..protocols.protocol import Protocol
 from .fedwad import FedWADRun, FedWADRunResult, fedwad_folder, run_fedwad
 from .flower_node import KEYS_KEY, client_ids, config_of, run_config_of
 from .flower_policy import policy_of, write_policy
-from .scaffold import JOURNALS_DIR, RunResult, run_folder
+from .scaffold import JOURNALS_DIR, RunResult, pin_message, run_folder
 
 __all__ = ["main", "flower_channel", "remote_channel", "run_on_flower", "client_ids"]
 
@@ -46,8 +46,7 @@ def remote_channel(calls, config: RunConfig | FedWADRun, keys: str | Path, proto
     expected = client_ids(config.clients)
     found = calls.hello(config.phase_timeout, len(expected))
     if sorted(found) != sorted(expected):
-        raise ConfigError(f"the Flower nodes are {sorted(found)}; this run needs exactly "
-                          f"{expected} (give each SuperNode --node-config client-id=...)")
+        raise ConfigError(_not_found(found, expected, calls.errors))
     registry = load_registry(keys)
     calls.registry = registry  # from now on a client may rejoin from a new node, signed
     identity, sealing = load_party_keys(keys, SERVER)
@@ -58,12 +57,28 @@ def remote_channel(calls, config: RunConfig | FedWADRun, keys: str | Path, proto
     return ProtectedChannel(protocol, transport, server, infos, remote=True)
 
 
+def _not_found(found: dict, expected: list[str], errors: dict[str, str]) -> str:
+    """Why the hello did not find exactly the run's clients: the nodes that did not answer
+    and why, as Flower says (``errors``: FlowerCalls'), and the client ids that answered."""
+    missing = [cid for cid in expected if cid not in found]
+    text = f"this run needs {expected}; no node answered the hello as {missing}"
+    if errors:
+        text += (f"; {len(errors)} connected node(s) did not answer: " + "; ".join(
+            f"Flower node {key}: {why}" if key.isdigit() else f"{key}: {why}"
+            for key, why in sorted(errors.items())))
+    other = sorted(set(found) - set(expected))
+    if other or not errors:
+        text += (f"; the nodes that answered run {sorted(found)}: start each SuperNode with "
+                 f"--node-config client-id=... naming one of {expected}")
+    return text
+
+
 def flower_channel(calls, config: RunConfig, keys: str | Path, protocol: Protocol,
                    log: MessageLog) -> ProtectedChannel:
     """:func:`remote_channel` for an FFM-family run, whose clients the server weights by the
     run's nominal shard size."""
-    if (config.partition == "dirichlet" and config.weighting == "size" and not any(
-            stage.name == "dp" or stage.role == "aggregate" for stage in protocol.stages)):
+    if (config.partition == "dirichlet" and config.weighting == "size"
+            and protocol.dp is None and not any(s.role == "aggregate" for s in protocol.stages)):
         raise ConfigError("on Flower the server weights clients by the run's nominal shard "
                           "size (it never sees a shard), which a dirichlet partition does not "
                           "give: use weighting = 'uniform' or another partition")
@@ -84,6 +99,7 @@ def main(calls, run_config: dict) -> dict:
         return flower_channel(calls, config, run_config[KEYS_KEY], protocol, log)
 
     result = family_of(config.method).run(config, connect)
+    print(pin_message(result.out, result.pin, config.pin_to), flush=True)  # flwr log shows it
     return {"out": str(result.out), "metrics": result.metrics, "pin": result.pin}
 
 
@@ -91,6 +107,7 @@ def _fedwad_main(calls, run_config: dict, run: FedWADRun) -> dict:
     """:func:`main` for a FedWAD run: its folder, result.json's contents and its pin."""
     result = run_fedwad(run, connect=lambda protocol, log: remote_channel(
         calls, run, run_config[KEYS_KEY], protocol, log, run.samples))
+    print(pin_message(result.out, result.pin, run.pin_to), flush=True)
     return {"out": str(result.out), "result": result.result, "pin": result.pin}
 
 

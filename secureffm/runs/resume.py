@@ -18,12 +18,13 @@ from pathlib import Path
 
 import torch
 
-from ..audit.rules import INPUT_PHASES
 from ..audit.verify import LOG_FILE, verify_run
 from ..config import RunConfig, config_from_dict
 from ..errors import BudgetError, ConfigError
 from ..federation.message import SERVER
 from ..privacy.ledger import CHARGED, LedgerEntry, charged_entries
+from ..protocols.dp import DPStage
+from ..protocols.protocol import input_phases
 from .scaffold import load_checkpoint, run_folder
 
 __all__ = ["RESUMABLE", "ResumePoint", "resume_point", "logged_charges", "refuse_over_budget"]
@@ -115,10 +116,11 @@ def _uncharged(records: list[dict], charged: list[list[LedgerEntry]],
     last.update({(e.client, None): e for entries in charged for e in entries
                  if e.mechanism == "gaussian"})
     missing: dict[tuple[int, str], list[LedgerEntry]] = {}
+    phases = input_phases()
     for r in records:
         key = (r.get("round"), r.get("kind"), r.get("sender"))
-        if (r.get("phase") not in INPUT_PHASES or r.get("recipient") != SERVER
-                or "dp" not in r.get("stages", ()) or key in covered):
+        if (r.get("phase") not in phases or r.get("recipient") != SERVER
+                or DPStage.name not in r.get("stages", ()) or key in covered):
             continue
         covered.add(key)
         previous = last.get((r["sender"], r["kind"])) or last.get((r["sender"], None))

@@ -16,13 +16,13 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.numpy import save_file
 
-from ..audit.pin import pin_of
 from ..config import RunConfig
 from ..errors import ConfigError
 from ..federation.channel import Program
 from ..federation.faults import FaultPlan
 from ..federation.log import MessageLog
 from ..federation.parties import Client, Registry, new_server
+from ..federation.pin import pin_of
 from ..federation.snapshot import decode_tree, encode_tree
 from ..federation.transport import InProcessTransport
 from ..privacy.settings import DPSettings
@@ -133,7 +133,7 @@ def check_pin_path(out: Path, pin_to: str) -> None:
 
 def record_pin(out: Path, head: str | None, pin_to: str) -> dict | None:
     """The run's pin (log head, parties.json hash, key fingerprints; see
-    :func:`secureffm.audit.pin.pin_of`), written to ``pin_to`` when given; None when the log
+    :func:`secureffm.federation.pin.pin_of`), written to ``pin_to`` when given; None when the log
     has no closing record."""
     if head is None:
         return None

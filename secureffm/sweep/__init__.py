@@ -7,7 +7,7 @@ sweep.csv and the privacy-utility frontier (``secureffm sweep FILE``; docs/sweep
 
 from .execute import SweepResult, is_finished, run_sweep
 from .frontier import plot_frontier, summary_table
-from .grid import NO_DP, SMOKE, Cell, SweepSpec, load_sweep, smoke_spec, sweep_from_dict
+from .grid import SMOKE, Cell, SweepSpec, load_sweep, smoke_spec, sweep_from_dict
 
 __all__ = ["SweepSpec", "Cell", "SweepResult", "load_sweep", "sweep_from_dict", "smoke_spec",
-           "run_sweep", "is_finished", "plot_frontier", "summary_table", "NO_DP", "SMOKE"]
+           "run_sweep", "is_finished", "plot_frontier", "summary_table", "SMOKE"]

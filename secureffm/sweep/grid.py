@@ -30,15 +30,11 @@ from typing import Any
 
 from ..config import METHODS, RunConfig, config_from_dict, read_toml
 from ..errors import ConfigError, SecureFFMError
-from ..protocols.protocol import load_protocol
+from ..protocols.protocol import load_protocol, without_dp
 from ..specs import check_keys
 
-__all__ = ["SweepSpec", "Cell", "load_sweep", "sweep_from_dict", "smoke_spec", "NO_DP", "SMOKE"]
+__all__ = ["SweepSpec", "Cell", "load_sweep", "sweep_from_dict", "smoke_spec", "SMOKE"]
 
-# epsilon = inf runs a DP protocol's counterpart without its dp stage (its other stages equal,
-# tests/sweep/test_grid.py checks against the shipped specs).
-NO_DP = {"dp": "plaintext", "dp-secagg": "secagg", "dp-secagg-distributed": "secagg",
-         "dp-secagg-once": "secagg-once", "dp-he": "he", "dp-sealed": "sealed"}
 # --smoke: the smallest runs that still go through every step of a sweep.
 SMOKE = {"rounds": 2, "eval_samples": 100, "batch_size": 64, "trajectories": 20}
 # Run settings each cell sets itself (the grid, or the sweep's folder layout).
@@ -68,8 +64,9 @@ class Cell:
 
     @property
     def protocol_run(self) -> str:
-        """The protocol the run uses: the asked one, or its no-DP counterpart at epsilon inf."""
-        return NO_DP.get(self.protocol, self.protocol) if math.isinf(self.epsilon) \
+        """The protocol the run uses: the asked one, or at epsilon inf the shipped one that
+        runs its stages but dp (:func:`~secureffm.protocols.protocol.without_dp`)."""
+        return (without_dp(self.protocol) or self.protocol) if math.isinf(self.epsilon) \
             else self.protocol
 
 
@@ -204,11 +201,12 @@ def _check_cells(spec: SweepSpec, where: str) -> None:
             raise ConfigError(f"{where} [grid] protocols: {name!r} has no dp stage, so epsilon "
                               f"{finite[0]:g} means nothing; list its DP version (e.g. dp or "
                               f"dp-secagg), whose epsilon = inf cells run without DP")
-        if has_dp and len(finite) < len(spec.epsilons) and name not in NO_DP:
-            raise ConfigError(f"{where} [grid] protocols: epsilon inf runs a protocol without "
-                              f"its dp stage, and {name!r} has no known counterpart (known: "
-                              f"{', '.join(NO_DP)}); drop inf from epsilons or sweep the no-DP "
-                              "protocol separately")
+        if has_dp and len(finite) < len(spec.epsilons) and without_dp(name) is None:
+            raise ConfigError(f"{where} [grid] protocols: epsilon inf runs the shipped protocol "
+                              f"with {name!r}'s stages but its dp stage, and {name!r} has no "
+                              "known counterpart (none, or more than one, with equal "
+                              "parameters); drop inf from epsilons or sweep the no-DP protocol "
+                              "separately")
     names = [cell.name for cell in spec.cells()]
     if len(set(names)) < len(names):
         raise ConfigError(f"{where} [grid] protocols: two protocols share a file name, so their "

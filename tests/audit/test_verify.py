@@ -19,7 +19,6 @@ from hypothesis import strategies as st
 
 from secureffm.audit import AuditReport, verify_run
 from secureffm.audit import verify as verify_module
-from secureffm.audit.pin import RunPin, pin_of
 from secureffm.audit.verify import signed_bytes
 from secureffm.cli import main as cli_main
 from secureffm.errors import SecureFFMError
@@ -27,6 +26,7 @@ from secureffm.federation import SERVER, Client, MessageLog, Party, Registry
 from secureffm.federation.crypto import Identity, verify_signature
 from secureffm.federation.faults import Fault, FaultPlan
 from secureffm.federation.log import canonical
+from secureffm.federation.pin import RunPin, pin_of
 from secureffm.protocols import load_protocol
 from secureffm.runs.scaffold import open_channel
 

@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import torch
 
 from secureffm.audit.verify import JOURNALS_DIR, verify_run
-from secureffm.federation.journal import Journal, verify_journal
+from secureffm.errors import ConfigError
+from secureffm.federation.journal import Journal, gather, verify_journal
 from secureffm.federation.log import MessageLog
 from secureffm.federation.message import SERVER
 from secureffm.federation.parties import Registry, new_client, new_server
@@ -85,3 +87,36 @@ def test_the_audit_catches_a_server_that_logged_another_message_than_it_sent(tmp
     Journal(run / JOURNALS_DIR / "client-1.jsonl", client).message("received", logged, seq)
     report = verify_run(run)
     assert report.ok and "1 journal(s) verified" in " ".join(report.checks.values())
+
+
+def test_gather_files_each_journal_under_its_signer_and_refuses_one_that_does_not_verify(
+        tmp_path):
+    """``secureffm flower-gather``: a node's journal, whatever its file is called, lands in the
+    run's journals/ under the party whose key signed it. Refused by name, nothing copied: a
+    journal signed by no party of the run (another run's), an edited one, the same client's
+    journal twice, and one that would replace another journal of that client."""
+    journal, registry = _journal(tmp_path)
+    handed = tmp_path / "node-7" / "journal.jsonl"
+    handed.parent.mkdir()
+    handed.write_bytes(journal.path.read_bytes())
+    target = tmp_path / "run" / JOURNALS_DIR
+    assert gather([handed], target, registry) == {"client-1": target / "client-1.jsonl"}
+    assert (target / "client-1.jsonl").read_bytes() == handed.read_bytes()
+
+    other, _ = _journal(tmp_path / "other-run")  # the same ids, another run's keys
+    with pytest.raises(ConfigError, match="signed by no party"):
+        gather([other.path], tmp_path / "x", registry)
+    lines = handed.read_text().splitlines()
+    edited = json.loads(lines[1])
+    edited["record"]["bytes"] = 99
+    forged = tmp_path / "forged.jsonl"
+    forged.write_text("\n".join([lines[0], json.dumps(edited), *lines[2:]]) + "\n")
+    with pytest.raises(ConfigError, match=r"client-1's journal\) does not verify: line 1"):
+        gather([forged], tmp_path / "x", registry)
+    with pytest.raises(ConfigError, match="both client-1's journal"):
+        gather([handed, journal.path], tmp_path / "x", registry)
+    Journal(handed, journal.party).note("event", journal.party.event(
+        2, "upload", "rejected", SERVER, "refused"))  # the node's journal grew since
+    with pytest.raises(ConfigError, match="holds another journal of client-1"):
+        gather([handed], target, registry)
+    assert not (tmp_path / "x").exists()

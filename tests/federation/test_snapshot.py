@@ -26,7 +26,9 @@ DATA = torch.arange(40, dtype=torch.float32).reshape(20, 2)
 
 def used_client() -> Client:
     """A client (OS-entropy streams) that has trained, rounded and accepted broadcasts for a
-    while: every stream has moved off its start."""
+    while: every stream has moved off its start. Its node built its protocol first, as a
+    node does, which registers the memory its stages keep (federation/memory.py)."""
+    load_protocol("plaintext")
     client = new_client("client-1", DATA)
     client.state["noise"] = torch.Generator().manual_seed(int(torch.randint(2**62, (1,))))
     client.state["steps"] = 7

@@ -67,6 +67,7 @@ def test_a_kind_both_aggregated_and_sealed_is_refused(tmp_path):
     class _ModelSum:
         name, role, phases = "model-sum", "aggregate", ()
         can_protect = frozenset({"model"})
+        memory = ()  # keeps nothing in a client's memory
 
         def __init__(self, protects):
             self.protects = protects

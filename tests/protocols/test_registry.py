@@ -75,6 +75,7 @@ def test_a_registered_stage_is_found_by_its_spec_name(tmp_path):
     class _Marker:
         name, role, phases = "marker", "client", ()
         can_protect = frozenset({"gradient"})
+        memory = ()  # keeps nothing in a client's memory
 
         def __init__(self, protects):
             self.protects = protects

@@ -16,7 +16,7 @@ import pytest
 
 from secureffm.protocols import known_protocols, load_protocol
 from secureffm.protocols.registry import ROLES, STAGES, register_stage
-from secureffm.protocols.stage import AggregateStage, Stage, TransportStage
+from secureffm.protocols.stage import AggregateStage, Stage, StagedProtocol, TransportStage
 
 INTERFACE = {"client": Stage, "aggregate": AggregateStage, "transport": TransportStage}
 
@@ -57,12 +57,21 @@ def _instances() -> dict[str, list]:
 def test_the_interface_is_what_this_test_reads():
     """A guard on the reading itself: it finds the members the interface declares."""
     assert set(typing.get_type_hints(Stage)) == {"name", "role", "phases", "can_protect",
-                                                 "protects"}
-    assert _methods(Stage) == ["from_table", "validate_for"]
-    assert _methods(AggregateStage) == ["aggregate", "from_table", "noise_geometry",
-                                        "validate_for"]
-    assert _methods(TransportStage) == ["from_table", "open", "relay", "seal", "validate_for"]
+                                                 "protects", "memory"}
+    assert set(typing.get_type_hints(AggregateStage)) - set(typing.get_type_hints(Stage)) == {
+        "input_phase"}
+    described = ["audit_parameters", "audit_rules", "claim", "exclusions", "readers"]
+    assert _methods(Stage) == sorted(["from_table", "validate_for", *described])
+    assert _methods(AggregateStage) == sorted(["aggregate", "from_table", "noise_geometry",
+                                               "validate_for", *described])
+    assert _methods(TransportStage) == sorted(["from_table", "open", "relay", "seal",
+                                               "validate_for", *described])
     assert set(INTERFACE) == set(ROLES)
+
+
+def test_every_shipped_protocol_is_what_a_clients_handlers_read_of_it():
+    """ClientEndpoint.protocol is typed StagedProtocol; each built protocol has its members."""
+    assert all(isinstance(load_protocol(name), StagedProtocol) for name in known_protocols())
 
 
 def test_the_builtin_stages_cover_every_role():
@@ -74,7 +83,7 @@ def test_the_builtin_stages_cover_every_role():
 @pytest.mark.parametrize("name", sorted(_registered()))
 def test_a_registered_stage_class_has_the_attributes_of_the_interface(name):
     cls = _registered()[name]
-    hints = typing.get_type_hints(Stage)
+    hints = typing.get_type_hints(INTERFACE[cls.role])
     assert cls.role in ROLES, f"{name}: role {cls.role!r}"
     assert cls.name == name and STAGES[name] is cls
     for attribute, hint in hints.items():

@@ -21,11 +21,11 @@ import pytest
 
 pytest.importorskip("flwr")
 
-from secureffm.audit.pin import RunPin  # noqa: E402
 from secureffm.audit.verify import verify_run  # noqa: E402
 from secureffm.config import RunConfig  # noqa: E402
 from secureffm.federation.flower import LocalDeployment  # noqa: E402
 from secureffm.federation.keyfiles import provision  # noqa: E402
+from secureffm.federation.pin import RunPin  # noqa: E402
 from secureffm.runs.flower_node import run_config_of  # noqa: E402
 from secureffm.runs.flower_policy import policy_of, write_policy  # noqa: E402
 

@@ -1,7 +1,8 @@
 """``secureffm fedwad`` with every client in a process of its own (issue 17), without Flower: the
-server's process (:func:`secureffm.runs.flower_server.main`) drives :func:`serve` nodes through
-the loopback of tests/runs/test_flower_node.py, each message served by a client rebuilt from its
-key file, the public FedWAD recipe by its index, and its saved bytes.
+server's process (:func:`secureffm.runs.flower_server.main`) drives
+:func:`~secureffm.runs.flower_node.serve` nodes through the loopback of
+tests/runs/test_flower_node.py, each message served by a client rebuilt from its key file, the
+public FedWAD recipe by its index, and its saved bytes.
 
 Truths used: the in-process run of the same seeded FedWADRun (``--insecure-deterministic``
 makes each client's t and noise a function of the seed on both engines), its run folder's log,

@@ -1,8 +1,8 @@
 """A client's own process on Flower (secureffm/runs/flower_node.py), and the server's process
 (secureffm/runs/flower_server.py) driving such nodes, without Flower: a loopback ``calls``
-object (``hello`` + ``call``) that hands each request to :func:`serve` with the node's saved
-state, as Flower's ClientApp does (tests/federation/test_flower.py tests Flower's carriage
-of the bytes).
+object (``hello`` + ``call``) that hands each request to
+:func:`~secureffm.runs.flower_node.serve` with the node's saved state, as Flower's ClientApp does
+(tests/federation/test_flower.py tests Flower's carriage of the bytes).
 
 The proof that a client's snapshot holds everything that matters: serving every message from
 a client rebuilt from its key file, its shard and its saved bytes (the in-process cache

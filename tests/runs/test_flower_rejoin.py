@@ -21,11 +21,11 @@ from pathlib import Path
 
 import pytest
 
-from secureffm.audit.pin import RunPin
 from secureffm.audit.verify import verify_run
 from secureffm.config import RunConfig
 from secureffm.federation.codec import decode_reply, decode_request
 from secureffm.federation.keyfiles import provision
+from secureffm.federation.pin import RunPin
 from secureffm.runs import flower_node, flower_server
 from secureffm.runs.flower_policy import policy_of, write_policy
 

@@ -105,6 +105,39 @@ def test_what_does_not_run_on_flower_is_refused_by_name(tmp_path, changes, fragm
         main(None, run_config_of(config, tmp_path))
 
 
+class _Answered:
+    """The server's view after a hello: which clients answered and FlowerCalls' ``errors``
+    (why the others did not, as Flower said)."""
+
+    def __init__(self, found: list[str], errors: dict[str, str]):
+        self.found, self.errors = found, errors
+
+    def hello(self, timeout: float, clients: int = 0) -> dict[str, int]:
+        return {cid: node for node, cid in enumerate(self.found)}
+
+
+def test_a_node_silent_at_hello_is_named_with_flowers_reason_not_a_client_id_hint(tmp_path):
+    """A SuperNode whose ClientApp did not start within the phase timeout: the run stops naming
+    the missing client, the silent Flower node and why. Before, it said "give each SuperNode
+    --node-config client-id=...", though every node had its id. Nodes that answered under
+    other ids still get that hint."""
+    from secureffm.errors import ConfigError
+    from secureffm.runs.flower_server import remote_channel
+
+    config = RunConfig(**TINY, out=str(tmp_path / "run"))
+    why = ("no reply within 120.0 s: the SuperLink lists it connected, so its ClientApp did "
+           "not answer in time")
+    with pytest.raises(ConfigError) as silent:
+        remote_channel(_Answered(["client-1", "client-2"], {"8811": why}), config, tmp_path,
+                       None, None, 64)
+    assert "no node answered the hello as ['client-3']" in str(silent.value)
+    assert f"Flower node 8811: {why}" in str(silent.value)
+    assert "client-id" not in str(silent.value)
+    with pytest.raises(ConfigError, match=r"client-id=\.\.\. naming one of"):
+        remote_channel(_Answered(["client-1", "client-2", "hospital-x"], {}), config,
+                       tmp_path, None, None, 64)
+
+
 @pytest.mark.slow  # Ray's start: about 30 s here
 def test_simulated_nodes_refuse_a_run_config_that_differs_from_the_run_given(tmp_path,
                                                                             monkeypatch):

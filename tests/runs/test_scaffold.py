@@ -1,7 +1,7 @@
 """The runners' shared scaffold: run folder, checkpoints, pins (secureffm/runs/scaffold.py).
 
 Truths used: the file system as the test leaves it, a planted pickle whose ``__reduce__``
-would create a marker file, and the pin computed by secureffm.audit.pin from parties.json.
+would create a marker file, and the pin computed by secureffm.federation.pin from parties.json.
 """
 
 from __future__ import annotations
@@ -12,12 +12,12 @@ import os
 import pytest
 import torch
 
-from secureffm.audit.pin import pin_of
 from secureffm.cli import main as cli_main
 from secureffm.config import RunConfig
 from secureffm.errors import ConfigError
 from secureffm.federation.log import MessageLog
 from secureffm.federation.parties import Registry, new_server
+from secureffm.federation.pin import pin_of
 from secureffm.protocols.statement import INSECURE
 from secureffm.runs import run
 from secureffm.runs.scaffold import (

@@ -11,8 +11,9 @@ pairs index i with N - 1 - i, so every ciphertext gives, for each pair (i, j = N
 
 and two ciphertexts with different c1 (two rounds' sums: the server built both) are a 2 x 2
 system per pair: the whole secret key, and with it every upload in the log. Flooding each
-decrypted slot with Gaussian noise far above the error (:meth:`CKKSParams.flood_sigma`)
-leaves the server T plus noise, and the system gives nothing like the key.
+decrypted slot with Gaussian noise far above the error
+(:meth:`~secureffm.protocols.ckks_params.CKKSParams.flood_sigma`) leaves the server T plus noise,
+and the system gives nothing like the key.
 
 Truths used: the clients' secret key (its NTT residues, read from a client's context) and the
 victim's own update.

@@ -34,8 +34,8 @@ def test_a_non_empty_run_folder_is_refused_and_overwrite_clears_old_claims(small
 def test_the_pin_is_kept_apart_and_catches_a_rebuilt_folder(small_config, tmp_path):
     """A pin inside the run folder is refused (its writer could rewrite it too); the pin a run
     writes elsewhere verifies the honest folder and fails once parties.json is rewritten."""
-    from secureffm.audit.pin import load_pin
     from secureffm.audit.verify import verify_run
+    from secureffm.federation.pin import load_pin
 
     with pytest.raises(ConfigError, match="inside the run folder"):
         run(small_config(method="vanilla", rounds=2, pin_to=str(tmp_path / "run" / "pin.json")))

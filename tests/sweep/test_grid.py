@@ -9,9 +9,9 @@ import pytest
 
 from secureffm.cli import main
 from secureffm.errors import ConfigError
-from secureffm.protocols.protocol import load_protocol
+from secureffm.protocols.protocol import load_protocol, without_dp
 from secureffm.protocols.registry import known_protocols, read_spec
-from secureffm.sweep import NO_DP, load_sweep, smoke_spec, sweep_from_dict
+from secureffm.sweep import load_sweep, smoke_spec, sweep_from_dict
 
 GOOD = """
 root = "{root}"
@@ -56,11 +56,18 @@ def test_epsilon_inf_runs_the_protocol_without_its_dp_stage(tmp_path):
     assert configs["vanilla-dp-einf-s0"].target_epsilon == 0.0
 
 
+# Each shipped DP protocol's counterpart, as a reader pairs them by name.
+NO_DP = {"dp": "plaintext", "dp-secagg": "secagg", "dp-secagg-distributed": "secagg",
+         "dp-secagg-once": "secagg-once", "dp-he": "he", "dp-sealed": "sealed"}
+
+
 def test_no_dp_counterparts_are_the_shipped_specs_minus_their_dp_stage():
-    """Each counterpart runs the same other stages (what they protect may be wider: the no-DP
-    specs also protect FedFlow's 'update'); every shipped DP protocol has one."""
+    """Each counterpart, derived from the specs (protocols.protocol.without_dp), is the one a
+    reader pairs by name and runs the same other stages (what they protect may be wider: the
+    no-DP specs also protect FedFlow's 'update'); every shipped DP protocol has one."""
     with_dp = {n for n in known_protocols() if load_protocol(n).dp is not None}
     assert with_dp - {"fedwad-private"} == set(NO_DP)  # FedWAD's measures are not swept
+    assert {name: without_dp(name) for name in with_dp} == NO_DP
     for name, counterpart in NO_DP.items():
         assert load_protocol(counterpart).dp is None
 
@@ -130,11 +137,16 @@ accountant = "rdp"
 
 
 def test_inf_needs_a_known_counterpart(tmp_path):
-    """A user's DP spec sweeps at finite epsilons; at inf nobody knows what it is without DP."""
+    """A user's DP spec sweeps at finite epsilons; at inf it runs the shipped spec with its
+    other stages (none: plaintext), and is refused when no shipped spec has them (a secagg
+    threshold none ships)."""
     mine = tmp_path / "mine.toml"
     mine.write_text(MY_DP)
     values = {"root": "r", "grid": {"methods": ["vanilla"], "protocols": [str(mine)],
                                     "epsilons": [4.0, math.inf]}}
+    assert [c.protocol_run for c in sweep_from_dict(values).cells()] == [str(mine), "plaintext"]
+    mine.write_text(MY_DP + '[[stages]]\nstage = "secagg"\nprotects = ["gradient"]\n'
+                    "threshold = 0.75\n")
     with pytest.raises(ConfigError, match="no known counterpart"):
         sweep_from_dict(values)
     values["grid"]["epsilons"] = [4.0]

@@ -11,7 +11,8 @@ Each is semi-honest or, by default, holds against a malicious server (signed key
 consistency round). The parts: :mod:`.stage` (the spec table, the entry point),
 :mod:`.params` (the parameters and what follows from them), :mod:`.common` (phases, the
 neighbour graph, the survivor statement), :mod:`.server` and :mod:`.client` (what both
-variants share on each side), :mod:`.session` (a client's session of one aggregation).
+variants share on each side), :mod:`.session` (a client's session of one aggregation),
+:mod:`.rules` (its rules over a log, for the audit).
 
 Each clipped coordinate is counted; a client with any logs a ``clipped`` event with the count,
 except under distributed noise (the count is of its update before its noise share). The round

@@ -1,4 +1,4 @@
-"""Keys and pins kept apart from a run (secureffm/audit/pin.py).
+"""Keys and pins kept apart from a run (secureffm/federation/pin.py).
 
 Truths used: SHA-256 of the bytes and of canonical JSON computed here with hashlib and json,
 and parties.json as MessageLog.register writes it.
@@ -11,7 +11,11 @@ import json
 
 import pytest
 
-from secureffm.audit.pin import (
+from secureffm.errors import SecureFFMError
+from secureffm.federation.crypto import Identity, new_key_pair
+from secureffm.federation.log import MessageLog
+from secureffm.federation.parties import Registry
+from secureffm.federation.pin import (
     PartyKeys,
     RunPin,
     is_hex,
@@ -21,10 +25,6 @@ from secureffm.audit.pin import (
     pin_of,
     sha256_hex,
 )
-from secureffm.errors import SecureFFMError
-from secureffm.federation.crypto import Identity, new_key_pair
-from secureffm.federation.log import MessageLog
-from secureffm.federation.parties import Registry
 
 SIGN, SEAL = bytes(range(32)), bytes(range(32, 64))
 

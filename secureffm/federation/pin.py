@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import SecureFFMError
-from ..federation.message import is_hex
+from .message import is_hex
 
 __all__ = ["PartyKeys", "RunPin", "parse_parties", "load_parties", "load_pin", "pin_of",
            "sha256_hex", "is_hex"]
