@@ -56,7 +56,7 @@ from secureffm.runs.scaffold import open_channel
 
 CLIENTS = (2, 10, 50)
 SIZES = (10**4, 10**6)
-MASKINGS = (("full", "secagg"), ("SecAgg+ k=8", "secagg-plus"))
+MASKINGS = (("full", "secagg"), ("SecAgg+", "secagg-plus"))
 KIND = "gradient"
 # Masking work of a case: n * (degree + 1) * d mask words. Up to _LIGHT, secagg gets an
 # untimed warm-up and --repeats rounds; up to _HEAVY, a warm-up and half as many rounds (the
@@ -205,8 +205,8 @@ def _graph_note(r: CaseResult) -> str:
     if r.masking == "full":
         return f"full graph ({peers})"
     if r.degree == r.n - 1:
-        return f"SecAgg+ k=8, = full graph since n <= 9 ({peers})"
-    return f"SecAgg+ k=8 ({peers})"
+        return f"SecAgg+, = full graph at n = {r.n} ({peers})"
+    return f"SecAgg+, Bell et al.'s k ({peers})"
 
 
 def _roundmarkdown_table(results: list[CaseResult]) -> str:

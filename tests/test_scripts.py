@@ -124,7 +124,8 @@ def test_every_script_has_a_smoke_test():
     tested = {"benchmarks/audit.py", "benchmarks/dp.py", "benchmarks/engines.py",
               "benchmarks/fedwad.py",
               "benchmarks/he.py", "benchmarks/images.py", "benchmarks/main_job.py",
-              "benchmarks/secagg.py", "benchmarks/secagg_rounds.py", "benchmarks/tabular.py",
+              "benchmarks/scale.py", "benchmarks/secagg.py", "benchmarks/secagg_rounds.py",
+              "benchmarks/tabular.py",
               "experiments/attacks.py", "experiments/dcfm_2d.py", "experiments/dcfm_digits.py",
               "experiments/distributed_noise_gain.py", "experiments/dp_main_job.py",
               "experiments/fedwad_clustering.py",
@@ -190,9 +191,9 @@ def test_secagg_benchmark(tmp_path):
     rounds = _section(result.stdout, "### Round time")
     assert [r[:3] for r in _rows(rounds, "2") + _rows(rounds, "10")] == [
         ["2", "10^3", "full graph (1 neighbour)"],
-        ["2", "10^3", "SecAgg+ k=8, = full graph since n <= 9 (1 neighbour)"],
+        ["2", "10^3", "SecAgg+, = full graph at n = 2 (1 neighbour)"],
         ["10", "10^3", "full graph (9 neighbours)"],
-        ["10", "10^3", "SecAgg+ k=8 (8 neighbours)"]]
+        ["10", "10^3", "SecAgg+, Bell et al.'s k (8 neighbours)"]]
     assert _block(out, "secagg") == result.stdout.rstrip("\n")
 
 
@@ -209,16 +210,22 @@ def test_secagg_rounds_benchmark(run_script, tmp_path):
     assert _block(out, "secagg-rounds") == result.stdout.rstrip("\n")
 
 
+def _with_ray(script: str, out: Path) -> Result:
+    """``python script --smoke --out out`` in a fresh interpreter (Ray must not start inside a
+    fork of this process); skipped without flwr."""
+    pytest.importorskip("flwr")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run([sys.executable, script, "--smoke", "--out", str(out)], cwd=ROOT,
+                          env=env, capture_output=True, text=True, timeout=TIMEOUT_S)
+    return Result(done.returncode, done.stdout, done.stderr).check()
+
+
 @pytest.mark.slow
 def test_engines_benchmark(tmp_path):
     """Issue 17's engine table at its smallest: needs flwr and Ray (about 50 s: Ray's start), so
     slow; a fresh interpreter, since Ray must not start inside a fork of this process."""
-    pytest.importorskip("flwr")
     out = tmp_path / "benchmarks.md"
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    done = subprocess.run([sys.executable, "benchmarks/engines.py", "--smoke", "--out", str(out)],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=TIMEOUT_S)
-    result = Result(done.returncode, done.stdout, done.stderr).check()
+    result = _with_ray("benchmarks/engines.py", out)
     assert "### Round time and bytes per round by engine, n = 3" in result.stdout
     rows = _rows(_section(result.stdout, "### Round time and bytes"), "3")
     ours = ["secureffm plaintext"] + [f"secureffm {sharing}, {who}" for sharing in (
@@ -232,6 +239,18 @@ def test_engines_benchmark(tmp_path):
     calls = _section(result.stdout, "### One `FlowerCalls.call` on the simulation engine")
     assert [r[:2] for r in _rows(calls, "3")] == [["3", "0"], ["3", "1,000"]]
     assert _block(out, "engines") == result.stdout.rstrip("\n")
+
+
+@pytest.mark.slow
+def test_scale_benchmark(tmp_path):
+    """Issue 39's scale tables at their smallest: flwr and Ray (slow, a fresh interpreter)."""
+    out = tmp_path / "benchmarks.md"
+    result = _with_ray("benchmarks/scale.py", out)
+    assert [r[1] for r in _rows(result.stdout, "3") + _rows(result.stdout, "5")] == [
+        "secagg (2 neighbours)", "secagg-plus (2 neighbours)", "2", "secagg-plus (4 neighbours)"]
+    assert "full secagg / secagg-plus at n = 3:" in result.stdout
+    assert "One `secagg-plus` round at n = 5 on the simulation engine:" in result.stdout
+    assert _block(out, "scale") == result.stdout.rstrip("\n")
 
 
 def test_he_benchmark(run_script, tmp_path):

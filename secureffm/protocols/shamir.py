@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import functools
 import math
+import operator
 import secrets
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -163,6 +164,11 @@ def decode(shares: list[Share], threshold: int,
     is left out in turn and the rest decoded again, which places one more wrong share (m + 1
     decodings, O(m^3) field operations, run only when a share is wrong).
 
+    Shares that all lie on one polynomial, the common case, cost O(m): a secret random check
+    (:func:`_parity_check`) and the Lagrange weights of f(0), both computed once per x-set and
+    reused for every secret rebuilt from the same holders (secure aggregation rebuilds each
+    survivor's seed from the same survivors: O(n^2) for n secrets instead of O(n^3)).
+
     Returns f(0) and the x of the shares with y != f(x): exactly the wrong shares while at
     most (m - t) / 2 are wrong ((m - t + 1) / 2 with ``accept``). Beyond that the secret still
     passed ``accept``, but wrong shares chosen together (x is public) can make f a polynomial
@@ -173,9 +179,11 @@ def decode(shares: list[Share], threshold: int,
     """
     points = _distinct_points(shares, threshold)
     m = len(points)
-    if m == threshold:  # every t points fit: only f(0) is needed, by weights cached per x-set
-        weights = _weights_at_zero(tuple(x for x, _ in points))
-        secret = sum(w * y for w, (_, y) in zip(weights, points, strict=True)) % PRIME
+    xs, ys = zip(*points, strict=True)
+    check = _parity_check(xs, threshold) if m > threshold else ()
+    if not sum(map(operator.mul, check, ys)) % PRIME:  # on one polynomial: f(0) by weights
+        weights = _weights_at_zero(xs[:threshold])
+        secret = sum(map(operator.mul, weights, ys)) % PRIME
         if accept is None or accept(secret):
             return Decoded(secret, ())
     subsets = [points]
@@ -191,6 +199,20 @@ def decode(shares: list[Share], threshold: int,
         f"{'accepted ' if accept else ''}secret: some are wrong, more than the "
         f"{m - threshold} spare shares can place"
     )
+
+
+@functools.lru_cache(maxsize=1024)
+def _parity_check(xs: tuple[int, ...], t: int) -> tuple[int, ...]:
+    r"""A secret random check c (length m = len(xs) > t) with c . y = 0 mod PRIME for every y
+    on a polynomial of degree < t at ``xs``: c_i = u_i g(x_i), u_i = 1 / prod_{j != i}
+    (x_i - x_j), g a random polynomial of degree < m - t from ``secrets``. Every such sum
+    :math:`\sum_i u_i x_i^k f(x_i)` is the X^{m-1} coefficient of the interpolant of
+    X^k f, zero for k + t - 1 <= m - 2, and those m - t sums vanish only on the code; y off
+    it passes with odds 1 / PRIME < 2^-520 (Schwartz-Zippel), drawn once per x-set and never
+    revealed, so :func:`decode` checks a secret in O(m) instead of O(t m)."""
+    g = [secrets.randbelow(PRIME) for _ in range(len(xs) - t)]
+    u = _inverses([math.prod(xi - xj for xj in xs if xj != xi) % PRIME for xi in xs])
+    return tuple(ui * _evaluate(g, xi) % PRIME for ui, xi in zip(u, xs, strict=True))
 
 
 @functools.lru_cache(maxsize=1024)

@@ -29,6 +29,7 @@ import hashlib
 import json
 import pickle
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from pathlib import Path
 
@@ -74,7 +75,10 @@ NODE_KEYS = ("keys", "journal", "policy")  # what every node's config must give
 RECEIVING = ("accept", "take")
 # (client id, sha256 of the state it left) -> the endpoint that left it: a node handling two
 # messages in a row in one process skips the rebuild; any other state rebuilds from the bytes.
-_LAST: dict[tuple[str, str], ClientEndpoint] = {}
+# One entry per client, and at most _KEEP in all (least recently answered out first): a
+# simulation's actor serves many clients, and a client's next message may go to another actor.
+_LAST: OrderedDict[tuple[str, str], ClientEndpoint] = OrderedDict()
+_KEEP = 256
 
 
 def run_config_of(config: RunConfig | FedWADRun, keys: str | Path) -> dict[str, str]:
@@ -425,5 +429,9 @@ def answer(node_config: dict, run_config: dict, state: bytes | None, request: by
     _journal(node_config, endpoint, (*broadcasts, *([incoming] if incoming else [])), reply)
     header, arrays = client_state(endpoint.client)
     saved = pack({"client": header, "endpoint": endpoint.saved()}, arrays)
+    for stale in [key for key in _LAST if key[0] == cid]:
+        del _LAST[stale]
     _LAST[(cid, hashlib.sha256(saved).hexdigest())] = endpoint
+    while len(_LAST) > _KEEP:
+        _LAST.popitem(last=False)
     return saved, encode_reply(reply)

@@ -11,6 +11,7 @@ starts a Python process per node).
 
 from __future__ import annotations
 
+import math
 import os
 import queue
 import subprocess
@@ -178,6 +179,25 @@ def test_a_request_lives_only_as_long_as_its_phase_waits(simulated, monkeypatch)
     assert all(simulated.call({c: b"ttl" for c in CLIENTS}, 30.0).values())
     simulated.call({"client-1": b"ttl"}, 0.2)
     assert [m.metadata.ttl for m in pushed] == [30.0] * 3 + [1.0]  # at least 1 s
+
+
+def test_a_long_wait_pulls_a_number_of_times_logarithmic_then_once_a_second(simulated,
+                                                                              monkeypatch):
+    """Each pull makes the SuperLink check every pending message, so pulling every 10 ms while
+    n nodes compute for T s cost O(n T / 10 ms) in the server process (29 s CPU a round at
+    n = 300 in issue 39). The sleep between pulls that bring nothing grows by a quarter a pull
+    to 1 s: about 21 pulls reach 1 s sleeps (after about 4 s), then one a second, whatever the
+    machine's load; a pull that brings replies (here at most two) is followed by a short sleep."""
+    pulls, pull = [], simulated.grid.pull_messages
+    monkeypatch.setattr(simulated.grid, "pull_messages",
+                        lambda ids: pulls.append(len(ids)) or pull(ids))
+    started = time.perf_counter()
+    replies = simulated.call({"client-1": b"a", "client-2": b"sleep:2.5|", "client-3": b"c"},
+                             60.0)
+    waited = time.perf_counter() - started
+    assert all(replies.values())
+    growing = math.ceil(math.log(flower.PULL_MAX_S / 0.01, flower.PULL_GROWTH))
+    assert len(pulls) <= 1 + 3 * (growing + math.ceil(waited / flower.PULL_MAX_S))
 
 
 def test_a_client_hello_did_not_find_is_an_error(simulated):

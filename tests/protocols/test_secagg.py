@@ -40,6 +40,7 @@ from secureffm.federation.faults import Fault, FaultPlan
 from secureffm.federation.parties import Registry
 from secureffm.protocols import load_protocol
 from secureffm.protocols.key_batch import PROOF_FIELDS
+from secureffm.protocols.neighbourhood import Tolerance
 from secureffm.protocols.prg import add_masks, expand_seed, word_dtype
 from secureffm.protocols.quantize import Quantizer
 from secureffm.protocols.secagg import SecAggStage, harary_neighbours, per_round
@@ -742,9 +743,11 @@ def test_channel_construction_validates_the_protocol_for_the_client_count(tmp_pa
 
 
 def test_shipped_secagg_specs_load_with_their_documented_parameters():
-    for name, neighbours in (("secagg", 0), ("secagg-plus", 8)):
+    for name, neighbours, tolerance in (("secagg", 0, None),
+                                        ("secagg-plus", None, Tolerance(0.05, 0.2))):
         (stage,) = load_protocol(name).stages
-        assert (stage.threshold, stage.neighbours) == (0.6, neighbours)
+        assert (stage.threshold, stage.neighbours, stage.tolerance) == (0.6, neighbours,
+                                                                        tolerance)
         assert stage.quantizer == Quantizer(8.0, 2**22, 32)
         assert set(stage.protects) == {"gradient", "dual_update", "update"}
         stage.validate_for(1024)

@@ -3,6 +3,7 @@ the checking decoder against a brute-force search over every t-subset."""
 
 from __future__ import annotations
 
+import math
 import random
 import secrets
 from fractions import Fraction
@@ -309,3 +310,46 @@ def test_decode_of_exactly_t_shares_is_reconstruct_right_or_wrong(secret, data):
                           % PRIME)
     assert decode(shares, t).secret == reconstruct(shares, t)
     assert decode(shares, t).inconsistent == ()
+
+
+@settings(max_examples=25, deadline=None)
+@given(data=st.data())
+def test_secrets_rebuilt_from_one_holder_set_match_rational_lagrange_one_by_one(data):
+    """Secure aggregation rebuilds every survivor's seed from the same holders, so decode's
+    check and Lagrange weights, computed once per x-set, serve many secrets: each secret of a
+    batch, honest or with wrong shares, decodes as the brute-force search over Q finds it one
+    by one (or is refused when it finds no polynomial agreeing often enough)."""
+    t = data.draw(st.integers(1, 4), label="threshold")
+    m = data.draw(st.integers(t, 7), label="shares")
+    xs = data.draw(st.permutations(range(1, 12)), label="xs")[:m]
+    for _ in range(data.draw(st.integers(2, 4), label="secrets")):
+        coefficients = data.draw(st.lists(st.integers(0, 50), min_size=t, max_size=t))
+        wrong = data.draw(st.sets(st.sampled_from(range(m)), max_size=m - t), label="wrong")
+        points = [(x, _evaluate(coefficients, x) + (7 * i + 1 if i in wrong else 0))
+                  for i, x in enumerate(xs)]
+        shares = [Share(x, y % PRIME) for x, y in points]
+        if m == t:
+            assert decode(shares, t).secret == _mod_prime(_lagrange_at_zero(points))
+            continue
+        secret, off, agreement = _best_by_brute_force(points, t)
+        if 2 * agreement >= m + t:
+            found = decode(shares, t)
+            assert found.secret == _mod_prime(secret)
+            assert sorted(found.inconsistent) == sorted(off)
+        else:
+            with pytest.raises(ProtocolError, match="decode to no secret"):
+                decode(shares, t)
+
+
+def test_wrong_shares_tuned_to_cancel_under_a_fixed_check_are_still_named():
+    """Adversary: two share holders who know every holder's x (x is public) and alter their
+    shares by e with sum_i u_i e_i = 0, u_i = 1 / prod_{j != i} (x_i - x_j): a check that
+    summed the shares with those fixed weights would pass them. decode's check is drawn at
+    random, so the pair is still caught and named."""
+    shares, xs = split(99, 3, 6), [1, 2, 3, 4, 5, 6]
+    u = [pow(math.prod(xi - xj for xj in xs if xj != xi), -1, PRIME) for xi in xs]
+    e4 = 1  # e5 chosen so that u_4 e4 + u_5 e5 = 0
+    e5 = -u[3] * e4 * pow(u[4], -1, PRIME) % PRIME
+    shares[3] = Share(4, (shares[3].y + e4) % PRIME)
+    shares[4] = Share(5, (shares[4].y + e5) % PRIME)
+    assert decode(shares, 3, accept=lambda v: v == 99) == Decoded(99, (4, 5))

@@ -439,3 +439,25 @@ def test_a_missing_client_data_file_is_a_config_error_naming_it(tmp_path, keys):
                                        "client-data": str(tmp_path / "missing.pt")})
     with pytest.raises(ConfigError, match=r"missing\.pt"):
         served(node, run_config, broadcast(keys, "client-1"))
+
+
+def test_a_process_keeps_one_endpoint_per_client_and_at_most_keep(tmp_path, keys, monkeypatch):
+    """A simulation's actor serves many clients, and a client's next message may go to another
+    actor (its state then moves on without this process): the in-process cache keeps only the
+    client's latest endpoint and at most ``_KEEP`` clients, least recently answered out first;
+    a client whose endpoint went is rebuilt from its bytes."""
+    monkeypatch.setattr(flower_node, "_KEEP", 1)
+    cfg = config(tmp_path / "unused")
+    run_config = flower_node.run_config_of(cfg, keys)
+    nodes = {cid: own(tmp_path, keys, cfg, **{"client-id": cid}) for cid in CLIENTS}
+    flower_node._LAST.clear()
+    first = broadcast(keys, "client-1")
+    state, _ = flower_node.serve(nodes["client-1"], run_config, None, first)
+    flower_node.serve(nodes["client-1"], run_config, None, first)  # an older state, again
+    assert [cid for cid, _ in flower_node._LAST] == ["client-1"]
+    flower_node.serve(nodes["client-2"], run_config, None, broadcast(keys, "client-2"))
+    assert [cid for cid, _ in flower_node._LAST] == ["client-2"]
+    _, reply = flower_node.serve(nodes["client-1"], run_config, state, first)  # rebuilt
+    assert ["duplicate or replayed" in e["detail"]
+            for e in decode_reply(reply, "client-1").events] == [True]
+    flower_node._LAST.clear()

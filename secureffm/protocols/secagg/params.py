@@ -11,6 +11,7 @@ import math
 from ...errors import ProtocolError
 from ...privacy.settings import DistributedNoise, NoiseGeometry
 from ...privacy.skellam import grid_sensitivity
+from ..neighbourhood import Tolerance, check_degree, degree_for
 from ..quantize import Quantizer
 from .common import (
     ADVERTISED,
@@ -36,15 +37,17 @@ EQUAL_WEIGHTS = ("secure aggregation needs equal weights: each client weighs its
 class SecAggParams:
     """``protects``: the kinds aggregated. ``threshold``: shares needed to rebuild a secret, an
     integer or a fraction of |S(u)|. ``neighbours``: 0 masks with every other client
-    (Bonawitz), k > 0 with k random neighbours (SecAgg+). ``quantizer``: of each input x_u
+    (Bonawitz), k > 0 with k random neighbours (SecAgg+), None with as many as Bell et al.'s
+    bound gives ``tolerance`` (the spec's ``corrupt`` and ``dropout`` fractions;
+    :mod:`~secureffm.protocols.neighbourhood`). ``quantizer``: of each input x_u
     (clip, levels, bits). ``adversary``: "malicious" or "semi-honest". ``setup``: "per-round"
     or "once". ``key_batch`` (malicious variant, per-round set-up): rounds of keys a client
     signs at once (key_batch.py; 1 signs every round's).
     """
 
-    def __init__(self, protects: tuple[str, ...], threshold: float, neighbours: int,
+    def __init__(self, protects: tuple[str, ...], threshold: float, neighbours: int | None,
                  quantizer: Quantizer, adversary: str = "malicious", setup: str = "per-round",
-                 key_batch: int = KEY_BATCH):
+                 key_batch: int = KEY_BATCH, tolerance: Tolerance | None = None):
         self.protects = protects
         self.threshold = threshold
         self.neighbours = neighbours
@@ -52,6 +55,7 @@ class SecAggParams:
         self.adversary = adversary
         self.setup = setup
         self.key_batch = key_batch
+        self.tolerance = tolerance
 
     @property
     def phases(self) -> tuple[str, ...]:
@@ -70,11 +74,19 @@ class SecAggParams:
         consistency round, so a server that tells clients different ones is caught)."""
         q = self.quantizer
         values = [self.threshold, self.neighbours, q.clip, q.levels, q.bits, self.adversary]
+        if self.tolerance:
+            t = self.tolerance
+            values += [t.corrupt, t.dropout, t.security, t.correctness]
         return json.dumps(values + (["once"] if self.setup == "once" else [])).encode()
+
+    def degree(self, clients: int) -> int:
+        """k, the neighbours each of ``clients`` clients gets (0: all others)."""
+        return degree_for(clients, self.neighbours, self.tolerance, self.shares_needed)
 
     def group_size(self, clients: int) -> int:
         """|S(u)|: a client's neighbours plus itself."""
-        k = self.neighbours + (self.neighbours % 2)
+        k = self.degree(clients)
+        k += k % 2
         return clients if k <= 0 or k >= clients - 1 else k + 1
 
     def shares_needed(self, group: int) -> int:
@@ -99,6 +111,7 @@ class SecAggParams:
                 f"threshold = {self.threshold!r} needs {needed} shares but each client shares "
                 f"among {group} parties ({clients} clients, neighbours = {self.neighbours}); "
                 f"lower threshold to at most {group} or raise neighbours")
+        check_degree(clients, self.neighbours, self.tolerance, self.shares_needed)
         self.quantizer.check(clients)
 
     @staticmethod

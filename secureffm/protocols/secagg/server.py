@@ -108,7 +108,7 @@ def choose_graph(stage: SecAggParams, r: Round, u1: list[str]) -> None:
     link = r.link
     r.graph_seed = link.parties[SERVER].streams.seed_for(
         "protocol", 256, link.round, link.kind, "graph").to_bytes(32, "big")
-    r.graph = harary_neighbours(u1, stage.neighbours,
+    r.graph = harary_neighbours(u1, stage.degree(len(u1)),
                                 random.Random(int.from_bytes(r.graph_seed, "big")))
 
 

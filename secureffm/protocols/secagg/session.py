@@ -215,7 +215,7 @@ class ClientSession:
             raise MessageError("the keys message lacks a 32-byte graph_seed and a u1 list of "
                                "distinct client ids holding this client")
         self.graph = hashlib.sha256(seed + u1).digest()
-        graph = harary_neighbours(ids, self.stage.neighbours,
+        graph = harary_neighbours(ids, self.stage.degree(len(ids)),
                                   random.Random(int.from_bytes(seed, "big")))
         return graph[self.id]
 

@@ -12,6 +12,7 @@ from ...privacy.settings import DistributedNoise
 from ..endpoint import ClientEndpoint
 from ..key_batch import KeyBatch
 from ..link import Link
+from ..neighbourhood import TOLERANCE_KEYS, describe, tolerance_from_table
 from ..quantize import Quantizer
 from ..registry import check_protects, check_table
 from ..stage import StageDefaults
@@ -25,7 +26,7 @@ from .session import ClientSession
 __all__ = ["SecAggStage"]
 
 _KEYS = {"stage", "protects", "threshold", "neighbours", "clip", "levels", "bits", "adversary",
-         "setup", "key_batch"}
+         "setup", "key_batch"} | TOLERANCE_KEYS
 ADVERSARIES = ("malicious", "semi-honest")
 SETUPS = ("per-round", "once")
 
@@ -34,7 +35,8 @@ class SecAggStage(SecAggParams, StageDefaults):
     """Pairwise-mask secure aggregation with dropout recovery (the package docstring; its
     parameters: :class:`~.params.SecAggParams`). In a spec: ``threshold``, ``neighbours``,
     ``clip``, ``levels`` and ``bits`` (the quantizer of each input x_u), ``adversary``,
-    ``setup`` and ``key_batch``.
+    ``setup``, ``key_batch``, and ``corrupt``, ``dropout``, ``security``, ``correctness`` (the
+    neighbourhood's tolerance, :mod:`~secureffm.protocols.neighbourhood`).
     """
 
     name = "secagg"
@@ -56,8 +58,8 @@ class SecAggStage(SecAggParams, StageDefaults):
                                 "(shares needed) or a fraction in (0.5, 1] of each share group: "
                                 "at half or below, a server that tells two halves of the group "
                                 "different survivor lists collects both secrets of a client")
-        neighbours = table.get("neighbours", 0)
-        if not isinstance(neighbours, int) or neighbours < 0:
+        neighbours = table.get("neighbours", None if TOLERANCE_KEYS & set(table) else 0)
+        if neighbours is not None and (not isinstance(neighbours, int) or neighbours < 0):
             raise ProtocolError(f"{source}: neighbours = {neighbours!r}; give 0 (all clients) "
                                 "or a positive number of neighbours (SecAgg+; odd is rounded up)")
         try:
@@ -86,7 +88,9 @@ class SecAggStage(SecAggParams, StageDefaults):
             raise ProtocolError(f"{source}: key_batch = {key_batch!r}; give a power of two from "
                                 "1 (every round's keys signed on their own) to 1024 (rounds "
                                 "of keys a client signs at once)")
-        return cls(protects, threshold, neighbours, quantizer, adversary, setup, key_batch)
+        tolerance = tolerance_from_table(table, adversary == "malicious", where)
+        return cls(protects, threshold, neighbours, quantizer, adversary, setup, key_batch,
+                   tolerance)
 
     # -- what the stage says of itself: privacy.json, the audit, a snapshot ------------------
 
@@ -96,6 +100,8 @@ class SecAggStage(SecAggParams, StageDefaults):
     def claim(self, kind: str) -> tuple[str, str]:
         colluders = ("fewer than the threshold of a client's share holders collude with the "
                      "server")
+        neighbourhood, sized_for = describe(self.neighbours, self.tolerance)
+        colluders += f"; {sized_for}" if sized_for else ""
         if self.adversary == "malicious":
             trust = (f"{colluders}; against a malicious server (adversary = \"malicious\": "
                      "keys signed by pinned identities, a consistency round) a substituted key, "
@@ -106,8 +112,8 @@ class SecAggStage(SecAggParams, StageDefaults):
                      "\"semi-honest\": no signed keys and no consistency round, so a server "
                      "that substitutes keys or tells clients different survivor sets can "
                      "unmask a client's input)")
-        return (f"secure aggregation (threshold {self.threshold}, neighbours "
-                f"{self.neighbours or 'all'}, adversary = \"{self.adversary}\"): the server "
+        return (f"secure aggregation (threshold {self.threshold}, {neighbourhood}, adversary "
+                f"= \"{self.adversary}\"): the server "
                 "learns only the weighted sum of the survivors' updates; it adds no DP by itself",
                 trust)
 
@@ -144,8 +150,8 @@ class SecAggStage(SecAggParams, StageDefaults):
                                     f"are honest when {c} collude: 2 or more, or the colluders "
                                     "subtract theirs from the sum and hold one client's "
                                     "update")]
-        if self.neighbours:
-            checks.append((group - 1 > c, f"secagg neighbours {self.neighbours}: each client "
+        if group < clients:
+            checks.append((group - 1 > c, f"secagg neighbours {group - 1}: each client "
                                           f"masks with {group - 1}, more than the {c} "
                                           "colluder(s) (necessary, not sufficient)"))
         try:
