@@ -6,7 +6,7 @@ message that imports :mod:`.flower` through this package, and :mod:`.parties` im
 (about 1 s of imports on a 2-core machine) that a node's hello and echo do not need.
 """
 
-import importlib
+from ..lazy import exports
 
 __all__ = ["Channel", "Aggregate", "Template", "Transport", "InProcessTransport", "MessageLog",
            "Envelope", "Payload", "Party", "Client", "Registry", "SERVER", "serialize_payload",
@@ -19,8 +19,4 @@ _WHERE = {"Channel": "channel", "Aggregate": "channel", "Template": "channel",
           "Party": "parties", "Registry": "parties", "InProcessTransport": "transport",
           "Transport": "transport"}
 
-
-def __getattr__(name: str):
-    if name not in _WHERE:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(f".{_WHERE[name]}", __name__), name)
+__getattr__ = exports(__name__, _WHERE)

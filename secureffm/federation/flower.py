@@ -14,6 +14,8 @@ knows nothing else: no method, no protocol, no message format. Its parts:
   ``context.state`` between messages, and whose ``query.hello`` handler answers the client id
   and, when ``admit(node_config, run_config)`` raises, why the node refuses the run (then
   :meth:`FlowerCalls.hello` raises a PolicyError naming each refusing node and its reason).
+  In a deployment both run in the node's warm process (:mod:`.warm`), so that the ClientApp
+  process Flower starts for every message imports neither torch nor the node's client.
 - :func:`make_server_app`: a ServerApp whose main calls ``main(calls, run_config)``.
 - Launchers: :func:`simulate` (Flower's simulation engine in this process) and
   :class:`LocalDeployment` (a SuperLink and one SuperNode per client as OS processes on this
@@ -329,7 +331,8 @@ def make_client_app(serve: str | Serve, run_config: dict | None = None,
 
     def warm_process(config: dict) -> Warm | None:
         """The node's warm process, or None to serve in this process."""
-        supernode = supernode_pid() if warm and str(config.get("warm")) != "False" else None
+        supernode = (supernode_pid() if warm and str(config.get("warm")).lower() != "false"
+                     else None)
         return None if supernode is None else Warm(serve, admit, supernode, config)
 
     def answered(header: dict) -> dict:
