@@ -26,6 +26,7 @@ raised in the ClientApp process, which Flower turns into an error reply).
 from __future__ import annotations
 
 import hashlib
+import importlib
 import json
 import os
 import socket
@@ -99,13 +100,23 @@ class Warm:
              request: bytes) -> tuple[dict, list[bytes]]:
         """The warm process's answer to one message: (reply header, byte strings)."""
         with self._connect() as sock:
-            _send(sock, {"op": op, "node_config": node_config, "run_config": run_config,
-                         "sizes": [len(state or b""), len(request)]}, state or b"", request)
-            return _receive(sock)
+            try:
+                _send(sock, {"op": op, "node_config": node_config, "run_config": run_config,
+                             "sizes": [len(state or b""), len(request)]}, state or b"",
+                      request)
+                return _receive(sock)
+            except OSError as error:  # it ended: the next message starts another
+                raise RuntimeError(f"the node's warm process did not answer ({error}); "
+                                   f"{self._log()}") from None
+
+    def _log(self) -> str:
+        log = self.path.with_suffix(".log")
+        tail = log.read_text(errors="replace")[-1500:] if log.exists() else ""
+        return f"its log {log} ends: {tail}"
 
     def _connect(self) -> socket.socket:
         """A connection to the warm process, started first when none listens."""
-        started = None
+        process = None
         while True:
             sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             try:
@@ -113,18 +124,21 @@ class Warm:
                 return sock
             except OSError:
                 sock.close()
-            if started is None:
+            log = self.path.with_suffix(".log")
+            if process is None:
                 self.path.unlink(missing_ok=True)  # left by a process that ended
                 started = time.monotonic()
-                subprocess.Popen(
+                process = subprocess.Popen(
                     [sys.executable, "-m", __name__, str(self.path), self.serve,
                      self.admit or "", str(self.supernode)],
                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                    stderr=(self.path.with_suffix(".log")).open("ab"),
-                    start_new_session=True)
+                    stderr=log.open("ab"), start_new_session=True)
+            elif process.poll() is not None and not self.path.exists():
+                raise RuntimeError(f"the node's warm process ended before it listened (exit "
+                                   f"code {process.returncode}); {self._log()}")
             elif time.monotonic() - started > START_S:
                 raise TimeoutError(f"the warm process at {self.path} did not start within "
-                                   f"{START_S:.0f} s; see {self.path.with_suffix('.log')}")
+                                   f"{START_S:.0f} s; see {log}")
             time.sleep(0.02)
 
 
@@ -166,18 +180,28 @@ def _answer(sock: socket.socket, serve, admit) -> None:
         _send(sock, {"error": f"{type(error).__name__}: {error}"})
 
 
+def _function(target: str):
+    """The function ``"module:function"`` names (the ClientApp checked the form)."""
+    module, _, name = target.partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
 def main(path: str, serve: str, admit: str, supernode: str) -> None:
     """The warm process: listen at ``path`` first (a ClientApp may connect while the imports
     run), then import ``serve`` and ``admit`` once and answer one message at a time."""
-    from .flower import resolve
-
     threading.Thread(target=_watch, args=(int(supernode), Path(path)), daemon=True).start()
     server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     server.bind(path)
     os.chmod(path, 0o600)
     server.listen()
-    serve_fn = resolve(serve)
-    admit_fn = resolve(admit) if admit else None
+    try:
+        serve_fn = _function(serve)
+        admit_fn = _function(admit) if admit else None
+    except BaseException as error:
+        # Into the log before the socket closes: the ClientApp then reads it to say why.
+        print(f"{type(error).__name__}: {error}", file=sys.stderr, flush=True)
+        _end(Path(path))
+        raise
     server.settimeout(IDLE_S)
     while True:
         try:

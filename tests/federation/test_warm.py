@@ -74,3 +74,10 @@ def test_one_warm_process_serves_every_message_and_the_state_travels_as_bytes(su
         time.sleep(0.1)
     assert not _listening(warm.path), "the warm process outlived its SuperNode"
     assert not warm.path.exists()  # nor is its socket left behind
+
+
+def test_a_warm_process_that_cannot_start_is_named_with_its_log(supernode):
+    node = {"client-id": "client-1"}
+    warm = Warm("tests.federation.test_warm:no_such_function", None, supernode.pid, node)
+    with pytest.raises(RuntimeError, match="(did not answer|ended before).*no_such_function"):
+        warm.call("serve", node, {}, None, b"a")
