@@ -251,8 +251,8 @@ def test_deployment_benchmark(tmp_path):
         [row] = _rows(table, name)
         assert float(row[2]) > 0
     for name in ("GOT, deployed, warm process", "GOT, simulation engine", "GOT, in-process"):
-        [row] = _rows(table, name)
-        assert all(float(cell.rstrip("x")) > 0 for cell in row[1:])
+        [row] = _rows(table, name)  # s / round, s / exchange, two ratios (0.0x in-process)
+        assert float(row[1]) > 0 and all(float(cell.rstrip("x")) >= 0 for cell in row[2:])
     assert re.search(r"GOT: \d+ exchanges in 1 round\(s\)", table)
     parts = [line for line in table.splitlines() if line.startswith("| fresh interpreter")
              or line.startswith("| 3 nodes")]
