@@ -81,3 +81,4 @@ def test_a_warm_process_that_cannot_start_is_named_with_its_log(supernode):
     warm = Warm("tests.federation.test_warm:no_such_function", None, supernode.pid, node)
     with pytest.raises(RuntimeError, match="(did not answer|ended before).*no_such_function"):
         warm.call("serve", node, {}, None, b"a")
+    warm.path.with_suffix(".log").unlink()
