@@ -121,7 +121,8 @@ def _rows(text: str, first_cell: str) -> list[list[str]]:
 
 
 def test_every_script_has_a_smoke_test():
-    tested = {"benchmarks/audit.py", "benchmarks/dp.py", "benchmarks/engines.py",
+    tested = {"benchmarks/audit.py", "benchmarks/deployment.py", "benchmarks/dp.py",
+              "benchmarks/engines.py",
               "benchmarks/fedwad.py",
               "benchmarks/he.py", "benchmarks/images.py", "benchmarks/main_job.py",
               "benchmarks/scale.py", "benchmarks/secagg.py", "benchmarks/secagg_rounds.py",
@@ -251,6 +252,30 @@ def test_scale_benchmark(tmp_path):
     assert "full secagg / secagg-plus at n = 3:" in result.stdout
     assert "One `secagg-plus` round at n = 5 on the simulation engine:" in result.stdout
     assert _block(out, "scale") == result.stdout.rstrip("\n")
+
+
+def test_deployment_benchmark(tmp_path):
+    """Issue 39's deployment table at its smallest (1 round, 1 echo): it starts a SuperLink and
+    3 SuperNodes three times and Ray once (minutes), so slow; a fresh interpreter."""
+    pytest.importorskip("flwr")
+    out = tmp_path / "benchmarks.md"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run([sys.executable, "benchmarks/deployment.py", "--rounds", "1",
+                           "--echoes", "1", "--out", str(out)], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=1800)
+    result = Result(done.returncode, done.stdout, done.stderr).check()
+    table = _section(result.stdout, "### A deployed round against the simulation engine")
+    for name in ("echo, SuperExec poll 1 s (default)", "echo, SuperExec poll 0.05 s"):
+        [row] = _rows(table, name)
+        assert float(row[2]) > 0
+    for name in ("GOT, deployed, warm process", "GOT, simulation engine", "GOT, in-process"):
+        [row] = _rows(table, name)  # s / round, s / exchange, two ratios (0.0x in-process)
+        assert float(row[1]) > 0 and all(float(cell.rstrip("x")) >= 0 for cell in row[2:])
+    assert re.search(r"GOT: \d+ exchanges in 1 round\(s\)", table)
+    parts = [line for line in table.splitlines() if line.startswith("| fresh interpreter")
+             or line.startswith("| 3 nodes")]
+    assert len(parts) == 4
+    assert _block(out, "deployment") == result.stdout.rstrip("\n")
 
 
 def test_he_benchmark(run_script, tmp_path):

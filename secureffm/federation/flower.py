@@ -17,6 +17,8 @@ knows nothing else: no method, no protocol, no message format. Its parts:
   ``context.state`` between messages, and whose ``query.hello`` handler answers the client id
   and, when ``admit(node_config, run_config)`` raises, why the node refuses the run (then
   :meth:`FlowerCalls.hello` raises a PolicyError naming each refusing node and its reason).
+  In a deployment both run in the node's warm process (:mod:`.warm`), so that the ClientApp
+  process Flower starts for every message imports neither torch nor the node's client.
 - :func:`make_server_app`: a ServerApp whose main calls ``main(calls, run_config)``.
 - Launchers: :func:`simulate` (Flower's simulation engine in this process) and
   :class:`LocalDeployment` (a SuperLink and one SuperNode per client as OS processes on this
@@ -381,7 +383,7 @@ def _why(reply: Message) -> str:
 
 def make_client_app(serve: str | Serve, run_config: dict | None = None,
                     nodes: dict[str, dict] | None = None,
-                    admit: str | Admit | None = None) -> ClientApp:
+                    admit: str | Admit | None = None, warm: bool = False) -> ClientApp:
     """A ClientApp that answers ``query.hello`` with its client id and ``query.secureffm`` with
     ``serve(node_config, run_config, state, request) -> (state, reply)``; ``state`` is None on
     a node's first request, then what ``serve`` returned last, kept in ``context.state``.
@@ -389,13 +391,21 @@ def make_client_app(serve: str | Serve, run_config: dict | None = None,
     ``nodes``: client id -> more keys of that node's config, as ``--node-config`` gives a
     SuperNode (the simulation engine gives a node only its partition-id). ``admit``: called
     with (node config, run config) on hello; the SecureFFMError it raises is the node's
-    refusal, sent back as the hello's ``refused``."""
+    refusal, sent back as the hello's ``refused``. ``warm``: in a deployment, ``serve`` and
+    ``admit`` (``"module:function"``, imported only there) run in the node's warm process
+    (:mod:`.warm`), unless the node config says ``warm = false``; this process then imports
+    nothing of the node's."""
     _flwr()
     from flwr.app import ConfigRecord, Message, RecordDict
     from flwr.clientapp import ClientApp
 
-    serve_fn = resolve(serve)
-    admit_fn = None if admit is None else resolve(admit)
+    from .warm import Warm, supernode_pid
+
+    if warm and not all(isinstance(t, str) for t in (serve, admit or "")):
+        raise ConfigError("a warm ClientApp names serve and admit as 'module:function'")
+    for target in () if warm else (serve, admit):  # a wrong name fails here, not later
+        if target is not None:
+            resolve(target)
     extra, own = dict(run_config or {}), dict(nodes or {})
     app = ClientApp()
 
@@ -406,14 +416,31 @@ def make_client_app(serve: str | Serve, run_config: dict | None = None,
     def run_config(context) -> dict:
         return {**dict(context.run_config), **extra, RUN_KEY: str(context.run_id)}
 
+    def warm_process(config: dict) -> Warm | None:
+        """The node's warm process, or None to serve in this process."""
+        supernode = (supernode_pid() if warm and str(config.get("warm")).lower() != "false"
+                     else None)
+        return None if supernode is None else Warm(serve, admit, supernode, config)
+
+    def answered(header: dict) -> dict:
+        if "error" in header:
+            raise RuntimeError(f"the node's warm process raised {header['error']}")
+        return header
+
     @app.query("hello")
     def hello(message, context):
         config = node_config(context)
         answer = {"client-id": client_id(config)}
         asked = message.content.get("hello")
+        run = run_config(context)
         try:
-            if admit_fn is not None:
-                admit_fn(config, run_config(context))
+            process = None if admit is None else warm_process(config)
+            if process is not None:
+                header, _ = process.call("admit", config, run, None, b"")
+                if "refused" in answered(header):
+                    raise SecureFFMError(header["refused"])
+            elif admit is not None:
+                resolve(admit)(config, run)
             if asked is not None and "challenge" in asked:  # a rejoin: signed (rejoin.py)
                 from .rejoin import prove
 
@@ -429,8 +456,14 @@ def make_client_app(serve: str | Serve, run_config: dict | None = None,
     @app.query("secureffm")
     def call(message, context):
         state = bytes(context.state[_STATE][_KEY]) if _STATE in context.state else None
-        new_state, reply = serve_fn(node_config(context), run_config(context), state,
-                                    _unpack(message.content))
+        config, run = node_config(context), run_config(context)
+        process = warm_process(config)
+        if process is None:
+            new_state, reply = resolve(serve)(config, run, state, _unpack(message.content))
+        else:
+            header, parts = process.call("serve", config, run, state, _unpack(message.content))
+            answered(header)
+            new_state, reply = parts
         if not isinstance(new_state, bytes) or not isinstance(reply, bytes):
             raise TypeError(f"serve must return (state: bytes, reply: bytes), got "
                             f"({type(new_state).__name__}, {type(reply).__name__})")
@@ -684,11 +717,12 @@ class LocalDeployment:
 
 def write_app(folder: Path, server_main: str, serve: str, run_config: dict,
               out: Path | None = None, pull_interval: float = 0.02,
-              admit: str | None = None) -> None:
+              admit: str | None = None, warm: bool = True) -> None:
     """A Flower App folder for ``flwr run``: pyproject.toml (``run_config`` as its defaults)
     and two modules, a ServerApp running ``server_main`` (writing what it returns to ``out``
     when given) and a ClientApp serving ``serve`` (answering hello with ``admit``'s
-    refusal, when given)."""
+    refusal, when given), in each node's warm process unless ``warm`` is False
+    (:func:`make_client_app`)."""
     folder.mkdir(parents=True)
     _write_toml(folder / "pyproject.toml", {
         "project": {"name": "secureffm-flower-app", "version": "1.0.0",
@@ -706,7 +740,7 @@ def write_app(folder: Path, server_main: str, serve: str, run_config: dict,
         f"pull_interval={pull_interval!r})\n")
     (folder / "secureffm_client_app.py").write_text(
         f"{head}from secureffm.federation.flower import make_client_app\n\n"
-        f"app = make_client_app({serve!r}, admit={admit!r})\n")
+        f"app = make_client_app({serve!r}, admit={admit!r}, warm={warm!r})\n")
 
 
 def _write_toml(path: Path, data: dict) -> None:

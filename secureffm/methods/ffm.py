@@ -35,7 +35,7 @@ from ..privacy import budget
 from ..privacy.accounting import check_delta
 from ..privacy.budget import Plan, ServerLedger
 from ..privacy.canaries import canary_sum
-from ..privacy.dpsgd import DPGradient, PlainGradient, poisson_rate, poisson_rows
+from ..privacy.dpsgd import Deferred, DPGradient, PlainGradient, poisson_rate, poisson_rows
 from ..privacy.ledger import LedgerEntry, PrivacyLedger
 from ..privacy.releases import Budget, ReleaseGuard, Rounds
 from ..privacy.settings import DistributedNoise, DPSettings, NoiseGeometry
@@ -290,17 +290,22 @@ class FFMClient:
             if potential is not None:
                 client.state["dual_grad"] = PlainGradient(potential)
             return
-        check_dp_layers(velocity, "velocity")
         client.state["rate"] = poisson_rate(c.batch_size, c.shard_size)  # the nominal size
         # Sampling and noise must be unpredictable: OS entropy, never the published seed.
         secret = client.streams.torch("dp", self.device)
         client.state["dp_rng"] = secret
-        # The divisor is the expected batch at the nominal size, q * shard_size = batch_size.
-        client.state["velocity_grad"] = DPGradient(velocity, self.dp.clip, self.sigma,
-                                                   c.batch_size, secret)
+
+        def dp_gradient(model: torch.nn.Module, what: str) -> Deferred:
+            """Checked and made at the task that trains (Opacus is imported then)."""
+            def make() -> DPGradient:
+                check_dp_layers(model, what)
+                # The divisor is the expected batch at the nominal size: q * shard = batch.
+                return DPGradient(model, self.dp.clip, self.sigma, c.batch_size, secret)
+            return Deferred(make)
+
+        client.state["velocity_grad"] = dp_gradient(velocity, "velocity")
         if potential is not None:  # f at two points per example: linear mode's two passes
-            client.state["dual_grad"] = DPGradient(potential, self.dp.clip, self.sigma,
-                                                   c.batch_size, secret)
+            client.state["dual_grad"] = dp_gradient(potential, "potential")
 
     def distributed_noise(self, client: Client, kind: str, protocol,
                           clients: list[str]) -> DistributedNoise:

@@ -10,6 +10,7 @@ expected batch size E[b] (Abadi et al. 2016).
 from __future__ import annotations
 
 import warnings
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -18,7 +19,8 @@ from torch import nn
 from ..errors import ConfigError
 from ..models.params import flat_grad
 
-__all__ = ["PlainGradient", "DPGradient", "poisson_batch", "poisson_rows", "poisson_rate"]
+__all__ = ["PlainGradient", "DPGradient", "Deferred", "poisson_batch", "poisson_rows",
+           "poisson_rate"]
 
 
 def poisson_rate(batch_size: int, nominal_size: float) -> float:
@@ -219,6 +221,29 @@ class DPGradient:
                 losses.sum().backward()
             self.optimizer.pre_step()
         return flat_grad(self.model) / np.float32(self.expected_batch)
+
+
+class Deferred:
+    """A gradient estimator made by ``make()`` at its first use (``forward_module`` or a call),
+    not before: a deployed client is rebuilt in a fresh process for every message, and making
+    a :class:`DPGradient` imports Opacus (seconds on a 2-core machine), which only the message
+    that trains needs."""
+
+    def __init__(self, make: Callable[[], DPGradient | PlainGradient]):
+        self._make = make
+        self._made: DPGradient | PlainGradient | None = None
+
+    def _estimator(self) -> DPGradient | PlainGradient:
+        if self._made is None:
+            self._made = self._make()
+        return self._made
+
+    @property
+    def forward_module(self) -> nn.Module:
+        return self._estimator().forward_module
+
+    def __call__(self, losses: torch.Tensor, examples: int) -> np.ndarray:
+        return self._estimator()(losses, examples)
 
 
 def _linear_only(model: nn.Module) -> bool:

@@ -7,12 +7,11 @@ deployment) imports :mod:`.flower_node` through this package and needs none of t
 (about 2 s of imports per message on a 2-core machine, measured).
 """
 
-import importlib
-
 import torch
 
 from ..config import RunConfig
 from ..families import family_of
+from ..lazy import exports
 
 __all__ = ["run", "run_ffm", "run_dcfm", "run_fedwad", "RunResult", "FedWADRun",
            "FedWADRunResult", "load_velocity", "load_dcfm"]
@@ -23,10 +22,7 @@ _WHERE = {"run_ffm": "ffm", "load_velocity": "ffm", "run_dcfm": "dcfm", "load_dc
           "RunResult": "scaffold"}
 
 
-def __getattr__(name: str):
-    if name not in _WHERE:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(f".{_WHERE[name]}", __name__), name)
+__getattr__ = exports(__name__, _WHERE)
 
 
 def run(config: RunConfig):

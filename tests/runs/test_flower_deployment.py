@@ -6,9 +6,11 @@ Adversary and fault: a client whose machine dies mid-phase and comes back. The r
 give the exact sum of the survivors (secure aggregation's dropout recovery, played across
 processes), the log must say who was dropped and why, the restarted node (a new Flower node)
 must rejoin as the same client from its sealed state on its disk and be counted again in
-round 3, and ``secureffm audit --verify`` must accept the log against the run's pin. Slow: each
-exchange starts a Python process per message on each SuperNode (about 25 s per exchange on this
-2-core machine; the test took 27 minutes here, beside another deployment test).
+round 3, and ``secureffm audit --verify`` must accept the log against the run's pin. Slow: Flower
+starts a Python process per message on each SuperNode, which hands it to the node's warm process
+(about 12 s per exchange on this 2-core machine at load about 35, most of it Flower's own
+polling; the two-round test took 302-445 s, the three-round rejoin test 27 minutes beside
+another deployment test before the warm process).
 """
 
 from __future__ import annotations
