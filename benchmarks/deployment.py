@@ -31,6 +31,8 @@ imports this module.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import os
 import platform
 import statistics
@@ -204,7 +206,8 @@ def on_loopback(folder: Path, rounds: int, rebuild: bool) -> list[float]:
 def simulated(folder: Path, rounds: int) -> dict:
     from secureffm.runs.flower_server import run_on_flower
 
-    return run_on_flower(config(folder / "simulated", rounds), folder / "keys").metrics
+    with contextlib.redirect_stdout(io.StringIO()):  # the ServerApp prints the run's pin
+        return run_on_flower(config(folder / "simulated", rounds), folder / "keys").metrics
 
 
 def in_process(folder: Path, rounds: int) -> dict:

@@ -254,6 +254,7 @@ def test_scale_benchmark(tmp_path):
     assert _block(out, "scale") == result.stdout.rstrip("\n")
 
 
+@pytest.mark.slow
 def test_deployment_benchmark(tmp_path):
     """Issue 39's deployment table at its smallest (1 round, 1 echo): it starts a SuperLink and
     3 SuperNodes three times and Ray once (minutes), so slow; a fresh interpreter."""

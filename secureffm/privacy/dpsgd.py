@@ -242,6 +242,12 @@ class Deferred:
     def forward_module(self) -> nn.Module:
         return self._estimator().forward_module
 
+    def __getattr__(self, name: str):
+        """Any other attribute (``mode``, ``expected_batch``, ...) is the made estimator's."""
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return getattr(self._estimator(), name)
+
     def __call__(self, losses: torch.Tensor, examples: int) -> np.ndarray:
         return self._estimator()(losses, examples)
 
