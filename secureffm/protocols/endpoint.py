@@ -43,7 +43,8 @@ class ClientEndpoint:
     computations), ``noise`` (its own plan of distributed noise; by default the program's
     ``distributed_noise``, if it has one), the per-aggregation ``sessions`` its protocol
     handlers keep, and what they keep ``lasting`` across aggregations, by (tag, kind) (a batch
-    of signed keys)."""
+    of signed keys); ``actions``: what it answers, built from its own protocol
+    (:func:`action_table`)."""
 
     client: Client
     registry: Registry
