@@ -40,20 +40,31 @@ def _graph(module_level: bool = False) -> dict[str, set[str]]:
     modules = {_module(p): p for p in ROOT.rglob("*.py")}
     graph = {}
     for name, path in modules.items():
-        package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
         found = set()
         for node in _import_nodes(ast.parse(path.read_text()), module_level):
             if isinstance(node, ast.Import):
                 found |= {a.name for a in node.names}
             else:
-                base = node.module or ""
-                if node.level:
-                    anchor = package.split(".")[:len(package.split(".")) - node.level + 1]
-                    base = ".".join(anchor + ([base] if base else []))
+                base = _from_module(node, _package(path))
                 found |= {f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base
                           for a in node.names}
         graph[name] = {m for m in found if m in modules and m != name}
     return graph
+
+
+def _package(path: Path) -> str:
+    """The package a module's relative imports start from."""
+    name = _module(path)
+    return name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+
+
+def _from_module(node: ast.ImportFrom, package: str) -> str:
+    """The absolute name of the module a ``from`` import (in ``package``) reads from."""
+    base = node.module or ""
+    if not node.level:
+        return base
+    anchor = package.split(".")[:len(package.split(".")) - node.level + 1]
+    return ".".join(anchor + ([base] if base else []))
 
 
 def _violations(source: str, forbidden: tuple[str, ...]) -> list[str]:
@@ -174,6 +185,19 @@ def _base_name(node: ast.expr) -> str | None:
     return node.id if isinstance(node, ast.Name) else None
 
 
+def _written(node: ast.AST) -> list[ast.expr]:
+    """What ``node`` writes into in place: the attribute or item targets of an assignment or a
+    deletion (``X[k] = f``, ``X.attr = f``), the receiver of a mutating call
+    (``X.append(f)``)."""
+    if isinstance(node, ast.Assign | ast.AugAssign | ast.AnnAssign | ast.Delete):
+        return [t for t in getattr(node, "targets", [getattr(node, "target", None)])
+                if isinstance(t, ast.Attribute | ast.Subscript)]
+    if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+            and node.func.attr in _MUTATORS):
+        return [node.func.value]
+    return []
+
+
 def import_time_hooks(source: str, name: str) -> list[str]:
     """Statements of module ``name`` (its ``source``) that run when it is imported (anywhere
     but inside a function or class body) and fill or change a name imported from another
@@ -188,27 +212,87 @@ def import_time_hooks(source: str, name: str) -> list[str]:
         node = stack.pop()
         if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda):
             continue
-        targets = []
-        if isinstance(node, ast.Assign | ast.AugAssign | ast.AnnAssign | ast.Delete):
-            targets = [t for t in getattr(node, "targets", [getattr(node, "target", None)])
-                       if isinstance(t, ast.Attribute | ast.Subscript)]
-        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
-              and node.func.attr in _MUTATORS):
-            targets = [node.func.value]
         found += [(node.lineno, f"{name}:{node.lineno}: {ast.unparse(node)[:60]}")
-                  for t in targets if _base_name(t) in imported]
+                  for t in _written(node) if _base_name(t) in imported]
         stack.extend(ast.iter_child_nodes(node))
+    return [hook for _, hook in sorted(found)]
+
+
+def registrars(source: str) -> set[str]:
+    """The module's own functions (``source``) that, when called, write into one of its
+    module-level names (their nested functions' writes and a ``global`` rebinding included):
+    the registering functions of a table the module keeps."""
+    tree = ast.parse(source)
+    tables = {t.id for node in tree.body if isinstance(node, ast.Assign | ast.AnnAssign)
+              for t in getattr(node, "targets", [getattr(node, "target", None)])
+              if isinstance(t, ast.Name)}
+    functions = [f for f in tree.body if isinstance(f, ast.FunctionDef | ast.AsyncFunctionDef)]
+    return {f.name for f in functions for n in ast.walk(f)
+            if isinstance(n, ast.Global) or any(_base_name(t) in tables for t in _written(n))}
+
+
+def _dotted(node: ast.expr, origin: dict[str, str]) -> str | None:
+    """``f`` or ``m.f`` as the absolute dotted name its imports give it, or None."""
+    attributes = []
+    while isinstance(node, ast.Attribute):
+        attributes.insert(0, node.attr)
+        node = node.value
+    if not isinstance(node, ast.Name) or node.id not in origin:
+        return None
+    return ".".join([origin[node.id], *attributes])
+
+
+def import_time_registrations(source: str, name: str, package: str,
+                              registering: dict[str, set[str]]) -> list[str]:
+    """Calls that run when module ``name`` (its ``source``, in ``package``) is imported, of a
+    function another module registers into its own table with (``registering``: module ->
+    its :func:`registrars`). A decorator counts: ``@f("x")`` above a function calls ``f`` and
+    what it returns when the module is imported, though the function's body runs later. The
+    ``@client_action("ckks.decrypt")`` lines filled ``endpoint.ACTIONS`` so: every client
+    answered whatever handler some imported module had registered."""
+    tree = ast.parse(source)
+    origin = {}
+    for node in _import_nodes(tree, module_level=True):
+        for alias in node.names:
+            if isinstance(node, ast.ImportFrom):
+                origin[alias.asname or alias.name] = (f"{_from_module(node, package)}."
+                                                      f"{alias.name}")
+            else:
+                origin[alias.asname or alias.name.split(".")[0]] = (
+                    alias.name if alias.asname else alias.name.split(".")[0])
+    found, stack = [], list(tree.body)
+    while stack:
+        node = stack.pop()
+        callees = []
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            callees = [d for d in node.decorator_list if not isinstance(d, ast.Call)]
+        elif isinstance(node, ast.Call):
+            callees = [node.func]
+        for callee in callees:
+            module, _, function = (_dotted(callee, origin) or "").rpartition(".")
+            if function in registering.get(module, ()):
+                found.append((node.lineno, f"{name}:{callee.lineno}: calls "
+                                           f"{ast.unparse(callee)} when imported"))
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            stack.extend(node.decorator_list)  # its body runs later, when it is called
+        elif not isinstance(node, ast.Lambda):
+            stack.extend(ast.iter_child_nodes(node))
     return [hook for _, hook in sorted(found)]
 
 
 def test_no_module_fills_another_modules_list_when_imported():
     """Issue 40: no import-time hook lists. secagg.py kept ``EPOCH_AGGREGATE: list = []``,
     which secagg_epoch.py appended to when imported (and ``endpoint.SESSIONS``, which secagg.py
-    filled so): a protocol worked only if something had imported the second module first.
-    Registries are filled by explicit calls instead (``build_protocol`` registers the shipped
-    stages; a stage restores its own client state)."""
-    found = [hook for path in sorted(ROOT.rglob("*.py"))
-             for hook in import_time_hooks(path.read_text(), _module(path))]
+    filled so): a protocol worked only if something had imported the second module first; and
+    ``@client_action`` decorators in five modules filled ``endpoint.ACTIONS``. Registries are
+    filled by explicit calls instead (``build_protocol`` registers the shipped stages; a stage
+    restores its own client state and lists its clients' actions)."""
+    paths = sorted(ROOT.rglob("*.py"))
+    registering = {_module(path): registrars(path.read_text()) for path in paths}
+    found = [hook for path in paths
+             for hook in (*import_time_hooks(path.read_text(), _module(path)),
+                          *import_time_registrations(path.read_text(), _module(path),
+                                                     _package(path), registering))]
     assert found == []
 
 
@@ -220,6 +304,56 @@ def test_the_hook_rule_sees_an_append_and_an_assignment_at_import():
               "OWN.append(run)\nHOOKS.append(run)\n\nclass Stage:\n    TABLE['tag'] = run\n")
     assert import_time_hooks(source, "variant") == ["variant:10: HOOKS.append(run)",
                                                     "variant:13: TABLE['tag'] = run"]
+
+
+# The registry as secureffm/protocols/endpoint.py kept it before issue 40, and one of the
+# modules that filled it when imported (ckks.py's handlers, their bodies left out).
+_OLD_ENDPOINT = """
+ACTIONS: dict = {}
+
+
+def client_action(name):
+    def register(handler):
+        ACTIONS[name] = handler
+        return handler
+    return register
+
+
+def accept(step):
+    return None
+"""
+_OLD_CKKS = """
+from dataclasses import dataclass
+from .endpoint import Step, client_action
+from . import endpoint
+
+
+@dataclass
+class Round:
+    epoch: int
+
+
+@client_action("ckks.upload")
+def _client_upload(step: Step):
+    client_action("ckks.inner")
+
+
+@endpoint.client_action("ckks.decrypt")
+def _client_decrypt(step: Step):
+    return endpoint.accept(step)
+"""
+
+
+def test_the_hook_rule_sees_a_decorator_that_registers_into_an_imported_table():
+    """The rule on the ``@client_action`` lines it was extended for (issue 40): a decorator
+    whose function fills the table of the module it comes from, called directly or through
+    the module; not ``@dataclass`` nor a call inside a function body, nor a function of
+    that module that fills nothing."""
+    registering = {"secureffm.protocols.endpoint": registrars(_OLD_ENDPOINT)}
+    assert registering["secureffm.protocols.endpoint"] == {"client_action"}
+    assert import_time_registrations(_OLD_CKKS, "ckks", "secureffm.protocols", registering) == [
+        "ckks:12: calls client_action when imported",
+        "ckks:17: calls endpoint.client_action when imported"]
 
 
 def _names_a_stage(node: ast.AST, names: set[str]) -> bool:

@@ -74,20 +74,20 @@ from ..federation.parties import Client, Party
 from ..privacy.settings import DistributedNoise, NoiseGeometry
 from .aggregation import check_payload, flatten, template_json, template_of, unflatten
 from .ckks_params import CKKSParams
-from .endpoint import Step, client_action
 from .link import Call, Link, accepted, silence
 from .registry import check_protects, check_table
 from .sealed import SealedStage
 from .secagg import SecAggStage, check_scale
 from .stage import StageDefaults
+from .step import Handler, Step
 from .wire import bytes_payload, payload_bytes
 
 if TYPE_CHECKING:
     import tenseal as ts
 
-__all__ = ["CKKSStage", "PHASES", "AGREE", "new_context", "public_context", "secret_context",
-           "load_context", "encrypt", "read_ciphertexts", "write_ciphertexts", "decrypt", "flood",
-           "load_tenseal"]
+__all__ = ["CKKSStage", "CLIENT_ACTIONS", "PHASES", "AGREE", "new_context", "public_context",
+           "secret_context", "load_context", "encrypt", "read_ciphertexts", "write_ciphertexts",
+           "decrypt", "flood", "load_tenseal"]
 
 PHASES = ("he_keys", "he_sum", "he_decrypted")
 _KEYS = {"stage", "protects", "poly_modulus_degree", "coeff_mod_bit_sizes", "scale_bits",
@@ -289,6 +289,11 @@ class CKKSStage(StageDefaults):
     can_protect = frozenset({"gradient", "dual_update", "update", "scalar"})
     input_phase = "upload"
     memory = (KEY,)
+
+    @property
+    def client_actions(self) -> dict[str, Handler]:
+        """Its clients' steps: key set-up, upload, decryption (:data:`CLIENT_ACTIONS`)."""
+        return CLIENT_ACTIONS
 
     def __init__(self, protects: tuple[str, ...], params: CKKSParams, decryptors: int = 1,
                  rotate_every: int = 0):
@@ -506,7 +511,6 @@ def _add(total: ts.CKKSVector, vector: ts.CKKSVector, sender: str) -> ts.CKKSVec
         raise MessageError(f"{sender}'s ciphertext cannot be added to the sum: {err}") from None
 
 
-@client_action("ckks.upload")
 def _client_upload(step: Step) -> bytes | None:
     """The client's update encrypted under the key it holds for the request's epoch, at its
     own weight 1: it refuses a server's other ``scale`` (a ``rejected`` event naming the
@@ -553,7 +557,6 @@ def _peers_or_refuse(step: Step, recipients) -> bool:
     return False
 
 
-@client_action("ckks.keys")
 def _client_keys(step: Step) -> bytes | None:
     """The key holder's key message: the public context of a fresh key (``fresh``; the key it
     already holds for the epoch, if any, is kept) and its secret context sealed end to end for
@@ -581,7 +584,6 @@ def _client_keys(step: Step) -> bytes | None:
     return bytes_payload(fields)
 
 
-@client_action("ckks.key")
 def _client_key(step: Step) -> None:
     """A client opens the key holder's sealed secret context the server relays and keeps it."""
     v, kind = step.client.id, step.request.kind
@@ -602,7 +604,6 @@ def _client_key(step: Step) -> None:
     return None
 
 
-@client_action("ckks.decrypt")
 def _client_decrypt(step: Step) -> bytes | None:
     """A decryptor decrypts the summed ciphertexts under the key it holds and returns the
     plaintext sum [size] float64, flooded for the federation's clients (its registry) and the
@@ -623,3 +624,9 @@ def _client_decrypt(step: Step) -> bytes | None:
     clients = sum(1 for p in step.endpoint.registry.sign if p != SERVER)
     sigma = params.flood_sigma(clients, stage.decryptors)
     return serialize_payload({"sum": flood(decrypt(context, vectors, size), sigma)})
+
+
+# A ckks client's steps (:attr:`CKKSStage.client_actions`).
+CLIENT_ACTIONS: dict[str, Handler] = {"ckks.keys": _client_keys, "ckks.key": _client_key,
+                                      "ckks.upload": _client_upload,
+                                      "ckks.decrypt": _client_decrypt}

@@ -3,100 +3,36 @@
 :class:`ClientEndpoint` is all a client exposes: given a
 :class:`~secureffm.federation.exchange.Request` and the server's message as it arrived, it
 checks that message on receipt with its own pinned keys, runs the handler the request names
-(``ACTIONS``, registered by the protocol stages with :func:`client_action`) with its own keys,
-data and state, and answers one signed reply and the events it signed. Nothing of the client
-(keys, shard, sessions) leaves it except through that reply.
+(its action table: the base actions, :data:`BASE_ACTIONS`, and the ``client_actions`` of its
+own protocol's stages, each for the kinds that stage protects) with its own keys, data and
+state, and answers one signed reply and the events it signed. An action outside that table is
+refused in a signed ``rejected`` event before any handler runs. Nothing of the client (keys,
+shard, sessions) leaves it except through that reply.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any
 
 from ..errors import MessageError, ProtocolError
-from ..federation.channel import Program, Task, TaskRefused
+from ..federation.channel import Program, TaskRefused
 from ..federation.exchange import Incoming, Receipts, Reply, Request, late_refusal
-from ..federation.message import SERVER, Payload, deserialize_payload, serialize_payload
+from ..federation.message import SERVER, deserialize_payload, serialize_payload
 from ..federation.parties import Client, Registry
 from ..privacy.settings import DistributedNoise
+from . import individual
 from .link import record_broadcast
 from .stage import StagedProtocol
+from .step import Handler, Step, refused_alone
 
-__all__ = ["ClientEndpoint", "Step", "client_action", "ACTIONS", "NoisePlan",
-           "refused_alone"]
+__all__ = ["ClientEndpoint", "NoisePlan", "BASE_ACTIONS", "action_table"]
 
 # A client's own plan of distributed noise: (the client, the kind, its own protocol, the
 # federation's client ids) -> its tau, sensitivity and colluders, from its own settings.
 NoisePlan = Callable[[Client, str, Any, list[str]], DistributedNoise]
-
-
-@dataclass
-class Step:
-    """One request as its client handles it: ``data`` and ``seq``, the server's message as the
-    client accepted it and its log record (None when the client speaks first); ``events``:
-    what the client raised and signed while handling it."""
-
-    endpoint: ClientEndpoint
-    request: Request
-    data: bytes | None
-    seq: int | None
-    events: list[dict] = field(default_factory=list)
-
-    @property
-    def client(self) -> Client:
-        return self.endpoint.client
-
-    @property
-    def args(self) -> dict:
-        return self.request.args
-
-    def reject(self, party: str, reason: str, phase: str = "",
-               refused: int | None = None) -> None:
-        """The client refuses (or withholds) a message of ``party``: a signed ``rejected``
-        event of ``phase`` (the request's by default), naming the refused record's seq."""
-        fields = None if refused is None else {"refused": refused}
-        self.event(phase or self.request.phase, "rejected", party, reason, fields)
-
-    def event(self, phase: str, event: str, about: str, detail: str,
-              fields: dict | None = None) -> None:
-        self.events.append(self.client.event(self.request.round, phase, event, about, detail,
-                                             fields))
-
-    def compute(self) -> Payload:
-        """The payload of the method's client computation named in ``args["compute"]`` (a
-        :class:`Task` the client's program runs, or, in-process only, a callable on the
-        client)."""
-        compute = self.args["compute"]
-        if isinstance(compute, Task):
-            if self.endpoint.program is None:
-                raise ProtocolError(f"{self.client.id} has no program to run task "
-                                    f"{compute.name!r}")
-            return self.endpoint.program(self.client, compute)
-        return compute(self.client)
-
-    def session(self, make: Callable[[], Any]) -> Any:
-        """This client's state for the request's aggregation (round, kind), made on first use."""
-        key = (self.request.round, self.request.kind)
-        if key not in self.endpoint.sessions:
-            self.endpoint.sessions[key] = make()
-        return self.endpoint.sessions[key]
-
-
-# action name -> handler: returns the reply's bytes, or None to send nothing.
-ACTIONS: dict[str, Callable[[Step], bytes | None]] = {}
-
-
-def client_action(name: str):
-    """Register a client handler under ``name`` (what a :class:`Request`'s action names)."""
-
-    def register(handler: Callable[[Step], bytes | None]):
-        if name in ACTIONS:
-            raise ProtocolError(f"client action {name!r} is registered twice")
-        ACTIONS[name] = handler
-        return handler
-
-    return register
 
 
 @dataclass
@@ -107,7 +43,8 @@ class ClientEndpoint:
     computations), ``noise`` (its own plan of distributed noise; by default the program's
     ``distributed_noise``, if it has one), the per-aggregation ``sessions`` its protocol
     handlers keep, and what they keep ``lasting`` across aggregations, by (tag, kind) (a batch
-    of signed keys)."""
+    of signed keys); ``actions``: what it answers, built from its own protocol
+    (:func:`action_table`)."""
 
     client: Client
     registry: Registry
@@ -117,9 +54,11 @@ class ClientEndpoint:
     sessions: dict[tuple[int, str], Any] = field(default_factory=dict)
     lasting: dict[tuple[str, str], Any] = field(default_factory=dict)
     receipts: Receipts = field(init=False)
+    actions: dict[str, tuple[Handler, frozenset[str] | None]] = field(init=False)
 
     def __post_init__(self) -> None:
         self.receipts = Receipts(self.registry)
+        self.actions = action_table(self.protocol)
         if self.noise is None:
             self.noise = getattr(self.program, "distributed_noise", None)
 
@@ -173,17 +112,30 @@ class ClientEndpoint:
             raise ValueError(f"its protocol keeps no {tag!r} state for {kind!r}")
         return restore(self, tag, table)
 
+    def _handler(self, step: Step) -> Handler | None:
+        """The handler of the step's action in this client's table, or None after the client
+        refused it (an action no stage of its own protocol offers for the request's kind)."""
+        action, kind = step.request.action, step.request.kind
+        handler, kinds = self.actions.get(action, (None, frozenset()))
+        if handler is not None and (kinds is None or kind in kinds):
+            return handler
+        step.reject(SERVER, f"{self.client.id} refused action {action!r} for {kind}: no stage "
+                    f"of its protocol {self.protocol.name!r} runs it for that kind (it answers "
+                    f"{', '.join(sorted(self.actions))})")
+        return None
+
     def __call__(self, request: Request, incoming: Incoming | None,
                  broadcasts: tuple[Incoming, ...] = ()) -> Reply:
         """Take the broadcasts that came with the request, check the server's message on
         receipt, run the request's action, sign the reply (none when the message was lost)."""
-        if request.action not in ACTIONS:
-            raise ProtocolError(f"no client action {request.action!r}")
         step = Step(self, request, None, None)
         for arrived in broadcasts:
             self._take_broadcast(arrived, step.events)
         if request.envelope is not None and incoming is None:
             return Reply(None, tuple(step.events))  # its message was lost: nothing to answer
+        handler = self._handler(step)
+        if handler is None:
+            return Reply(None, tuple(step.events))
         if incoming is not None:
             refusal = (late_refusal(incoming) if incoming.late else
                        self.receipts.check(incoming.envelope, incoming.data, incoming.seq))
@@ -192,7 +144,7 @@ class ClientEndpoint:
                 return Reply(None, tuple(step.events))
             step.data, step.seq = incoming.data, incoming.seq
         try:
-            data = ACTIONS[request.action](step)
+            data = handler(step)
         except TaskRefused as refused:
             step.reject(SERVER, str(refused), refused=step.seq)
             data = None
@@ -201,7 +153,6 @@ class ClientEndpoint:
         return Reply(envelope, tuple(step.events))
 
 
-@client_action("accept")
 def accept_broadcast(step: Step) -> None:
     """A broadcast of its own exchange (see :meth:`ClientEndpoint._take_broadcast`)."""
     accept(step, step.request.round, step.request.kind, step.data, step.seq,
@@ -222,21 +173,31 @@ def accept(step: Step, round_: int, kind: str, data: bytes, seq: int | None,
     record_broadcast(step.client, round_, kind, digest)
 
 
-def refused_alone(step: Step) -> bool:
-    """Whether the client refuses to send its payload of the request's kind on its own (in
-    the clear, sealed, or for peers): its own protocol aggregates that kind, so the server may
-    learn only a sum. A refusal is a signed ``rejected`` event naming the kind and the stage."""
-    try:
-        step.endpoint.protocol.check_individual(step.request.kind)
-    except ProtocolError as err:
-        step.reject(SERVER, f"{step.client.id} refused to send its {step.request.kind} on its "
-                    f"own: {err}", refused=step.seq)
-        return True
-    return False
-
-
-@client_action("upload")
 def upload(step: Step) -> bytes | None:
     """Aggregation in the clear: the client's payload, as it is (refused for a kind its
     protocol aggregates, :func:`refused_alone`)."""
     return None if refused_alone(step) else serialize_payload(step.compute())
+
+
+# The actions every client answers, whatever its protocol: a broadcast, an upload in the
+# clear, and individual messages (:mod:`.individual`).
+BASE_ACTIONS: Mapping[str, Handler] = MappingProxyType(
+    {"accept": accept_broadcast, "upload": upload, **individual.CLIENT_ACTIONS})
+
+
+def action_table(protocol: StagedProtocol) -> dict[str, tuple[Handler, frozenset[str] | None]]:
+    """A client's actions under its own ``protocol``: action name -> (its handler, the kinds
+    it runs for; None: any kind): :data:`BASE_ACTIONS`, then each stage's ``client_actions``
+    for the kinds the stages offering it protect. Two stages offering one name with two
+    handlers are a ProtocolError."""
+    table: dict[str, tuple[Handler, frozenset[str] | None]] = {
+        name: (handler, None) for name, handler in BASE_ACTIONS.items()}
+    for stage in protocol.stages:
+        for name, handler in stage.client_actions.items():
+            known, kinds = table.get(name, (handler, frozenset()))
+            if known is not handler or kinds is None:
+                raise ProtocolError(f"stage {stage.name!r} offers client action {name!r}, "
+                                    "which another stage or the endpoint already runs with "
+                                    "another handler; name the stage's actions after it")
+            table[name] = (handler, kinds | frozenset(stage.protects))
+    return table

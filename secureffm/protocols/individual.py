@@ -26,9 +26,9 @@ from ..federation.message import (
 )
 from ..federation.parties import Party, Registry
 from .aggregation import check_payload
-from .endpoint import Step, client_action, refused_alone
+from .step import Handler, Step, refused_alone
 
-__all__ = ["open_individual", "read_individual"]
+__all__ = ["open_individual", "read_individual", "CLIENT_ACTIONS"]
 
 
 def open_individual(protocol, party: Party, registry: Registry, data: bytes, kind: str,
@@ -66,7 +66,6 @@ def _seal(step: Step, payload: Payload, phase: str, recipients: list[str]) -> by
                        step.request.round, phase, recipients)
 
 
-@client_action("take")
 def take(step: Step) -> None:
     """The server's own message to this client: kept in its inbox under the kind."""
     payload = read_individual(step, SERVER, step.request.phase)
@@ -75,21 +74,19 @@ def take(step: Step) -> None:
     return None
 
 
-@client_action("send")
 def send(step: Step) -> bytes | None:
     """The client's payload for the server, sealed for it under a ``sealed`` stage (refused
-    for a kind its protocol aggregates, :func:`~.endpoint.refused_alone`)."""
+    for a kind its protocol aggregates, :func:`~.step.refused_alone`)."""
     if refused_alone(step):
         return None
     return _seal(step, step.compute(), step.request.reply_phase, [SERVER])
 
 
-@client_action("gather.upload")
 def gather_upload(step: Step) -> bytes | None:
     """The client's payload for the peers ``args["peers"]``, sealed once for all of them. A peer
     list that names the server, this client, an unregistered party or a party twice is
     refused: sealing for it would let that party read the payload; so is a kind its protocol
-    aggregates (:func:`~.endpoint.refused_alone`)."""
+    aggregates (:func:`~.step.refused_alone`)."""
     if refused_alone(step):
         return None
     me, registry = step.client.id, step.endpoint.registry
@@ -103,7 +100,6 @@ def gather_upload(step: Step) -> bytes | None:
     return _seal(step, step.compute(), RELAY_PHASE, peers)
 
 
-@client_action("gather.take")
 def gather_take(step: Step) -> None:
     """A peer's payload relayed by the server, kept among this round's gathered copies."""
     author = step.request.envelope.origin
@@ -115,3 +111,8 @@ def gather_take(step: Step) -> None:
     if payload is not None:
         step.client.keep_gathered(step.request.round, step.request.kind, author, payload)
     return None
+
+
+# The individual messages' steps, which every client answers (:data:`.endpoint.BASE_ACTIONS`).
+CLIENT_ACTIONS: dict[str, Handler] = {"take": take, "send": send, "gather.upload": gather_upload,
+                                      "gather.take": gather_take}

@@ -127,16 +127,20 @@ class Protocol:
         self._check_distributed_noise()
 
     def _check_distributed_noise(self) -> None:
+        """Distributed noise only on kinds a stage that carries it aggregates
+        (:attr:`~.stage.Stage.carries_distributed_noise`)."""
         if self.dp is None or self.dp.settings.noise != "distributed":
             return
         for kind in self.dp.protects:
             stage = self._by_kind.get(kind)
-            if stage is None or stage.name != "secagg":
+            if stage is None or not stage.carries_distributed_noise:
+                carriers = ", ".join(repr(n) for n, cls in STAGES.items()
+                                     if cls.carries_distributed_noise)
                 raise ProtocolError(
                     f"protocol spec {self.spec.source}: distributed noise on kind {kind!r} holds "
-                    "only inside secure aggregation (each client adds a share; only the sum "
-                    f"carries the full noise): add {kind!r} to a secagg stage's protects, or "
-                    "use noise = 'local'")
+                    "only inside secure aggregation by a stage that carries it (each client "
+                    "adds a share; only the sum carries the full noise): add "
+                    f"{kind!r} to the protects of a stage {carriers}, or use noise = 'local'")
 
     def _one_stage_per_kind(self, role: str) -> dict[str, Stage]:
         by_kind: dict[str, Stage] = {}

@@ -7,13 +7,16 @@ nothing; ``aggregate`` stages (secure aggregation) let the server obtain only a 
 A stage also describes itself, so that nothing outside ``protocols/`` switches on its name:
 its claims and trust for privacy.json (:mod:`.statement`), who can read a logged message it
 names and what its parameters must meet, for the audit (:mod:`secureffm.audit.claims`), the
-phase of a client's input to it (aggregate stages), and a codec for every entry it keeps in a
-client's memory (:mod:`secureffm.federation.memory`, for a snapshot).
+phase of a client's input to it (aggregate stages), a codec for every entry it keeps in a
+client's memory (:mod:`secureffm.federation.memory`, for a snapshot), the steps its clients
+run (``client_actions``, which a client's endpoint answers for the kinds the stage protects,
+and no other), and whether it carries distributed DP noise.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from types import MappingProxyType
 from typing import Protocol, runtime_checkable
 
 from ..federation.channel import Aggregate, Compute, Template
@@ -49,8 +52,11 @@ class Rules(Protocol):
 
 class Stage(Protocol):
     """What every stage has: its spec ``name``, ``role``, the ``phases`` it adds to a round,
-    the kinds it ``can_protect`` and those it ``protects`` in this spec, and the ``memory``
-    codecs of the entries it keeps in a client's memory."""
+    the kinds it ``can_protect`` and those it ``protects`` in this spec, the ``memory``
+    codecs of the entries it keeps in a client's memory, its ``client_actions`` (action name
+    -> a client's handler, :data:`~.step.Handler`: the steps its clients run, by the name a
+    request's action gives) and whether it ``carries_distributed_noise`` (a dp stage's
+    ``noise = "distributed"`` holds only on kinds such a stage aggregates)."""
 
     name: str
     role: str
@@ -58,6 +64,8 @@ class Stage(Protocol):
     can_protect: frozenset[str]
     protects: tuple[str, ...]
     memory: tuple[MemoryCodec, ...]
+    client_actions: Mapping[str, Callable]
+    carries_distributed_noise: bool
 
     @classmethod
     def from_table(cls, table: dict, source: str) -> Stage:
@@ -96,9 +104,12 @@ class Stage(Protocol):
 class StageDefaults:
     """What a stage says where it has nothing to add (a base class its own statements
     override): no exclusions, no readers of its own (its messages stay as readable as they
-    were), no client memory, no audit rules, no parameters for the audit to judge."""
+    were), no client memory, no client actions, no distributed noise, no audit rules, no
+    parameters for the audit to judge."""
 
     memory: tuple[MemoryCodec, ...] = ()
+    client_actions: Mapping[str, Callable] = MappingProxyType({})
+    carries_distributed_noise = False
 
     def exclusions(self, kinds: tuple[str, ...]) -> tuple[str, ...]:
         return ()
@@ -153,6 +164,7 @@ class StagedProtocol(Protocol):
     :class:`~secureffm.protocols.protocol.Protocol`): the stage protecting each kind, its DP
     settings, and whether it may send a kind on its own."""
 
+    name: str
     stages: list[Stage]
 
     def aggregator(self, kind: str) -> AggregateStage | None:

@@ -17,14 +17,13 @@ import numpy as np
 import pytest
 import torch
 
-from secureffm.errors import ProtocolError
 from secureffm.federation.crypto import verify_signature
 from secureffm.federation.exchange import Incoming, Request
 from secureffm.federation.log import MessageLog
 from secureffm.federation.message import RELAY_PHASE, SERVER, canonical, serialize_payload
 from secureffm.federation.parties import Client, Party, Registry, new_client, new_server
 from secureffm.protocols import load_protocol
-from secureffm.protocols.endpoint import ACTIONS, ClientEndpoint
+from secureffm.protocols.endpoint import ClientEndpoint
 from secureffm.runs.scaffold import open_channel
 
 KIND = "gradient"
@@ -117,12 +116,31 @@ def test_a_message_naming_an_author_outside_the_relay_phase_is_refused():
     assert w.endpoint(request, incoming).events == ()
 
 
-def test_an_unknown_action_is_a_protocol_error():
+@pytest.mark.parametrize("protocol, kind, action", [
+    ("plaintext", KIND, "ckks.decrypt"), ("plaintext", KIND, "secagg.answer"),
+    ("dp-secagg", KIND, "ckks.keys"), ("dp-secagg", KIND, "secagg.epoch.answer"),
+    ("dp-secagg-once", KIND, "secagg.answer"), ("he", "model", "ckks.decrypt"),
+    ("plaintext", KIND, "steal.keys")])
+def test_an_action_outside_the_clients_own_protocol_is_refused_by_name(protocol, kind, action):
+    """Adversary: a malicious server asking a client to run a stage's step that the client's
+    own protocol does not have (or has for other kinds, or in another variant): decrypt a sum
+    under plaintext, reveal unmask shares or make a CKKS key under a secagg protocol it never
+    set up. Before issue 40 every handler any imported module registered ran on any client
+    (here with no ``args``: the handler failed on what it read, or refused by chance, having
+    read the client's memory and sessions). Now the client refuses before any handler runs,
+    in its own signed ``rejected`` event naming the action, and answers nothing."""
     w = world()
-    request, incoming = w.broadcast()
-    with pytest.raises(ProtocolError, match="no client action 'steal.keys'"):
-        w.endpoint(dataclasses.replace(request, action="steal.keys"), incoming)
-    assert "steal.keys" not in ACTIONS
+    w.endpoint = ClientEndpoint(w.client, w.registry, load_protocol(protocol))
+    request = Request(1, kind, "unmask_request", "unmask", action, ())
+    reply = w.endpoint(request, None)
+    assert reply.envelope is None
+    [event] = reply.events
+    assert (event["event"], event["sender"], event["party"]) == ("rejected", "client-1", SERVER)
+    assert f"refused action {action!r}" in event["detail"], event["detail"]
+    assert f"protocol {protocol!r}" in event["detail"]
+    assert verify_signature(w.registry.sign["client-1"], bytes.fromhex(event["sig"]),
+                            canonical(event))
+    assert w.endpoint.sessions == {} and w.client.memory.get("ckks") is None
 
 
 def restarted(endpoint: ClientEndpoint, saved: dict | None = None) -> ClientEndpoint:

@@ -57,7 +57,8 @@ def _instances() -> dict[str, list]:
 def test_the_interface_is_what_this_test_reads():
     """A guard on the reading itself: it finds the members the interface declares."""
     assert set(typing.get_type_hints(Stage)) == {"name", "role", "phases", "can_protect",
-                                                 "protects", "memory"}
+                                                 "protects", "memory", "client_actions",
+                                                 "carries_distributed_noise"}
     assert set(typing.get_type_hints(AggregateStage)) - set(typing.get_type_hints(Stage)) == {
         "input_phase"}
     described = ["audit_parameters", "audit_rules", "claim", "exclusions", "readers"]
@@ -99,6 +100,8 @@ def test_a_registered_stage_class_has_the_attributes_of_the_interface(name):
         for attribute, hint in hints.items():
             assert _conforms(getattr(stage, attribute), hint), (name, attribute, hint)
         assert stage.protects and set(stage.protects) <= cls.can_protect
+        # a client's table holds its actions beside the base ones and other stages' (endpoint)
+        assert all(action.startswith(f"{name}.") for action in stage.client_actions), name
 
 
 @pytest.mark.parametrize("name", sorted(_registered()))

@@ -1,5 +1,6 @@
 """A stage added by this file alone (issue 40): registered, named in a spec, and described to
-privacy.json, the audit and a client's snapshot through the stage itself, with no other edit.
+privacy.json, the audit, a client's snapshot and a client's endpoint (its actions) through the
+stage itself, with no other edit.
 
 The toy masks each client's input under a key every client holds (as CKKS does: the server
 with one colluding client reads it) and keeps that key and a count of its rounds in the
@@ -9,6 +10,9 @@ records and memory without the toy (read in the clear; refused by the snapshot).
 
 from __future__ import annotations
 
+from dataclasses import replace
+from types import MappingProxyType
+
 import numpy as np
 import pytest
 import torch
@@ -16,13 +20,17 @@ import torch
 from secureffm.audit.claims import FAIL, PASS
 from secureffm.audit.rules import ProtocolRules
 from secureffm.errors import ProtocolError
+from secureffm.federation.exchange import Request
 from secureffm.federation.memory import MemoryCodec
-from secureffm.federation.parties import new_client
+from secureffm.federation.message import serialize_payload
+from secureffm.federation.parties import Registry, new_client, new_server
 from secureffm.federation.snapshot import client_state, pack, restore_client, unpack
-from secureffm.protocols.protocol import build_protocol, input_phases
+from secureffm.protocols.endpoint import ClientEndpoint
+from secureffm.protocols.protocol import build_protocol, input_phases, load_protocol
 from secureffm.protocols.registry import STAGES, register_stage, spec_from_table
 from secureffm.protocols.stage import StageDefaults
 from secureffm.protocols.statement import privacy_statement
+from secureffm.protocols.step import Step
 from tests.audit.test_claims import _folder, _message, _verdicts
 
 CLAIM = "toy mask: each input is masked under the toy key every client holds"
@@ -40,6 +48,12 @@ TOY_MEMORY = MemoryCodec(
                               {"key": np.frombuffer(held["key"], dtype=np.uint8)}), _load_key)
 
 
+def _toy_key(step: Step) -> bytes:
+    """The toy's one client step: the client's count of masked rounds, as a payload."""
+    return serialize_payload({"rounds": np.array([step.client.memory.get("toy-mask", {})
+                                                  .get("rounds", 0)], dtype=np.int64)})
+
+
 class ToyMask(StageDefaults):
     """An aggregate stage that describes itself (no log rules of its own: the default); it
     aggregates nothing in these tests."""
@@ -48,6 +62,7 @@ class ToyMask(StageDefaults):
     can_protect = frozenset({"gradient"})
     input_phase = "toy_input"
     memory = (TOY_MEMORY,)
+    client_actions = MappingProxyType({"toy-mask.key": _toy_key})
 
     def __init__(self, protects: tuple[str, ...], clients: int):
         self.protects, self.clients = protects, clients
@@ -164,3 +179,23 @@ def test_a_clients_snapshot_saves_and_restores_the_toys_memory(toy):
     with pytest.raises(ProtocolError, match="keeps 'toy-other' in its memory, which no stage "
                                             "registered a codec for"):
         client_state(client)
+
+
+def test_a_client_runs_the_toys_step_only_under_a_protocol_with_the_toy(toy):
+    """Adversary: a server asking a client whose protocol has no toy stage (plaintext) for the
+    toy's step. A client under the toy spec answers it (its endpoint's table holds the toy's
+    ``client_actions``, with no edit to the endpoint); the plaintext client refuses it by name
+    in its signed ``rejected`` event, and so does the toy client for a kind the toy does not
+    protect."""
+    client = new_client("client-1", torch.zeros(4, 2))
+    client.memory["toy-mask"] = {"rounds": 3, "key": bytes(16)}
+    registry = Registry.of([new_server(), client, new_client("client-2", torch.zeros(4, 2))])
+    ask = Request(1, "gradient", "toy_input", "toy_input", "toy-mask.key")
+    answered = ClientEndpoint(client, registry, build_protocol(toy))(ask, None)
+    assert answered.events == () and answered.envelope.sender == "client-1"
+    for protocol, request in [(build_protocol(toy), replace(ask, kind="model")),
+                              (load_protocol("plaintext"), ask)]:
+        refused = ClientEndpoint(client, registry, protocol)(request, None)
+        [event] = refused.events
+        assert refused.envelope is None and event["event"] == "rejected"
+        assert "refused action 'toy-mask.key'" in event["detail"]

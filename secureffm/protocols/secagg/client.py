@@ -15,16 +15,16 @@ from ...errors import ConfigError, MessageError, ProtocolError
 from ...federation.message import SERVER
 from ...federation.parties import Registry
 from ..aggregation import check_payload, template_of
-from ..endpoint import Step, client_action
 from ..key_batch import KeyBatch
 from ..masking import as_vector
 from ..prg import word_dtype
 from ..quantize import Quantizer
+from ..step import Handler, Step
 from .params import SecAggParams
 from .session import ClientSession
 
-__all__ = ["session_of", "epoch_session", "client_order", "taken_keys", "client_input",
-           "own_parameters", "check_scale", "report_clipped"]
+__all__ = ["CLIENT_ACTIONS", "session_of", "epoch_session", "client_order", "taken_keys",
+           "client_input", "own_parameters", "check_scale", "report_clipped"]
 
 
 def session_of(step: Step) -> ClientSession:
@@ -57,7 +57,6 @@ def client_order(registry: Registry) -> dict[str, int]:
     return {cid: i for i, cid in enumerate(c for c in registry.sign if c != SERVER)}
 
 
-@client_action("secagg.advertise")
 def _client_advertise(step: Step) -> bytes:
     """Phase 1: fresh keys for this aggregation, under the client's own spec."""
     stage = step.endpoint.protocol.aggregator(step.request.kind)
@@ -187,7 +186,6 @@ def report_clipped(step: Step, clipped: int, size: int, quantizer: Quantizer) ->
                    f"[-{quantizer.clip:g}, {quantizer.clip:g}] and were clipped")
 
 
-@client_action("secagg.sign")
 def _client_sign(step: Step) -> bytes | None:
     """Consistency round: sign the announced survivor set with what this client saw."""
     try:
@@ -210,3 +208,8 @@ def _skellam(variance: float, size: int) -> np.ndarray:
     rng = np.random.default_rng(secrets.randbits(128))
     noise = rng.poisson(variance / 2, size) - rng.poisson(variance / 2, size)
     return noise.astype(np.int64).astype(np.uint64)
+
+
+# The steps both variants' clients run (:attr:`.stage.SecAggStage.client_actions`).
+CLIENT_ACTIONS: dict[str, Handler] = {"secagg.advertise": _client_advertise,
+                                      "secagg.sign": _client_sign}

@@ -88,12 +88,12 @@ from ...federation.crypto import open_sealed, seal
 from ...federation.message import SERVER
 from ...privacy.settings import DistributedNoise
 from ..aggregation import template_json, unflatten
-from ..endpoint import Step, client_action
 from ..key_batch import commit
 from ..link import Call, Link, silence
 from ..masking import masked_payload, parse_masked, unmask_sum
 from ..prg import word_dtype
 from ..shamir import SHARE_BYTES, Share, decode, share_from_bytes, share_to_bytes, split_bytes
+from ..step import Handler, Step
 from ..wire import bytes_payload as _bytes_payload
 from ..wire import json_payload as _json_payload
 from ..wire import payload_bytes as _payload_bytes
@@ -111,7 +111,7 @@ from .params import SecAggParams
 from .server import Round, advertise, choose_graph, consistency, keys_message
 from .session import ClientSession
 
-__all__ = ["aggregate", "round_label", "round_seed"]
+__all__ = ["CLIENT_ACTIONS", "aggregate", "round_label", "round_seed"]
 
 _ROUND_SEED = b"secureffm/secagg/round-seed/v1"
 _SEALED_SHARE = 12 + SHARE_BYTES + 16  # nonce, one share, GCM tag
@@ -457,7 +457,6 @@ def _committed(value: int, commitment: bytes) -> bool:
 
 # -- the client's side --------------------------------------------------------------------------
 
-@client_action("secagg.epoch.keys")
 def _client_keys(step: Step) -> bytes | None:
     """Set-up: take the neighbours' keys (checked as per_round.py's ``keys`` message is) and
     derive the channel keys and pair secrets; answer with the neighbours taken."""
@@ -499,7 +498,6 @@ def _checked_peers(session: ClientSession, peers) -> list[str]:
     return peers
 
 
-@client_action("secagg.epoch.mask")
 def _client_mask(step: Step) -> bytes | None:
     """One round: compute the input, quantize it, mask it with a fresh seed and this round's
     pair seeds, and deal sealed shares of the seed to the peers."""
@@ -537,7 +535,6 @@ def _client_mask(step: Step) -> bytes | None:
     return data
 
 
-@client_action("secagg.epoch.answer")
 def _client_answer(step: Step) -> bytes | None:
     """Unmasking: once per round, under per_round.py's request rules (malicious variant: only
     the survivors of the set it signed, each survivor's signature of that set checked);
@@ -573,3 +570,9 @@ def _client_answer(step: Step) -> bytes | None:
     label = round_label(round_, kind)
     k = {v: round_seed(session.peers[v].pair_seed, label).hex() for v in sorted(gone)}
     return _json_payload({"b": b, "k": k})
+
+
+# The keys-once variant's own client steps (:attr:`.stage.SecAggStage.client_actions`).
+CLIENT_ACTIONS: dict[str, Handler] = {"secagg.epoch.keys": _client_keys,
+                                      "secagg.epoch.mask": _client_mask,
+                                      "secagg.epoch.answer": _client_answer}

@@ -74,12 +74,12 @@ from ...federation.message import SERVER
 from ...privacy.settings import DistributedNoise
 from ..adversary import repeated_requests
 from ..aggregation import template_json, unflatten
-from ..endpoint import Step, client_action
 from ..key_batch import commit
 from ..link import Call, Link, silence
 from ..masking import masked_payload, parse_masked, unmask_sum
 from ..prg import word_dtype
 from ..shamir import Share, decode, share_from_bytes
+from ..step import Handler, Step
 from ..wire import bytes_payload as _bytes_payload
 from ..wire import json_payload as _json_payload
 from ..wire import payload_bytes as _payload_bytes
@@ -88,7 +88,7 @@ from .common import MASK_LABEL, SEALED_BYTES, Confirmation, share_context
 from .params import SecAggParams
 from .server import Round, advertise, choose_graph, consistency, keys_message
 
-__all__ = ["aggregate"]
+__all__ = ["CLIENT_ACTIONS", "aggregate"]
 
 # Each secret the server rebuilds: how reasons name it, and what the rebuilt value must match.
 _SECRETS = {"b": ("b (self-mask seed)", "the seed it committed to"),
@@ -350,7 +350,6 @@ def _parse_reply(data: bytes, v: str, allowed: set[tuple[str, str]]) -> dict[tup
 
 # -- the client's side ------------------------------------------------------------------------
 
-@client_action("secagg.deal")
 def _client_deal(step: Step) -> bytes | None:
     """Phases 2-3: take the neighbours' keys, deal shares of this client's secrets."""
     u = step.client.id
@@ -363,7 +362,6 @@ def _client_deal(step: Step) -> bytes | None:
                         lambda a, b: share_context(step.request.round, step.request.kind, a, b))
 
 
-@client_action("secagg.mask")
 def _client_mask(step: Step) -> bytes | None:
     """Phases 4-5: open the routed shares, compute the input, quantize and mask it."""
     u = step.client.id
@@ -389,7 +387,6 @@ def _client_mask(step: Step) -> bytes | None:
     return data
 
 
-@client_action("secagg.answer")
 def _client_answer(step: Step) -> bytes | None:
     """Phase 8: the shares the unmask request may have, once (see ClientSession.answer)."""
     try:
@@ -397,3 +394,8 @@ def _client_answer(step: Step) -> bytes | None:
     except MessageError as err:
         step.reject(SERVER, f"refused: {err}", phase="unmask")
         return None
+
+
+# The per-round variant's own client steps (:attr:`.stage.SecAggStage.client_actions`).
+CLIENT_ACTIONS: dict[str, Handler] = {"secagg.deal": _client_deal, "secagg.mask": _client_mask,
+                                      "secagg.answer": _client_answer}

@@ -16,8 +16,9 @@ from ..neighbourhood import TOLERANCE_KEYS, describe, tolerance_from_table
 from ..quantize import Quantizer
 from ..registry import check_protects, check_table
 from ..stage import StageDefaults
+from ..step import Handler
 from ..wire import payload_bytes
-from . import keys_once, per_round
+from . import client, keys_once, per_round
 from .common import KEY_BATCH
 from .params import SecAggParams
 from .rules import SecAggRules
@@ -96,6 +97,14 @@ class SecAggStage(SecAggParams, StageDefaults):
 
     input_phase = "masked_input"
     memory = ()  # a client's sessions travel with its endpoint (restore_session)
+    carries_distributed_noise = True  # each client adds a share; only the sum carries it all
+
+    @property
+    def client_actions(self) -> dict[str, Handler]:
+        """Its clients' steps: those both variants share and its own variant's (a client under
+        setup = "per-round" runs no step of setup = "once", and the reverse)."""
+        variant = keys_once if self.setup == "once" else per_round
+        return {**client.CLIENT_ACTIONS, **variant.CLIENT_ACTIONS}
 
     def claim(self, kind: str) -> tuple[str, str]:
         colluders = ("fewer than the threshold of a client's share holders collude with the "
