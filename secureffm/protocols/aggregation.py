@@ -7,7 +7,7 @@ import numpy as np
 from ..errors import MessageError
 from ..federation.channel import Aggregate, Compute, Template
 from ..federation.message import Payload, deserialize_payload
-from .link import Call, Link
+from .link import Ask, Link
 
 __all__ = ["weighted_mean", "check_payload", "flatten", "unflatten", "plain_aggregate",
            "template_json", "template_of"]
@@ -78,7 +78,7 @@ def plain_aggregate(link: Link, compute: Compute, weights: dict[str, float],
     reference = {name: np.zeros(shape, dtype) for name, (shape, dtype) in template.items()}
     accepted, dropped = [], {}
     replies = link.exchange("upload", "upload", "upload",
-                            {c.id: Call(args={"compute": compute}) for c in link.clients})
+                            {c.id: Ask(args={"compute": compute}) for c in link.clients})
     for client in link.clients:
         if client.id not in replies:
             dropped[client.id] = "offline at phase upload"

@@ -29,7 +29,7 @@ from .adversary import play_deviations
 from .aggregation import plain_aggregate
 from .endpoint import ClientEndpoint
 from .individual import open_individual  # and registers the clients' handlers
-from .link import Call, Link, accepted
+from .link import Ask, Link, accepted
 from .protocol import Protocol
 
 __all__ = ["ProtectedChannel"]
@@ -82,12 +82,12 @@ class ProtectedChannel:
         secure aggregation signs, so a server that sends clients different models is caught."""
         data = serialize_payload(payload)
         self._link(round_, kind).exchange("broadcast", "broadcast", "accept",
-                                          {c.id: Call(data) for c in self.clients})
+                                          {c.id: Ask(data) for c in self.clients})
 
     def aggregate(self, round_: int, kind: str, compute: Compute, weights: dict[str, float],
                   template: Template, noise: DistributedNoise | None = None,
                   broadcast: dict[str, Payload] | None = None) -> Aggregate:
-        """See :meth:`Channel.aggregate`. ``broadcast`` (kind -> payload) travels with the
+        """See :meth:`.Channel.aggregate`. ``broadcast`` (kind -> payload) travels with the
         stage's exchange that asks the clients to compute, each client taking it first (one
         exchange less than :meth:`broadcast` then :meth:`aggregate`, and the payload arrives
         with the request that uses it). The server logs each dropped client, then either
@@ -141,7 +141,7 @@ class ProtectedChannel:
 
         Server to client: ``payload`` is the server's; the client opens it and keeps it in
         its inbox (``client.inbox[kind]``); returns ``payload`` when the client accepted it.
-        Client to server: ``payload`` is what the client computes (a :class:`Task` of its
+        Client to server: ``payload`` is what the client computes (a :class:`.Task` of its
         program; in-process also a callable on the client, or a payload made in this
         process); returns it as the server opened it. None when the message did not arrive
         or was refused (a logged event names why).
@@ -153,7 +153,7 @@ class ProtectedChannel:
             sealer = self.protocol.sealer(kind)
             data = (serialize_payload(payload) if sealer is None else sealer.seal(
                 self.server, self.transport.registry, payload, kind, round_, phase, [recipient]))
-            delivery = link.exchange(phase, phase, "take", {recipient: Call(data)}).get(recipient)
+            delivery = link.exchange(phase, phase, "take", {recipient: Ask(data)}).get(recipient)
             return payload if accepted(delivery, recipient) else None
         if sender not in ids or recipient != SERVER:
             raise ProtocolError(f"send goes between the server and a client, not {sender} -> "
@@ -162,7 +162,7 @@ class ProtectedChannel:
             payload = _fixed(payload)
         link = self._link(round_, kind, self._stages(kind, by_client=True))
         delivery = link.exchange(phase, phase, "send",
-                                 {sender: Call(None, {"compute": payload})}).get(sender)
+                                 {sender: Ask(None, {"compute": payload})}).get(sender)
         if delivery is None or delivery.data is None:
             return None
         return self._open(link, phase, sender, delivery.data)
@@ -193,7 +193,7 @@ class ProtectedChannel:
         link = self._link(round_, kind, self._stages(kind, by_client=True))
         ids = [c.id for c in self.clients]
         uploads = link.exchange("upload", "upload", "gather.upload", {
-            author: Call(None, {"compute": compute, "peers": [p for p in ids if p != author]})
+            author: Ask(None, {"compute": compute, "peers": [p for p in ids if p != author]})
             for author in ids})
         gathered: dict[str, list[str]] = {cid: [] for cid in ids}
         for author in ids:
@@ -210,7 +210,7 @@ class ProtectedChannel:
                     break
             else:
                 relayed = link.exchange(RELAY_PHASE, RELAY_PHASE, "gather.take",
-                                        {peer: Call(copy, origin=author)
+                                        {peer: Ask(copy, origin=author)
                                          for peer, copy in copies.items()})
                 for peer in copies:
                     if accepted(relayed.get(peer), peer):
@@ -218,7 +218,7 @@ class ProtectedChannel:
         return gathered
 
     def note(self, round_: int, event: str, detail: str, fields: dict) -> None:
-        """See :meth:`Channel.note`: an event about every party (``*``), phase ``aggregate``."""
+        """See :meth:`.Channel.note`: an event about every party (``*``), phase ``aggregate``."""
         self.transport.record(self.server.event(round_, "aggregate", event, "*", detail, fields))
 
     def close(self) -> str | None:

@@ -74,7 +74,7 @@ from ..federation.parties import Client, Party
 from ..privacy.settings import DistributedNoise, NoiseGeometry
 from .aggregation import check_payload, flatten, template_json, template_of, unflatten
 from .ckks_params import CKKSParams
-from .link import Call, Link, accepted, silence
+from .link import Ask, Link, accepted, silence
 from .registry import check_protects, check_table
 from .sealed import SealedStage
 from .secagg import SecAggStage, check_scale
@@ -399,7 +399,7 @@ class CKKSStage(StageDefaults):
         second (``ckks.key``)."""
         link = r.link
         expected = sorted((["public"] if fresh else []) + (["sealed"] if recipients else []))
-        delivery = link.exchange("he_keys", "he_keys", "ckks.keys", {holder: Call(args={
+        delivery = link.exchange("he_keys", "he_keys", "ckks.keys", {holder: Ask(args={
             "epoch": r.epoch, "fresh": fresh, "recipients": recipients})}).get(holder)
         if delivery is None or delivery.data is None:
             return
@@ -424,7 +424,7 @@ class CKKSStage(StageDefaults):
             link.reject("he_keys", holder, str(err))
             return
         relayed = link.exchange(RELAY_PHASE, RELAY_PHASE, "ckks.key", {
-            v: Call(part, {"epoch": r.epoch}, origin=holder) for v, part in parts.items()})
+            v: Ask(part, {"epoch": r.epoch}, origin=holder) for v, part in parts.items()})
         holders = link.parties[SERVER].memory[_MEMORY]["holders"]
         holders.update(v for v in recipients if accepted(relayed.get(v), v))
 
@@ -438,7 +438,7 @@ class CKKSStage(StageDefaults):
         limit = self.params.input_limit(len(link.clients))
         count = self.params.ciphertexts(size)
         replies = link.exchange("upload", "upload", "ckks.upload", {
-            c.id: Call(args={"compute": compute, "template": template_json(template),
+            c.id: Ask(args={"compute": compute, "template": template_json(template),
                              "scale": scale[c.id], "limit": limit, "epoch": r.epoch})
             for c in link.clients})
         total, included = None, []
@@ -474,7 +474,7 @@ class CKKSStage(StageDefaults):
         chosen = [c.id for c in link.clients
                   if link.alive(c.id, "he_sum") and c.id in holders][:self.decryptors]
         replies = link.exchange("he_sum", "he_decrypted", "ckks.decrypt", {
-            v: Call(write_ciphertexts(total), {"epoch": r.epoch, "size": size}) for v in chosen})
+            v: Ask(write_ciphertexts(total), {"epoch": r.epoch, "size": size}) for v in chosen})
         answers: dict[str, np.ndarray] = {}
         for v in chosen:
             reply = replies.get(v)

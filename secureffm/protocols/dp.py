@@ -92,7 +92,7 @@ class DPStage(StageDefaults):
 
     def validate_for(self, clients: int) -> None:
         """Local noise does not depend on the number of clients; distributed noise is checked
-        against the secagg threshold by :class:`Protocol`."""
+        against the secagg threshold by :class:`.Protocol`."""
 
     def claim(self, kind: str) -> tuple[str, str]:
         if self.settings.noise == "distributed":

@@ -19,7 +19,7 @@ from ..federation.message import SERVER
 from ..federation.parties import Client, Party
 from ..federation.transport import Delivery, Endpoint, Transport
 
-__all__ = ["Link", "Call", "accepted", "silence", "record_broadcast", "broadcast_digest",
+__all__ = ["Link", "Ask", "accepted", "silence", "record_broadcast", "broadcast_digest",
            "digest_of_broadcasts", "BROADCASTS"]
 
 _BROADCASTS = "broadcasts"
@@ -72,7 +72,7 @@ def silence(delivery: Delivery, client: str, default: str) -> str:
 
 
 @dataclass(frozen=True)
-class Call:
+class Ask:
     """The server's part of one request to one client: its message ``data`` (None: the client
     speaks first), the handler's public ``args``, and the message's author ``origin`` when the
     server relays a payload another party wrote."""
@@ -116,16 +116,16 @@ class Link:
         return delivery
 
     def exchange(self, phase: str, reply_phase: str, action: str,
-                 calls: dict[str, Call]) -> dict[str, Delivery]:
-        """The server signs each call's message of ``phase`` and asks each client to run its
+                 asks: dict[str, Ask]) -> dict[str, Delivery]:
+        """The server signs each ask's message of ``phase`` and asks each client to run its
         handler ``action``; client id -> the delivery of its ``reply_phase`` answer (absent
         when the client was offline). The server logs its own refusals of the replies. The
         broadcasts in ``carry`` travel with the first exchange that asks the clients to compute
-        (a call with a ``compute`` argument), each client taking them first: the model arrives
+        (an ask with a ``compute`` argument), each client taking them first: the model arrives
         with the request that uses it, and a client need not keep it in its saved state over
         the phases before (a client offline by then gets none: it computes nothing)."""
         server = self.parties[SERVER]
-        carry = self.carry if any("compute" in call.args for call in calls.values()) else {}
+        carry = self.carry if any("compute" in ask.args for ask in asks.values()) else {}
         digests: dict[int, str] = {}  # id of bytes sent to several clients -> their SHA-256
 
         def digest(data: bytes) -> str:
@@ -134,13 +134,13 @@ class Link:
             return digests[id(data)]
 
         requests = {cid: Request(self.round, self.kind, phase, reply_phase, action, self.stages,
-                                 None if call.data is None else server.envelope(
-                                     self.round, phase, self.kind, cid, call.data, self.stages,
-                                     call.origin, digest=digest(call.data)), call.args,
+                                 None if ask.data is None else server.envelope(
+                                     self.round, phase, self.kind, cid, ask.data, self.stages,
+                                     ask.origin, digest=digest(ask.data)), ask.args,
                                  tuple(server.envelope(self.round, "broadcast", kind, cid, data,
                                                        digest=digest(data))
                                        for kind, data in carry.items()))
-                    for cid, call in calls.items()}
+                    for cid, ask in asks.items()}
         if carry:
             self.carry = {}  # delivered with this exchange
         deliveries = self.transport.exchange(requests, self.endpoints)

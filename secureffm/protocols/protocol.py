@@ -4,7 +4,7 @@ it, and the DP settings and randomized-t protections its senders must compute wi
 
 Every stage has a ``role`` (:mod:`.stage`): ``client`` (it changes how a client computes a
 message, as DP-SGD or randomized t do; it sends nothing), ``aggregate`` (the server obtains
-only a sum, as with secure aggregation) or ``transport`` (individual messages are encrypted end
+only a sum, as with secure aggregation) or ``seal`` (individual messages are encrypted end
 to end). A kind no aggregation stage protects is aggregated in the clear. The messages
 themselves go through :class:`~secureffm.protocols.channel.ProtectedChannel`.
 """
@@ -22,7 +22,7 @@ from .dp import DPStage
 from .link import BROADCASTS
 from .randomized_t import RandomizedTStage
 from .registry import STAGES, ProtocolSpec, known_protocols, read_spec, register_stage
-from .stage import AggregateStage, Stage, TransportStage
+from .stage import AggregateStage, SealStage, Stage
 
 __all__ = ["Protocol", "load_protocol", "build_protocol", "stage_classes", "input_phases",
            "without_dp", "PLAIN_PHASES"]
@@ -117,8 +117,8 @@ class Protocol:
             raise ProtocolError(f"protocol spec {spec.source}: more than one 'dp' stage")
         self.dp: DPStage | None = dp_stages[0] if dp_stages else None
         self._by_kind = cast(dict[str, AggregateStage], self._one_stage_per_kind("aggregate"))
-        self._sealed_by_kind = cast(dict[str, TransportStage],
-                                    self._one_stage_per_kind("transport"))
+        self._sealed_by_kind = cast(dict[str, SealStage],
+                                    self._one_stage_per_kind("seal"))
         both = sorted(set(self._by_kind) & set(self._sealed_by_kind))
         if both:
             raise ProtocolError(f"protocol spec {spec.source}: kind {both[0]!r} is both "
@@ -215,8 +215,8 @@ class Protocol:
         """The aggregate stage protecting ``kind``, or None (aggregated in the clear)."""
         return self._by_kind.get(kind)
 
-    def sealer(self, kind: str) -> TransportStage | None:
-        """The transport stage sealing ``kind``, or None (sent in the clear)."""
+    def sealer(self, kind: str) -> SealStage | None:
+        """The seal stage sealing ``kind``, or None (sent in the clear)."""
         return self._sealed_by_kind.get(kind)
 
     def geodesic_privacy(self, kind: str = "measure") -> GeodesicPrivacy | None:

@@ -22,7 +22,7 @@ __all__ = ["STAGES", "ROLES", "register_stage", "check_table", "check_protects",
 
 # Stage classes by spec name, filled by register_stage (no module fills it when imported).
 STAGES: dict[str, type] = {}
-ROLES = ("client", "aggregate", "transport")
+ROLES = ("client", "aggregate", "seal")
 _SPEC_KEYS = {"name", "description", "stages"}
 
 

@@ -190,7 +190,7 @@ class SealedStage(StageDefaults):
     """
 
     name = "sealed"
-    role = "transport"
+    role = "seal"
     phases = ()
     can_protect = frozenset({"model", "measure", "scalar"})
     memory = (COUNTERS,)

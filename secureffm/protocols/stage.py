@@ -2,7 +2,7 @@
 
 ``client`` stages (DP-SGD, randomized t) change how a client computes a message and send
 nothing; ``aggregate`` stages (secure aggregation) let the server obtain only a sum;
-``transport`` stages (sealed) encrypt individual messages end to end.
+``seal`` stages (sealed) encrypt individual messages end to end.
 
 A stage also describes itself, so that nothing outside ``protocols/`` switches on its name:
 its claims and trust for privacy.json (:mod:`.statement`), who can read a logged message it
@@ -26,7 +26,7 @@ from ..federation.parties import Party, Registry
 from ..privacy.settings import DistributedNoise, DPSettings, NoiseGeometry
 from .link import Link
 
-__all__ = ["Stage", "AggregateStage", "TransportStage", "StageDefaults", "StagedProtocol",
+__all__ = ["Stage", "AggregateStage", "SealStage", "StageDefaults", "StagedProtocol",
            "Rules", "READERS", "Check"]
 
 
@@ -143,7 +143,7 @@ class AggregateStage(Stage, Protocol):
         """How distributed noise adds up in this stage's sums."""
 
 
-class TransportStage(Stage, Protocol):
+class SealStage(Stage, Protocol):
     """A stage that encrypts individual messages for their recipients."""
 
     def seal(self, sender: Party, registry: Registry, payload: Payload, kind: str, round_: int,
@@ -170,8 +170,8 @@ class StagedProtocol(Protocol):
     def aggregator(self, kind: str) -> AggregateStage | None:
         """The aggregate stage protecting ``kind``, or None (aggregated in the clear)."""
 
-    def sealer(self, kind: str) -> TransportStage | None:
-        """The transport stage sealing ``kind``, or None (sent in the clear)."""
+    def sealer(self, kind: str) -> SealStage | None:
+        """The seal stage sealing ``kind``, or None (sent in the clear)."""
 
     def dp_for(self, kind: str) -> DPSettings | None:
         """The DP settings ``kind`` is computed with, or None."""

@@ -2,7 +2,7 @@
 applies it (secureffm/protocols/channel.py) to a plaintext round.
 
 Truths used: the spec files shipped in secureffm/specs/protocols/, the module docstring's rules
-(one dp stage, one aggregate or transport stage per kind), and numpy's weighted average for
+(one dp stage, one aggregate or seal stage per kind), and numpy's weighted average for
 what a plaintext round must return. Spec loading and stage registration: test_registry.py.
 """
 
@@ -51,7 +51,7 @@ SECAGG = ('[[stages]]\nstage = "secagg"\nprotects = ["{kind}"]\nthreshold = 0.6\
 
 @pytest.mark.parametrize("stages, fragment", [
     (DP_TABLE + DP_TABLE, "more than one 'dp' stage"),
-    (SEALED_MODEL + SEALED_MODEL, "kind 'model' is protected by two transport stages"),
+    (SEALED_MODEL + SEALED_MODEL, "kind 'model' is protected by two seal stages"),
     (SECAGG.format(kind="gradient") + SECAGG.format(kind="gradient"),
      "kind 'gradient' is protected by two aggregate stages"),
     (SECAGG.format(kind="model"), "stage 'secagg' cannot protect kind 'model'"),

@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 import secureffm.protocols.secagg.keys_once as epoch
 from secureffm.audit.verify import verify_run
 from secureffm.federation.faults import Fault
-from secureffm.protocols.link import Call
+from secureffm.protocols.link import Ask
 from secureffm.protocols.quantize import Quantizer
 from secureffm.protocols.secagg import round_label, round_seed
 from secureffm.protocols.secagg.server import choose_graph
@@ -238,12 +238,12 @@ def test_a_client_refuses_a_mask_request_the_set_up_does_not_allow(tmp_path, mon
     def tamper(stage, r, *rest):
         exchange = r.link.exchange
 
-        def edited(phase, reply_phase, action, calls):
+        def edited(phase, reply_phase, action, asks):
             if r.link.round == 2 and phase == "mask_request":
-                calls = dict(calls)
-                call = calls["client-1"]
-                calls["client-1"] = Call(call.data, {**call.args, **args})
-            return exchange(phase, reply_phase, action, calls)
+                asks = dict(asks)
+                ask = asks["client-1"]
+                asks["client-1"] = Ask(ask.data, {**ask.args, **args})
+            return exchange(phase, reply_phase, action, asks)
 
         r.link.exchange = edited
         return real(stage, r, *rest)
@@ -268,7 +268,7 @@ def test_a_second_mask_request_in_one_round_is_refused(tmp_path):
     for round_ in (1, 0):
         link.round = round_
         again = link.exchange("mask_request", "masked_input", "secagg.epoch.mask", {
-            "client-1": Call(None, {
+            "client-1": Ask(None, {
                 "compute": lambda c: {KIND: updates[c.id]}, "template": {KIND: [[4], "float32"]},
                 "scale": 1.0, "share_variance": 0.0, "epoch": 1,
                 "peers": ["client-2", "client-3", "client-4", "client-5"]})})
@@ -343,7 +343,7 @@ def test_clients_restored_from_their_saved_state_go_on_with_the_same_set_up(tmp_
     channel.endpoints = {cid: restarted(e) for cid, e in channel.endpoints.items()}
     link = channel._link(2, KIND, ("secagg",))
     again = link.exchange("mask_request", "masked_input", "secagg.epoch.mask", {
-        "client-1": Call(None, {
+        "client-1": Ask(None, {
             "compute": lambda c: {KIND: updates[1][c.id]}, "template": {KIND: [[5], "float32"]},
             "scale": 1.0, "share_variance": 0.0, "epoch": 1,
             "peers": ["client-2", "client-3", "client-4"]})})

@@ -16,9 +16,9 @@ import pytest
 
 from secureffm.protocols import known_protocols, load_protocol
 from secureffm.protocols.registry import ROLES, STAGES, register_stage
-from secureffm.protocols.stage import AggregateStage, Stage, StagedProtocol, TransportStage
+from secureffm.protocols.stage import AggregateStage, SealStage, Stage, StagedProtocol
 
-INTERFACE = {"client": Stage, "aggregate": AggregateStage, "transport": TransportStage}
+INTERFACE = {"client": Stage, "aggregate": AggregateStage, "seal": SealStage}
 
 
 def _registered() -> dict[str, type]:
@@ -30,7 +30,7 @@ def _methods(interface: type) -> list[str]:
     """The methods ``interface`` and the interfaces it extends declare."""
     names = []
     for base in interface.__mro__:
-        if base in (Stage, AggregateStage, TransportStage):
+        if base in (Stage, AggregateStage, SealStage):
             names += [name for name, value in vars(base).items() if not name.startswith("_")
                       and (callable(value) or isinstance(value, classmethod))]
     return sorted(set(names))
@@ -65,7 +65,7 @@ def test_the_interface_is_what_this_test_reads():
     assert _methods(Stage) == sorted(["from_table", "validate_for", *described])
     assert _methods(AggregateStage) == sorted(["aggregate", "from_table", "noise_geometry",
                                                "validate_for", *described])
-    assert _methods(TransportStage) == sorted(["from_table", "open", "relay", "seal",
+    assert _methods(SealStage) == sorted(["from_table", "open", "relay", "seal",
                                                "validate_for", *described])
     assert set(INTERFACE) == set(ROLES)
 
@@ -131,6 +131,6 @@ def test_a_class_without_a_valid_role_is_refused_and_not_registered(role):
     attributes = {} if role is None else {"role": role}
     cls = type("_Stage", (_Valid,), attributes)
     with pytest.raises(TypeError, match=r"stage class _Stage needs a role in \('client', "
-                                        r"'aggregate', 'transport'\)"):
+                                        r"'aggregate', 'seal'\)"):
         register_stage(cls)
     assert STAGES == before and "valid-for-test" not in STAGES

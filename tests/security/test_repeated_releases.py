@@ -40,7 +40,7 @@ from secureffm.methods.ffm import FederatedFlowMatching, FFMClient, FFMSettings
 from secureffm.privacy.accounting import epsilon
 from secureffm.privacy.dpsgd import poisson_rate
 from secureffm.protocols import load_protocol
-from secureffm.protocols.link import Call
+from secureffm.protocols.link import Ask
 from secureffm.runs.dcfm import conditional_data, dcfm_settings
 from secureffm.runs.scaffold import open_channel, resolve_dp
 
@@ -98,7 +98,7 @@ def _ask_velocity(ffm: FederatedFlowMatching, round_: int, asked: int) -> np.nda
     link = channel._link(round_, "gradient", channel.protocol.client_stages("gradient"))
     link.carry = {"global_model": serialize_payload({"theta": ffm.velocity.flat()})}
     delivery = link.exchange("upload", "upload", "upload", {
-        VICTIM: Call(None, {"compute": Task("ffm.velocity", {"round": asked})})})[VICTIM]
+        VICTIM: Ask(None, {"compute": Task("ffm.velocity", {"round": asked})})})[VICTIM]
     return None if delivery.data is None else deserialize_payload(delivery.data)["gradient"]
 
 

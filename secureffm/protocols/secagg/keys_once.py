@@ -89,7 +89,7 @@ from ...federation.message import SERVER
 from ...privacy.settings import DistributedNoise
 from ..aggregation import template_json, unflatten
 from ..key_batch import commit
-from ..link import Call, Link, silence
+from ..link import Ask, Link, silence
 from ..masking import masked_payload, parse_masked, unmask_sum
 from ..prg import word_dtype
 from ..shamir import SHARE_BYTES, Share, decode, share_from_bytes, share_to_bytes, split_bytes
@@ -235,7 +235,7 @@ def _set_up(stage: SecAggParams, link: Link, ids: list[str], dropped: dict[str, 
         return epoch
     choose_graph(stage, r, u1)
     replies = link.exchange("keys", "keys_taken", "secagg.epoch.keys",
-                            {u: Call(keys_message(stage, r, u, u1)) for u in u1})
+                            {u: Ask(keys_message(stage, r, u, u1)) for u in u1})
     for u in u1:
         if u not in replies or replies[u].data is None:
             dropped[u] = silence(replies[u], u, "took no keys") if u in replies else (
@@ -262,13 +262,13 @@ def _masked_inputs(stage: SecAggParams, r: _RoundState, compute: Compute,
     """Phases mask_request and masked_input: every member is asked to mask with its member
     neighbours; fills ``r.peers``, ``r.masked``, ``r.commits`` and ``r.sealed``."""
     epoch, scale = r.epoch, stage.scales(weights)
-    calls = {}
+    asks = {}
     for v in epoch.members:
         r.peers[v] = sorted(epoch.peers(v), key=epoch.order.get)
-        calls[v] = Call(None, {
+        asks[v] = Ask(None, {
             "compute": compute, "template": template_json(template), "scale": scale[v],
             "share_variance": share_variance, "epoch": epoch.round, "peers": r.peers[v]})
-    replies = r.link.exchange("mask_request", "masked_input", "secagg.epoch.mask", calls)
+    replies = r.link.exchange("mask_request", "masked_input", "secagg.epoch.mask", asks)
     size = sum(int(np.prod(shape)) for shape, _ in template.values())
     wire = word_dtype(stage.quantizer.bits)
     for v in epoch.members:
@@ -359,12 +359,12 @@ def _unmask(stage: SecAggParams, r: _RoundState, u3: list[str], gone: list[str],
     asked: set[str] = set()
     seeds: dict[str, bytes] = {}
     for _ in range(2):  # a second exchange asks the survivors not asked yet
-        calls = {v: Call(_request(stage, r, v, u3, gone, confirmations))
+        asks = {v: Ask(_request(stage, r, v, u3, gone, confirmations))
                  for v in _unmask_holders(stage, r, u3, gone, asked)}
-        if not calls:
+        if not asks:
             break
-        asked |= set(calls)
-        replies = r.link.exchange("unmask_request", "unmask", "secagg.epoch.answer", calls)
+        asked |= set(asks)
+        replies = r.link.exchange("unmask_request", "unmask", "secagg.epoch.answer", asks)
         for v, delivery in replies.items():
             if delivery.data is not None:
                 _take_answer(r, v, delivery.data, u3, gone, shares, pair_seeds)

@@ -75,7 +75,7 @@ from ...privacy.settings import DistributedNoise
 from ..adversary import repeated_requests
 from ..aggregation import template_json, unflatten
 from ..key_batch import commit
-from ..link import Call, Link, silence
+from ..link import Ask, Link, silence
 from ..masking import masked_payload, parse_masked, unmask_sum
 from ..prg import word_dtype
 from ..shamir import Share, decode, share_from_bytes
@@ -144,7 +144,7 @@ def _share_keys(stage: SecAggParams, r: Round, u1: list[str]) -> dict[str, dict[
     Returns author -> recipient -> sealed shares for U2, the clients whose shares the
     server accepted, in client order."""
     replies = r.link.exchange("keys", "share_keys", "secagg.deal",
-                              {u: Call(keys_message(stage, r, u, u1)) for u in u1})
+                              {u: Ask(keys_message(stage, r, u, u1)) for u in u1})
     dealt: dict[str, dict[str, bytes]] = {}
     for u in u1:
         if u not in replies:
@@ -169,14 +169,14 @@ def _masked_inputs(stage: SecAggParams, r: Round, dealt: dict[str, dict[str, byt
     computes its input and masks it. Returns the masked inputs the server accepted;
     ``r.routed[v]``: the authors v masks with."""
     scale = stage.scales(weights)
-    calls = {}
+    asks = {}
     for v in dealt:
         bundle = {u: to[v] for u, to in dealt.items() if v in to}
         r.routed[v] = set(bundle)
-        calls[v] = Call(_bytes_payload(bundle), {
+        asks[v] = Ask(_bytes_payload(bundle), {
             "compute": compute, "template": template_json(template), "scale": scale[v],
             "share_variance": share_variance})
-    replies = r.link.exchange("shares", "masked_input", "secagg.mask", calls)
+    replies = r.link.exchange("shares", "masked_input", "secagg.mask", asks)
     size = sum(int(np.prod(shape)) for shape, _ in template.values())
     wire = word_dtype(stage.quantizer.bits)
     masked = {}
@@ -217,12 +217,12 @@ def _unmask(stage: SecAggParams, r: Round, u3: list[str], gone: list[str],
     """Phases 7-8. Returns (which, peer) -> holder -> share, from the well-formed replies."""
     revealed: dict[tuple[str, str], dict[str, Share]] = {}
     requests = [(v, _request(stage, r, v, u3, gone, confirmations), "") for v in u3]
-    rounds = [{v: Call(data) for v, data, _ in requests}]
-    rounds += [{v: Call(data, origin=origin)}  # a deviation: asked again
+    rounds = [{v: Ask(data) for v, data, _ in requests}]
+    rounds += [{v: Ask(data, origin=origin)}  # a deviation: asked again
                for v, data, origin in repeated_requests(r.link.deviations, r.link.round,
                                                         requests)]
-    for calls in rounds:
-        replies = r.link.exchange("unmask_request", "unmask", "secagg.answer", calls)
+    for asks in rounds:
+        replies = r.link.exchange("unmask_request", "unmask", "secagg.answer", asks)
         for v, delivery in replies.items():
             if delivery.data is None:
                 continue  # still included: its input is in the sum, it sends no shares

@@ -14,7 +14,7 @@ from ...errors import MessageError, ProtocolError
 from ...federation.crypto import agree, private_from_bytes
 from ...federation.message import SERVER
 from ..key_batch import PROOF_FIELDS, check_proof, field_length_ok
-from ..link import Call, Link
+from ..link import Ask, Link
 from ..wire import bytes_payload as _bytes_payload
 from ..wire import json_payload as _json_payload
 from ..wire import payload_bytes as _payload_bytes
@@ -49,7 +49,7 @@ class Round:
 def advertise(stage: SecAggParams, r: Round, ids: list[str]) -> list[str]:
     """Phase 1. Returns U1, the clients whose keys and commitment the server accepted."""
     replies = r.link.exchange("advertise_keys", "advertise_keys", "secagg.advertise",
-                              {u: Call() for u in ids})
+                              {u: Ask() for u in ids})
     for u in ids:
         data = replies[u].data if u in replies else None
         if data is None:
@@ -132,7 +132,7 @@ def consistency(r: Round, u3: list[str]) -> dict[str, Confirmation]:
     unverified: each client checks them against its own view."""
     announcement = _json_payload({"survivors": u3})
     replies = r.link.exchange("consistency", "consistency_sign", "secagg.sign",
-                              {v: Call(announcement) for v in u3})
+                              {v: Ask(announcement) for v in u3})
     confirmations = {}
     for v in u3:
         if v not in replies or replies[v].data is None:
