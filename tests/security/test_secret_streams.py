@@ -152,6 +152,7 @@ _ALLOWED = {
     "metrics/tabular.py": "which held-out rows a client's W2 uses (its score is released anyway)",
     "runs/synthetic.py": "sampling noise of a released model: OS entropy unless --seed is given",
     "methods/dp_marginals.py": "the DP baseline's Laplace noise, seeded by secrets.randbits(128)",
+    "runs/preflight.py": "a dry run of the public partition on one point per label group",
 }
 
 

@@ -108,7 +108,7 @@ from .client import (
 )
 from .common import Confirmation, share_context
 from .params import SecAggParams
-from .server import Round, advertise, choose_graph, consistency, keys_message
+from .server import Round, advertise, choose_graph, consistency, keys_message, masked_inputs
 from .session import ClientSession
 
 __all__ = ["CLIENT_ACTIONS", "aggregate", "round_label", "round_seed"]
@@ -271,21 +271,11 @@ def _masked_inputs(stage: SecAggParams, r: _RoundState, compute: Compute,
     replies = r.link.exchange("mask_request", "masked_input", "secagg.epoch.mask", asks)
     size = sum(int(np.prod(shape)) for shape, _ in template.values())
     wire = word_dtype(stage.quantizer.bits)
-    for v in epoch.members:
-        if v not in replies:
-            r.dropped[v] = "sent no masked input (offline)"
-            continue
-        if replies[v].data is None:
-            r.dropped[v] = silence(replies[v], v, "its masked input was rejected or never "
-                                   "arrived")
-            continue
-        try:
-            y, commit, sealed = _parse_masked(replies[v].data, v, size, wire, r.peers[v])
-        except MessageError as err:
-            r.reject("masked_input", v, str(err))
-            r.dropped[v] = str(err)
-            continue
-        r.masked[v], r.commits[v], r.sealed[v] = y, commit, sealed
+    parsed = masked_inputs(r, replies, epoch.members,
+                           lambda data, v: _parse_masked(data, v, size, wire, r.peers[v]),
+                           "sent no masked input (offline)")
+    for v, (y, b_commit, sealed) in parsed.items():
+        r.masked[v], r.commits[v], r.sealed[v] = y, b_commit, sealed
 
 
 def _parse_masked(data: bytes, v: str, size: int, wire: np.dtype, peers: list[str]

@@ -75,7 +75,7 @@ from ...privacy.settings import DistributedNoise
 from ..adversary import repeated_requests
 from ..aggregation import template_json, unflatten
 from ..key_batch import commit
-from ..link import Ask, Link, silence
+from ..link import Ask, Link
 from ..masking import masked_payload, parse_masked, unmask_sum
 from ..prg import word_dtype
 from ..shamir import Share, decode, share_from_bytes
@@ -86,7 +86,7 @@ from ..wire import payload_bytes as _payload_bytes
 from .client import client_input, client_order, report_clipped, session_of, taken_keys
 from .common import MASK_LABEL, SEALED_BYTES, Confirmation, share_context
 from .params import SecAggParams
-from .server import Round, advertise, choose_graph, consistency, keys_message
+from .server import Round, advertise, choose_graph, consistency, keys_message, masked_inputs
 
 __all__ = ["CLIENT_ACTIONS", "aggregate"]
 
@@ -179,22 +179,8 @@ def _masked_inputs(stage: SecAggParams, r: Round, dealt: dict[str, dict[str, byt
     replies = r.link.exchange("shares", "masked_input", "secagg.mask", asks)
     size = sum(int(np.prod(shape)) for shape, _ in template.values())
     wire = word_dtype(stage.quantizer.bits)
-    masked = {}
-    for v in dealt:
-        if v not in replies:
-            r.dropped[v] = ("sent no masked input (offline, or its shares were lost or "
-                            "refused)")
-            continue
-        if replies[v].data is None:
-            r.dropped[v] = silence(replies[v], v, "its masked input was rejected or never "
-                                   "arrived")
-            continue
-        try:
-            masked[v] = _parse_masked(replies[v].data, v, size, wire)
-        except MessageError as err:
-            r.reject("masked_input", v, str(err))
-            r.dropped[v] = str(err)
-    return masked
+    return masked_inputs(r, replies, dealt, lambda data, v: _parse_masked(data, v, size, wire),
+                         "sent no masked input (offline, or its shares were lost or refused)")
 
 
 def _request(stage: SecAggParams, r: Round, v: str, u3: list[str], gone: list[str],

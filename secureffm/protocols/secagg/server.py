@@ -14,7 +14,7 @@ from ...errors import MessageError, ProtocolError
 from ...federation.crypto import agree, private_from_bytes
 from ...federation.message import SERVER
 from ..key_batch import PROOF_FIELDS, check_proof, field_length_ok
-from ..link import Ask, Link
+from ..link import Ask, Link, silence
 from ..wire import bytes_payload as _bytes_payload
 from ..wire import json_payload as _json_payload
 from ..wire import payload_bytes as _payload_bytes
@@ -146,3 +146,25 @@ def consistency(r: Round, u3: list[str]) -> dict[str, Confirmation]:
             continue
         confirmations[v] = fields["sig"]
     return confirmations
+
+
+def masked_inputs(r: Round, replies: dict, senders, parse, offline: str) -> dict:
+    """Each of ``senders``' masked input as ``parse(data, sender)`` reads it. A sender with
+    no reply is dropped as ``offline``; one whose reply was rejected or never arrived is
+    dropped saying so; one whose reply ``parse`` refuses (a MessageError) is rejected by name
+    and dropped."""
+    parsed = {}
+    for v in senders:
+        if v not in replies:
+            r.dropped[v] = offline
+            continue
+        if replies[v].data is None:
+            r.dropped[v] = silence(replies[v], v, "its masked input was rejected or never "
+                                   "arrived")
+            continue
+        try:
+            parsed[v] = parse(replies[v].data, v)
+        except MessageError as err:
+            r.reject("masked_input", v, str(err))
+            r.dropped[v] = str(err)
+    return parsed
