@@ -104,6 +104,9 @@ def test_the_deployment_guide_runs_as_written_and_its_run_audits_against_the_pin
     assert printed == [pinned]  # the head the ServerApp pinned when it closed the log
     assert "OK: log intact" in out and f"head: {pinned}" in out
     assert "3 journal(s) verified" in out
+    # the round ran to its end: both of GOT's kinds aggregated, nothing aborted
+    [events] = [line for line in out.splitlines() if line.startswith("server events:")]
+    assert "aggregated 2," in events and "aborted" not in events, events
     gathered = sorted(p.name for p in (work / "runs" / "got-deployed" / "journals").iterdir())
     assert gathered == ["client-1.jsonl", "client-2.jsonl", "client-3.jsonl"]
     # TLS and node authentication were on: the SuperLink said so, and registered the 3 keys
