@@ -16,6 +16,7 @@ same :func:`~secureffm.runs.flower_node.admit` as a deployed node).
 from __future__ import annotations
 
 import tempfile
+from functools import partial
 from pathlib import Path
 
 from ..config import RunConfig
@@ -85,12 +86,13 @@ def flower_channel(calls, config: RunConfig, keys: str | Path, protocol: Protoco
     return remote_channel(calls, config, keys, protocol, log, config.shard_size)
 
 
-def main(calls, run_config: dict) -> dict:
+def main(calls, run_config: dict, announce: bool = True) -> dict:
     """The ServerApp's main: one run of the config in ``run_config``; returns where it wrote
-    its folder, its metrics and its pin."""
+    its folder, its metrics and its pin, and prints the pin for the operator (``flwr log``
+    shows it) unless ``announce`` is False (the simulation engine: the command prints it)."""
     config = config_of(run_config)
     if isinstance(config, FedWADRun):
-        return _fedwad_main(calls, run_config, config)
+        return _fedwad_main(calls, run_config, config, announce)
     if config.threat_model:
         raise ConfigError("threat models inject faults into the in-process engine; on Flower "
                           "the faults are real (kill a node, or let it miss --phase-timeout)")
@@ -99,15 +101,17 @@ def main(calls, run_config: dict) -> dict:
         return flower_channel(calls, config, run_config[KEYS_KEY], protocol, log)
 
     result = family_of(config.method).run(config, connect)
-    print(pin_message(result.out, result.pin, config.pin_to), flush=True)  # flwr log shows it
+    if announce:
+        print(pin_message(result.out, result.pin, config.pin_to), flush=True)
     return {"out": str(result.out), "metrics": result.metrics, "pin": result.pin}
 
 
-def _fedwad_main(calls, run_config: dict, run: FedWADRun) -> dict:
+def _fedwad_main(calls, run_config: dict, run: FedWADRun, announce: bool) -> dict:
     """:func:`main` for a FedWAD run: its folder, result.json's contents and its pin."""
     result = run_fedwad(run, connect=lambda protocol, log: remote_channel(
         calls, run, run_config[KEYS_KEY], protocol, log, run.samples))
-    print(pin_message(result.out, result.pin, run.pin_to), flush=True)
+    if announce:
+        print(pin_message(result.out, result.pin, run.pin_to), flush=True)
     return {"out": str(result.out), "result": result.result, "pin": result.pin}
 
 
@@ -141,7 +145,7 @@ def run_on_flower(config: RunConfig | FedWADRun,
             for node, path in zip(nodes.values(), config.client_data, strict=True):
                 node.update({"client-data": str(Path(path).resolve()),
                              "schema": str(Path(config.schema).resolve())})
-        done = simulate("secureffm.runs.flower_server:main", "secureffm.runs.flower_node:serve",
+        done = simulate(partial(main, announce=False), "secureffm.runs.flower_node:serve",
                         config.clients, run_config_of(config, folder), nodes=nodes,
                         admit="secureffm.runs.flower_node:hello")
     if done is None:
