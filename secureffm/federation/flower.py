@@ -550,7 +550,9 @@ class LocalDeployment:
     client id -> more keys of that node's config (a data path, a key path); ``admit``: the
     ClientApp's check of the run on hello (``"module:function"``); ``tls``: HTTPS with a
     fresh CA and SuperNode authentication on, each node's key registered with ``flwr supernode
-    register`` (:mod:`~secureffm.federation.flower_tls`), else plain HTTP. Use as a context
+    register`` (:mod:`~secureffm.federation.flower_tls`), else plain HTTP; ``node_auth``
+    (with ``tls`` only; default: ``tls``): False keeps TLS but lets any node that trusts the CA
+    register itself (for the test that plays an unregistered node). Use as a context
     manager: every process it started, and their children (SuperExecs, ServerApp and ClientApp
     processes), is ended on exit. Linux only (children are found in /proc).
 
@@ -561,14 +563,17 @@ class LocalDeployment:
     def __init__(self, server_main: str, serve: str, clients: list[str],
                  node_config: dict[str, dict] | None = None, home: str | None = None,
                  start_timeout: float = 120.0, pull_interval: float = 0.02,
-                 admit: str | None = None, tls: bool = False):
+                 admit: str | None = None, tls: bool = False, node_auth: bool | None = None):
         _flwr()
+        node_auth = tls if node_auth is None else node_auth
+        if node_auth and not tls:
+            raise ConfigError("SuperNode authentication needs TLS: pass tls=True with it")
         for target in (server_main, serve, *([admit] if admit else [])):
             if not isinstance(target, str):
                 raise ConfigError(f"a deployment names its functions as 'module:function' "
                                   f"strings, got {target!r}")
         self.server_main, self.serve, self.clients = server_main, serve, list(clients)
-        self.admit, self.tls = admit, tls
+        self.admit, self.tls, self.node_auth = admit, tls, node_auth
         self._ca: Path | None = None  # the deployment's CA, with tls, once started
         self.node_config = dict(node_config or {})
         self.start_timeout, self.pull_interval = start_timeout, pull_interval
@@ -606,7 +611,8 @@ class LocalDeployment:
             certs = make_certificates(self.home / "certs", ["localhost", "127.0.0.1"])
             ca = self._ca = certs["ca"]
             link_security = ["--ssl-ca-certfile", str(ca), "--ssl-certfile", str(certs["cert"]),
-                             "--ssl-keyfile", str(certs["key"]), "--enable-supernode-auth"]
+                             "--ssl-keyfile", str(certs["key"])]
+            link_security += ["--enable-supernode-auth"] if self.node_auth else []
         self._start("superlink", ["flower-superlink", *link_security,
                                   "--disable-runtime-dependency-installation",
                                   "--host", "127.0.0.1", "--port", str(self.port)])
@@ -631,24 +637,36 @@ class LocalDeployment:
 
     def _start_node(self, client: str) -> None:
         """Start the SuperNode of ``client`` with its node config as ``node_config`` is now
-        (with ``tls``, its authentication key made and registered on its first start)."""
+        (with ``node_auth``, its authentication key made and registered on its first start)."""
         from .flower_tls import AUTH_KEY_FILE, AUTH_PUBLIC_FILE, make_node_auth_key
 
+        key = None
+        if self.node_auth:
+            auth = self.home / f"auth-{client}"
+            key = auth / AUTH_KEY_FILE
+            if not key.exists():
+                auth.mkdir()
+                make_node_auth_key(auth)
+                self._flwr("supernode", "register", str(auth / AUTH_PUBLIC_FILE), "local")
+        self.start_node(client, key)
+
+    def start_node(self, client: str, auth_key: Path | None = None) -> subprocess.Popen:
+        """Start a SuperNode running ``client`` (its ``client-id``, its log
+        ``FLWR_HOME/<client>.log``) with its node config as ``node_config`` is now, trusting the
+        deployment's CA (with ``tls``) and signing its requests with ``auth_key`` (a private key
+        of :func:`~secureffm.federation.flower_tls.make_node_auth_key`) when given; its process.
+        The registered nodes start here; so does a test's node that nobody registered."""
         config = {**self.node_config.get(client, {}), "client-id": client}
         path = self.home / f"node-{client}.toml"
         _write_toml(path, config)
         security = ["--insecure"]
         if self._ca is not None:
-            auth = self.home / f"auth-{client}"
-            if not (auth / AUTH_KEY_FILE).exists():
-                auth.mkdir()
-                make_node_auth_key(auth)
-                self._flwr("supernode", "register", str(auth / AUTH_PUBLIC_FILE), "local")
-            security = ["--root-certificates", str(self._ca),
-                        "--auth-supernode-private-key", str(auth / AUTH_KEY_FILE)]
+            security = ["--root-certificates", str(self._ca)]
+            security += ["--auth-supernode-private-key", str(auth_key)] if auth_key else []
         self._start(client, ["flower-supernode", *security, "--superlink",
                              f"127.0.0.1:{self.port}", "--host", "127.0.0.1",
                              "--port", str(_free_port()), "--node-config", str(path)])
+        return self.processes[client]
 
     def _start(self, name: str, command: list[str]) -> None:
         log = (self.home / f"{name}.log").open("a")

@@ -83,3 +83,13 @@ def deployed(calls, run_config: dict) -> dict:
         seconds.append(calls.last.seconds)
     return {"nodes": sorted(found), "results": results, "seconds": seconds,
             "errors": calls.errors}
+
+
+def met(calls, run_config: dict) -> dict:
+    """Server main of the node-authentication test: hello (once ``run_config["clients"]``
+    nodes are connected), then one call to every client found. Returns the clients found and
+    those whose signed reply echoed the request."""
+    found = calls.hello(120.0, clients=int(run_config["clients"]))
+    replies = checked(calls, {c: b"hello" for c in found}, float(run_config["timeout"]))
+    return {"nodes": sorted(found), "answered": sorted(c for c, r in replies.items()
+                                                       if r and r[2])}
