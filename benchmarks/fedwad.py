@@ -213,24 +213,35 @@ def paper(sizes, repeats: int, exact_max: int) -> dict:
 
 
 def paper_tables(results: dict, sizes, exact_max: int) -> str:
+    def cell(found: tuple, w_time: float) -> str:
+        w_time = max(w_time, 1e-6)  # CPU clock ticks: a tiny solve may read 0
+        return f"{found[0] / w_time:.2f}x / {found[1] / w_time:.2f}x, {found[2]:.2%}"
+
+    return _grid_tables(results, sizes, exact_max,
+                        "exact W: CPU seconds and error vs the closed form 4; FedWAD: sequential "
+                        "time over exact W's / critical path's over exact W's, error vs the "
+                        "closed form", ["W (POT) s", "W error"],
+                        lambda w: [f"{w[0]:.3f}", f"{w[2]:.2%}"], cell)
+
+
+def _grid_tables(results: dict, sizes, exact_max: int, caption: str, w_columns: list[str],
+                 w_cells, cell) -> str:
+    """One table per (d, ratio) of ``results``: a row per N, exact W's columns ``w_columns``
+    filled by ``w_cells(exact W's result)``, then each FedWAD variant's
+    ``cell(its result, exact W's seconds)``."""
     names = [name for name, _ in _methods(min(sizes), 1, exact_max)]
     out = []
     for dim in DIMS:
         for ratio in RATIOS:
-            out.append(f"**d = {dim}, ratio 1:{ratio}** (exact W: CPU seconds and error vs the "
-                       "closed form 4; FedWAD: sequential time over exact W's / critical path's "
-                       "over exact W's, error vs the closed form)\n")
-            out.append("| N | W (POT) s | W error | " + " | ".join(names[1:]) + " |")
+            out.append(f"**d = {dim}, ratio 1:{ratio}** ({caption})\n")
+            out.append("| N | " + " | ".join(w_columns + names[1:]) + " |")
             out.append("| --- " * (len(names) + 2) + "|")
             for n in sizes:
-                w_time, _, w_error = results[(dim, ratio, n, "W (POT)")]
-                row = [f"{n:,}", f"{w_time:.3f}", f"{w_error:.2%}"]
-                w_time = max(w_time, 1e-6)  # CPU clock ticks: a tiny solve may read 0
+                exact = results[(dim, ratio, n, "W (POT)")]
+                row = [f"{n:,}", *w_cells(exact)]
                 for name in names[1:]:
-                    cell = results.get((dim, ratio, n, name))
-                    row.append("not run" if cell is None else
-                               f"{cell[0] / w_time:.2f}x / {cell[1] / w_time:.2f}x, "
-                               f"{cell[2]:.2%}")
+                    found = results.get((dim, ratio, n, name))
+                    row.append("not run" if found is None else cell(found, exact[0]))
                 out.append("| " + " | ".join(row) + " |")
             out.append("")
     return "\n".join(out)
@@ -248,25 +259,12 @@ def run(sizes, repeats: int, exact_max: int) -> dict:
 
 
 def tables(results: dict, sizes, exact_max: int) -> str:
-    names = [name for name, _ in _methods(min(sizes), 1, exact_max)]
-    out = []
-    for dim in DIMS:
-        for ratio in RATIOS:
-            out.append(f"**d = {dim}, ratio 1:{ratio}** (time over exact W's time; error vs exact "
-                       "W, and vs the closed form 2 in brackets)\n")
-            out.append("| N | W (POT) s | W error vs closed form | "
-                       + " | ".join(names[1:]) + " |")
-            out.append("| --- " * (len(names) + 2) + "|")
-            for n in sizes:
-                w_time, w_cf, _ = results[(dim, ratio, n, "W (POT)")]
-                row = [f"{n:,}", f"{w_time:.3f}", f"{w_cf:.1%}"]
-                for name in names[1:]:
-                    cell = results.get((dim, ratio, n, name))
-                    row.append("not run" if cell is None else
-                               f"{cell[0] / w_time:.2f}x, {cell[2]:.2%} ({cell[1]:.1%})")
-                out.append("| " + " | ".join(row) + " |")
-            out.append("")
-    return "\n".join(out)
+    return _grid_tables(results, sizes, exact_max,
+                        "time over exact W's time; error vs exact W, and vs the closed form 2 "
+                        "in brackets", ["W (POT) s", "W error vs closed form"],
+                        lambda w: [f"{w[0]:.3f}", f"{w[1]:.1%}"],
+                        lambda found, w_time: (f"{found[0] / w_time:.2f}x, {found[2]:.2%} "
+                                               f"({found[1]:.1%})"))
 
 
 def figure(results: dict, sizes, exact_max: int, path: Path) -> None:

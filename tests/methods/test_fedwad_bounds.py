@@ -7,34 +7,18 @@ import copy
 import numpy as np
 import ot
 import pytest
-import torch
 
 from secureffm.errors import MessageError
-from secureffm.federation.log import MessageLog
-from secureffm.federation.parties import Client
 from secureffm.methods.fedwad import FedWADConfig, Measure, fedwad
 from secureffm.methods.fedwad_bounds import lower_bound, moment_bound, moments
-from secureffm.methods.fedwad_federated import FedWADClient, federated_distance
-from secureffm.protocols.protocol import load_protocol
-from secureffm.runs.scaffold import open_channel
+from secureffm.methods.fedwad_federated import federated_distance
 
-from .test_fedwad_federated import payload, records
+from .test_fedwad_federated import federation, payload, records
 
 
 def exact_wp(x, y, p):
     cost = ot.dist(x, y, metric="sqeuclidean" if p == 2 else "euclidean")
     return ot.emd2(ot.unif(len(x)), ot.unif(len(y)), cost, numItermax=10_000_000) ** (1 / p)
-
-
-def federation(tmp_path, arrays, protocol, client_config):
-    """A channel over clients holding ``arrays`` that run FedWAD with ``client_config``."""
-    clients = [Client(f"client-{i}", torch.as_tensor(x), torch.Generator().manual_seed(i),
-                      protocol_rng=np.random.default_rng([5, i]))
-               for i, x in enumerate(arrays, start=1)]
-    spec = load_protocol(protocol)
-    log = MessageLog(tmp_path / "messages.jsonl", keep_payloads=True)
-    privacy = spec.geodesic_privacy()
-    return open_channel(spec, clients, log, program=FedWADClient(client_config, privacy)), privacy
 
 
 @pytest.fixture
@@ -67,7 +51,7 @@ def test_the_w2_bound_counts_each_coordinate_spread_and_stays_below_w2():
 @pytest.mark.parametrize("p", [1, 2])
 def test_federated_bracket_matches_the_pooled_moments_and_holds(tmp_path, data, p):
     config = FedWADConfig(p=p, iterations=5, support_size=40, bracket=True)
-    channel, privacy = federation(tmp_path, data, "fedwad-private", config)
+    channel, privacy = federation(tmp_path, data, "fedwad-private", config=config)
     found = federated_distance(channel, privacy, "client-1", "client-2", config)
     channel.close()
     truth = exact_wp(*data, p)
@@ -94,7 +78,7 @@ def test_a_client_whose_config_keeps_its_moments_does_not_send_them(tmp_path, da
     with an error naming the setting, and the log keeps its closing record."""
     server = FedWADConfig(iterations=2, support_size=20, bracket=True)
     channel, privacy = federation(tmp_path, data, "plaintext",
-                                  FedWADConfig(iterations=2, support_size=20))
+                                  config=FedWADConfig(iterations=2, support_size=20))
     with pytest.raises(MessageError, match="does not release them"):
         federated_distance(channel, privacy, "client-1", "client-2", server)
     channel.close()
@@ -111,7 +95,7 @@ def test_under_fedwad_private_the_measures_already_give_each_client_mean(tmp_pat
     (d >= 2, no noise), and then each t follows: the mean a bracket releases is no news to it,
     and randomized-t does not hide t (docs/fedwad.md, "What the server learns")."""
     config = FedWADConfig(iterations=2, support_size=30)
-    channel, privacy = federation(tmp_path, data, "fedwad-private", config)
+    channel, privacy = federation(tmp_path, data, "fedwad-private", config=config)
     replay = copy.deepcopy(channel.clients[0].protocol_rng)
     federated_distance(channel, privacy, "client-1", "client-2", config)
     channel.close()
