@@ -82,3 +82,17 @@ def test_a_warm_process_that_cannot_start_is_named_with_its_log(supernode):
     with pytest.raises(RuntimeError, match="(did not answer|ended before).*no_such_function"):
         warm.call("serve", node, {}, None, b"a")
     warm.path.with_suffix(".log").unlink()
+
+
+@pytest.mark.parametrize("mode", [0o777, 0o750])
+def test_a_warm_folder_others_can_enter_is_refused(tmp_path, monkeypatch, mode):
+    """Adversary: another user of the node's machine who made the warm processes' folder first
+    (or widened it), to plant a socket of their own that a ClientApp would hand the client's
+    state and requests to. A folder that is not this user's alone is refused before any
+    socket in it is used."""
+    monkeypatch.setattr("tempfile.tempdir", str(tmp_path))
+    folder = tmp_path / f"secureffm-warm-{os.getuid()}"
+    folder.mkdir()
+    folder.chmod(mode)
+    with pytest.raises(PermissionError, match="must belong to this user alone"):
+        Warm("secureffm.runs.flower_node:serve", None, os.getpid(), {"client-id": "client-1"})
