@@ -256,6 +256,14 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
                             "that differs (docs/flower.md)")
     policy.add_argument("folder", metavar="FILE", help="the policy file to write (TOML)")
     _fill(only, "flower-policy", _add_config_options, policy)
+    node = sub.add_parser(
+        "flower-supernode", usage="%(prog)s [--idle-poll SECONDS] FLOWER_SUPERNODE_ARGUMENTS",
+        help="Flower's own SuperNode with its idle wait capped (docs/flower.md, section 2)",
+        description="Run Flower's flower-supernode with every other argument, as its own, in "
+        "this process; the pull that found no message waits at most --idle-poll seconds "
+        "instead of Flower's fixed 3 s, and so does the poll for the ClientApp's reply (0.5 "
+        "s). Arguments: flower-supernode --help.")
+    _fill(only, "flower-supernode", _add_supernode_arguments, node)
     return parser
 
 
@@ -263,6 +271,29 @@ def _fill(only: str | None, name: str, add, parser: argparse.ArgumentParser) -> 
     """``add(parser)``: the options of subcommand ``name``, unless ``only`` names another."""
     if only is None or only == name:
         add(parser)
+
+
+def _add_supernode_arguments(parser: argparse.ArgumentParser) -> None:
+    """The option of ``secureffm flower-supernode``; the rest are Flower's."""
+    from .federation.supernode import DEFAULT_S, FLOOR_S
+
+    parser.add_argument("--idle-poll", type=float, default=DEFAULT_S, metavar="SECONDS",
+                        help=f"an idle node's wait between pulls: it asks the SuperLink "
+                        f"1/SECONDS times a second (at least {FLOOR_S}; default {DEFAULT_S})")
+
+
+def _supernode_args(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
+    """The parsed ``secureffm flower-supernode`` command line: its own options first
+    (``--idle-poll``; ``--help`` alone), then ``flower_args``, every word after them, Flower's
+    own, passed on as they are (argparse would take some of Flower's words for its own)."""
+    end = argv.index("flower-supernode") + 1
+    while end < len(argv) and argv[end].split("=")[0] == "--idle-poll":
+        end += 1 if "=" in argv[end] else 2
+    if argv[end:] in (["-h"], ["--help"]):
+        end = len(argv)
+    args = parser.parse_args(argv[:end])
+    args.flower_args = argv[end:]
+    return args
 
 
 def _command_of(argv: list[str]) -> str:
@@ -754,7 +785,10 @@ def _vouch(accuracy: dict) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    args = build_parser(_command_of(argv)).parse_args(argv)
+    command = _command_of(argv)
+    parser = build_parser(command)
+    args = (_supernode_args(parser, argv) if command == "flower-supernode" else
+            parser.parse_args(argv))
     if args.command in ("run", "fedwad", "sweep", "sample", "audit"):  # the ones that compute
         from .quiet import quiet_known_noise
 
@@ -784,6 +818,10 @@ def main(argv: list[str] | None = None) -> int:
             _export(args)
         elif args.command == "flower-policy":
             _write_policy(_config_of(args), args.folder)
+        elif args.command == "flower-supernode":
+            from .federation.supernode import launch
+
+            launch(args.flower_args, args.idle_poll)
     except RunInterrupted as err:
         print(f"secureffm: {err}", file=sys.stderr)
         return 130

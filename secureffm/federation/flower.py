@@ -65,6 +65,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigError, MessageError, PolicyError, SecureFFMError
+from .supernode import DEFAULT_S, check_idle_poll
 
 if TYPE_CHECKING:
     from flwr.app import Message, RecordDict
@@ -539,8 +540,8 @@ def simulate(server_main: str | ServerMain, serve: str | Serve, clients: int,
 
 
 class LocalDeployment:
-    """Flower's deployment runtime on this host: ``flower-superlink`` and one
-    ``flower-supernode`` per client as OS processes (HTTP on 127.0.0.1, free ports, a private
+    """Flower's deployment runtime on this host: ``flower-superlink`` and one SuperNode per
+    client as OS processes (HTTP on 127.0.0.1, free ports, a private
     FLWR_HOME, telemetry and update checks off, no runtime dependency installation),
     and ``flwr run`` submitting a generated Flower App whose ServerApp runs ``server_main`` and
     whose ClientApp serves ``serve`` (both ``"module:function"``, importable by the child
@@ -552,7 +553,10 @@ class LocalDeployment:
     fresh CA and SuperNode authentication on, each node's key registered with ``flwr supernode
     register`` (:mod:`~secureffm.federation.flower_tls`), else plain HTTP; ``node_auth``
     (with ``tls`` only; default: ``tls``): False keeps TLS but lets any node that trusts the CA
-    register itself (for the test that plays an unregistered node). Use as a context
+    register itself (for the test that plays an unregistered node); ``idle_poll``: each
+    SuperNode is ``secureffm flower-supernode --idle-poll idle_poll``
+    (:mod:`~secureffm.federation.supernode`), or Flower's own ``flower-supernode`` (its idle
+    wait 3 s) with None. Use as a context
     manager: every process it started, and their children (SuperExecs, ServerApp and ClientApp
     processes), is ended on exit. Linux only (children are found in /proc).
 
@@ -563,7 +567,8 @@ class LocalDeployment:
     def __init__(self, server_main: str, serve: str, clients: list[str],
                  node_config: dict[str, dict] | None = None, home: str | None = None,
                  start_timeout: float = 120.0, pull_interval: float = 0.02,
-                 admit: str | None = None, tls: bool = False, node_auth: bool | None = None):
+                 admit: str | None = None, tls: bool = False, node_auth: bool | None = None,
+                 idle_poll: float | None = DEFAULT_S):
         _flwr()
         node_auth = tls if node_auth is None else node_auth
         if node_auth and not tls:
@@ -574,6 +579,7 @@ class LocalDeployment:
                                   f"strings, got {target!r}")
         self.server_main, self.serve, self.clients = server_main, serve, list(clients)
         self.admit, self.tls, self.node_auth = admit, tls, node_auth
+        self.idle_poll = None if idle_poll is None else check_idle_poll(idle_poll)
         self._ca: Path | None = None  # the deployment's CA, with tls, once started
         self.node_config = dict(node_config or {})
         self.start_timeout, self.pull_interval = start_timeout, pull_interval
@@ -663,7 +669,9 @@ class LocalDeployment:
         if self._ca is not None:
             security = ["--root-certificates", str(self._ca)]
             security += ["--auth-supernode-private-key", str(auth_key)] if auth_key else []
-        self._start(client, ["flower-supernode", *security, "--superlink",
+        launcher = (["flower-supernode"] if self.idle_poll is None else
+                    ["secureffm", "flower-supernode", "--idle-poll", str(self.idle_poll)])
+        self._start(client, [*launcher, *security, "--superlink",
                              f"127.0.0.1:{self.port}", "--host", "127.0.0.1",
                              "--port", str(_free_port()), "--node-config", str(path)])
         return self.processes[client]

@@ -13,7 +13,8 @@ every message, so a warm process that died, or a message it did not see, only co
 The warm process is the node's: it runs as the node's user, listens on a Unix socket in a
 folder only that user can open (``secureffm-warm-UID`` in the temporary folder) and ends when
 its SuperNode ends, or after :data:`IDLE_S` without a message. It exists only below a
-``flower-supernode`` process (found in /proc, so Linux only); elsewhere, or with
+SuperNode process, Flower's ``flower-supernode`` or ``secureffm flower-supernode`` (found in
+/proc, so Linux only); elsewhere, or with
 ``warm = false`` in the node config, the ClientApp serves in its own process, as before.
 
 Frames on the socket: 4 bytes (big-endian length) of a JSON header, then the byte strings the
@@ -38,15 +39,24 @@ import threading
 import time
 from pathlib import Path
 
-__all__ = ["Warm", "supernode_pid", "IDLE_S"]
+__all__ = ["Warm", "supernode_pid", "is_supernode", "IDLE_S"]
 
 IDLE_S = 1800.0  # a warm process ends after this long without a message
 START_S = 600.0  # how long a ClientApp waits for a warm process it started to answer
 _LEN = struct.Struct(">I")
 
 
+def is_supernode(command: list[str]) -> bool:
+    """Whether a process's argv is a SuperNode's: Flower's ``flower-supernode`` (the program,
+    or the script an interpreter runs) or ``secureffm flower-supernode``
+    (:mod:`.supernode`; the console script or ``python -m secureffm``)."""
+    names = [Path(part).name for part in command[:4]]
+    return "flower-supernode" in names[:2] or (
+        ["secureffm", "flower-supernode"] in (names[1:3], names[2:4]))
+
+
 def supernode_pid() -> int | None:
-    """The pid of the ``flower-supernode`` process above this one, or None."""
+    """The pid of the SuperNode process above this one (:func:`is_supernode`), or None."""
     pid = os.getpid()
     while pid > 1:
         try:
@@ -54,8 +64,7 @@ def supernode_pid() -> int | None:
             command = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
         except OSError:
             return None
-        if any(Path(part.decode(errors="replace")).name == "flower-supernode"
-               for part in command[:2]):
+        if is_supernode([part.decode(errors="replace") for part in command]):
             return pid
         pid = int(stat.rsplit(")", 1)[1].split()[1])
     return None
