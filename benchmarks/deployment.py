@@ -11,10 +11,12 @@ Needs ``secureffm[flower]`` (flwr with Ray). Rows, in one run:
 
 - ``echo``: Flower's own cost per exchange, the floor: a deployment whose ClientApp returns its
   request (:func:`echo_serve`) and whose ServerApp times ``--echoes`` calls of 1 kB to every
-  node, with the SuperExecs' task poll at Flower's default (1 s) and at POLL_S
-  (``FLWR_SUPEREXEC_TASK_POLL_INTERVAL``, which the GOT deployments use);
+  node, with Flower's own ``flower-supernode`` (idle wait 3 s) and the SuperExecs' task poll
+  at Flower's default (1 s) and at POLL_S (``FLWR_SUPEREXEC_TASK_POLL_INTERVAL``), then with
+  ``secureffm flower-supernode --idle-poll IDLE_POLL_S`` at POLL_S, as the GOT deployments run;
 - ``GOT, deployed``: the run's ``seconds_per_round`` (training only: no start, no hello, no
-  evaluation) with each node's client in its warm process (``secureffm.federation.warm``) and,
+  evaluation) on launched SuperNodes, with each node's client in its warm process
+  (``secureffm.federation.warm``) and,
   with ``--cold``, rebuilt in every message's ClientApp process (node config ``warm = false``);
   the ServerApp's exchanges (``FlowerCalls.call``s) are counted;
 - ``GOT, simulation engine``: the same config (``run_on_flower``); ``GOT, in-process``;
@@ -47,6 +49,8 @@ CLIENTS = ["client-1", "client-2", "client-3"]
 ECHO_BYTES = 1000
 TIMEOUT_S = 300.0  # per exchange; a busy 2-core host starts a ClientApp in seconds
 POLL_ENV, POLL_S = "FLWR_SUPEREXEC_TASK_POLL_INTERVAL", 0.05
+IDLE_POLL_S = 0.1  # secureffm flower-supernode --idle-poll (its default)
+ECHOES = [(None, None), (None, POLL_S), (IDLE_POLL_S, POLL_S)]  # (idle poll, SuperExec poll)
 
 
 def echo_serve(node_config: dict, run_config: dict, state: bytes | None,
@@ -110,11 +114,12 @@ def node_configs(folder: Path, run) -> dict[str, dict]:
 
 
 def deployed(folder: Path, name: str, server_main: str, serve: str, run_config: dict,
-             timeout: float, poll: float | None = None, nodes: dict | None = None,
-             admit: str | None = None):
-    """What ``server_main`` returned from one run on a fresh deployment; ``poll``: the
-    SuperExecs' task poll interval in s (Flower's ``FLWR_SUPEREXEC_TASK_POLL_INTERVAL``; its
-    default is 1 s)."""
+             timeout: float, idle_poll: float | None, poll: float | None = None,
+             nodes: dict | None = None, admit: str | None = None):
+    """What ``server_main`` returned from one run on a fresh deployment; ``idle_poll``: the
+    SuperNodes' ``secureffm flower-supernode --idle-poll`` in s (None: Flower's own
+    ``flower-supernode``); ``poll``: the SuperExecs' task poll interval in s (Flower's
+    ``FLWR_SUPEREXEC_TASK_POLL_INTERVAL``; its default is 1 s)."""
     from secureffm.federation.flower import LocalDeployment
 
     before = os.environ.get(POLL_ENV)
@@ -123,7 +128,7 @@ def deployed(folder: Path, name: str, server_main: str, serve: str, run_config: 
     try:
         with LocalDeployment(server_main, serve, CLIENTS, node_config=nodes,
                              home=str(folder / name), start_timeout=TIMEOUT_S,
-                             admit=admit) as deployment:
+                             admit=admit, idle_poll=idle_poll) as deployment:
             return deployment.run(run_config, timeout=timeout)
     finally:
         os.environ.pop(POLL_ENV, None)
@@ -131,13 +136,22 @@ def deployed(folder: Path, name: str, server_main: str, serve: str, run_config: 
             os.environ[POLL_ENV] = before
 
 
-def echo(folder: Path, echoes: int, poll: float | None) -> list[float]:
-    return deployed(folder, f"echo-{poll}", f"{MODULE}:echo_main", f"{MODULE}:echo_serve",
-                    {"echoes": echoes}, TIMEOUT_S * (echoes + 1), poll)
+def echo(folder: Path, echoes: int, idle_poll: float | None, poll: float | None) -> list[float]:
+    return deployed(folder, f"echo-{idle_poll}-{poll}", f"{MODULE}:echo_main",
+                    f"{MODULE}:echo_serve", {"echoes": echoes}, TIMEOUT_S * (echoes + 1),
+                    idle_poll, poll)
+
+
+def echo_name(idle_poll: float | None, poll: float | None) -> str:
+    """An echo row's name: which SuperNode, which SuperExec poll."""
+    node = ("Flower's flower-supernode" if idle_poll is None else
+            f"secureffm flower-supernode --idle-poll {idle_poll}")
+    return f"echo, {node}, SuperExec poll {f'{poll} s' if poll else '1 s (default)'}"
 
 
 def got_deployed(folder: Path, rounds: int, warm: bool) -> dict:
-    """The GOT run on a deployment whose SuperExecs poll every POLL_S; ``warm``: each node's
+    """The GOT run on launched SuperNodes (``--idle-poll IDLE_POLL_S``) whose SuperExecs poll
+    every POLL_S; ``warm``: each node's
     client in its warm process (else rebuilt in every ClientApp process: ``warm = false``)."""
     from secureffm.runs.flower_node import run_config_of
 
@@ -147,7 +161,7 @@ def got_deployed(folder: Path, rounds: int, warm: bool) -> dict:
              for cid, node in node_configs(folder / f"{name}-nodes", run).items()}
     return deployed(folder, f"got-{name}", f"{MODULE}:counted_main",
                     "secureffm.runs.flower_node:serve", run_config_of(run, folder / "keys"),
-                    TIMEOUT_S * 20 * (rounds + 1), POLL_S, nodes,
+                    TIMEOUT_S * 20 * (rounds + 1), IDLE_POLL_S, POLL_S, nodes,
                     "secureffm.runs.flower_node:hello")
 
 
@@ -228,10 +242,10 @@ def measure(folder: Path, rounds: int, echoes: int, cold: bool) -> str:
     started, load = time.perf_counter(), os.getloadavg()[0]
     provision(folder / "keys", CLIENTS)
     floors = {}
-    for poll in (None, POLL_S):
-        _say(f"echo, SuperExec poll {poll or 'default'}")
-        floors[poll] = echo(folder, echoes, poll)
-        _say(f"  {[round(s, 2) for s in floors[poll]]}")
+    for idle_poll, poll in ECHOES:
+        _say(echo_name(idle_poll, poll))
+        floors[idle_poll, poll] = echo(folder, echoes, idle_poll, poll)
+        _say(f"  {[round(s, 2) for s in floors[idle_poll, poll]]}")
     runs = {}
     for warm in (True, False) if cold else (True,):
         _say(f"GOT deployed, {'warm' if warm else 'cold'}")
@@ -248,13 +262,12 @@ def measure(folder: Path, rounds: int, echoes: int, cold: bool) -> str:
     kept = on_loopback(folder, rounds, rebuild=False)
     count = len(runs[True]["exchanges"])
     per_round = count / rounds
-    floor = statistics.median(floors[POLL_S])
+    floor = statistics.median(floors[IDLE_POLL_S, POLL_S])
     engines = [*[(f"GOT, deployed, {'warm process' if warm else 'rebuilt per message'}",
                   run["metrics"]["seconds_per_round"]) for warm, run in runs.items()],
                ("GOT, simulation engine", simulation), ("GOT, in-process", inprocess)]
-    rows = [*[[f"echo, SuperExec poll {f'{poll} s' if poll else '1 s (default)'}", "",
-               f"{statistics.median(seconds):.2f}", "", ""]
-              for poll, seconds in floors.items()],
+    rows = [*[[echo_name(*key), "", f"{statistics.median(seconds):.2f}", "", ""]
+              for key, seconds in floors.items()],
             *[[name, f"{seconds:.2f}", f"{seconds / per_round:.2f}",
                f"{seconds / simulation:.1f}x", f"{seconds / per_round / floor:.2f}x"]
               for name, seconds in engines]]
@@ -264,6 +277,9 @@ def measure(folder: Path, rounds: int, echoes: int, cold: bool) -> str:
              ["3 nodes each rebuilt from bytes for the message, in this process",
               f"{statistics.median(rebuilt):.3f}"],
              ["3 nodes kept between messages, in this process", f"{statistics.median(kept):.3f}"]]
+    each = "; ".join(f"{echo_name(*key).removeprefix('echo, ')}: "
+                     f"{', '.join(f'{s:.2f}' for s in seconds)} s"
+                     for key, seconds in floors.items())
     return "\n".join([
         f"### A deployed round against the simulation engine, GOT under dp-secagg, "
         f"{len(CLIENTS)} clients",
@@ -273,11 +289,10 @@ def measure(folder: Path, rounds: int, echoes: int, cold: bool) -> str:
         f"average {load:.1f} at the start and {os.getloadavg()[0]:.1f} at the end; "
         f"{time.perf_counter() - started:.0f} s in all. GOT: {count} exchanges in {rounds} "
         f"round(s) ({per_round:.1f} a round); an engine's seconds per exchange are its seconds "
-        f"per round (training only) over that count; deployments with SuperExec poll "
-        f"{POLL_S} s; the last column over the echo at that poll. Echo: median of {echoes} "
-        f"calls of {ECHO_BYTES} bytes to each node (default poll: "
-        f"{', '.join(f'{s:.2f}' for s in floors[None])} s; poll {POLL_S} s: "
-        f"{', '.join(f'{s:.2f}' for s in floors[POLL_S])} s).",
+        f"per round (training only) over that count; GOT deployments on `secureffm "
+        f"flower-supernode --idle-poll {IDLE_POLL_S}` with SuperExec poll {POLL_S} s; the last "
+        f"column over the echo on the same. Echo: median of {echoes} calls of {ECHO_BYTES} "
+        f"bytes to each node ({each}).",
         "",
         markdown_table(["engine", "s / round", "s / exchange", "over simulation",
                         "exchange over echo"], rows),
