@@ -113,6 +113,18 @@ def test_the_cli_hands_flowers_arguments_to_flowers_own_parser(monkeypatch, caps
     assert "--idle-poll 0.001 s: give 0.05 to 3 s" in capsys.readouterr().err
 
 
+def test_its_help_loads_neither_flower_nor_torch():
+    """``secureffm flower-supernode --help`` (and ``secureffm --help``, which lists it) imports
+    only the launcher's constants; checked on sys.modules in a fresh interpreter."""
+    code = ("import sys\nfrom secureffm.cli import main\ntry:\n    main(['flower-supernode', "
+            "'--help'])\nexcept SystemExit:\n    pass\nprint(sorted(m for m in ('torch', "
+            "'numpy', 'flwr') if m in sys.modules))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          check=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert "--idle-poll SECONDS" in done.stdout
+    assert done.stdout.strip().splitlines()[-1] == "[]"
+
+
 @pytest.mark.parametrize(("argv", "found"), [
     (["/v/bin/python", "/v/bin/flower-supernode", "--insecure"], True),  # Flower's script
     (["/v/bin/flower-supernode", "--insecure"], True),
