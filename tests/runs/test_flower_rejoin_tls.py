@@ -62,7 +62,9 @@ def _until_online(deployment: LocalDeployment, online: int) -> None:
     """Wait until the SuperLink lists ``online`` nodes online (a killed node stays listed
     online until it misses its heartbeats, Flower: 2 x 30 s, and is not activated again
     before)."""
-    while sum(s == "online" for s in _nodes(deployment).values()) != online:
+    deadline = time.monotonic() + 900  # a guard against a hang, not a measured bound
+    while list((listed := _nodes(deployment)).values()).count("online") != online:
+        assert time.monotonic() < deadline, f"never {online} nodes online: {listed}"
         time.sleep(2)
 
 
@@ -79,12 +81,12 @@ def _audited(result: dict) -> None:
 @pytest.mark.slow
 def test_a_supernode_killed_under_tls_and_node_auth_comes_back_with_its_key_as_itself(
         tmp_path):
-    """Fault: a registered SuperNode killed while its client computes round 1's masked input,
-    then started again with its same registered key, over TLS. It is refused activation while
-    the SuperLink still lists it online, so it is started once the SuperLink lists it offline;
-    it then becomes the same Flower node (three nodes listed, all online: no fourth), rebuilds
-    its client from its sealed state on its own disk and is counted again in round 2; round 1
-    keeps the survivors' exact sum, and the log audits against the pin."""
+    """Adversary and fault: a client whose registered SuperNode dies while it computes round
+    1's masked input and is started again with its same registered key, over TLS. Started once
+    the SuperLink lists it offline (before, its key's node is not activated again: the next
+    test), it becomes the same Flower node (three node ids listed, all online: no fourth),
+    rebuilds its client from its sealed state on its own disk and is counted again in round 2;
+    round 1 keeps the survivors' exact sum, and the log audits against the pin."""
     pytest.importorskip("flwr")
     config, keys, nodes = _setup(tmp_path, rounds=2)
     hold = tmp_path / "held"
@@ -96,6 +98,7 @@ def test_a_supernode_killed_under_tls_and_node_auth_comes_back_with_its_key_as_i
                          admit="secureffm.runs.flower_node:hello") as deployment:
         out = deployment.submit(run_config_of(config, keys))
         while not hold.exists():
+            assert time.monotonic() - started < 1500, "round 1's masked input never came"
             time.sleep(0.5)
         before = _nodes(deployment)
         deployment.kill(VICTIM)
