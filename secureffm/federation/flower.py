@@ -719,7 +719,9 @@ class LocalDeployment:
     def restart(self, client: str) -> None:
         """Start ``client``'s SuperNode again after :meth:`kill`, with its node config as
         ``node_config`` holds it now: Flower sees a new node, which the server moves the
-        client to on its signed hello (:meth:`FlowerCalls.rejoin`)."""
+        client to on its signed hello (:meth:`FlowerCalls.rejoin`); with ``node_auth``, the
+        same node (its registered key), which the SuperLink activates only once it lists the
+        node offline (before, the SuperNode exits with Flower's code 305)."""
         self._start_node(client)
 
     def close(self) -> None:

@@ -12,7 +12,10 @@ for the SuperLink and each SuperNode's authentication key.
 
 Neither replaces our own keys (:mod:`~secureffm.federation.keyfiles`): every message of ours is
 signed with those. TLS hides the wire from others; node authentication keeps machines whose key
-the SuperLink's operator did not register from connecting (docs/flower.md).
+the SuperLink's operator did not register from connecting, and binds a node's Flower id to its
+key: a SuperNode started with a registered key is that node (a restarted one comes back as
+itself, once the SuperLink lists it offline), so whoever steals the key receives that node's
+messages, and is still refused by name for every reply its client did not sign (docs/flower.md).
 """
 
 from __future__ import annotations

@@ -8,7 +8,8 @@ and a name the certificate does not hold. Truths used: Python's ``ssl`` (OpenSSL
 over a local socket pair, and ``cryptography``'s OpenSSH key loader (what Flower reads).
 
 The deployment test (``slow``) plays a machine that is not a registered SuperNode against a
-real SuperLink and SuperNodes (:class:`~secureffm.federation.flower.LocalDeployment`).
+real SuperLink and SuperNodes (:class:`~secureffm.federation.flower.LocalDeployment`); one that
+holds a registered node's stolen key is played in tests/runs/test_flower_rejoin_tls.py.
 """
 
 from __future__ import annotations
