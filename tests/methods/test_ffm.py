@@ -367,10 +367,11 @@ def test_every_client_trains_from_the_broadcast_model(tmp_path):
         assert np.array_equal(replica.detach().numpy(), theta)
 
 
-def test_got_broadcasts_the_potential_at_set_up_and_after_each_dual_update(tmp_path):
-    """potential_every = 2 over rounds 1-4: dual updates in rounds 2 and 4, so the potential
-    goes to every client in round 0 (set-up), 2 and 4, and each copy is the potential the
-    server held then."""
+def test_got_requests_carry_the_potential_each_round_starts_with(tmp_path):
+    """potential_every = 2 over rounds 1-4: dual updates in rounds 2 and 4. Each round's
+    request carries to every client the potential the server held as the round started (no
+    set-up broadcast, none after a dual update: the next request carries it), and each
+    client's replica trains from that copy."""
     ffm = _ffm(tmp_path, method="got", sizes=(12, 20, 28), potential_every=2)
     held = {0: ffm.potential.flat()}
     for round_ in range(1, 5):
@@ -379,16 +380,18 @@ def test_got_broadcasts_the_potential_at_set_up_and_after_each_dual_update(tmp_p
     sent = [r for r in _records(ffm) if r["kind"] == "global_potential"]
     clients = [c.id for c in ffm.channel.clients]
     assert [(r["round"], r["recipient"]) for r in sent] == [
-        (round_, cid) for round_ in (0, 2, 4) for cid in clients]
+        (round_, cid) for round_ in range(1, 5) for cid in clients]
     for r in sent:
         assert r["sender"] == "server" and r["phase"] == "broadcast"
         assert r["sha256"] == hashlib.sha256(
-            serialize_payload({"phi": held[r["round"]]})).hexdigest()
+            serialize_payload({"phi": held[r["round"] - 1]})).hexdigest()
     assert not np.array_equal(held[2], held[0]) and np.array_equal(held[3], held[2])
     dual = {r["round"] for r in _records(ffm) if r["kind"] == "dual_update"}
     assert dual == {2, 4}
     for client in ffm.channel.clients:
-        assert np.array_equal(client.inbox["global_potential"]["phi"], held[4])
+        assert np.array_equal(client.inbox["global_potential"]["phi"], held[3])
+        replica = torch.nn.utils.parameters_to_vector(client.state["potential"].parameters())
+        assert np.array_equal(replica.detach().numpy(), held[3])
 
 
 def test_under_a_dp_stage_the_step_is_the_equal_weight_mean_of_the_uploads(tmp_path):
@@ -433,7 +436,7 @@ def test_an_aborted_aggregation_leaves_the_model_unchanged(tmp_path, method, abo
     assert not [r for r in _records(ffm) if r["phase"] == "upload"]
     if potential is not None:
         assert np.array_equal(ffm.potential.flat(), potential)
-        assert {r["round"] for r in _records(ffm) if r["kind"] == "global_potential"} == {0}
+        assert {r["round"] for r in _records(ffm) if r["kind"] == "global_potential"} == {1}
 
 
 @pytest.mark.parametrize("task", [
