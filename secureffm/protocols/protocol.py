@@ -201,7 +201,7 @@ class Protocol:
                 return (f"protocol {self.name!r} adds distributed noise to {part!r}, sized by "
                         "each kind's own quantization geometry, so its kinds are aggregated "
                         "one after another")
-        if not getattr(stage, "joins_kinds", False):
+        if not stage.joins_kinds:
             return (f"protocol {self.name!r}'s {stage.name!r} stage aggregates one kind at "
                     "a time")
         return None
