@@ -531,6 +531,9 @@ class FederatedFlowMatching:
         ``charged`` event, from which an audit recomputes epsilon."""
         if self.charges is not None:
             self.charges.charge(asked, kind, round_)
+        if self._pending is not None:  # charged: no longer pending
+            rest = tuple(k for k in self._pending[1] if k != kind)
+            self._pending = (self._pending[0], rest) if rest else None
 
     def charge_pending(self) -> None:
         """Charge the round's aggregations a stop cut short before their charge (Ctrl-C while
@@ -541,7 +544,6 @@ class FederatedFlowMatching:
             round_, kinds = self._pending
             for kind in kinds:
                 self._record(list(self.noise_multipliers), kind, round_)
-            self._pending = None
 
     # -- rounds --------------------------------------------------------------------------
 
@@ -566,7 +568,6 @@ class FederatedFlowMatching:
         results = self.channel.aggregate_many(round_, parts, self.weights, broadcast)
         for kind, result in results.items():
             self._record(result.asked, kind, round_)
-        self._pending = None
         report = RoundReport()
         models = {"gradient": (self.velocity, "loss", "last_loss"),
                   "dual_update": (self.potential, "dual", "last_dual")}
