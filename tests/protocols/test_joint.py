@@ -12,9 +12,11 @@ import numpy as np
 import pytest
 import torch
 
+from secureffm.audit import verify_run
 from secureffm.federation import Client, MessageLog
 from secureffm.federation.channel import Task
 from secureffm.federation.exchange import Request
+from secureffm.federation.faults import Fault, FaultPlan
 from secureffm.federation.joint import joint_task, joint_template
 from secureffm.protocols import load_protocol
 from secureffm.runs.scaffold import open_channel
@@ -46,14 +48,14 @@ def _inputs(n: int) -> dict[str, dict[str, np.ndarray]]:
                           for i in range(1, n + 1)} for kind in KINDS}
 
 
-def _federation(tmp_path: Path, protocol: str, n: int = 4):
+def _federation(tmp_path: Path, protocol: str, n: int = 4, faults: FaultPlan | None = None):
     """n clients whose program answers task ``t.<kind>`` with its input; the channel, its
     log, the inputs and the count of exchanges by round (the transport's own calls)."""
     inputs = _inputs(n)
     clients = [Client(f"client-{i}", torch.zeros(1, 2), torch.Generator().manual_seed(i))
                for i in range(1, n + 1)]
     log = MessageLog(tmp_path / "messages.jsonl")
-    channel = open_channel(load_protocol(protocol), clients, log,
+    channel = open_channel(load_protocol(protocol), clients, log, faults,
                            program=lambda client, task: {"x": inputs[task.name][client.id]})
     counts: Counter[int] = Counter()
     exchange = channel.transport.exchange
@@ -98,6 +100,25 @@ def test_one_secure_aggregation_gives_each_kind_its_own_mean(tmp_path):
         ("aggregated", "gradient"), ("aggregated", "dual_update")]
     assert all(c.inbox["global_model"]["theta"].tolist() == [1.0, 1.0]
                for c in channel.clients)
+
+
+def test_an_aborted_joint_aggregation_logs_each_kinds_abort(tmp_path):
+    """Three of four clients go offline at the masked input: the joint aggregation aborts,
+    the server logs each dropped client once and an ``aborted`` event per kind (naming it in
+    ``of_kind``), and the closed log verifies."""
+    spec = _spec(tmp_path, {**SECAGG, "protects": list(KINDS)})
+    plan = FaultPlan("drop", tuple(Fault("drop", f"client-{i}", "masked_input", (1,))
+                                   for i in (2, 3, 4)))
+    channel, log, _, _ = _federation(tmp_path, spec, faults=plan)
+    out = channel.aggregate_many(1, _parts(), dict.fromkeys([c.id for c in channel.clients],
+                                                            1.0))
+    assert out["gradient"].payload is None and out["dual_update"].payload is None
+    assert out["gradient"].reason == out["dual_update"].reason
+    assert [(e["event"], e["party"], e.get("of_kind")) for e in log.events] == [
+        ("dropped", f"client-{i}", None) for i in (2, 3, 4)] + [
+        ("aborted", "*", "gradient"), ("aborted", "*", "dual_update")]
+    channel.close()
+    assert verify_run(tmp_path).ok
 
 
 @pytest.mark.parametrize("stages, why", [
