@@ -129,7 +129,8 @@ def test_an_aborted_joint_aggregation_logs_each_kinds_abort(tmp_path):
 def test_kinds_protected_differently_are_aggregated_one_after_another(tmp_path, stages, why):
     """Where the protocol does not protect the kinds alike (one in the clear, DP on one only,
     a stage that aggregates one kind at a time), aggregate_many runs one aggregation per kind,
-    each message of its own kind, and :meth:`Protocol.joint_refusal` says why."""
+    each message of its own kind, and
+    :meth:`~secureffm.protocols.protocol.Protocol.joint_refusal` says why."""
     spec = _spec(tmp_path, *stages)
     assert why in load_protocol(spec).joint_refusal("gradient+dual_update")
     channel, log, inputs, _ = _federation(tmp_path, spec, n=3)
