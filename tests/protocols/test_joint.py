@@ -204,3 +204,18 @@ def test_a_client_computes_only_the_parts_its_joint_kind_names(tmp_path, kind, c
     refusals = [e for e in log.events if e["event"] == "rejected" and e["sender"] in ids]
     assert sorted(e["sender"] for e in refusals) == ids
     assert all(why in e["detail"] for e in refusals)
+
+
+def test_a_client_never_uploads_a_joint_kind_in_the_clear(tmp_path):
+    """Adversary: a server asking a plaintext client to upload a joint payload (one upload
+    that carries both kinds, outside any aggregation). The client refuses by name and
+    computes nothing: a joint kind exists only to be aggregated."""
+    channel, _, _, _ = _federation(tmp_path, "plaintext", n=2)
+    compute = joint_task({kind: Task(f"t.{kind}") for kind in KINDS})
+    reply = channel.endpoints["client-1"](Request(1, "gradient+dual_update", "upload", "upload",
+                                                  "upload", (), None, {"compute": compute}),
+                                          None)
+    assert reply.envelope is None
+    [event] = reply.events
+    assert "refused to send its gradient+dual_update on its own" in event["detail"]
+    assert "never sent one by one" in event["detail"]
