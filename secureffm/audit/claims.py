@@ -47,6 +47,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import MessageError, ProtocolError, SecureFFMError
+from ..federation.joint import kind_parts
 from ..federation.log import PARTIES_FILE, PAYLOADS_FILE
 from ..federation.message import RELAY_PHASE, SERVER, deserialize_payload
 from ..federation.pin import RunPin, load_parties
@@ -206,7 +207,8 @@ def _hidden(log: _Log, adversary: Adversary) -> Verdict:
     classes = {cls.name: cls for cls in stage_classes()}
     for record in log.messages:
         author = record.get("origin") or record["sender"]
-        if record["kind"] not in adversary.must_not_see or author == SERVER:
+        if not set(kind_parts(record["kind"])) & set(adversary.must_not_see) or (
+                author == SERVER):
             continue
         checked += 1
         readers, why = _readers(record, gathered, classes)
@@ -349,10 +351,11 @@ def _uncharged(log: _Log, ledger: PrivacyLedger) -> list[str]:
     """Client inputs to an aggregation (of a kind the ledger charges) that no entry covers."""
     covered = {(e.round, e.kind, e.client) for e in ledger.entries}
     kinds, phases = {e.kind for e in ledger.entries}, input_phases()
-    return [f"record {r['seq']}: {r['sender']}'s round-{r['round']} {r['kind']} input is in "
+    return [f"record {r['seq']}: {r['sender']}'s round-{r['round']} {kind} input is in "
             "no charged record" for r in log.messages
-            if r["phase"] in phases and r["recipient"] == SERVER and r["kind"] in kinds
-            and (r["round"], r["kind"], r["sender"]) not in covered]
+            if r["phase"] in phases and r["recipient"] == SERVER
+            for kind in kind_parts(r["kind"])  # a joint input: each part's
+            if kind in kinds and (r["round"], kind, r["sender"]) not in covered]
 
 
 def _stated(run_dir: Path) -> str:

@@ -11,7 +11,8 @@ is a run the protocols could have produced. The first broken rule is named:
   server: a centralized run) and its ``records`` equals the records before it;
 - every client in an ``aggregated`` event's ``included`` sent its input of that kind to the
   server in that round (in its aggregate stage's ``input_phase``, ``masked_input`` under
-  secure aggregation, or ``upload``: :func:`secureffm.protocols.protocol.input_phases`);
+  secure aggregation, or ``upload``: :func:`secureffm.protocols.protocol.input_phases`); an
+  input of a joint kind ("gradient+dual_update", one aggregation of both) counts for each part;
 - the server's public broadcasts (:data:`PUBLIC_KINDS` in the clear, phase ``broadcast``) of one
   kind in one round carry the same bytes (sha256) to every client: a server that sends one
   client another model (to isolate its update in a sum) breaks it;
@@ -25,6 +26,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from ..federation.joint import kind_parts
 from ..federation.message import SERVER
 from ..protocols.protocol import input_phases, stage_classes
 
@@ -66,8 +68,8 @@ class ProtocolRules:
             problem = problem or rules.check(record, payload)
         if problem is None and record["kind"] != "event" and (
                 record["phase"] in self._input_phases and record["recipient"] == SERVER):
-            self._inputs.setdefault((record["round"], record["kind"]), set()).add(
-                record["sender"])
+            for kind in kind_parts(record["kind"]):  # a joint input is each part's
+                self._inputs.setdefault((record["round"], kind), set()).add(record["sender"])
         return problem
 
     def status(self) -> dict[str, str]:

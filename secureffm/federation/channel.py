@@ -21,7 +21,7 @@ from .message import Payload
 from .parties import Client
 
 __all__ = ["Channel", "Aggregate", "Template", "Compute", "Task", "TaskRefused", "task_count",
-           "Program"]
+           "Program", "Part"]
 
 
 @dataclass(frozen=True)
@@ -59,6 +59,9 @@ Template = dict[str, tuple[tuple[int, ...], np.dtype]]
 # A client-side computation: the payload one client contributes. A Task names one the
 # client's own program runs (any engine); a callable on the client runs only in-process.
 Compute = Task | Callable[[Client], Payload]
+# One kind's part of :meth:`Channel.aggregate_many`: what each client computes, the template it
+# matches, and each client's share of distributed DP noise (None without).
+Part = tuple[Compute, Template, DistributedNoise | None]
 
 
 @dataclass
@@ -94,6 +97,13 @@ class Channel(Protocol):
         ``noise``: each client's share of distributed DP noise, when the protocol asks for it;
         ``broadcast``: kind -> payload the server publishes to the clients asked to compute,
         as :meth:`broadcast` does, carried by the request that asks them."""
+
+    def aggregate_many(self, round_: int, parts: dict[str, Part], weights: dict[str, float],
+                       broadcast: dict[str, Payload] | None = None) -> dict[str, Aggregate]:
+        """:meth:`aggregate` of each kind of ``parts`` (kind -> its part), in order: in one
+        aggregation of their joint payload where the protocol protects them alike and its
+        aggregating stage can, else one aggregation after another (``broadcast`` with the
+        first). Returns kind -> what the server obtained of it."""
 
     def send(self, round_: int, phase: str, kind: str, sender: str, recipient: str,
              payload: Payload | Compute) -> Payload | None:

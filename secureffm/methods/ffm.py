@@ -439,7 +439,8 @@ class FederatedFlowMatching:
         self.distributed = self.dp is not None and self.dp.noise == "distributed"
         self.noise: dict[str, DistributedNoise] = {}
         self.charges: ServerLedger | None = None  # the DP ledger the server charges (None: no DP)
-        self._pending: tuple[int, str] | None = None  # the aggregation not charged yet
+        # the round and kinds aggregated but not charged yet
+        self._pending: tuple[int, tuple[str, ...]] | None = None
         self.applied = 0  # the last round whose update the models hold
         self._applying = False  # an optimizer step is under way (the state is mixed)
         if self.distributed:
@@ -448,8 +449,6 @@ class FederatedFlowMatching:
             sigma = local_noise_multiplier(settings, dp)
             self.charges = ServerLedger(dp, self.rate, {c.id: sigma for c in channel.clients},
                                        note=channel.note)
-        if self.potential is not None:
-            self.channel.broadcast(0, "global_potential", {"phi": self.potential.flat()})
 
     # -- set-up --------------------------------------------------------------------------
 
@@ -532,48 +531,53 @@ class FederatedFlowMatching:
         ``charged`` event, from which an audit recomputes epsilon."""
         if self.charges is not None:
             self.charges.charge(asked, kind, round_)
-        self._pending = None
+        if self._pending is not None:  # charged: no longer pending
+            rest = tuple(k for k in self._pending[1] if k != kind)
+            self._pending = (self._pending[0], rest) if rest else None
 
     def charge_pending(self) -> None:
-        """Charge the aggregation a stop cut short before its charge (Ctrl-C while the clients'
-        inputs were on their way): every client, since each may have sent its input, which
-        only overstates. Nothing when no aggregation is open."""
+        """Charge the round's aggregations a stop cut short before their charge (Ctrl-C while
+        the clients' inputs were on their way): every kind of the round, to every client,
+        since each may have sent its input, which only overstates. Nothing when no
+        aggregation is open."""
         if self._pending is not None:
-            round_, kind = self._pending
-            self._record(list(self.noise_multipliers), kind, round_)
+            round_, kinds = self._pending
+            for kind in kinds:
+                self._record(list(self.noise_multipliers), kind, round_)
 
     # -- rounds --------------------------------------------------------------------------
 
     def train_round(self, round_: int) -> RoundReport:
         """One communication round: its aborted aggregations (the model then stays put) and
-        the clients' mean ``loss`` and ``dual`` (the in-process simulator's view, without DP)."""
-        self._pending = (round_, "gradient")
-        update = self.channel.aggregate(round_, "gradient",
-                                        Task("ffm.velocity", {"round": round_}),
-                                        self.weights, _template(self.velocity),
-                                        self.noise.get("gradient"),
-                                        broadcast={"global_model": {"theta": self.velocity.flat()}})
-        self._record(update.asked, "gradient", round_)
+        the clients' mean ``loss`` and ``dual`` (the in-process simulator's view, without DP).
+
+        The request carries theta and (GOT) phi as the round starts; in GOT's dual rounds the
+        velocity gradient and the dual update are aggregated together
+        (:meth:`Channel.aggregate_many`: one secure aggregation where the protocol allows):
+        neither reads the other's update, both read the broadcast models. Each kind is
+        charged to the ledger on its own."""
+        parts = {"gradient": (Task("ffm.velocity", {"round": round_}), _template(self.velocity),
+                              self.noise.get("gradient"))}
+        broadcast = {"global_model": {"theta": self.velocity.flat()}}
+        if self.potential is not None:
+            broadcast["global_potential"] = {"phi": self.potential.flat()}
+            if self.settings.dual_round(round_):
+                parts["dual_update"] = (Task("ffm.dual", {"round": round_}),
+                                        _template(self.potential), self.noise.get("dual_update"))
+        self._pending = (round_, tuple(parts))
+        results = self.channel.aggregate_many(round_, parts, self.weights, broadcast)
+        for kind, result in results.items():
+            self._record(result.asked, kind, round_)
         report = RoundReport()
-        if update.payload is not None:
-            self._apply(self.velocity, update.payload["gradient"], round_)
-            self._diagnose(report, "loss", "last_loss", update.included)
-        else:
-            report.aborted += 1
-        if self.potential is not None and self.settings.dual_round(round_):
-            self._pending = (round_, "dual_update")
-            dual = self.channel.aggregate(round_, "dual_update",
-                                          Task("ffm.dual", {"round": round_}),
-                                          self.weights, _template(self.potential),
-                                          self.noise.get("dual_update"))
-            self._record(dual.asked, "dual_update", round_)
-            if dual.payload is not None:
-                self._apply(self.potential, dual.payload["gradient"], round_)
-                self.channel.broadcast(round_, "global_potential",
-                                       {"phi": self.potential.flat()})
-                self._diagnose(report, "dual", "last_dual", dual.included)
-            else:
+        models = {"gradient": (self.velocity, "loss", "last_loss"),
+                  "dual_update": (self.potential, "dual", "last_dual")}
+        for kind, result in results.items():
+            model, name, key = models[kind]
+            if result.payload is None:
                 report.aborted += 1
+                continue
+            self._apply(model, result.payload["gradient"], round_)
+            self._diagnose(report, name, key, result.included)
         return report
 
     def _apply(self, model: GlobalModel, gradient: np.ndarray, round_: int) -> None:
@@ -607,14 +611,14 @@ class FederatedFlowMatching:
             state["ledger"] = self.ledger.state_dict()
         return state
 
-    def load_state_dict(self, state: dict, round_: int,
+    def load_state_dict(self, state: dict,
                         charged: list[list[LedgerEntry]] | None = None) -> None:
-        """Continue after round ``round_`` from :meth:`state_dict`'s ``state`` (a checkpoint of
+        """Continue from :meth:`state_dict`'s ``state`` (a checkpoint of
         the same settings): the models, their optimizers and EMA. ``charged``: what the
         continued run's log charged, one list per ``charged`` record (every round it released,
         also after its checkpoint), recorded in the ledger and signed into this run's log, so
-        the privacy spent before counts. The clients load the broadcast parameters in their
-        next task; the potential is broadcast again here."""
+        the privacy spent before counts. The clients load the models the next round's request
+        carries."""
         pairs = [(self.velocity, state["velocity"])]
         if self.potential is not None:
             pairs.append((self.potential, state["potential"]))
@@ -623,5 +627,3 @@ class FederatedFlowMatching:
         if self.charges is not None:
             for entries in charged or ():
                 self.charges.record(entries)
-        if self.potential is not None:
-            self.channel.broadcast(round_, "global_potential", {"phi": self.potential.flat()})

@@ -12,10 +12,12 @@ carries signed bytes and holds no private key.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 
 from ..errors import MessageError, ProtocolError
-from ..federation.channel import Aggregate, Compute, Program, Template
+from ..federation.channel import Aggregate, Compute, Part, Program, Task, Template
 from ..federation.faults import FaultPlan
+from ..federation.joint import joint_kind, joint_task, joint_template, split_payload
 from ..federation.message import (
     RELAY_PHASE,
     SERVER,
@@ -98,6 +100,48 @@ class ProtectedChannel:
         if (noise is not None) != bool(settings and settings.noise == "distributed"):
             raise ProtocolError(f"kind {kind!r}: distributed noise parameters must be given "
                                 "exactly when the protocol's dp stage uses distributed noise")
+        link, result = self._aggregate(round_, kind, compute, weights, template, noise,
+                                       broadcast)
+        self._outcome(link, result, kind)
+        return result
+
+    def aggregate_many(self, round_: int, parts: dict[str, Part], weights: dict[str, float],
+                       broadcast: dict[str, Payload] | None = None) -> dict[str, Aggregate]:
+        """See :meth:`.Channel.aggregate_many`. One aggregation of the joint kind
+        (:mod:`~secureffm.federation.joint`) when every part's computation is a
+        :class:`~secureffm.federation.channel.Task` and the protocol aggregates the parts at
+        once (:meth:`~.protocol.Protocol.joint_refusal`: the same stage that ``joins_kinds``,
+        the same client stages, no distributed noise); each client then runs every part's
+        task, each admitted and privatized by its own program on its own. The log keeps
+        each part's outcome: an ``aborted`` (with ``of_kind``) or ``aggregated`` event per
+        part. Otherwise the parts are aggregated one after another."""
+        kind = joint_kind(parts)
+        tasks = {part: compute for part, (compute, _, _) in parts.items()}
+        if (len(parts) < 2 or self.protocol.joint_refusal(kind) is not None
+                or not all(isinstance(task, Task) for task in tasks.values())
+                or any(noise is not None for _, _, noise in parts.values())):
+            out = {}
+            for part, (compute, template, noise) in parts.items():
+                out[part] = self.aggregate(round_, part, compute, weights, template, noise,
+                                           broadcast)
+                broadcast = None  # it travelled with the first
+            return out
+        templates = {part: template for part, (_, template, _) in parts.items()}
+        link, result = self._aggregate(round_, kind, joint_task(tasks), weights,
+                                       joint_template(templates), None, broadcast)
+        split = (split_payload(result.payload, templates) if result.payload is not None
+                 else dict.fromkeys(parts))
+        out = {part: replace(result, payload=split[part]) for part in parts}
+        self._dropped(link, result)
+        for part in parts:
+            self._outcome(link, out[part], part, dropped=False)
+        return out
+
+    def _aggregate(self, round_: int, kind: str, compute: Compute, weights: dict[str, float],
+                   template: Template, noise: DistributedNoise | None,
+                   broadcast: dict[str, Payload] | None) -> tuple[Link, Aggregate]:
+        """One run of ``kind``'s aggregating stage (in the clear without one), ``broadcast``
+        carried by its first request to compute, or sent alone when it ended before."""
         prior = self.protocol.client_stages(kind)
         stage = self.protocol.aggregator(kind)
         link = self._link(round_, kind, (*prior, stage.name) if stage else prior)
@@ -110,15 +154,27 @@ class ProtectedChannel:
         if link.carry:  # the stage ended before its first exchange: they travel alone
             for name, payload in (broadcast or {}).items():
                 self.broadcast(round_, name, payload)
+        return link, result
+
+    @staticmethod
+    def _dropped(link: Link, result: Aggregate) -> None:
         for client_id, why in result.dropped.items():
             link.event("aggregate", "dropped", client_id, why)
+
+    def _outcome(self, link: Link, result: Aggregate, of_kind: str,
+                 dropped: bool = True) -> None:
+        """The server's events closing one kind's aggregation: each ``dropped`` client (when
+        ``dropped``), then ``aborted`` (with ``of_kind`` when the link's kind is joint) or
+        ``aggregated``."""
+        if dropped:
+            self._dropped(link, result)
         if result.payload is None:
-            link.event("aggregate", "aborted", "*", result.reason)
+            link.event("aggregate", "aborted", "*", result.reason,
+                       fields={"of_kind": of_kind} if of_kind != link.kind else None)
         else:
             link.event("aggregate", "aggregated", "*",
                        f"{len(result.included)} of {len(self.clients)} clients counted",
-                       fields={"included": list(result.included), "of_kind": kind})
-        return result
+                       fields={"included": list(result.included), "of_kind": of_kind})
 
     def noise_geometry(self, kind: str, weights: dict[str, float],
                        sensitivity: dict[str, float], size: int) -> NoiseGeometry | None:

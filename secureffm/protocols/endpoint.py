@@ -6,7 +6,9 @@ checks that message on receipt with its own pinned keys, runs the handler the re
 (its action table: the base actions, :data:`BASE_ACTIONS`, and the ``client_actions`` of its
 own protocol's stages, each for the kinds that stage protects) with its own keys, data and
 state, and answers one signed reply and the events it signed. An action outside that table is
-refused in a signed ``rejected`` event before any handler runs. Nothing of the client (keys,
+refused in a signed ``rejected`` event before any handler runs, and so is a stage's action for
+a joint kind its own protocol does not aggregate at once (:meth:`~.protocol.Protocol.
+joint_refusal`). Nothing of the client (keys,
 shard, sessions) leaves it except through that reply.
 """
 
@@ -20,6 +22,7 @@ from typing import Any
 from ..errors import MessageError, ProtocolError
 from ..federation.channel import Program, TaskRefused
 from ..federation.exchange import Incoming, Receipts, Reply, Request, late_refusal
+from ..federation.joint import is_joint, kind_parts
 from ..federation.message import SERVER, deserialize_payload, serialize_payload
 from ..federation.parties import Client, Registry
 from ..privacy.settings import DistributedNoise
@@ -117,6 +120,13 @@ class ClientEndpoint:
         refused it (an action no stage of its own protocol offers for the request's kind)."""
         action, kind = step.request.action, step.request.kind
         handler, kinds = self.actions.get(action, (None, frozenset()))
+        if handler is not None and kinds is not None and is_joint(kind):
+            refusal = self.protocol.joint_refusal(kind)
+            if refusal is None and set(kind_parts(kind)) <= kinds:
+                return handler
+            step.reject(SERVER, f"{self.client.id} refused action {action!r} for the joint "
+                        f"{kind}: {refusal or 'no stage of its protocol runs it for every part'}")
+            return None
         if handler is not None and (kinds is None or kind in kinds):
             return handler
         step.reject(SERVER, f"{self.client.id} refused action {action!r} for {kind}: no stage "

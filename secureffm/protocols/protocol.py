@@ -5,7 +5,9 @@ it, and the DP settings and randomized-t protections its senders must compute wi
 Every stage has a ``role`` (:mod:`.stage`): ``client`` (it changes how a client computes a
 message, as DP-SGD or randomized t do; it sends nothing), ``aggregate`` (the server obtains
 only a sum, as with secure aggregation) or ``seal`` (individual messages are encrypted end
-to end). A kind no aggregation stage protects is aggregated in the clear. The messages
+to end). A kind no aggregation stage protects is aggregated in the clear. A joint kind
+(:mod:`~secureffm.federation.joint`, "gradient+dual_update") is one aggregation of its parts,
+allowed only where :meth:`Protocol.joint_refusal` finds nothing to refuse. The messages
 themselves go through :class:`~secureffm.protocols.channel.ProtectedChannel`.
 """
 
@@ -15,6 +17,7 @@ import functools
 from typing import cast
 
 from ..errors import ProtocolError
+from ..federation.joint import is_joint, kind_parts
 from ..federation.memory import register_memory
 from ..federation.message import RELAY_PHASE
 from ..privacy.settings import DPSettings, GeodesicPrivacy, NoiseGeometry
@@ -162,8 +165,46 @@ class Protocol:
         return None
 
     def client_stages(self, kind: str) -> tuple[str, ...]:
-        """Names of the client-side stages (DP, randomized t) that shaped a ``kind`` message."""
-        return tuple(s.name for s in self.stages if s.role == "client" and kind in s.protects)
+        """Names of the client-side stages (DP, randomized t) that shaped a ``kind`` message
+        (of a joint kind: those that shaped every part)."""
+        return tuple(s.name for s in self.stages if s.role == "client"
+                     and set(kind_parts(kind)) <= set(s.protects))
+
+    def joint_refusal(self, kind: str) -> str | None:
+        """Why this protocol does not aggregate the joint ``kind``'s parts in one aggregation,
+        in words, or None when it does: two or more distinct kinds, each aggregated by the
+        same stage that can aggregate several kinds at once (``joins_kinds``), shaped by the
+        same client stages, and none with distributed noise (whose share is sized by each
+        kind's own quantization geometry). Each part then keeps its own protection: a joint
+        request cannot release a kind outside it, nor one kind twice."""
+        parts = kind_parts(kind)
+        if len(parts) < 2:
+            return f"a joint aggregation names two or more kinds, not {kind!r}"
+        repeated = next((part for i, part in enumerate(parts) if part in parts[:i]), None)
+        if repeated is not None:
+            return f"it names {repeated!r} twice (each kind is released once per aggregation)"
+        stage, shaped = self._by_kind.get(parts[0]), self.client_stages(parts[0])
+        for part in parts:
+            own = self._by_kind.get(part)
+            if own is None:
+                return (f"protocol {self.name!r} aggregates {part!r} in the clear, so it "
+                        "joins no secure aggregation")
+            if own is not stage:
+                return (f"protocol {self.name!r} aggregates {part!r} with another stage than "
+                        f"{parts[0]!r}")
+            if self.client_stages(part) != shaped:
+                return (f"protocol {self.name!r} shapes {part!r} with client stages "
+                        f"{list(self.client_stages(part))}, {parts[0]!r} with {list(shaped)}: "
+                        "each kind keeps its own protection")
+            settings = self.dp_for(part)
+            if settings is not None and settings.noise == "distributed":
+                return (f"protocol {self.name!r} adds distributed noise to {part!r}, sized by "
+                        "each kind's own quantization geometry, so its kinds are aggregated "
+                        "one after another")
+        if not stage.joins_kinds:
+            return (f"protocol {self.name!r}'s {stage.name!r} stage aggregates one kind at "
+                    "a time")
+        return None
 
     def validate_for(self, clients: int) -> None:
         """Reject parameters impossible for ``clients`` clients (threshold, modulus)."""
@@ -171,8 +212,10 @@ class Protocol:
             stage.validate_for(clients)
 
     def dp_for(self, kind: str) -> DPSettings | None:
-        """The DP settings clients must train ``kind`` updates with, or None."""
-        return self.dp.settings if self.dp and kind in self.dp.protects else None
+        """The DP settings clients must train ``kind`` updates with (of a joint kind: every
+        part's), or None."""
+        covered = self.dp is not None and set(kind_parts(kind)) <= set(self.dp.protects)
+        return self.dp.settings if covered else None
 
     def check_protects_any(self, kinds: tuple[str, ...], sender: str) -> None:
         """Refuse a protocol with stages of which none protects any of ``kinds`` (every kind
@@ -212,7 +255,11 @@ class Protocol:
                                                   settings.colluders)
 
     def aggregator(self, kind: str) -> AggregateStage | None:
-        """The aggregate stage protecting ``kind``, or None (aggregated in the clear)."""
+        """The aggregate stage protecting ``kind``, or None (aggregated in the clear); of a
+        joint kind, the stage aggregating its parts at once, or None when
+        :meth:`joint_refusal` refuses it."""
+        if is_joint(kind):
+            return None if self.joint_refusal(kind) else self._by_kind[kind_parts(kind)[0]]
         return self._by_kind.get(kind)
 
     def sealer(self, kind: str) -> SealStage | None:
@@ -227,7 +274,11 @@ class Protocol:
                                                           stage.noise_std)
 
     def check_individual(self, kind: str) -> None:
-        """Refuse sending ``kind`` one by one when an aggregate stage protects it."""
+        """Refuse sending ``kind`` one by one when an aggregate stage protects it, and a joint
+        kind always (it exists only to be aggregated)."""
+        if is_joint(kind):
+            raise ProtocolError(f"kind {kind!r} joins several kinds in one aggregation; it is "
+                                "never sent one by one")
         if kind in self._by_kind:
             raise ProtocolError(
                 f"kind {kind!r} is protected by the {self._by_kind[kind].name!r} stage of "

@@ -55,8 +55,10 @@ class Stage(Protocol):
     the kinds it ``can_protect`` and those it ``protects`` in this spec, the ``memory``
     codecs of the entries it keeps in a client's memory, its ``client_actions`` (action name
     -> a client's handler, :data:`~.step.Handler`: the steps its clients run, by the name a
-    request's action gives) and whether it ``carries_distributed_noise`` (a dp stage's
-    ``noise = "distributed"`` holds only on kinds such a stage aggregates)."""
+    request's action gives), whether it ``carries_distributed_noise`` (a dp stage's
+    ``noise = "distributed"`` holds only on kinds such a stage aggregates) and whether it
+    ``joins_kinds`` (an aggregate stage that aggregates several kinds' concatenated payload
+    in one run of its phases, :meth:`~.protocol.Protocol.joint_refusal`)."""
 
     name: str
     role: str
@@ -66,6 +68,7 @@ class Stage(Protocol):
     memory: tuple[MemoryCodec, ...]
     client_actions: Mapping[str, Callable]
     carries_distributed_noise: bool
+    joins_kinds: bool
 
     @classmethod
     def from_table(cls, table: dict, source: str) -> Stage:
@@ -105,11 +108,12 @@ class StageDefaults:
     """What a stage says where it has nothing to add (a base class its own statements
     override): no exclusions, no readers of its own (its messages stay as readable as they
     were), no client memory, no client actions, no distributed noise, no audit rules, no
-    parameters for the audit to judge."""
+    parameters for the audit to judge, no joint aggregation."""
 
     memory: tuple[MemoryCodec, ...] = ()
     client_actions: Mapping[str, Callable] = MappingProxyType({})
     carries_distributed_noise = False
+    joins_kinds = False
 
     def exclusions(self, kinds: tuple[str, ...]) -> tuple[str, ...]:
         return ()
@@ -178,3 +182,6 @@ class StagedProtocol(Protocol):
 
     def check_individual(self, kind: str) -> None:
         """Refuse sending ``kind`` one by one when an aggregate stage protects it."""
+
+    def joint_refusal(self, kind: str) -> str | None:
+        """Why it does not aggregate the joint ``kind``'s parts at once, or None."""

@@ -9,8 +9,9 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from ..errors import ProtocolError
-from ..federation.channel import Program, Task
+from ..federation.channel import Program, Task, TaskRefused
 from ..federation.exchange import Request
+from ..federation.joint import JOINT_TASK, is_joint, joint_payload, task_parts
 from ..federation.message import SERVER, Payload
 from ..federation.parties import Client, Registry
 from ..privacy.settings import DistributedNoise
@@ -71,8 +72,19 @@ class Step:
     def compute(self) -> Payload:
         """The payload of the method's client computation named in ``args["compute"]`` (a
         :class:`Task` the client's program runs, or, in-process only, a callable on the
-        client)."""
-        compute = self.args["compute"]
+        client). For a joint kind, a joint task: each part's task run in turn by the program
+        (which admits and privatizes each on its own), their payloads joined
+        (:mod:`~secureffm.federation.joint`); a joint task for another kind is refused."""
+        compute, kind = self.args["compute"], self.request.kind
+        if is_joint(kind):
+            parts = task_parts(self.client.id, compute, kind)
+            return joint_payload({part: self._run(task) for part, task in parts.items()})
+        if isinstance(compute, Task) and compute.name == JOINT_TASK:
+            raise TaskRefused(f"{self.client.id} refused a {JOINT_TASK!r} task for the single "
+                              f"kind {kind}")
+        return self._run(compute)
+
+    def _run(self, compute) -> Payload:
         if isinstance(compute, Task):
             if self.endpoint.program is None:
                 raise ProtocolError(f"{self.client.id} has no program to run task "

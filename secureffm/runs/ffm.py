@@ -262,7 +262,7 @@ def run_ffm(config: RunConfig, connect: Connect | None = None) -> RunResult:
             pair, shards, trainer = build_run(config, device, log, connect, out)
             first = 1
             if resumed is not None:
-                trainer.load_state_dict(resumed.checkpoint["state"], resumed.round, resumed.charged)
+                trainer.load_state_dict(resumed.checkpoint["state"], resumed.charged)
                 first = resumed.round + 1
                 progress.completed = resumed.round
             periodic = (_Periodic(config, out, pair, trainer, device, progress) if config.images

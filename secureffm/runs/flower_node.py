@@ -44,6 +44,7 @@ from ..errors import ConfigError, PolicyError, SecureFFMError
 from ..federation.codec import decode_request, encode_reply
 from ..federation.exchange import Incoming, Reply, Request
 from ..federation.flower import client_id
+from ..federation.joint import kind_parts
 from ..federation.journal import Journal
 from ..federation.keyfiles import load_party_keys, load_registry
 from ..federation.message import SERVER
@@ -389,7 +390,7 @@ def _outside(policy: Policy | None, request: Request, held: int = -1) -> str:
                 f"have dropped from, only from round {held + 1} on")
     if policy is None:
         return ""
-    if request.kind not in policy.kinds:
+    if not set(kind_parts(request.kind)) <= set(policy.kinds):  # a joint kind: each part
         return f"answers only {', '.join(policy.kinds)}"
     if policy.last_round is not None and request.round > policy.last_round:
         return f"answers no round past {policy.last_round}"

@@ -21,8 +21,8 @@ from secureffm.protocols.channel import ProtectedChannel
 from secureffm.runs.scaffold import open_channel
 
 # Every method a method may call; the test below also finds any added later.
-EXPECTED = {"broadcast", "aggregate", "send", "all_gather", "noise_geometry", "equal_weights",
-            "note", "close"}
+EXPECTED = {"broadcast", "aggregate", "aggregate_many", "send", "all_gather", "noise_geometry",
+            "equal_weights", "note", "close"}
 
 
 def channel_methods() -> dict[str, typing.Callable]:

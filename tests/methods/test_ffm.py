@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import tempfile
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -31,6 +32,7 @@ from secureffm.methods.ffm import (
     FederatedFlowMatching,
     FFMClient,
     FFMSettings,
+    _template,
     client_weights,
     velocity_gradient,
 )
@@ -267,6 +269,76 @@ def test_under_dp_q_is_batch_over_the_nominal_shard_size_and_the_ledger_has_each
         assert ffm.client_epsilon(client.id, 1.0, 2) == pytest.approx(expected, rel=1e-9)
 
 
+def _count_exchanges(ffm) -> Counter:
+    """Round -> the transport's exchanges in it (each a request to every client asked, and
+    their replies), counted as the transport makes them from now on."""
+    counts: Counter[int] = Counter()
+    transport = ffm.channel.transport
+    exchange = transport.exchange
+
+    def counted(requests, endpoints=None):
+        counts[next(iter(requests.values())).round] += 1
+        return exchange(requests, endpoints)
+
+    transport.exchange = counted
+    return counts
+
+
+def _got_dp_secagg(tmp_path):
+    return _ffm(tmp_path, method="got", protocol="dp-secagg", noise_multiplier=1.0,
+                sizes=(100, 100, 100), **DP)
+
+
+def _charged(ffm) -> list[dict]:
+    """The server's ``charged`` records, without what places them in the log (``last``: the
+    sha256 of the record before)."""
+    return [{k: v for k, v in r.items() if k not in ("seq", "prev", "sig", "sha256", "last")}
+            for r in ffm.channel.transport.log.events if r["event"] == "charged"]
+
+
+def test_a_got_round_under_dp_secagg_is_one_secure_aggregation_of_five_exchanges(tmp_path):
+    """GOT under dp-secagg (malicious-server secagg), a dual update every round: the
+    velocity gradient and the dual update go in one secure aggregation of their joint kind,
+    its request to compute carrying theta and phi: 5 exchanges a round. One after another
+    (the stage set to aggregate one kind at a time, as before) it is 10; before this, 11 (the
+    potential's own broadcast) and a set-up broadcast. Both ways every client is charged
+    each kind of each round, in the same charged records, so epsilon is the same."""
+    joint, sequential = _got_dp_secagg(tmp_path), _got_dp_secagg(tmp_path)
+    sequential.channel.protocol.aggregator("gradient").joins_kinds = False
+    counts = {"joint": _count_exchanges(joint), "sequential": _count_exchanges(sequential)}
+    for round_ in (1, 2):
+        assert joint.train_round(round_).aborted == sequential.train_round(round_).aborted == 0
+    assert counts == {"joint": {1: 5, 2: 5}, "sequential": {1: 10, 2: 10}}
+    ids = [c.id for c in joint.channel.clients]
+    inputs = {r["kind"] for r in _records(joint) if r["phase"] == "masked_input"}
+    assert inputs == {"gradient+dual_update"}
+    assert sorted((e.client, e.kind, e.round) for e in joint.ledger.entries) == sorted(
+        (c, k, r) for c in ids for k in ("gradient", "dual_update") for r in (1, 2))
+    assert joint.ledger.entries == sequential.ledger.entries
+    assert _charged(joint) == _charged(sequential)
+    for cid in ids:
+        assert joint.ledger.epsilon(cid) == sequential.ledger.epsilon(cid) > 0
+
+
+def test_a_kind_released_in_a_joint_aggregation_is_not_released_again_that_round(tmp_path):
+    """Adversary: a malicious server that, after round 1's joint aggregation, asks every
+    client for round 1's velocity gradient again, alone (a second release at fresh noise
+    averages the noise away). Each part of the joint request went through the client's own
+    release guard, so each client withholds its input and names why; the aggregation
+    aborts and the ledger is unchanged."""
+    ffm = _got_dp_secagg(tmp_path)
+    assert ffm.train_round(1).aborted == 0
+    entries = list(ffm.ledger.entries)
+    again = ffm.channel.aggregate(1, "gradient", Task("ffm.velocity", {"round": 1}),
+                                  ffm.weights, _template(ffm.velocity))
+    assert again.payload is None and ffm.ledger.entries == entries
+    refusals = [e for e in ffm.channel.transport.log.events
+                if e["event"] == "rejected" and e["sender"] != "server"]
+    assert sorted(e["sender"] for e in refusals) == [c.id for c in ffm.channel.clients]
+    assert all("refused ffm.velocity for round 1: it answered that round already"
+               in e["detail"] for e in refusals)
+
+
 def test_a_calibrated_sigma_meets_the_target_for_the_planned_steps_and_no_less_does(tmp_path):
     """GOT plans 20 gradient and 4 dual steps: sigma is the smallest (to 1e-3) within 2.0."""
     ffm = _ffm(tmp_path, method="got", protocol="dp", target_epsilon=2.0, rounds=20,
@@ -367,10 +439,11 @@ def test_every_client_trains_from_the_broadcast_model(tmp_path):
         assert np.array_equal(replica.detach().numpy(), theta)
 
 
-def test_got_broadcasts_the_potential_at_set_up_and_after_each_dual_update(tmp_path):
-    """potential_every = 2 over rounds 1-4: dual updates in rounds 2 and 4, so the potential
-    goes to every client in round 0 (set-up), 2 and 4, and each copy is the potential the
-    server held then."""
+def test_got_requests_carry_the_potential_each_round_starts_with(tmp_path):
+    """potential_every = 2 over rounds 1-4: dual updates in rounds 2 and 4. Each round's
+    request carries to every client the potential the server held as the round started (no
+    set-up broadcast, none after a dual update: the next request carries it), and each
+    client's replica trains from that copy."""
     ffm = _ffm(tmp_path, method="got", sizes=(12, 20, 28), potential_every=2)
     held = {0: ffm.potential.flat()}
     for round_ in range(1, 5):
@@ -379,16 +452,18 @@ def test_got_broadcasts_the_potential_at_set_up_and_after_each_dual_update(tmp_p
     sent = [r for r in _records(ffm) if r["kind"] == "global_potential"]
     clients = [c.id for c in ffm.channel.clients]
     assert [(r["round"], r["recipient"]) for r in sent] == [
-        (round_, cid) for round_ in (0, 2, 4) for cid in clients]
+        (round_, cid) for round_ in range(1, 5) for cid in clients]
     for r in sent:
         assert r["sender"] == "server" and r["phase"] == "broadcast"
         assert r["sha256"] == hashlib.sha256(
-            serialize_payload({"phi": held[r["round"]]})).hexdigest()
+            serialize_payload({"phi": held[r["round"] - 1]})).hexdigest()
     assert not np.array_equal(held[2], held[0]) and np.array_equal(held[3], held[2])
     dual = {r["round"] for r in _records(ffm) if r["kind"] == "dual_update"}
     assert dual == {2, 4}
     for client in ffm.channel.clients:
-        assert np.array_equal(client.inbox["global_potential"]["phi"], held[4])
+        assert np.array_equal(client.inbox["global_potential"]["phi"], held[3])
+        replica = torch.nn.utils.parameters_to_vector(client.state["potential"].parameters())
+        assert np.array_equal(replica.detach().numpy(), held[3])
 
 
 def test_under_a_dp_stage_the_step_is_the_equal_weight_mean_of_the_uploads(tmp_path):
@@ -433,7 +508,7 @@ def test_an_aborted_aggregation_leaves_the_model_unchanged(tmp_path, method, abo
     assert not [r for r in _records(ffm) if r["phase"] == "upload"]
     if potential is not None:
         assert np.array_equal(ffm.potential.flat(), potential)
-        assert {r["round"] for r in _records(ffm) if r["kind"] == "global_potential"} == {0}
+        assert {r["round"] for r in _records(ffm) if r["kind"] == "global_potential"} == {1}
 
 
 @pytest.mark.parametrize("task", [

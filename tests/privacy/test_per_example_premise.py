@@ -50,6 +50,8 @@ def _federation(tmp_path, name: str, data: torch.Tensor, method: str) -> Federat
     ffm = FederatedFlowMatching(settings, dp, get_pair(config.data), channel,
                                 torch.device("cpu"))
     channel.broadcast(1, "global_model", {"theta": ffm.velocity.flat()})
+    if ffm.potential is not None:  # as a round's request carries it
+        channel.broadcast(1, "global_potential", {"phi": ffm.potential.flat()})
     program.sync_replicas(client)
     return ffm
 

@@ -58,7 +58,7 @@ def test_the_interface_is_what_this_test_reads():
     """A guard on the reading itself: it finds the members the interface declares."""
     assert set(typing.get_type_hints(Stage)) == {"name", "role", "phases", "can_protect",
                                                  "protects", "memory", "client_actions",
-                                                 "carries_distributed_noise"}
+                                                 "carries_distributed_noise", "joins_kinds"}
     assert set(typing.get_type_hints(AggregateStage)) - set(typing.get_type_hints(Stage)) == {
         "input_phase"}
     described = ["audit_parameters", "audit_rules", "claim", "exclusions", "readers"]

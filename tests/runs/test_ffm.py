@@ -7,6 +7,7 @@ import pytest
 
 from secureffm.audit import verify_run
 from secureffm.errors import ConfigError
+from secureffm.federation.joint import kind_parts
 from secureffm.runs import run
 from secureffm.runs.scaffold import load_checkpoint
 
@@ -83,10 +84,13 @@ def test_secagg_run_matches_plaintext_within_quantization_noise(small_config, tm
         a, b = plain.metrics["eval"]["w2"][nfe], masked.metrics["eval"]["w2"][nfe]
         assert b == pytest.approx(a, rel=0.02)
     records = [json.loads(x) for x in (masked.out / "messages.jsonl").read_text().splitlines()]
-    uploads = [r for r in records if r["kind"] in ("gradient", "dual_update")
+    uploads = [r for r in records if set(kind_parts(r["kind"])) & {"gradient", "dual_update"}
                and r["recipient"] == "server"]
-    # The server never receives an update in the clear: every upload went through secagg.
+    # The server never receives an update in the clear: every upload went through secagg
+    # (GOT's dual rounds: one aggregation of both kinds, gradient+dual_update).
     assert uploads and all(r["stages"] == ["secagg"] for r in uploads)
+    if method == "got":
+        assert {r["kind"] for r in uploads} == {"gradient", "gradient+dual_update"}
     assert {r["phase"] for r in uploads} >= {"advertise_keys", "masked_input", "unmask"}
 
 

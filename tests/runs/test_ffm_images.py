@@ -98,8 +98,12 @@ def test_dp_sgd_on_the_unet_with_bf16_autocast(tmp_path, layout):
                        image_size=8)
     assert result.metrics["parameters"]["velocity"] == sum(p.numel() for p in params.parameters())
     assert result.metrics["precision"] == "bf16-autocast"
-    masked = [r for r in _deliveries(result.out, "gradient") if r["phase"] == "masked_input"]
-    assert len(masked) == 4  # 2 clients x 2 rounds, masked by secure aggregation
+    masked = [r for kind in ("gradient", "gradient+dual_update")
+              for r in _deliveries(result.out, kind) if r["phase"] == "masked_input"]
+    # 2 clients x 2 rounds, masked by secure aggregation; round 2 (potential_every = 2) is
+    # one aggregation of the gradient and the dual update
+    assert sorted((r["round"], r["kind"]) for r in masked) == [
+        (1, "gradient")] * 2 + [(2, "gradient+dual_update")] * 2
     assert np.isfinite(result.metrics["eval"]["fid"]["2"])
 
 

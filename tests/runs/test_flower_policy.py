@@ -18,11 +18,12 @@ from pathlib import Path
 import pytest
 
 from secureffm.errors import ConfigError, PolicyError
+from secureffm.federation.exchange import Request
 from secureffm.federation.keyfiles import provision
 from secureffm.methods.fedwad import FedWADConfig
 from secureffm.runs import flower_node
 from secureffm.runs.fedwad import FedWADRun
-from secureffm.runs.flower_policy import policy_of, read_policy
+from secureffm.runs.flower_policy import Policy, policy_of, read_policy
 
 from .test_flower_node import CLIENTS, broadcast, config, dcfm_config, own, pinning
 
@@ -217,3 +218,19 @@ def test_a_nodes_hello_says_why_it_refuses_the_run(tmp_path, keys):
     assert answer["client-id"] == "client-2"
     assert answer["refused"].startswith("client-2 refuses the run: ")
     assert "protocol: policy 'dp-secagg', run config 'plaintext'" in answer["refused"]
+
+
+def test_a_node_answers_a_joint_kind_only_when_its_policy_answers_every_part():
+    """A node's policy lists the kinds its client answers; GOT's joint aggregation of the
+    gradient and the dual update (kind gradient+dual_update) is admitted under GOT's policy
+    (before, a node refused it: the run aborted every dual round on Flower). Adversary: a
+    server asking a node whose policy answers only gradient (FFM-vanilla) for that joint kind,
+    to smuggle a second release in with the gradient: refused by name."""
+    vanilla = Policy("dp-secagg", "0" * 64, "vanilla", 3, ("gradient",))
+    joint = Request(1, "gradient+dual_update", "advertise_keys", "advertise_keys",
+                    "secagg.advertise")
+    assert flower_node._outside(vanilla, joint) == "answers only gradient"
+    got = replace(vanilla, method="got", kinds=("dual_update", "gradient"))
+    assert flower_node._outside(got, joint) == ""
+    assert flower_node._outside(got, replace(joint, kind="gradient+model")) == (
+        "answers only dual_update, gradient")

@@ -99,25 +99,30 @@ def test_an_interruption_inside_an_aggregation_charges_what_was_sent(small_confi
     assert _stated(out) == pytest.approx(_audited(out), rel=1e-9)
 
 
-def test_a_stop_during_gots_dual_step_checkpoints_the_round_as_if_it_aborted(small_config,
-                                                                            monkeypatch):
-    """Ctrl-C in round 2's dual aggregation, after the velocity's update: the checkpoint is
-    round 2 (the potential stays put, as for an aborted aggregation), and both charges count."""
-    real = ProtectedChannel.aggregate
+def test_a_stop_during_gots_joint_aggregation_checkpoints_the_round_before(small_config,
+                                                                          monkeypatch):
+    """Ctrl-C once round 2's joint aggregation (velocity gradient and dual update in one
+    secure aggregation) returned, before the ledger charged it: no update of round 2 was
+    applied, so the checkpoint is round 1, and both of round 2's kinds are charged on the
+    way out (privacy.json equals the audit's recomputation)."""
+    real = ProtectedChannel.aggregate_many
 
-    def aggregate(self, round_, kind, *args, **kwargs):
-        out = real(self, round_, kind, *args, **kwargs)
-        if (round_, kind) == (2, "dual_update"):
+    def aggregate_many(self, round_, parts, *args, **kwargs):
+        out = real(self, round_, parts, *args, **kwargs)
+        if round_ == 2:
             raise KeyboardInterrupt
         return out
 
-    monkeypatch.setattr(ProtectedChannel, "aggregate", aggregate)
+    monkeypatch.setattr(ProtectedChannel, "aggregate_many", aggregate_many)
     config = small_config(**{**TINY, "method": "got", "potential_every": 2, "candidates": 16})
-    with pytest.raises(RunInterrupted, match="checkpoint.safetensors holds round 2"):
+    with pytest.raises(RunInterrupted, match="checkpoint.safetensors holds round 1"):
         run(config)
     out = Path(config.out)
-    assert load_checkpoint(out / "checkpoint.safetensors")["round"] == 2
+    assert load_checkpoint(out / "checkpoint.safetensors")["round"] == 1
     assert _stated(out) == pytest.approx(_audited(out), rel=1e-9)
+    records = [json.loads(x) for x in (out / "messages.jsonl").read_text().splitlines()]
+    assert sorted(r["of_kind"] for r in records if r.get("event") == "charged"
+                  and r["round"] == 2) == ["dual_update", "gradient"]
     kinds = json.loads((out / "privacy.json").read_text())["clients"]["client-1"]["rdp"]
     assert set(kinds["by_kind"]) == {"gradient", "dual_update"}
 

@@ -98,6 +98,7 @@ class SecAggStage(SecAggParams, StageDefaults):
     input_phase = "masked_input"
     memory = ()  # a client's sessions travel with its endpoint (restore_session)
     carries_distributed_noise = True  # each client adds a share; only the sum carries it all
+    joins_kinds = True  # one run of the phases for several kinds' concatenated inputs
 
     @property
     def client_actions(self) -> dict[str, Handler]:
