@@ -65,6 +65,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigError, MessageError, PolicyError, SecureFFMError
+from .engine_dispatch import indexed_dispatch
 from .supernode import DEFAULT_S, check_idle_poll
 
 if TYPE_CHECKING:
@@ -524,7 +525,8 @@ def simulate(server_main: str | ServerMain, serve: str | Serve, clients: int,
     globals is shared by the nodes one actor runs, and may only be a cache keyed by that state
     (as runs/flower_node.py's is, by its sha256).
     ``backend_config``: Flower's, default one CPU per client actor and no GPU. Telemetry is off
-    unless FLWR_TELEMETRY_ENABLED is set.
+    unless FLWR_TELEMETRY_ENABLED is set. The engine hands requests out asking only the nodes
+    that have one waiting (:mod:`~secureffm.federation.engine_dispatch`).
     """
     _flwr()
     os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
@@ -533,9 +535,10 @@ def simulate(server_main: str | ServerMain, serve: str | Serve, clients: int,
     main_fn, returned = resolve(server_main), []
     server = make_server_app(lambda calls, config: returned.append(main_fn(calls, config)),
                              run_config, pull_interval=pull_interval)
-    run_simulation(server, make_client_app(serve, run_config, nodes, admit), clients,
-                   backend_config=backend_config or {
-                       "client_resources": {"num_cpus": 1, "num_gpus": 0.0}})
+    with indexed_dispatch():
+        run_simulation(server, make_client_app(serve, run_config, nodes, admit), clients,
+                       backend_config=backend_config or {
+                           "client_resources": {"num_cpus": 1, "num_gpus": 0.0}})
     return returned[0] if returned else None
 
 

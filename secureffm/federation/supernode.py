@@ -32,7 +32,7 @@ from ..errors import ConfigError
 __all__ = ["FLOOR_S", "DEFAULT_S", "FLWR_RANGE", "CappedTime", "capped", "check_idle_poll",
            "loop_module", "launch"]
 
-FLWR_RANGE = ">=1.42,<1.43"  # the flwr versions whose SuperNode loop was read
+FLWR_RANGE = ">=1.42,<1.43"  # the flwr versions whose internals we read (SuperNode loop, engine)
 LOOP_MODULE = "flwr.supernode.start_client_internal"
 IDLE_WAIT = "time.sleep(3)"  # the idle pull's wait, as that module's source spells it
 FLOOR_S = 0.05  # an idle node's pulls: at most 20 a second on the SuperLink

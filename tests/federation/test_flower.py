@@ -131,6 +131,40 @@ def test_state_persists_across_calls_and_nodes(simulated):
     assert len({rounds[0][c][1] for c in CLIENTS}) == 3  # one key per node
 
 
+
+def test_the_engine_asks_only_the_nodes_with_a_request_waiting(simulated, monkeypatch):
+    """Flower 1.42's engine asked the in-memory SuperLink for a request of every node every
+    0.1 s, each ask walking the whole message store (the server's CPU grew as n^2,
+    docs/benchmarks.md "Scale"); :mod:`secureffm.federation.engine_dispatch` asks only the
+    nodes with one waiting: no ask comes back empty, between calls as during them."""
+    from flwr.server.superlink.linkstate.in_memory_linkstate import InMemoryLinkState
+
+    original, asks = InMemoryLinkState.get_message_ins, []
+
+    def counted(self, node_id, limit, **options):
+        found = original(self, node_id, limit, **options)
+        asks.append(len(found))
+        return found
+
+    monkeypatch.setattr(InMemoryLinkState, "get_message_ins", counted)
+    for i in range(3):
+        _opened(simulated.call({c: f"ask {i}".encode() for c in CLIENTS}, 60.0))
+        time.sleep(0.5)  # idle ticks: Flower's loop asks 3 nodes each
+    assert sum(asks) == 9 and asks.count(0) == 0
+
+
+def test_the_dispatch_is_used_only_on_the_flower_it_was_written_for():
+    """The engine's loop is replaced only where it is as read (flwr 1.42, the loop asking each
+    node, the in-memory state's store and lock); the installed Flower is."""
+    from secureffm.federation import engine_dispatch
+
+    module = engine_dispatch.engine_as_read()
+    assert module is not None
+    before = module.add_messages_to_queue  # a simulation of this module may be running
+    with engine_dispatch.indexed_dispatch() as indexed:
+        assert indexed and module.add_messages_to_queue is engine_dispatch.dispatch_waiting
+    assert module.add_messages_to_queue is before
+
 def test_4mb_requests_and_replies_round_trip_intact(simulated):
     requests = {c: os.urandom(4_000_000) for c in CLIENTS}
     replies = simulated.call(requests, 120.0)
