@@ -104,9 +104,11 @@ def shamir(n: int, threshold: float = 0.6) -> tuple[float, float]:
     return middle - start, end - middle
 
 
-def on_flower(n: int, d: int, folder: Path, protocol: str) -> tuple[float, float]:
+def on_flower(n: int, d: int, folder: Path, protocol: str,
+              indexed: bool = True) -> tuple[float, float]:
     """(server process CPU s, wall s) of one round of ``protocol`` (a name or a spec file) at
-    n simulated nodes, after a warm-up round."""
+    n simulated nodes, after a warm-up round; ``indexed``: the engine asks only the nodes with
+    a request waiting (``federation/engine_dispatch.py``), else Flower's own loop."""
     from secureffm.federation.flower import simulate
     from secureffm.federation.keyfiles import load_party_keys, load_registry, provision
     from secureffm.federation.log import MessageLog
@@ -118,7 +120,8 @@ def on_flower(n: int, d: int, folder: Path, protocol: str) -> tuple[float, float
 
     keys = folder / f"keys-{n}"
     ids = [f"client-{i}" for i in range(1, n + 1)]
-    provision(keys, ids)
+    if not keys.exists():
+        provision(keys, ids)
     # Ray's actors import engines.bench_serve (pickled by reference): give them its folder.
     here = str(Path(engines.__file__).resolve().parent)
     if here not in os.environ.get("PYTHONPATH", "").split(os.pathsep):
@@ -129,7 +132,8 @@ def on_flower(n: int, d: int, folder: Path, protocol: str) -> tuple[float, float
         calls.hello(600.0, clients=n)
         identity, sealing = load_party_keys(keys, SERVER)
         transport = RemoteTransport(load_registry(keys), tuple(ids),
-                                    MessageLog(folder / f"flower-{n}" / "messages.jsonl"),
+                                    MessageLog(folder / f"flower-{n}-{indexed}" /
+                                               "messages.jsonl"),
                                     calls, 3600.0)
         channel = ProtectedChannel(load_protocol(protocol), transport,
                                    Party(SERVER, identity=identity, sealing=sealing),
@@ -142,8 +146,9 @@ def on_flower(n: int, d: int, folder: Path, protocol: str) -> tuple[float, float
 
     warm, cpu, wall = simulate(main, engines.bench_serve, n, {"keys": str(keys),
                                                               "protocol": protocol},
-                               pull_interval=engines.PULL_S)
-    _say(f"on Flower, n = {n}: warm-up {warm:.2f} s, round {cpu:.2f} s server CPU, "
+                               pull_interval=engines.PULL_S, indexed=indexed)
+    loop = "indexed" if indexed else "Flower's loop"
+    _say(f"on Flower ({loop}), n = {n}: warm-up {warm:.2f} s, round {cpu:.2f} s server CPU, "
          f"{wall:.1f} s wall")
     return cpu, wall
 
@@ -159,14 +164,22 @@ def inprocess_table(n: int, cpu: dict[str, float], big: tuple[int, float] | None
                                       "CPU ms / round / client"], rows), "", ratio])
 
 
-def flower_table(rows: list[tuple[int, float, float]], protocol: str) -> str:
+def flower_table(rows: list[tuple[int, float, float]], protocol: str,
+                 loop: list[tuple[int, float, float]] | None = None) -> str:
+    """One row per n: the server's CPU and wall per round, its growth beside n log n's and
+    n^2's; with ``loop`` (the same n under Flower's own dispatch loop), those and the ratio."""
     n0, cpu0 = rows[0][0], rows[0][1]
-    return markdown_table(
-        ["n", "neighbours", "server CPU s / round", "x smallest n", "n log n ratio",
-         "n^2 ratio", "round wall s"],
-        [[n, _degree(n, protocol), f"{cpu:.2f}", f"{cpu / cpu0:.1f}x",
-          f"{n * math.log(n) / (n0 * math.log(n0)):.1f}x", f"{(n / n0) ** 2:.1f}x",
-          f"{wall:.1f}"] for n, cpu, wall in rows])
+    head = ["n", "neighbours", "server CPU s / round", "x smallest n", "n log n ratio",
+            "n^2 ratio", "round wall s"]
+    body = [[n, _degree(n, protocol), f"{cpu:.2f}", f"{cpu / cpu0:.1f}x",
+             f"{n * math.log(n) / (n0 * math.log(n0)):.1f}x", f"{(n / n0) ** 2:.1f}x",
+             f"{wall:.1f}"] for n, cpu, wall in rows]
+    if loop:
+        head += ["Flower's loop: CPU s", "its x smallest n", "its wall s", "its CPU over ours"]
+        for row, (_, cpu, wall), (_, ours, _) in zip(body, loop, rows, strict=True):
+            row += [f"{cpu:.2f}", f"{cpu / loop[0][1]:.1f}x", f"{wall:.1f}",
+                    f"{cpu / ours:.1f}x"]
+    return markdown_table(head, body)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -181,6 +194,8 @@ def main(argv: list[str] | None = None) -> None:
                         help="n of one more SecAgg+ round in-process (0: none)")
     parser.add_argument("--flower-big", type=int, default=1000,
                         help="n of one more SecAgg+ round on the simulation engine (0: none)")
+    parser.add_argument("--flower-loop", action="store_true",
+                        help="also run each --flower n under Flower's own dispatch loop")
     parser.add_argument("--out", type=Path, help="markdown file to write the tables into")
     parser.add_argument("--smoke", action="store_true", help="n <= 5, d = 100: a check only")
     args = parser.parse_args(argv)
@@ -196,6 +211,8 @@ def main(argv: list[str] | None = None) -> None:
         big = (args.big, inprocess(args.big, args.size, (PLUS,), folder)[PLUS]) if args.big \
             else None
         flower = [(n, *on_flower(n, args.size, folder, args.protocol)) for n in sizes]
+        loop = [(n, *on_flower(n, args.size, folder, args.protocol, indexed=False))
+                for n in sizes] if args.flower_loop else None
         flower_big = on_flower(args.flower_big, args.size, folder, args.protocol) \
             if args.flower_big else None
     load = os.getloadavg()
@@ -219,7 +236,9 @@ def main(argv: list[str] | None = None) -> None:
           if big and not cpu else []),
         "",
         *([f"On Flower's simulation engine, `{args.protocol}`, the server process's CPU for one "
-           "round after a warm-up round:", "", flower_table(flower, args.protocol)]
+           "round after a warm-up round (the engine asking only the nodes with a request "
+           "waiting; with --flower-loop also under Flower's own loop, each n its own "
+           "simulation):", "", flower_table(flower, args.protocol, loop)]
           if flower else []),
         *(["", f"One `{args.protocol}` round at n = {args.flower_big} on the simulation "
                f"engine: {flower_big[0]:.2f} s server CPU, {flower_big[1]:.1f} s wall."]

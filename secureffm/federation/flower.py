@@ -43,6 +43,7 @@ and ``admit`` the Flower run id in the run config (:data:`RUN_KEY`).
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import importlib
 import importlib.util
@@ -513,7 +514,7 @@ def make_server_app(main: str | ServerMain, run_config: dict | None = None,
 def simulate(server_main: str | ServerMain, serve: str | Serve, clients: int,
              run_config: dict | None = None, backend_config: dict | None = None,
              pull_interval: float = 0.01, nodes: dict[str, dict] | None = None,
-             admit: str | Admit | None = None) -> Any:
+             admit: str | Admit | None = None, indexed: bool = True) -> Any:
     """Run ``server_main`` against ``clients`` simulated nodes serving ``serve`` on Flower's
     simulation engine in this process, and return what ``server_main`` returned (an exception
     it raised is raised here). ``nodes`` and ``admit``: each node's own config and its check of
@@ -526,7 +527,8 @@ def simulate(server_main: str | ServerMain, serve: str | Serve, clients: int,
     (as runs/flower_node.py's is, by its sha256).
     ``backend_config``: Flower's, default one CPU per client actor and no GPU. Telemetry is off
     unless FLWR_TELEMETRY_ENABLED is set. The engine hands requests out asking only the nodes
-    that have one waiting (:mod:`~secureffm.federation.engine_dispatch`).
+    that have one waiting (:mod:`~secureffm.federation.engine_dispatch`; ``indexed=False``:
+    Flower's own loop, for a benchmark's comparison).
     """
     _flwr()
     os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
@@ -535,7 +537,7 @@ def simulate(server_main: str | ServerMain, serve: str | Serve, clients: int,
     main_fn, returned = resolve(server_main), []
     server = make_server_app(lambda calls, config: returned.append(main_fn(calls, config)),
                              run_config, pull_interval=pull_interval)
-    with indexed_dispatch():
+    with indexed_dispatch() if indexed else contextlib.nullcontext(False):
         run_simulation(server, make_client_app(serve, run_config, nodes, admit), clients,
                        backend_config=backend_config or {
                            "client_resources": {"num_cpus": 1, "num_gpus": 0.0}})
