@@ -213,7 +213,8 @@ def on_loopback(folder: Path, rounds: int, rebuild: bool) -> list[float]:
     nodes = Loopback(flower_node.run_config_of(run, folder / "keys"),
                      node_configs(folder / f"{name}-nodes", run), rebuild)
     flower_node._LAST.clear()
-    main(nodes, nodes.run_config)
+    with contextlib.redirect_stdout(io.StringIO()):  # the ServerApp prints the run's pin
+        main(nodes, nodes.run_config)
     flower_node._LAST.clear()
     return nodes.seconds
 

@@ -266,7 +266,9 @@ def test_deployment_benchmark(tmp_path):
                           capture_output=True, text=True, timeout=1800)
     result = Result(done.returncode, done.stdout, done.stderr).check()
     table = _section(result.stdout, "### A deployed round against the simulation engine")
-    for name in ("echo, SuperExec poll 1 s (default)", "echo, SuperExec poll 0.05 s"):
+    for name in ("echo, Flower's flower-supernode, SuperExec poll 1 s (default)",
+                 "echo, Flower's flower-supernode, SuperExec poll 0.05 s",
+                 "echo, secureffm flower-supernode --idle-poll 0.1, SuperExec poll 0.05 s"):
         [row] = _rows(table, name)
         assert float(row[2]) > 0
     for name in ("GOT, deployed, warm process", "GOT, simulation engine", "GOT, in-process"):
@@ -275,7 +277,7 @@ def test_deployment_benchmark(tmp_path):
     assert re.search(r"GOT: \d+ exchanges in 1 round\(s\)", table)
     parts = [line for line in table.splitlines() if line.startswith("| fresh interpreter")
              or line.startswith("| 3 nodes")]
-    assert len(parts) == 4
+    assert len(parts) == 5
     assert _block(out, "deployment") == result.stdout.rstrip("\n")
 
 

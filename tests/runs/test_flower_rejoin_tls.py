@@ -183,10 +183,8 @@ def test_a_stolen_supernode_key_receives_the_clients_requests_but_is_never_count
     print(f"deployment run: {time.monotonic() - started:.0f} s")
     records = _records(result)
     assert [r["detail"] for r in records if r.get("party") == VICTIM] == [
-        "the gradient message in the reply of client-3 is not signed by client-3",
-        "dropped before advertising keys",
-        "the dual_update message in the reply of client-3 is not signed by client-3",
-        "dropped before advertising keys"]
+        "the gradient+dual_update message in the reply of client-3 is not signed by client-3",
+        "dropped before advertising keys"]  # both kinds in one secure aggregation
     assert not [r for r in records if r["sender"] == VICTIM]
     counted = {(r["round"], r["of_kind"]): r["included"] for r in records
                if r.get("event") == "aggregated"}
@@ -195,9 +193,9 @@ def test_a_stolen_supernode_key_receives_the_clients_requests_but_is_never_count
     assert result["metrics"]["aborted_aggregations"] == 0
     _audited(result)  # the survivors' inputs unmasked exactly, from the log alone
     journal = [json.loads(line) for line in (own / "client-3.jsonl").read_text().splitlines()]
-    # what reached it: the server's broadcasts of the public potential, no share, no mask
-    assert {line["record"]["kind"] for line in journal
-            if line["direction"] == "received"} == {"global_potential"}
+    # what it kept: at most the server's public models, no share, no mask
+    received = {line["record"]["kind"] for line in journal if line["direction"] == "received"}
+    assert received <= {"global_model", "global_potential"}
 
 
 def test_a_stolen_node_key_holder_cannot_open_a_model_sealed_to_its_client(tmp_path):
