@@ -8,7 +8,10 @@ launcher runs the entry point of Flower's ``flower-supernode`` console script un
 one difference: that one module's ``time`` is a proxy whose ``sleep`` waits at most
 ``idle_poll`` seconds (every other name is the ``time`` module's; the global ``time.sleep`` is
 untouched). An idle node then pulls every ``idle_poll`` s: ``1 / idle_poll`` requests per
-second per node on the SuperLink, hence the floor :data:`FLOOR_S`.
+second per node on the SuperLink, hence the floor :data:`FLOOR_S`. The SuperExec the SuperNode
+starts looks for a task every ``FLWR_SUPEREXEC_TASK_POLL_INTERVAL`` seconds (Flower's own
+setting, 1 s by default): the launcher sets it to ``idle_poll`` unless the environment already
+does (:func:`superexec_poll`).
 
 This reaches into Flower's internals, so it runs only where they are as read: a flwr version
 in :data:`FLWR_RANGE` (pyproject's ``flower`` extra; a test keeps them equal) whose module
@@ -22,6 +25,7 @@ import contextlib
 import importlib
 import importlib.metadata
 import inspect
+import os
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -29,14 +33,15 @@ from types import ModuleType
 
 from ..errors import ConfigError
 
-__all__ = ["FLOOR_S", "DEFAULT_S", "FLWR_RANGE", "CappedTime", "capped", "check_idle_poll",
-           "loop_module", "launch"]
+__all__ = ["FLOOR_S", "DEFAULT_S", "FLWR_RANGE", "SUPEREXEC_POLL", "CappedTime", "capped",
+           "check_idle_poll", "loop_module", "superexec_poll", "launch"]
 
 FLWR_RANGE = ">=1.42,<1.43"  # the flwr versions whose internals we read (SuperNode loop, engine)
 LOOP_MODULE = "flwr.supernode.start_client_internal"
 IDLE_WAIT = "time.sleep(3)"  # the idle pull's wait, as that module's source spells it
 FLOOR_S = 0.05  # an idle node's pulls: at most 20 a second on the SuperLink
 DEFAULT_S = 0.1
+SUPEREXEC_POLL = "FLWR_SUPEREXEC_TASK_POLL_INTERVAL"  # Flower's, read by flower-superexec
 
 
 class CappedTime:
@@ -97,15 +102,23 @@ def capped(module: ModuleType, idle_poll: float) -> Iterator[CappedTime]:
         module.time = before
 
 
+def superexec_poll(environ: dict[str, str], idle_poll: float) -> str:
+    """The SuperExec's task poll in ``environ`` (which its SuperNode's children inherit): the
+    operator's :data:`SUPEREXEC_POLL` if set, else ``idle_poll`` seconds, set there."""
+    return environ.setdefault(SUPEREXEC_POLL, f"{idle_poll:g}")
+
+
 def launch(flower_args: list[str], idle_poll: float = DEFAULT_S) -> None:
     """Run the entry point of Flower's ``flower-supernode`` with ``flower_args`` (its own
     command line, passed through), in this process, the loop's waits capped at ``idle_poll``
-    seconds; returns or exits as Flower's SuperNode does."""
+    seconds and its SuperExec's task poll :func:`superexec_poll`; returns or exits as Flower's
+    SuperNode does."""
     check_idle_poll(idle_poll)
     module = loop_module()
     [script] = importlib.metadata.entry_points(group="console_scripts",
                                                 name="flower-supernode")
     entry = script.load()
+    superexec_poll(os.environ, idle_poll)
     sys.argv = ["flower-supernode", *flower_args]  # Flower's parser reads sys.argv
     with capped(module, idle_poll):
         entry()

@@ -47,6 +47,19 @@ def test_the_cap_replaces_the_loop_modules_time_only_and_is_undone():
     assert module.time is time
 
 
+
+def test_the_superexec_polls_at_the_idle_poll_unless_the_operator_set_its_interval():
+    """Flower's SuperExec looks for a task every FLWR_SUPEREXEC_TASK_POLL_INTERVAL (1 s by
+    default), another idle wait per message: the launcher sets it to the idle poll for the
+    SuperExec its SuperNode starts, and keeps an operator's own value."""
+    environ: dict[str, str] = {}
+    assert supernode.superexec_poll(environ, 0.1) == "0.1"
+    assert environ == {"FLWR_SUPEREXEC_TASK_POLL_INTERVAL": "0.1"}
+    own = {"FLWR_SUPEREXEC_TASK_POLL_INTERVAL": "0.5"}
+    assert supernode.superexec_poll(own, 0.1) == "0.5"
+    assert own == {"FLWR_SUPEREXEC_TASK_POLL_INTERVAL": "0.5"}
+
+
 def test_an_idle_poll_under_the_floor_is_refused_saying_what_it_costs_the_superlink():
     supernode.check_idle_poll(supernode.FLOOR_S)
     for seconds in (0.01, 0.0, -1.0, float("nan"), 5.0):
