@@ -28,8 +28,17 @@ __all__ = ["SecAggStage"]
 
 _KEYS = {"stage", "protects", "threshold", "neighbours", "clip", "levels", "bits", "adversary",
          "setup", "key_batch"} | TOLERANCE_KEYS
-ADVERSARIES = ("malicious", "semi-honest")
+ADVERSARIES = ("malicious", "semi-honest")  # the first of each is the default
 SETUPS = ("per-round", "once")
+
+
+def _one_of(table: dict, key: str, allowed: tuple[str, ...], source: str, advice: str) -> str:
+    """``table[key]`` (default ``allowed[0]``), refused unless in ``allowed``, with ``advice``
+    on each choice."""
+    value = table.get(key, allowed[0])
+    if value not in allowed:
+        raise ProtocolError(f"{source}: {key} = {value!r}; use {advice}")
+    return value
 
 
 class SecAggStage(SecAggParams, StageDefaults):
@@ -68,18 +77,14 @@ class SecAggStage(SecAggParams, StageDefaults):
                                   int(table.get("bits", 32)))
         except ProtocolError as err:
             raise ProtocolError(f"{source}: {err}") from None
-        adversary = table.get("adversary", "malicious")
-        if adversary not in ADVERSARIES:
-            raise ProtocolError(f"{source}: adversary = {adversary!r}; use 'malicious' (keys "
-                                "signed, a consistency round: holds against a server that "
-                                "deviates) or 'semi-honest' (faster; holds only against a server "
-                                "that follows the protocol)")
-        setup = table.get("setup", "per-round")
-        if setup not in SETUPS:
-            raise ProtocolError(f"{source}: setup = {setup!r}; use 'per-round' (fresh keys and "
-                                "shares in every aggregation, Bonawitz et al.) or 'once' (keys "
-                                "agreed once per kind, masks derived per round: fewer messages "
-                                "for many rounds of small models; docs/protocols.md)")
+        adversary = _one_of(table, "adversary", ADVERSARIES, source,
+                            "'malicious' (keys signed, a consistency round: holds against a "
+                            "server that deviates) or 'semi-honest' (faster; holds only "
+                            "against a server that follows the protocol)")
+        setup = _one_of(table, "setup", SETUPS, source,
+                        "'per-round' (fresh keys and shares in every aggregation, Bonawitz et "
+                        "al.) or 'once' (keys agreed once per kind, masks derived per round: "
+                        "fewer messages for many rounds of small models; docs/protocols.md)")
         key_batch = table.get("key_batch", KEY_BATCH)
         if "key_batch" in table and (adversary, setup) != ("malicious", "per-round"):
             raise ProtocolError(f"{source}: key_batch applies only to keys signed every round "
